@@ -1,0 +1,177 @@
+"""Command line: ``gpuperfd run``, ``check-config``, ``collectors`` and the probe tools.
+
+Exit codes (also in docs/operations.md):
+  0 success; 1 runtime failure; 2 invalid configuration or usage;
+  3 no usable GPU backend (e.g. no NVIDIA driver); 4 cannot listen on the address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import gpuperfd
+from gpuperfd.config import (
+    DEFAULT_CONFIG_PATH,
+    Config,
+    ConfigError,
+    config_from_mapping,
+    env_config_path,
+    load_config,
+)
+
+EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_DEVICE, EXIT_LISTEN = 0, 1, 2, 3, 4
+
+log = logging.getLogger("gpuperfd")
+
+
+def _add_run(subparsers: Any) -> None:
+    run = subparsers.add_parser(
+        "run",
+        help="run the daemon (exporter, sampler, scheduled probes)",
+        description="Run the gpuperfd daemon. Command-line flags override the config file.",
+    )
+    run.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"YAML config file (default: $GPUPERFD_CONFIG or {DEFAULT_CONFIG_PATH} if it exists; else built-in defaults)",
+    )
+    run.add_argument(
+        "--simulate",
+        metavar="N",
+        type=int,
+        help="use N simulated GPUs instead of NVML (for demos and tests; never chosen automatically)",
+    )
+    run.add_argument("--web.listen-address", dest="listen_address", metavar="HOST:PORT", help="address to serve HTTP on")
+    run.add_argument("--web.telemetry-path", dest="telemetry_path", metavar="PATH", help="path of the metrics endpoint")
+    run.add_argument(
+        "--web.config.file", dest="web_config_file", metavar="FILE", help="exporter-toolkit web config (TLS, basic auth)"
+    )
+    run.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log verbosity")
+    run.set_defaults(func=cmd_run)
+
+
+def _add_check_config(subparsers: Any) -> None:
+    check = subparsers.add_parser(
+        "check-config",
+        help="validate a config file and exit",
+        description="Validate a config file without starting anything; exit 0 if valid, 2 if not.",
+    )
+    check.add_argument("file", metavar="FILE")
+    check.set_defaults(func=cmd_check_config)
+
+
+def _add_collectors(subparsers: Any) -> None:
+    collectors = subparsers.add_parser(
+        "collectors", help="list telemetry collectors and their metrics", description="List telemetry collectors."
+    )
+    collectors.set_defaults(func=cmd_collectors)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuperfd",
+        description="GPU performance daemon: NVML telemetry for Prometheus, probe workloads, power-cap sweeps.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpuperfd {gpuperfd.__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_run(subparsers)
+    _add_check_config(subparsers)
+    _add_collectors(subparsers)
+    for module_name in ("gpuperfd.probes.cli",):
+        try:
+            module = __import__(module_name, fromlist=["register"])
+        except ImportError:  # optional part not installed yet
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def _config_for_run(args: argparse.Namespace) -> Config:
+    """Config file (if any) with command-line flags applied, validated as one."""
+    path = args.config or env_config_path()
+    if path is None and DEFAULT_CONFIG_PATH.exists():
+        path = str(DEFAULT_CONFIG_PATH)
+    data: dict[str, Any] = {}
+    if path is not None:  # validated alone first, so errors name the file's own fields
+        data = load_config(path, required=True).model_dump(mode="json", exclude_unset=True)
+    source = path or "defaults"
+    web = data.setdefault("web", {})
+    if args.listen_address is not None:
+        web["listen_address"] = args.listen_address
+    if args.telemetry_path is not None:
+        web["telemetry_path"] = args.telemetry_path
+    if args.web_config_file is not None:
+        web["config_file"] = args.web_config_file
+    if args.log_level is not None:
+        data["log_level"] = args.log_level
+    if args.simulate is not None:
+        data.setdefault("device", {})["backend"] = "simulated"
+        data.setdefault("simulation", {})["gpus"] = args.simulate
+    return config_from_mapping(data, source=f"{source} (with command-line flags)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from gpuperfd.daemon import Daemon
+    from gpuperfd.device.errors import DeviceError, DriverNotFound
+    from gpuperfd.logs import setup_logging
+
+    config = _config_for_run(args)
+    setup_logging(config.log_level)
+    try:
+        daemon = Daemon(config)
+    except DriverNotFound as exc:
+        log.error("%s", exc)
+        return EXIT_DEVICE
+    except DeviceError as exc:
+        log.error("cannot open GPUs: %s", exc)
+        return EXIT_DEVICE
+    except OSError as exc:
+        log.error("cannot listen on %s: %s", config.web.listen_address, exc)
+        return EXIT_LISTEN
+    daemon.install_signal_handlers()
+    daemon.start()
+    try:
+        daemon.wait()
+    finally:
+        daemon.stop()
+    return EXIT_OK
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = load_config(args.file, required=True)
+    print(f"{args.file}: OK (backend {config.device.backend}, listen {config.web.listen_address})")
+    return EXIT_OK
+
+
+def cmd_collectors(args: argparse.Namespace) -> int:
+    from gpuperfd.collectors import COLLECTORS
+
+    for name, cls in sorted(COLLECTORS.items()):
+        lane = "slow lane" if cls.slow else ("events" if getattr(cls, "event_driven", False) else "fast lane")
+        print(f"{name:14} {lane:10} {cls.help}")
+        for spec in cls.metrics:
+            print(f"    {spec.name}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_CONFIG
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"gpuperfd: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""PCIe throughput (slow: NVML samples a 20 ms window per direction)."""
+
+from __future__ import annotations
+
+from gpuperfd.collectors.base import Collector, MetricSpec, Point, register
+from gpuperfd.device.base import Device
+
+
+@register
+class PcieCollector(Collector):
+    name = "pcie"
+    help = "PCIe transmit and receive throughput"
+    slow = True
+    default_interval_seconds = 10.0
+    metrics = (
+        MetricSpec("gpuperf_pcie_tx_bytes_per_second", "PCIe transmit throughput over the driver's 20 ms window, bytes per second."),
+        MetricSpec("gpuperf_pcie_rx_bytes_per_second", "PCIe receive throughput over the driver's 20 ms window, bytes per second."),
+    )
+
+    def read(self, device: Device) -> list[Point]:
+        pcie = device.pcie_throughput()
+        return [
+            Point("gpuperf_pcie_tx_bytes_per_second", pcie.tx_bytes_per_second),
+            Point("gpuperf_pcie_rx_bytes_per_second", pcie.rx_bytes_per_second),
+        ]

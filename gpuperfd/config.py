@@ -1,0 +1,226 @@
+"""The daemon's configuration: one YAML file, validated with pydantic on load.
+
+An invalid file raises :class:`ConfigError` whose message names the file, the
+field (as a dotted path) and what is wrong; the CLI turns that into exit code 2.
+With no file at all the defaults apply. Unknown keys are errors, so a typo is
+never silently ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_CONFIG_PATH = Path("/etc/gpuperfd/gpuperfd.yaml")
+#: 9100-9999 is fully allocated on the Prometheus default-port list; see docs/configuration.md.
+DEFAULT_PORT = 10187
+DEFAULT_LISTEN_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
+
+DeviceCall = Literal[
+    "*",
+    "info",
+    "utilization",
+    "memory",
+    "temperature_celsius",
+    "power_watts",
+    "energy_joules",
+    "power_limits",
+    "set_power_limit",
+    "clocks",
+    "clock_events",
+    "pcie_throughput",
+    "ecc_errors",
+    "compute_processes",
+]
+FaultKind = Literal["not_supported", "no_permission", "gpu_lost", "timeout", "unknown", "slow"]
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; str() is the full, user-facing message."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def parse_listen_address(value: str) -> tuple[str, int]:
+    """Split 'HOST:PORT', '[::1]:PORT' or ':PORT' into (host, port); ValueError if malformed."""
+    if not isinstance(value, str) or ":" not in value:
+        raise ValueError(f"listen address {value!r} must be HOST:PORT (e.g. 127.0.0.1:{DEFAULT_PORT})")
+    host, _, port_text = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"listen address {value!r}: port must be a number from 0 to 65535")
+    return host, int(port_text)
+
+
+class WebConfig(_Strict):
+    listen_address: str = DEFAULT_LISTEN_ADDRESS
+    telemetry_path: str = "/metrics"
+    #: exporter-toolkit compatible web config (TLS, basic auth); None serves plain HTTP.
+    config_file: Path | None = None
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        parse_listen_address(value)
+        return value
+
+    @field_validator("telemetry_path")
+    @classmethod
+    def _check_path(cls, value: str) -> str:
+        if not value.startswith("/") or value == "/":
+            raise ValueError("must start with '/' and not be '/' itself (the landing page)")
+        return value
+
+
+class FaultConfig(_Strict):
+    """A fault injected into a simulated GPU."""
+
+    gpu: int | Literal["*"] = "*"
+    call: DeviceCall = "*"
+    kind: FaultKind
+    #: Seconds after start when the fault begins, and how long it lasts (None: forever).
+    after_seconds: Annotated[float, Field(ge=0)] = 0.0
+    duration_seconds: Annotated[float, Field(gt=0)] | None = None
+    #: For kind 'slow' and 'timeout': how long the call takes.
+    delay_seconds: Annotated[float, Field(ge=0, le=600)] = 2.0
+
+
+class XidConfig(_Strict):
+    gpu: Annotated[int, Field(ge=0)]
+    xid: Annotated[int, Field(ge=1, le=1000)]
+    after_seconds: Annotated[float, Field(ge=0)] = 0.0
+    repeat: Annotated[int, Field(ge=1, le=1000)] = 1
+
+
+class EccInjectConfig(_Strict):
+    gpu: Annotated[int, Field(ge=0)]
+    corrected: Annotated[int, Field(ge=0)] = 0
+    uncorrected: Annotated[int, Field(ge=0)] = 0
+    after_seconds: Annotated[float, Field(ge=0)] = 0.0
+
+
+class DegradeConfig(_Strict):
+    """Make one simulated GPU worse than its peers (for drift and peer alerts)."""
+
+    gpu: Annotated[int, Field(ge=0)]
+    #: Multiplies the maximum SM clock (e.g. 0.85: a part that clocks 15% lower).
+    sm_clock_factor: Annotated[float, Field(gt=0, le=1)] = 1.0
+    #: Multiplies memory bandwidth.
+    memory_bandwidth_factor: Annotated[float, Field(gt=0, le=1)] = 1.0
+    #: Keep this GPU thermally throttled while it is busy.
+    thermal_throttle: bool = False
+
+
+class SimulationConfig(_Strict):
+    gpus: Annotated[int, Field(ge=1, le=64)] = 2
+    model: Literal["H100", "H200", "A100"] = "H100"
+    #: Seed of the noise in simulated readings and probe results (None: random).
+    seed: int | None = None
+    faults: list[FaultConfig] = []
+    xid_events: list[XidConfig] = []
+    ecc_errors: list[EccInjectConfig] = []
+    degrade: list[DegradeConfig] = []
+
+
+class DeviceConfig(_Strict):
+    backend: Literal["nvml", "simulated"] = "nvml"
+    #: Only these GPU indices (None: all).
+    gpus: list[Annotated[int, Field(ge=0)]] | None = None
+    #: Per-call timeout: a device call slower than this is reported as a timeout.
+    call_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 5.0
+
+
+class CollectorToggle(_Strict):
+    enabled: bool = True
+    #: Seconds between background reads (None: the sampler's interval).
+    interval_seconds: Annotated[float, Field(ge=0.05, le=3600)] | None = None
+
+
+class SamplerConfig(_Strict):
+    #: Seconds between reads of the cheap fields.
+    interval_seconds: Annotated[float, Field(ge=0.05, le=300)] = 1.0
+    #: Per-collector settings by collector name (see `gpuperfd collectors`).
+    collectors: dict[str, CollectorToggle] = {}
+
+
+class Config(_Strict):
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    web: WebConfig = WebConfig()
+    device: DeviceConfig = DeviceConfig()
+    simulation: SimulationConfig = SimulationConfig()
+    sampler: SamplerConfig = SamplerConfig()
+
+    @model_validator(mode="after")
+    def _check_collectors(self) -> "Config":
+        from gpuperfd.collectors import COLLECTOR_NAMES  # late: collectors import config types
+
+        unknown = sorted(set(self.sampler.collectors) - set(COLLECTOR_NAMES))
+        if unknown:
+            raise ValueError(
+                f"sampler.collectors: unknown collector(s) {', '.join(unknown)}; "
+                f"known: {', '.join(COLLECTOR_NAMES)}"
+            )
+        return self
+
+
+def _format_validation_error(source: str, error: ValidationError) -> str:
+    lines = [f"{source}: invalid configuration ({error.error_count()} problem(s)):"]
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown field (check the spelling; see docs/configuration.md)"
+        lines.append(f"  - {where}: {message} (got {item.get('input')!r:.80})")
+    return "\n".join(lines)
+
+
+def config_from_mapping(data: Any, source: str = "<config>") -> Config:
+    """Validate an already-parsed mapping; ConfigError names the source and fields."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping of sections, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format_validation_error(source, error)) from None
+    except ValueError as error:  # raised by model validators outside pydantic's wrapping
+        raise ConfigError(f"{source}: invalid configuration: {error}") from None
+
+
+def load_config(path: Path | str | None, *, required: bool = False) -> Config:
+    """Read and validate a YAML config file.
+
+    ``path=None`` uses the default path if it exists, else defaults. ``required``
+    makes a missing file an error (used for an explicit ``--config``).
+    """
+    if path is None:
+        path = DEFAULT_CONFIG_PATH
+        if not path.exists():
+            return Config()
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"{path}: config file not found") from None
+        return Config()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot read config file: {error}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    return config_from_mapping(data, source=str(path))
+
+
+def env_config_path() -> str | None:
+    """The config path from GPUPERFD_CONFIG, for systemd/k8s environments."""
+    return os.environ.get("GPUPERFD_CONFIG") or None

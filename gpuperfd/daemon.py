@@ -1,0 +1,108 @@
+"""Wiring of the long-running daemon: config -> backend -> sampler -> registry -> HTTP.
+
+Start-up order matters: the backend opens (a missing driver fails here, with a
+hint to use --simulate), one synchronous sample fills the store so the first
+scrape has data, then the background lanes and the HTTP server start. SIGTERM
+and SIGINT stop everything in reverse order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from types import FrameType
+
+from gpuperfd.collectors import COLLECTORS
+from gpuperfd.config import Config, parse_listen_address
+from gpuperfd.device.base import Backend
+from gpuperfd.device.factory import open_backend, selected_devices
+from gpuperfd.exporter import build_registry
+from gpuperfd.landing import landing_page
+from gpuperfd.sampler import Sampler
+from gpuperfd.web import Response, WebServer, metrics_route
+
+log = logging.getLogger(__name__)
+
+
+def enabled_collectors(config: Config) -> list[str]:
+    """Collector names switched on by defaults and ``sampler.collectors``."""
+    names = []
+    for name, cls in sorted(COLLECTORS.items()):
+        toggle = config.sampler.collectors.get(name)
+        if (toggle.enabled if toggle is not None else cls.enabled_by_default):
+            names.append(name)
+    return names
+
+
+class Daemon:
+    """One running gpuperfd: start(), then wait() until a signal, then stop()."""
+
+    def __init__(self, config: Config, backend: Backend | None = None) -> None:
+        self.config = config
+        self.backend = backend if backend is not None else open_backend(config)
+        self.devices = selected_devices(self.backend, config)
+        names = enabled_collectors(config)
+        intervals = {
+            name: toggle.interval_seconds
+            for name, toggle in config.sampler.collectors.items()
+            if toggle.interval_seconds is not None
+        }
+        self.sampler = Sampler(
+            self.backend,
+            self.devices,
+            [COLLECTORS[name]() for name in names if name != "xid"],
+            interval_seconds=config.sampler.interval_seconds,
+            intervals=intervals,
+            call_timeout_seconds=config.device.call_timeout_seconds,
+            xid_enabled="xid" in names,
+        )
+        self.registry = build_registry(self.sampler, self.backend.name)
+        host, port = parse_listen_address(config.web.listen_address)
+        self.web = WebServer(host, port, self._routes())
+        self._stopping = threading.Event()
+
+    def _routes(self) -> dict:
+        telemetry_path = self.config.web.telemetry_path
+        return {
+            telemetry_path: metrics_route(self.registry),
+            "/healthz": self._healthz,
+            "/": lambda _h: Response(200, landing_page(self.sampler, self.backend.name, telemetry_path), "text/html; charset=utf-8"),
+        }
+
+    def _healthz(self, _handler: object) -> Response:
+        lost = [d.index for d in self.devices if self.sampler.gpu_lost(d.index)]
+        body = {"status": "ok", "gpus": len(self.devices), "gpus_lost": lost}
+        return Response(200, (json.dumps(body) + "\n").encode(), "application/json")
+
+    @property
+    def port(self) -> int:
+        return self.web.port
+
+    def start(self) -> None:
+        log.info("backend %s: %d GPU(s): %s", self.backend.name, len(self.devices), [d.index for d in self.devices])
+        self.sampler.sample_once()
+        self.sampler.start()
+        self.web.start()
+        log.info("listening on %s (metrics at %s)", self.config.web.listen_address, self.config.web.telemetry_path)
+
+    def stop(self) -> None:
+        log.info("stopping")
+        self.web.stop()
+        self.sampler.stop()
+        self.backend.close()
+        log.info("stopped")
+
+    def request_stop(self, signum: int | None = None, _frame: FrameType | None = None) -> None:
+        if signum is not None:
+            log.info("received %s", signal.Signals(signum).name)
+        self._stopping.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def wait(self) -> None:
+        while not self._stopping.wait(1.0):
+            pass

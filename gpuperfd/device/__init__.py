@@ -1,0 +1,1 @@
+"""Device layer: one interface (base), NVML (real) and simulated implementations."""

@@ -1,0 +1,146 @@
+"""The HTTP endpoint: /metrics, /healthz and the landing page at /.
+
+A small threaded server on the standard library, so the exporter has no web
+framework to carry. TLS and basic auth (exporter-toolkit web config) plug in
+through :class:`RequestGate`; everything else here is plain routing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: dict[str, str] | None = None
+
+
+class RequestGate:
+    """Decides whether a request may proceed; the default lets every request in."""
+
+    def check(self, handler: BaseHTTPRequestHandler) -> Response | None:
+        """None to allow, or the response to send instead (e.g. 401)."""
+        return None
+
+
+Route = Callable[[BaseHTTPRequestHandler], Response]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], family: int) -> None:
+        self.address_family = family
+        super().__init__(address, handler)
+
+
+def metrics_route(registry: CollectorRegistry) -> Route:
+    """Serve the registry as text or OpenMetrics by Accept header, gzip when asked."""
+
+    def route(handler: BaseHTTPRequestHandler) -> Response:
+        encoder, content_type = choose_encoder(handler.headers.get("Accept", ""))
+        body = encoder(registry)
+        headers = {}
+        if "gzip" in handler.headers.get("Accept-Encoding", ""):
+            body = gzip.compress(body, compresslevel=1)
+            headers["Content-Encoding"] = "gzip"
+        return Response(200, body, content_type, headers)
+
+    return route
+
+
+class WebServer:
+    """Routes GET/HEAD requests by path; runs in a background thread."""
+
+    def __init__(self, host: str, port: int, routes: dict[str, Route], gate: RequestGate | None = None) -> None:
+        self.routes = routes
+        self.gate = gate or RequestGate()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._server = _Server((host, port), self._handler_class(), family)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    @property
+    def server(self) -> ThreadingHTTPServer:
+        return self._server
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        web = self
+
+        class Handler(BaseHTTPRequestHandler):
+            server_version = "gpuperfd"
+            sys_version = ""
+            protocol_version = "HTTP/1.1"
+            timeout = 30  # seconds a client may take to send its request
+
+            def _send(self, response: Response, head: bool = False) -> None:
+                self.send_response(response.status)
+                self.send_header("Content-Type", response.content_type)
+                self.send_header("Content-Length", str(len(response.body)))
+                for key, value in (response.headers or {}).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                if not head:
+                    self.wfile.write(response.body)
+
+            def _dispatch(self, head: bool) -> None:
+                denied = web.gate.check(self)
+                if denied is not None:
+                    self._send(denied, head)
+                    return
+                path = self.path.split("?", 1)[0]
+                route = web.routes.get(path)
+                if route is None:
+                    self._send(Response(404, b"not found\n"), head)
+                    return
+                try:
+                    response = route(self)
+                except Exception:
+                    log.exception("error serving %s", path)
+                    response = Response(500, b"internal error\n")
+                self._send(response, head)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._dispatch(head=False)
+
+            def do_HEAD(self) -> None:  # noqa: N802
+                self._dispatch(head=True)
+
+            def _not_allowed(self) -> None:
+                self._send(Response(405, b"method not allowed\n", headers={"Allow": "GET, HEAD"}))
+
+            do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                log.debug("http %s %s", self.address_string(), format % args)
+
+        return Handler
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread:
+            self._thread.join(5)
