@@ -8,8 +8,7 @@ whether a GPU answers in 1 us, 21 ms or never.
 from __future__ import annotations
 
 import platform
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -30,10 +29,10 @@ def _family(spec: MetricSpec, labels: tuple[str, ...]) -> Metric:
 class TelemetryCollector(PromCollector):
     """prometheus_client collector serving the sampler's latest per-GPU readings."""
 
-    def __init__(self, sampler: Sampler, backend_name: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, sampler: Sampler, backend_name: str) -> None:
         self.sampler = sampler
         self.backend_name = backend_name
-        self.clock = clock
+        self.clock = sampler.clock
         self.enabled = {c.name for c in sampler.collectors} | ({"xid"} if sampler.xid_enabled else set())
 
     def describe(self) -> Iterator[Metric]:

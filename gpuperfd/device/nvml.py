@@ -1,0 +1,531 @@
+"""Real GPUs through NVML (nvidia-ml-py): the bottom of gpuperfd's data flow.
+
+    NVML (libnvidia-ml)  ->  this module  ->  background sampler / collectors /
+                                              power-cap sweeps  ->  /metrics
+
+This is the only module that imports :mod:`pynvml`. It implements the
+:class:`~gpuperfd.device.base.Backend` and :class:`~gpuperfd.device.base.Device`
+interface and converts NVML's units to the project's SI units at this boundary:
+milliwatts -> watts, millijoules -> joules, MHz -> hertz, KB/s -> bytes/s,
+percent -> ratio in [0, 1]. (Memory sizes already come from NVML in bytes.)
+
+Errors: every NVML call goes through :func:`_call`, and every NVML error is
+turned into one of the project's exceptions (:mod:`gpuperfd.device.errors`) by
+:func:`_translate`, the one place that knows NVML's error codes. Callers never
+see a ``pynvml.NVMLError``.
+
+Unsupported fields: the first ``NotSupported`` for a (GPU, field) pair is
+remembered (and logged once at debug level); later reads of that field raise
+``NotSupported`` at once, without calling NVML again. No getter ever returns NaN:
+a field the GPU lacks raises ``NotSupported`` and the caller leaves the sample out.
+
+Cost (H200, see ``shared/reference/README.md``): most getters take about 1 us;
+:meth:`NvmlDevice.energy_joules` about 3 ms and :meth:`NvmlDevice.pcie_throughput`
+about 21 ms per direction, so those two belong to the background sampler, never
+to the scrape path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import threading
+import time
+from typing import Any, Callable, TypeVar
+
+import pynvml
+
+from gpuperfd.device.base import (
+    CLOCK_EVENT_REASONS,
+    Backend,
+    ClockEvents,
+    Clocks,
+    ComputeProcess,
+    Device,
+    EccErrors,
+    GpuInfo,
+    MemoryUsage,
+    PcieThroughput,
+    PowerLimits,
+    Utilization,
+    XidEvent,
+)
+from gpuperfd.device.errors import (
+    DeviceError,
+    DeviceTimeout,
+    DriverNotFound,
+    GpuLost,
+    InvalidArgument,
+    NoPermission,
+    NotSupported,
+    UnknownDeviceError,
+)
+
+__all__ = ["NvmlBackend", "NvmlDevice", "CLOCK_EVENT_BITS"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: An NVML device handle (``pynvml.c_nvmlDevice_t``, an opaque pointer).
+Handle = Any
+
+#: NVML clock-event (throttle) reason bits, by the label names of base.CLOCK_EVENT_REASONS.
+CLOCK_EVENT_BITS: dict[str, int] = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+assert tuple(CLOCK_EVENT_BITS) == CLOCK_EVENT_REASONS, "keep CLOCK_EVENT_BITS in CLOCK_EVENT_REASONS order"
+
+_SIMULATE_HINT = "To try the daemon without a GPU, run it on simulated GPUs: `gpuperfd run --simulate N`."
+
+#: Most XID events returned by one wait_xid_events call (the rest wait for the next call).
+_MAX_EVENTS_PER_WAIT = 64
+_MAX_TIMEOUT_MS = 0xFFFFFFFF  # nvmlEventSetWait_v2 takes an unsigned int
+
+
+def _codes(*names: str) -> frozenset[int]:
+    """The values of the NVML_ERROR_* constants this pynvml has (older ones lack some)."""
+    return frozenset(getattr(pynvml, name) for name in names if hasattr(pynvml, name))
+
+
+_NOT_SUPPORTED_CODES = _codes("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND")
+_NO_PERMISSION_CODES = _codes("NVML_ERROR_NO_PERMISSION")
+_GPU_LOST_CODES = _codes("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_GPU_NOT_FOUND", "NVML_ERROR_RESET_REQUIRED")
+_TIMEOUT_CODES = _codes("NVML_ERROR_TIMEOUT")
+_INVALID_ARGUMENT_CODES = _codes("NVML_ERROR_INVALID_ARGUMENT")
+_DRIVER_NOT_FOUND_CODES = _codes(
+    "NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_LIB_RM_VERSION_MISMATCH"
+)
+
+
+def _nvml_text(error: pynvml.NVMLError) -> str:
+    """NVML's own description of an error; never raises (str() may call into NVML)."""
+    try:
+        return str(error)
+    except Exception:  # noqa: BLE001 - a failing error string must not hide the error
+        return f"NVML error {getattr(error, 'value', '?')}"
+
+
+def _translate(error: pynvml.NVMLError, what: str = "NVML") -> DeviceError:
+    """Map an NVML error onto the project's exceptions; the only place that knows NVML codes.
+
+    ``what`` says which GPU and call failed (e.g. ``"GPU 0: nvmlDeviceGetPowerUsage"``);
+    the message keeps NVML's own text and code. UNINITIALIZED and any code not listed
+    here become :class:`UnknownDeviceError`.
+    """
+    code = getattr(error, "value", None)
+    message = f"{what}: {_nvml_text(error)} (NVML error {code})"
+    if code in _NOT_SUPPORTED_CODES:
+        return NotSupported(message)
+    if code in _NO_PERMISSION_CODES:
+        return NoPermission(message)
+    if code in _GPU_LOST_CODES:
+        return GpuLost(message)
+    if code in _TIMEOUT_CODES:
+        return DeviceTimeout(message)
+    if code in _INVALID_ARGUMENT_CODES:
+        return InvalidArgument(message)
+    if code in _DRIVER_NOT_FOUND_CODES:
+        return DriverNotFound(f"no NVIDIA driver found ({message}). {_SIMULATE_HINT}")
+    return UnknownDeviceError(message)
+
+
+def _call(what: str, fn: Callable[..., T], *args: Any) -> T:
+    """Call one NVML function; an NVML error is raised as the project's exception (see _translate)."""
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as error:
+        raise _translate(error, f"{what}: {getattr(fn, '__name__', 'nvml')}") from error
+
+
+def _text(value: str | bytes) -> str:
+    """NVML strings arrive as str from pynvml's wrappers but as bytes from ctypes struct fields."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _handle_address(handle: Handle) -> int | None:
+    """The pointer value of a device handle, to recognize it in event data; None if not a pointer."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return None
+
+
+class NvmlDevice(Device):
+    """One GPU behind NVML. Thread-safe. ``index`` is the NVML index (as nvidia-smi shows it).
+
+    Every getter raises :class:`NotSupported` for a field this GPU lacks (remembered: later
+    calls skip NVML), and the other :class:`DeviceError` subclasses for other failures.
+    """
+
+    def __init__(self, backend: NvmlBackend, index: int, handle: Handle) -> None:
+        self.index = index
+        self._backend = backend
+        self._handle = handle
+        self._lock = threading.Lock()
+        self._unsupported: set[str] = set()
+        self._info: GpuInfo | None = None
+
+    def __repr__(self) -> str:
+        return f"NvmlDevice(index={self.index})"
+
+    @property
+    def handle(self) -> Handle:
+        """The NVML device handle (for the backend's event set)."""
+        return self._handle
+
+    # --- the one path from a getter to NVML -------------------------------------------
+
+    def _read(self, field: str, fn: Callable[..., T], *args: Any) -> T:
+        """Call ``fn(handle, *args)`` for ``field``; NotSupported once means NotSupported forever."""
+        with self._lock:
+            if field in self._unsupported:
+                raise NotSupported(f"GPU {self.index}: {field} is not supported (checked earlier)")
+        try:
+            return _call(f"GPU {self.index}", fn, self._handle, *args)
+        except NotSupported:
+            with self._lock:
+                first = field not in self._unsupported
+                self._unsupported.add(field)
+            if first:
+                log.debug("GPU %d: %s is not supported; not asking NVML again", self.index, field)
+            raise
+
+    def _optional(self, field: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """Like _read, but None when the field is unsupported."""
+        try:
+            return self._read(field, fn, *args)
+        except NotSupported:
+            return None
+
+    # --- Device interface -------------------------------------------------------------
+
+    def info(self) -> GpuInfo:
+        """Static identity, read once and cached.
+
+        uuid, name and total memory are required (their errors propagate); PCI bus id,
+        compute capability ("major.minor") and serial are "" when unsupported.
+        """
+        with self._lock:
+            if self._info is not None:
+                return self._info
+        uuid = _text(self._read("uuid", pynvml.nvmlDeviceGetUUID))
+        name = _text(self._read("name", pynvml.nvmlDeviceGetName))
+        memory_total = int(self._read("memory", pynvml.nvmlDeviceGetMemoryInfo).total)
+        pci = self._optional("pci_info", pynvml.nvmlDeviceGetPciInfo)
+        capability = self._optional("compute_capability", pynvml.nvmlDeviceGetCudaComputeCapability)
+        serial = self._optional("serial", pynvml.nvmlDeviceGetSerial)
+        info = GpuInfo(
+            index=self.index,
+            uuid=uuid,
+            name=name,
+            pci_bus_id=_text(pci.busId) if pci is not None else "",
+            driver_version=self._backend.driver_version(),
+            compute_capability=f"{capability[0]}.{capability[1]}" if capability is not None else "",
+            memory_total_bytes=memory_total,
+            backend=NvmlBackend.name,
+            serial=_text(serial) if serial is not None else "",
+        )
+        with self._lock:
+            self._info = info
+        return info
+
+    def utilization(self) -> Utilization:
+        """GPU (SM) and memory-controller busy share over NVML's last sample period, ratios 0..1."""
+        rates = self._read("utilization", pynvml.nvmlDeviceGetUtilizationRates)
+        return Utilization(gpu_ratio=rates.gpu / 100.0, memory_ratio=rates.memory / 100.0)
+
+    def memory(self) -> MemoryUsage:
+        """Frame-buffer memory in bytes (NVML reports bytes; no conversion)."""
+        mem = self._read("memory", pynvml.nvmlDeviceGetMemoryInfo)
+        return MemoryUsage(used_bytes=int(mem.used), total_bytes=int(mem.total), free_bytes=int(mem.free))
+
+    def temperature_celsius(self) -> float:
+        """GPU die temperature in degrees Celsius."""
+        return float(self._read("temperature", pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU))
+
+    def power_watts(self) -> float:
+        """Power draw in watts (NVML: milliwatts, averaged by the driver, lags up to a second)."""
+        return self._read("power", pynvml.nvmlDeviceGetPowerUsage) / 1000.0
+
+    def energy_joules(self) -> float:
+        """Total energy since the driver loaded, joules (NVML: millijoules). About 3 ms per call."""
+        return self._read("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption) / 1000.0
+
+    def power_limits(self) -> PowerLimits:
+        """Enforced, default, min and max power limit in watts (NVML: milliwatts).
+
+        NotSupported if any of the three reads is unsupported.
+        """
+        enforced = self._read("power_limit_enforced", pynvml.nvmlDeviceGetEnforcedPowerLimit)
+        default = self._read("power_limit_default", pynvml.nvmlDeviceGetPowerManagementDefaultLimit)
+        low, high = self._read("power_limit_constraints", pynvml.nvmlDeviceGetPowerManagementLimitConstraints)
+        return PowerLimits(
+            enforced_watts=enforced / 1000.0,
+            default_watts=default / 1000.0,
+            min_watts=low / 1000.0,
+            max_watts=high / 1000.0,
+        )
+
+    def set_power_limit(self, watts: float) -> None:
+        """Set the enforced power limit, in watts (sent to NVML as whole milliwatts).
+
+        Raises InvalidArgument, naming the value and the allowed range, when ``watts`` is
+        outside the GPU's [min, max] constraints (NVML is not called then); NoPermission
+        without root; NotSupported where limits cannot be read or set.
+        """
+        if not isinstance(watts, (int, float)) or not math.isfinite(watts):
+            raise InvalidArgument(f"GPU {self.index}: power limit {watts!r} W is not a finite number")
+        low_mw, high_mw = self._read(
+            "power_limit_constraints", pynvml.nvmlDeviceGetPowerManagementLimitConstraints
+        )
+        if not low_mw / 1000.0 <= watts <= high_mw / 1000.0:
+            raise InvalidArgument(
+                f"GPU {self.index}: power limit {watts:g} W is outside the allowed range "
+                f"{low_mw / 1000.0:g}-{high_mw / 1000.0:g} W"
+            )
+        milliwatts = min(high_mw, max(low_mw, int(round(watts * 1000.0))))
+        try:
+            self._read("set_power_limit", pynvml.nvmlDeviceSetPowerManagementLimit, milliwatts)
+        except NoPermission as error:
+            raise NoPermission(f"{error}; setting a power limit needs root (CAP_SYS_ADMIN)") from error
+
+    def clocks(self) -> Clocks:
+        """Current SM and memory clocks in hertz (NVML: MHz), required.
+
+        The graphics clock and the maximum SM and memory clocks are None when unsupported.
+        """
+        sm = self._read("clock_sm", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
+        mem = self._read("clock_mem", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM)
+        graphics = self._optional("clock_graphics", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_GRAPHICS)
+        sm_max = self._optional("clock_sm_max", pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM)
+        mem_max = self._optional("clock_mem_max", pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_MEM)
+        return Clocks(
+            sm_hertz=sm * 1e6,
+            memory_hertz=mem * 1e6,
+            graphics_hertz=None if graphics is None else graphics * 1e6,
+            sm_max_hertz=None if sm_max is None else sm_max * 1e6,
+            memory_max_hertz=None if mem_max is None else mem_max * 1e6,
+        )
+
+    def clock_events(self) -> ClockEvents:
+        """Active clock-event (throttle) reasons, as names from base.CLOCK_EVENT_REASONS.
+
+        Uses nvmlDeviceGetCurrentClocksEventReasons, or the older ...ThrottleReasons where
+        this pynvml lacks it. Bits with no name here are ignored.
+        """
+        getter = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if getter is None:
+            getter = pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        mask = int(self._read("clock_events", getter))
+        return ClockEvents(active=frozenset(name for name, bit in CLOCK_EVENT_BITS.items() if mask & bit))
+
+    def pcie_throughput(self) -> PcieThroughput:
+        """PCIe TX and RX in bytes/s (NVML: KB/s, x1024). About 21 ms per direction: sampler only."""
+        tx = self._read("pcie_tx", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+        rx = self._read("pcie_rx", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+        return PcieThroughput(tx_bytes_per_second=tx * 1024.0, rx_bytes_per_second=rx * 1024.0)
+
+    def ecc_errors(self) -> EccErrors:
+        """Corrected and uncorrected ECC error counts since the driver loaded (volatile counter).
+
+        NotSupported on GPUs without ECC (or with ECC mode off).
+        """
+        corrected = self._read(
+            "ecc_corrected",
+            pynvml.nvmlDeviceGetTotalEccErrors,
+            pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
+        uncorrected = self._read(
+            "ecc_uncorrected",
+            pynvml.nvmlDeviceGetTotalEccErrors,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
+        return EccErrors(corrected_total=int(corrected), uncorrected_total=int(uncorrected))
+
+    def compute_processes(self) -> list[ComputeProcess]:
+        """Compute processes on this GPU; used memory in bytes, None where NVML cannot tell."""
+        processes = self._read("compute_processes", pynvml.nvmlDeviceGetComputeRunningProcesses)
+        result = []
+        for process in processes:
+            used = getattr(process, "usedGpuMemory", None)
+            memory = None if used is None else int(used)
+            result.append(ComputeProcess(pid=int(process.pid), used_memory_bytes=memory))
+        return result
+
+
+class NvmlBackend(Backend):
+    """All (or the selected) GPUs of this node through NVML.
+
+    NVML is initialized on first use (devices(), driver_version(), wait_xid_events()),
+    once, under a lock. Without a driver that first use raises :class:`DriverNotFound`,
+    whose message suggests ``gpuperfd run --simulate N``.
+    """
+
+    name = "nvml"
+
+    def __init__(self, indices: list[int] | None = None) -> None:
+        """``indices``: NVML indices of the GPUs to manage (None: every GPU on the node)."""
+        self._indices = None if indices is None else sorted(set(indices))
+        self._lock = threading.Lock()
+        self._initialized = False
+        self._devices: list[NvmlDevice] | None = None
+        self._driver_version: str | None = None
+        # XID events: created and registered on the first wait_xid_events call.
+        self._xid_lock = threading.Lock()
+        self._event_set: Any = None
+        self._xid_registered: set[int] = set()  # GPU indices
+        self._xid_by_address: dict[int, int] = {}  # device handle pointer -> GPU index
+        self._xid_unsupported: set[int] = set()
+        self._xid_failed: set[int] = set()  # GPUs whose registration failed (warned once)
+
+    def _ensure_init(self) -> None:
+        """nvmlInit once; DriverNotFound (with the --simulate hint) when there is no driver."""
+        with self._lock:
+            if self._initialized:
+                return
+            try:
+                pynvml.nvmlInit()
+            except OSError as error:  # libnvidia-ml present but unloadable
+                raise DriverNotFound(
+                    f"no NVIDIA driver found: cannot load libnvidia-ml ({error}). {_SIMULATE_HINT}"
+                ) from error
+            except pynvml.NVMLError as error:
+                raise _translate(error, "nvmlInit") from error
+            self._initialized = True
+
+    def devices(self) -> list[Device]:
+        """The selected GPUs, in index order; InvalidArgument if a selected index does not exist."""
+        self._ensure_init()
+        with self._lock:
+            if self._devices is None:
+                count = _call("NVML", pynvml.nvmlDeviceGetCount)
+                indices = list(range(count)) if self._indices is None else self._indices
+                missing = [i for i in indices if not 0 <= i < count]
+                if missing:
+                    present = f"indices 0-{count - 1}" if count else "none"
+                    raise InvalidArgument(
+                        f"GPU index {', '.join(map(str, missing))} not found: "
+                        f"this node has {count} GPU(s) ({present})"
+                    )
+                self._devices = [
+                    NvmlDevice(self, i, _call(f"GPU {i}", pynvml.nvmlDeviceGetHandleByIndex, i))
+                    for i in indices
+                ]
+            return list(self._devices)
+
+    def driver_version(self) -> str:
+        """The NVIDIA driver version, e.g. "580.159.04" (read once)."""
+        self._ensure_init()
+        with self._lock:
+            if self._driver_version is None:
+                self._driver_version = _text(_call("NVML", pynvml.nvmlSystemGetDriverVersion))
+            return self._driver_version
+
+    def _register_xid(self) -> None:
+        """Create the event set and register XID events for GPUs not yet registered (under _xid_lock)."""
+        if self._event_set is None:
+            self._event_set = _call("NVML", pynvml.nvmlEventSetCreate)
+        for device in self.devices():
+            if device.index in self._xid_unsupported or device.index in self._xid_registered:
+                continue
+            try:
+                _call(
+                    f"GPU {device.index}",
+                    pynvml.nvmlDeviceRegisterEvents,
+                    device.handle,
+                    pynvml.nvmlEventTypeXidCriticalError,
+                    self._event_set,
+                )
+            except NotSupported:
+                self._xid_unsupported.add(device.index)
+                log.debug("GPU %d does not report XID events", device.index)
+                continue
+            except DeviceError as error:
+                if device.index not in self._xid_failed:
+                    self._xid_failed.add(device.index)
+                    log.warning(
+                        "GPU %d: cannot register for XID events (will retry): %s", device.index, error
+                    )
+                continue
+            self._xid_registered.add(device.index)
+            address = _handle_address(device.handle)
+            if address is not None:
+                self._xid_by_address[address] = device.index
+
+    def _xid_gpu_index(self, handle: Handle) -> int:
+        """Our index for the GPU an event came from: by handle pointer, else nvmlDeviceGetIndex, else -1."""
+        address = _handle_address(handle)
+        if address is not None and address in self._xid_by_address:
+            return self._xid_by_address[address]
+        try:
+            return int(_call("NVML", pynvml.nvmlDeviceGetIndex, handle))
+        except DeviceError as error:
+            log.warning("XID event from a GPU that cannot be identified (reported as GPU -1): %s", error)
+            return -1
+
+    def wait_xid_events(self, timeout_seconds: float) -> list[XidEvent]:
+        """Block up to ``timeout_seconds`` for XID (critical error) events; [] when none came.
+
+        On the first call the GPUs are registered for XID events; GPUs that cannot report
+        them are remembered and skipped. Raises NotSupported (at once) when no selected GPU
+        reports XID events. After a first event, any others already queued are returned too.
+        Timestamps are the time the event was received (time.time()).
+        """
+        with self._xid_lock:
+            self._register_xid()
+            if not self._xid_registered:
+                raise NotSupported("no selected GPU can report XID events")
+            event_set = self._event_set
+        timeout_ms = min(_MAX_TIMEOUT_MS, max(0, int(round(timeout_seconds * 1000.0))))
+        events: list[XidEvent] = []
+        for attempt in range(_MAX_EVENTS_PER_WAIT):
+            try:
+                # Block on the first wait only; then collect what is already queued.
+                data = _call("NVML", pynvml.nvmlEventSetWait_v2, event_set, timeout_ms if attempt == 0 else 0)
+            except DeviceTimeout:
+                break
+            except DeviceError:
+                if not events:
+                    raise
+                log.warning("error while collecting further XID events", exc_info=True)
+                break
+            if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                gpu_index = self._xid_gpu_index(data.device)
+                events.append(XidEvent(gpu_index=gpu_index, xid=int(data.eventData), timestamp=time.time()))
+        return events
+
+    def close(self) -> None:
+        """Free the event set and shut NVML down; safe to call twice (later calls do nothing)."""
+        with self._xid_lock:
+            if self._event_set is not None:
+                try:
+                    _call("NVML", pynvml.nvmlEventSetFree, self._event_set)
+                except DeviceError as error:
+                    log.debug("nvmlEventSetFree failed: %s", error)
+                self._event_set = None
+                self._xid_registered.clear()
+                self._xid_by_address.clear()
+                self._xid_unsupported.clear()
+                self._xid_failed.clear()
+        with self._lock:
+            if not self._initialized:
+                return
+            self._initialized = False
+            self._devices = None
+            self._driver_version = None
+            try:
+                _call("NVML", pynvml.nvmlShutdown)
+            except DeviceError as error:
+                log.debug("nvmlShutdown failed: %s", error)

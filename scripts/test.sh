@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install everything gpuperfd needs (CPU torch, the project with all extras,
+# Prometheus/promtool from Debian) into .venv and run the whole test suite.
+# Usage: bash scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v promtool >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends prometheus
+fi
+# Debian's package starts a Prometheus service where systemd runs; tests start their own.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
+  systemctl stop prometheus || true
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+# torch first, pinned: a plain 'torch' requirement would pull a multi-GB CUDA build.
+.venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e '.[all]'
+
+exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,85 @@
+"""Config loading: defaults, valid files, and invalid ones rejected with a clear message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gpuperfd.cli import main
+from gpuperfd.config import DEFAULT_PORT, Config, ConfigError, load_config, parse_listen_address
+
+
+def test_no_file_gives_defaults(tmp_path):
+    config = load_config(tmp_path / "absent.yaml")
+    assert config == Config()
+    assert config.device.backend == "nvml"  # never simulated unless asked
+    assert config.web.listen_address == f"127.0.0.1:{DEFAULT_PORT}"
+
+
+def test_valid_file_is_loaded(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("device: {backend: simulated}\nsimulation: {gpus: 4, model: H200}\nsampler: {collectors: {pcie: {enabled: false}}}\n")
+    config = load_config(path)
+    assert config.simulation.gpus == 4 and config.simulation.model == "H200"
+    assert config.sampler.collectors["pcie"].enabled is False
+
+
+@pytest.mark.parametrize(
+    "text,field,words",
+    [
+        ("web: {listen_address: 'nonsense'}", "web.listen_address", "HOST:PORT"),
+        ("web: {listen_address: '1.2.3.4:99999'}", "web.listen_address", "port"),
+        ("sampler: {interval_seconds: 0}", "sampler.interval_seconds", "greater than or equal"),
+        ("simulation: {gpus: -1}", "simulation.gpus", "greater than or equal"),
+        ("device: {backend: cuda}", "device.backend", "'nvml' or 'simulated'"),
+        ("web: {listen_adress: '1.2.3.4:1'}", "web.listen_adress", "unknown field"),
+        ("sampler: {collectors: {bogus: {}}}", "sampler.collectors", "unknown collector"),
+        ("simulation: {faults: [{kind: melt}]}", "simulation.faults.0.kind", "not_supported"),
+        ("log_level: loud", "log_level", "'debug'"),
+        ("- a\n- b\n", "top level", "mapping"),
+        ("web: [1, 2", "", "not valid YAML"),
+    ],
+)
+def test_invalid_config_is_rejected_naming_file_field_and_problem(tmp_path, text, field, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert str(path) in message
+    assert field in message
+    assert words in message
+    assert "Traceback" not in message
+
+
+def test_check_config_exit_codes(tmp_path, capsys):
+    good = tmp_path / "good.yaml"
+    good.write_text("log_level: debug\n")
+    assert main(["check-config", str(good)]) == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sampler: {interval_seconds: -5}\n")
+    assert main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "sampler.interval_seconds" in err and str(bad) in err
+    assert main(["check-config", str(tmp_path / "missing.yaml")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_run_rejects_bad_flag_value_before_starting(capsys):
+    assert main(["run", "--simulate", "1", "--web.listen-address", "localhost"]) == 2
+    assert "web.listen_address" in capsys.readouterr().err
+
+
+def test_listen_address_forms():
+    assert parse_listen_address("0.0.0.0:9") == ("0.0.0.0", 9)
+    assert parse_listen_address("[::1]:10187") == ("::1", 10187)
+    assert parse_listen_address(":10187") == ("", 10187)
+
+
+def test_help_and_version_on_every_command():
+    for args in (["--help"], ["run", "--help"], ["check-config", "--help"], ["--version"]):
+        out = subprocess.run([sys.executable, "-m", "gpuperfd", *args], capture_output=True, text=True)
+        assert out.returncode == 0, (args, out.stderr)
+        assert "gpuperfd" in out.stdout
