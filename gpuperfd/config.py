@@ -150,12 +150,84 @@ class SamplerConfig(_Strict):
     collectors: dict[str, CollectorToggle] = {}
 
 
+ProbeName = Literal["llm", "vit", "attention", "train"]
+CapEntry = Annotated[float, Field(gt=0)] | Literal["min", "max", "default", "current"]
+
+
+class ScheduleConfig(_Strict):
+    """One scheduled probe: what to run, when, and at which caps."""
+
+    probe: ProbeName
+    #: Model preset (e.g. gpt2, gpt2-medium, vit-b16); None: the probe's default.
+    preset: str | None = None
+    #: Run every N seconds (with jitter), or on a cron expression (5 fields); exactly one.
+    interval_seconds: Annotated[float, Field(ge=10)] | None = None
+    cron: str | None = None
+    #: Caps to sweep: watts (> 1), fractions of the maximum (<= 1) or min/max/default/current.
+    #: ["current"] (the default) runs at the operator's cap only and changes nothing.
+    caps: list[CapEntry] = ["current"]
+    #: Seconds to wait after each cap change before measuring.
+    settle_seconds: Annotated[float, Field(ge=0, le=600)] = 5.0
+    #: Probe options passed to the workload (batch_size, prompt_tokens, output_tokens, dtype, ...).
+    options: dict[str, Any] = {}
+    #: Only these GPU indices (None: every GPU).
+    gpus: list[Annotated[int, Field(ge=0)]] | None = None
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> "ScheduleConfig":
+        if (self.interval_seconds is None) == (self.cron is None):
+            raise ValueError("give exactly one of interval_seconds or cron")
+        if self.cron is not None:
+            from apscheduler.triggers.cron import CronTrigger
+
+            try:
+                CronTrigger.from_crontab(self.cron)
+            except ValueError as exc:
+                raise ValueError(f"cron {self.cron!r}: {exc}") from None
+        return self
+
+
+class HistoryConfig(_Strict):
+    #: JSON-lines file every probe result is appended to (None: no history).
+    path: Path | None = Path("/var/lib/gpuperfd/history.jsonl")
+    max_bytes: Annotated[int, Field(ge=4096)] = 16 * 1024 * 1024
+    backups: Annotated[int, Field(ge=0, le=100)] = 3
+
+
+class ProbesConfig(_Strict):
+    enabled: bool = True
+    #: Never change power caps: sweeps run at the current cap only.
+    read_only: bool = False
+    #: Where the power-cap journal lives (systemd's StateDirectory).
+    state_dir: Path = Path("/var/lib/gpuperfd")
+    #: A GPU must have been idle this long before a probe starts.
+    idle_seconds: Annotated[float, Field(ge=0)] = 300.0
+    idle_utilization_threshold: Annotated[float, Field(ge=0, le=1)] = 0.05
+    #: Random delay added to each run so a fleet does not probe at once.
+    jitter_seconds: Annotated[float, Field(ge=0)] = 60.0
+    #: Seconds before the first run of each interval schedule.
+    first_run_delay_seconds: Annotated[float, Field(ge=0)] = 60.0
+    #: Probe different GPUs of the node at the same time.
+    parallel_gpus: bool = True
+    #: How long a run waits for another run on the same GPU to end before it is skipped.
+    queue_seconds: Annotated[float, Field(ge=0)] = 900.0
+    #: Hard limit for one probe run (one cap), seconds.
+    timeout_seconds: Annotated[float, Field(gt=0, le=7200)] = 600.0
+    #: Recommendation rule: lowest energy among caps within this slowdown of the highest cap.
+    max_slowdown: Annotated[float, Field(ge=0, lt=1)] = 0.10
+    #: Measured seconds of a simulated probe (simulated backend only).
+    simulated_measure_seconds: Annotated[float, Field(gt=0, le=600)] = 3.0
+    history: HistoryConfig = HistoryConfig()
+    schedules: list[ScheduleConfig] = []
+
+
 class Config(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     web: WebConfig = WebConfig()
     device: DeviceConfig = DeviceConfig()
     simulation: SimulationConfig = SimulationConfig()
     sampler: SamplerConfig = SamplerConfig()
+    probes: ProbesConfig = ProbesConfig()
 
     @model_validator(mode="after")
     def _check_collectors(self) -> "Config":

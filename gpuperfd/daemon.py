@@ -19,8 +19,14 @@ from gpuperfd.config import Config, parse_listen_address
 from gpuperfd.device.base import Backend
 from gpuperfd.device.factory import open_backend, selected_devices
 from gpuperfd.exporter import build_registry
+from gpuperfd.history import HistoryWriter
+from gpuperfd.idle import IdleTracker
 from gpuperfd.landing import landing_page
+from gpuperfd.probe_metrics import ProbeMetrics
+from gpuperfd.probe_service import ProbeService
 from gpuperfd.sampler import Sampler
+from gpuperfd.scheduling import ProbeScheduler
+from gpuperfd.sweep.journal import CapJournal, restore_pending
 from gpuperfd.web import Response, WebServer, metrics_route
 
 log = logging.getLogger(__name__)
@@ -59,9 +65,34 @@ class Daemon:
             xid_enabled="xid" in names,
         )
         self.registry = build_registry(self.sampler, self.backend.name)
+        self.probe_metrics = ProbeMetrics(self.registry)
+        self.tracker = IdleTracker(config.probes.idle_utilization_threshold, clock=self.sampler.clock)
+        self.sampler.listeners.append(self.tracker.observe)
+        self.probes = ProbeService(
+            config.probes,
+            self.devices,
+            self._executor(config),
+            self.probe_metrics,
+            self.tracker,
+            HistoryWriter(config.probes.history.path, config.probes.history.max_bytes, config.probes.history.backups)
+            if config.probes.history.path is not None
+            else None,
+        )
+        self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices])
         host, port = parse_listen_address(config.web.listen_address)
         self.web = WebServer(host, port, self._routes())
         self._stopping = threading.Event()
+
+    def _executor(self, config: Config):  # type: ignore[no-untyped-def]
+        from gpuperfd.probe_executors import child_process_executor, simulated_executor
+
+        if self.backend.name == "simulated":
+            return simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed)
+        return child_process_executor(config.probes.timeout_seconds)
+
+    def restore_caps(self) -> list[str]:
+        """Put back any power cap a crashed run left changed (before anything else runs)."""
+        return restore_pending(CapJournal(self.config.probes.state_dir), self.devices)
 
     def _routes(self) -> dict:
         telemetry_path = self.config.web.telemetry_path
@@ -82,13 +113,21 @@ class Daemon:
 
     def start(self) -> None:
         log.info("backend %s: %d GPU(s): %s", self.backend.name, len(self.devices), [d.index for d in self.devices])
+        restored = self.restore_caps()
+        if restored:
+            log.warning("restored power caps left by an earlier run: %s", "; ".join(restored))
         self.sampler.sample_once()
         self.sampler.start()
         self.web.start()
+        self.scheduler.apply(self.config.probes)
+        self.scheduler.start()
         log.info("listening on %s (metrics at %s)", self.config.web.listen_address, self.config.web.telemetry_path)
 
     def stop(self) -> None:
         log.info("stopping")
+        self.scheduler.stop()
+        self.probes.stop()
+        self.restore_caps()  # a sweep that could not restore in time is restored here
         self.web.stop()
         self.sampler.stop()
         self.backend.close()

@@ -112,8 +112,9 @@ class TelemetryCollector(PromCollector):
 
 def build_registry(sampler: Sampler, backend_name: str) -> CollectorRegistry:
     """A private registry with telemetry and the process collector (RSS, CPU, fds)."""
-    from prometheus_client import ProcessCollector
+    from prometheus_client import ProcessCollector, disable_created_metrics
 
+    disable_created_metrics()  # _created series would double every counter and histogram
     registry = CollectorRegistry(auto_describe=True)
     registry.register(TelemetryCollector(sampler, backend_name))
     ProcessCollector(registry=registry)

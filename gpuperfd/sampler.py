@@ -112,7 +112,8 @@ class Sampler:
         self.xid_counts = XidCounts()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._identity_lock = threading.Lock()
+        #: Called with (gpu index, collector name, reading) after every read.
+        self.listeners: list[Callable[[int, str, Reading], None]] = []
 
     # -- staleness ---------------------------------------------------------
 
@@ -153,6 +154,8 @@ class Sampler:
             log.warning("gpu %d collector %s took %.1f s", device.index, collector.name, duration)
         reading = Reading(points, error is None, error, duration, self.clock())
         self.store.put(device.index, collector.name, reading)
+        for listener in self.listeners:
+            listener(device.index, collector.name, reading)
         if error is None and collector.name == "info" and points:
             self._identify(device)
         return reading

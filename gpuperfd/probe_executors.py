@@ -1,0 +1,153 @@
+"""How the daemon runs one probe point: in a child process, or on the simulator.
+
+``child_process_executor`` is the real path: the probe runs torch in a child
+(:func:`gpuperfd.probes.runner.run_probe`), so a crash, hang or OOM ends that
+probe and never the daemon. ``simulated_executor`` loads a simulated GPU with
+the probe's workload profile for a measured window and derives the result from
+the simulator's physics (throughput from the SM clock the cap allows, energy
+from the simulated hardware counter), with realistic noise, so sweeps on the
+simulator show real-looking curves with a known true optimum.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from typing import Any
+
+from gpuperfd.config import ScheduleConfig
+from gpuperfd.device.base import Device
+from gpuperfd.probes.result import ProbeResult
+from gpuperfd.probes.spec import DEFAULT_PRESET
+
+#: Which simulator workload stands for which probe.
+SIMULATED_PROFILE = {"llm": "llm_decode", "vit": "vit", "attention": "attention", "train": "train"}
+
+
+def child_process_executor(timeout_seconds: float):  # type: ignore[no-untyped-def]
+    """Run the real probe in a child process on the CUDA device matching the NVML index."""
+    from gpuperfd.probes.runner import run_probe
+    from gpuperfd.probes.spec import ProbeSpec
+
+    # NVML numbers GPUs by PCI bus id; make CUDA agree so cuda:i is NVML's GPU i.
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+
+    def execute(device: Device, schedule: ScheduleConfig, abort: threading.Event) -> ProbeResult:
+        spec = ProbeSpec(
+            probe=schedule.probe, preset=schedule.preset, device=f"cuda:{device.index}", **schedule.options
+        )
+        return run_probe(
+            spec,
+            timeout_seconds=timeout_seconds,
+            device=device,
+            own_pids=(os.getpid(),),
+            should_abort=abort.is_set,
+        )
+
+    return execute
+
+
+def _noisy(rng: random.Random, value: float, sigma: float) -> float:
+    return max(value * (1.0 + rng.gauss(0.0, sigma)), 0.0)
+
+
+def simulated_executor(measure_seconds: float, seed: int | None = None, noise: float = 0.004):  # type: ignore[no-untyped-def]
+    """Run a probe on a SimulatedGpu: load it for ``measure_seconds`` and read its physics."""
+    from gpuperfd.device.simulated import WORKLOAD_PROFILES, SimulatedGpu
+
+    rng = random.Random(seed)
+    lock = threading.Lock()
+
+    def execute(device: Device, schedule: ScheduleConfig, abort: threading.Event) -> ProbeResult:
+        if not isinstance(device, SimulatedGpu):
+            raise TypeError("the simulated executor needs a simulated GPU")
+        profile = WORKLOAD_PROFILES[SIMULATED_PROFILE[schedule.probe]]
+        preset = schedule.preset or DEFAULT_PRESET[schedule.probe]
+        started_at = time.time()
+        wall_start = time.monotonic()
+        energy_start = device.energy_joules()
+        device.begin_load(profile, pid=os.getpid())
+        try:
+            aborted = abort.wait(measure_seconds)
+            energy_end = device.energy_joules()
+        finally:
+            device.end_load()
+        measured = time.monotonic() - wall_start
+        if aborted:
+            return ProbeResult.failure(
+                schedule.probe, "simulated", preset, "aborted", "aborted by shutdown", status="aborted",
+                device=f"sim:{device.index}", started_at=started_at, wall_seconds=measured,
+            )
+        point = device.operating_point(profile)
+        with lock:
+            rate = _noisy(rng, point.units_per_second, noise)
+            samples = [_noisy(rng, 1.0, noise * 3) for _ in range(32)]
+        units = rate * measured
+        energy = energy_end - energy_start
+        info = device.info()
+        latencies, throughput, unit = _simulated_latencies(schedule, rate, samples, device, profile)
+        return ProbeResult(
+            probe=schedule.probe,
+            variant="simulated",
+            preset=preset,
+            params=dict(schedule.options),
+            device=f"sim:{device.index}",
+            gpu_name=info.name,
+            compute_capability=info.compute_capability,
+            gpu_uuid=info.uuid,
+            started_at=started_at,
+            wall_seconds=measured,
+            measured_seconds=measured,
+            work_unit=unit,
+            units_of_work=units,
+            throughput=throughput,
+            latencies=latencies,
+            energy_joules=energy,
+            average_power_watts=energy / measured,
+            energy_per_unit_joules=energy / units if units else None,
+            peak_memory_bytes=profile.memory_bytes,
+            allocated_memory_bytes=profile.memory_bytes,
+            sm_clock_hertz_mean=point.sm_hertz,
+            clock_events_seen=sorted(point.clock_events),
+            gpu_busy_ratio=min(1.0, profile.activity + 0.05),
+            power_limit_watts=device.power_limits().enforced_watts,
+        )
+
+    return execute
+
+
+def _simulated_latencies(schedule: ScheduleConfig, rate: float, samples: list[float], device: Any, profile: Any):  # type: ignore[no-untyped-def]
+    """Latency lists consistent with the simulated throughput, per probe."""
+    options = schedule.options
+    if schedule.probe == "llm":
+        from gpuperfd.device.simulated import WORKLOAD_PROFILES
+
+        batch = int(options.get("batch_size", 1))
+        prompt = int(options.get("prompt_tokens", 128))
+        output = int(options.get("output_tokens", 128))
+        prefill_rate = device.operating_point(WORKLOAD_PROFILES["llm_prefill"]).units_per_second
+        tpot = batch / rate
+        ttft = batch * prompt / prefill_rate
+        request = ttft + output * tpot
+        return (
+            {
+                "ttft_seconds": [ttft * s for s in samples[:8]],
+                "tpot_seconds": [tpot * s for s in samples],
+                "request_seconds": [request * s for s in samples[:8]],
+            },
+            {
+                "output_tokens_per_second": rate,
+                "prompt_tokens_per_second": batch * prompt / ttft,
+                "requests_per_second": batch / request,
+            },
+            "token",
+        )
+    if schedule.probe == "vit":
+        batch = int(options.get("batch_size", 128))
+        return {"batch_seconds": [batch / rate * s for s in samples]}, {"images_per_second": rate}, "image"
+    if schedule.probe == "attention":
+        return {"iteration_seconds": [s / rate for s in samples]}, {"iterations_per_second": rate}, "iteration"
+    tokens_per_step = int(options.get("batch_size", 16)) * int(options.get("seq_len", 1024))
+    return {"step_seconds": [tokens_per_step / rate * s for s in samples]}, {"tokens_per_second": rate}, "token"

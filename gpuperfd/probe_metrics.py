@@ -1,0 +1,144 @@
+"""Prometheus series for probe results, sweeps and the scheduler.
+
+Updated by the probe service when a run ends; read by scrapes like any other
+metric, so ``/metrics`` never waits for a probe. Label sets are bounded: the
+probes and presets come from the config, caps from the sweep list. Latency
+histograms observe runs at the operator's own cap only, so a sweep does not
+smear them across caps (per-cap figures are the gauges and the history file).
+See docs/metrics.md for the list and the per-GPU series budget.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpuperfd.device.base import GpuInfo
+
+RUN_LABELS = ("gpu", "uuid", "probe", "preset")
+CAP_LABELS = (*RUN_LABELS, "power_cap")
+GPU_LABELS = ("gpu", "uuid")
+
+#: Histogram per result latency name, with buckets suited to what it measures (seconds).
+LATENCY_HISTOGRAMS: dict[str, tuple[str, str, tuple[float, ...]]] = {
+    "ttft_seconds": ("gpuperf_probe_ttft_seconds", "LLM time to first token (prefill), seconds.",
+                     (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)),
+    "tpot_seconds": ("gpuperf_probe_tpot_seconds", "LLM time per output token (decode step), seconds.",
+                     (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25)),
+    "request_seconds": ("gpuperf_probe_request_latency_seconds", "LLM latency of one whole request, seconds.",
+                        (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)),
+    "batch_seconds": ("gpuperf_probe_batch_latency_seconds", "ViT latency of one batch, seconds.",
+                      (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)),
+    "iteration_seconds": ("gpuperf_probe_iteration_seconds", "Attention microbenchmark iteration time, seconds.",
+                          (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)),
+    "step_seconds": ("gpuperf_probe_step_seconds", "Training step time (forward, backward, optimizer), seconds.",
+                     (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)),
+}
+
+#: Which result latency list feeds which histogram, per probe.
+PROBE_LATENCIES: dict[str, dict[str, str]] = {
+    "llm": {"ttft_seconds": "ttft_seconds", "tpot_seconds": "tpot_seconds", "request_seconds": "request_seconds"},
+    "vit": {"batch_seconds": "batch_seconds"},
+    "attention": {"iteration_seconds": "iteration_seconds", "batch_seconds": "iteration_seconds", "step_seconds": "iteration_seconds"},
+    "train": {"step_seconds": "step_seconds"},
+}
+
+WORK_UNIT = {"llm": "token", "vit": "image", "attention": "iteration", "train": "token"}
+
+
+def cap_label(watts: float) -> str:
+    return str(int(round(watts)))
+
+
+class ProbeMetrics:
+    """The probe, sweep and scheduler series, in the daemon's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = CAP_LABELS) -> Gauge:
+            return Gauge(name, doc, labels, registry=registry)
+
+        self.rate = gauge("gpuperf_probe_work_units_per_second",
+                          "Probe throughput in its work unit (output tokens, images, iterations, trained tokens) per second.",
+                          (*CAP_LABELS, "unit"))
+        self.energy_per_unit = gauge("gpuperf_probe_energy_per_unit_joules",
+                                     "Hardware-counter energy over the measured window per unit of work, joules.",
+                                     (*CAP_LABELS, "unit"))
+        self.power = gauge("gpuperf_probe_average_power_watts", "Average power over the measured window, watts.")
+        self.cap_value = gauge("gpuperf_probe_power_cap_watts", "The power cap the probe ran at, as a value, watts.")
+        self.prompt_rate = gauge("gpuperf_probe_prompt_tokens_per_second", "LLM prompt (prefill) tokens per second.")
+        self.request_rate = gauge("gpuperf_probe_requests_per_second", "LLM requests completed per second.")
+        self.peak_memory = gauge("gpuperf_probe_peak_memory_bytes", "Peak device memory allocated by the probe, bytes.")
+        self.busy = gauge("gpuperf_probe_gpu_busy_ratio", "Share of the measured window the GPU was executing work.")
+        self.last_run = gauge("gpuperf_probe_last_run_timestamp_seconds", "Unix time the last ok run at this cap ended.")
+        self.duration = gauge("gpuperf_probe_run_duration_seconds", "Wall time of the last run, seconds.", RUN_LABELS)
+        self.runs = Counter("gpuperf_probe_runs", "Probe runs by result (ok, skipped, failed, aborted) and reason.",
+                            (*RUN_LABELS, "result", "reason"), registry=registry)
+        self.original_cap = gauge("gpuperf_power_cap_original_watts",
+                                  "The operator's power cap, as recorded before any change, watts.", GPU_LABELS)
+        self.sweep_in_progress = gauge("gpuperf_sweep_in_progress", "1 while a sweep holds a changed power cap.", GPU_LABELS)
+        self.sweep_cap = gauge("gpuperf_sweep_cap_watts", "The power cap a sweep holds now, watts (only during a sweep).",
+                               GPU_LABELS)
+        self.missed = Counter("gpuperf_scheduler_runs_missed", "Scheduled probe runs missed or skipped by the scheduler.",
+                              ("probe",), registry=registry)
+        self.histograms = {
+            key: Histogram(name, doc, RUN_LABELS, buckets=buckets, registry=registry)
+            for key, (name, doc, buckets) in LATENCY_HISTOGRAMS.items()
+        }
+        self._lock = threading.Lock()
+
+    def gpu_labels(self, gpu: GpuInfo) -> tuple[str, str]:
+        return (str(gpu.index), gpu.uuid)
+
+    def set_original_cap(self, gpu: GpuInfo, watts: float) -> None:
+        self.original_cap.labels(*self.gpu_labels(gpu)).set(watts)
+        self.sweep_in_progress.labels(*self.gpu_labels(gpu)).set(0)
+
+    def set_sweep_cap(self, gpu: GpuInfo, watts: float | None) -> None:
+        labels = self.gpu_labels(gpu)
+        with self._lock:
+            self.sweep_in_progress.labels(*labels).set(0 if watts is None else 1)
+            if watts is None:
+                try:
+                    self.sweep_cap.remove(*labels)
+                except KeyError:
+                    pass
+            else:
+                self.sweep_cap.labels(*labels).set(watts)
+
+    def count(self, gpu: GpuInfo, probe: str, preset: str, result: str, reason: str = "") -> None:
+        self.runs.labels(*self.gpu_labels(gpu), probe, preset, result, reason).inc()
+
+    def publish(self, gpu: GpuInfo, result: Any, cap_watts: float, at_operator_cap: bool) -> None:
+        """Record one finished probe run (a ProbeResult) at ``cap_watts``."""
+        run = (*self.gpu_labels(gpu), result.probe, result.preset)
+        self.duration.labels(*run).set(result.wall_seconds or 0.0)
+        if result.status != "ok":
+            self.count(gpu, result.probe, result.preset, result.status, result.failure_reason or "unknown")
+            return
+        self.count(gpu, result.probe, result.preset, "ok")
+        cap = (*run, cap_label(cap_watts))
+        unit = WORK_UNIT.get(result.probe, result.work_unit)
+        if result.measured_seconds:
+            self.rate.labels(*cap, unit).set(result.units_of_work / result.measured_seconds)
+        if result.energy_per_unit_joules is not None:
+            self.energy_per_unit.labels(*cap, unit).set(result.energy_per_unit_joules)
+        if result.average_power_watts is not None:
+            self.power.labels(*cap).set(result.average_power_watts)
+        self.cap_value.labels(*cap).set(cap_watts)
+        throughput = result.throughput or {}
+        if "prompt_tokens_per_second" in throughput:
+            self.prompt_rate.labels(*cap).set(throughput["prompt_tokens_per_second"])
+        if "requests_per_second" in throughput:
+            self.request_rate.labels(*cap).set(throughput["requests_per_second"])
+        if result.peak_memory_bytes is not None:
+            self.peak_memory.labels(*cap).set(result.peak_memory_bytes)
+        if result.gpu_busy_ratio is not None:
+            self.busy.labels(*cap).set(result.gpu_busy_ratio)
+        self.last_run.labels(*cap).set(result.started_at + (result.wall_seconds or 0.0))
+        if at_operator_cap:
+            for source, target in PROBE_LATENCIES.get(result.probe, {}).items():
+                histogram = self.histograms[target].labels(*run)
+                for seconds in (result.latencies or {}).get(source, ()):
+                    histogram.observe(seconds)

@@ -1,0 +1,1 @@
+"""Power-cap sweeps and their safety: the journal, the cap guard, the sweep loop."""
