@@ -127,6 +127,11 @@ class SimulationConfig(_Strict):
     xid_events: list[XidConfig] = []
     ecc_errors: list[EccInjectConfig] = []
     degrade: list[DegradeConfig] = []
+    #: Power limits the simulated GPUs start with (watts, by index), e.g. an operator's own cap.
+    initial_power_limits: dict[int, Annotated[float, Field(gt=0)]] = {}
+    #: A file that keeps the simulated power limits across daemon restarts, as a real board
+    #: keeps its limit when the daemon dies (None: limits live and die with the process).
+    state_file: Path | None = None
 
 
 class DeviceConfig(_Strict):

@@ -120,7 +120,10 @@ def simulated_executor(measure_seconds: float, seed: int | None = None, noise: f
 
 def _simulated_latencies(schedule: ScheduleConfig, rate: float, samples: list[float], device: Any, profile: Any):  # type: ignore[no-untyped-def]
     """Latency lists consistent with the simulated throughput, per probe."""
-    options = schedule.options
+    from gpuperfd.probes.spec import PRESETS
+
+    preset = PRESETS[schedule.probe].get(schedule.preset or DEFAULT_PRESET[schedule.probe], {})
+    options = {**preset, **schedule.options}
     if schedule.probe == "llm":
         from gpuperfd.device.simulated import WORKLOAD_PROFILES
 

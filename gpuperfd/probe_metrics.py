@@ -26,7 +26,7 @@ LATENCY_HISTOGRAMS: dict[str, tuple[str, str, tuple[float, ...]]] = {
     "ttft_seconds": ("gpuperf_probe_ttft_seconds", "LLM time to first token (prefill), seconds.",
                      (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)),
     "tpot_seconds": ("gpuperf_probe_tpot_seconds", "LLM time per output token (decode step), seconds.",
-                     (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25)),
+                     (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1)),
     "request_seconds": ("gpuperf_probe_request_latency_seconds", "LLM latency of one whole request, seconds.",
                         (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)),
     "batch_seconds": ("gpuperf_probe_batch_latency_seconds", "ViT latency of one batch, seconds.",

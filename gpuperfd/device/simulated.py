@@ -36,10 +36,13 @@ clock without real waiting.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import os
 import random
 import threading
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -437,6 +440,8 @@ class SimulatedGpu(Device):
             serial=simulated_serial(model.key, index),
         )
         self._enforced_watts = model.default_power_watts
+        #: Called after every limit change (the backend persists limits through it).
+        self._on_limit_change: Callable[[], None] | None = None
         self._load: WorkloadProfile | None = None
         self._load_pid: int | None = None
         self._foreign: dict[int, int] = {}
@@ -666,6 +671,8 @@ class SimulatedGpu(Device):
             self._advance()
             self._enforced_watts = float(watts)
             self._update_power()
+        if self._on_limit_change is not None:
+            self._on_limit_change()
 
     def clocks(self) -> Clocks:
         self._check_faults("clocks")
@@ -765,11 +772,39 @@ class SimulatedBackend(Backend):
             )
             for index in range(config.gpus)
         ]
+        self._load_limits()
+        for gpu in self._gpus:
+            gpu._on_limit_change = self._save_limits
         #: XID events not yet returned, as (due time on the clock, gpu index, xid).
         self._pending_xids: list[tuple[float, int, int]] = []
         for item in config.xid_events:
             due = self._start + item.after_seconds
             self._pending_xids.extend((due, item.gpu, item.xid) for _ in range(item.repeat))
+
+    def _load_limits(self) -> None:
+        """Start from the configured or persisted limits (the persisted file wins)."""
+        limits = {int(k): float(v) for k, v in self.config.initial_power_limits.items()}
+        path = self.config.state_file
+        if path is not None and Path(path).exists():
+            try:
+                limits.update({int(k): float(v) for k, v in json.loads(Path(path).read_text()).items()})
+            except (OSError, ValueError) as exc:
+                raise UnknownDeviceError(f"simulated GPU state file {path} is unreadable: {exc}") from None
+        for index, watts in limits.items():
+            if 0 <= index < len(self._gpus):
+                gpu = self._gpus[index]
+                gpu._enforced_watts = min(gpu.model.max_power_watts, max(gpu.model.min_power_watts, watts))
+                gpu._update_power()
+
+    def _save_limits(self) -> None:
+        path = self.config.state_file
+        if path is None:
+            return
+        with self._lock:
+            data = {str(g.index): g._enforced_watts for g in self._gpus}
+            tmp = Path(path).with_suffix(".tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, path)
 
     def devices(self) -> list[SimulatedGpu]:  # type: ignore[override]
         return list(self._gpus)
