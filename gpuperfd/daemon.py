@@ -14,11 +14,13 @@ import signal
 import threading
 from types import FrameType
 
+from prometheus_client import CollectorRegistry
+
 from gpuperfd.collectors import COLLECTORS
 from gpuperfd.config import Config, parse_listen_address
 from gpuperfd.device.base import Backend
 from gpuperfd.device.factory import open_backend, selected_devices
-from gpuperfd.exporter import build_registry
+from gpuperfd.exporter import Exporter, process_registry
 from gpuperfd.history import HistoryWriter
 from gpuperfd.idle import IdleTracker
 from gpuperfd.landing import landing_page
@@ -64,8 +66,13 @@ class Daemon:
             call_timeout_seconds=config.device.call_timeout_seconds,
             xid_enabled="xid" in names,
         )
-        self.registry = build_registry(self.sampler, self.backend.name)
-        self.probe_metrics = ProbeMetrics(self.registry)
+        self.probe_registry = CollectorRegistry(auto_describe=True)
+        self.probe_metrics = ProbeMetrics(self.probe_registry)
+        self.exporter = Exporter(
+            self.sampler,
+            self.backend.name,
+            [(self.probe_registry, self.probe_metrics.version), (process_registry(), None)],
+        )
         self.tracker = IdleTracker(config.probes.idle_utilization_threshold, clock=self.sampler.clock)
         self.sampler.listeners.append(self.tracker.observe)
         self.probes = ProbeService(
@@ -97,7 +104,7 @@ class Daemon:
     def _routes(self) -> dict:
         telemetry_path = self.config.web.telemetry_path
         return {
-            telemetry_path: metrics_route(self.registry),
+            telemetry_path: metrics_route(self.exporter.render),
             "/healthz": self._healthz,
             "/": lambda _h: Response(200, landing_page(self.sampler, self.backend.name, telemetry_path), "text/html; charset=utf-8"),
         }

@@ -8,81 +8,63 @@ whether a GPU answers in 1 us, 21 ms or never.
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Sequence
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector as PromCollector
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 import gpuperfd
 from gpuperfd.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec
 from gpuperfd.device.errors import GpuLost
+from gpuperfd.exposition import Family, label_string, render
 from gpuperfd.sampler import Sampler
 
-
-def _family(spec: MetricSpec, labels: tuple[str, ...]) -> Metric:
-    name = spec.name[: -len("_total")] if spec.kind == "counter" else spec.name
-    cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
-    return cls(name, spec.help, labels=list(labels))
+disable_created_metrics()  # _created series would double every counter and histogram
 
 
-class TelemetryCollector(PromCollector):
-    """prometheus_client collector serving the sampler's latest per-GPU readings."""
+def _family(spec: MetricSpec) -> Family:
+    return Family(spec.name, spec.kind, spec.help)
 
-    def __init__(self, sampler: Sampler, backend_name: str) -> None:
+
+class Exporter:
+    """Renders /metrics: telemetry from the reading store, plus other registries (cached)."""
+
+    def __init__(self, sampler: Sampler, backend_name: str, registries: Sequence[tuple[CollectorRegistry, Callable[[], int] | None]] = ()) -> None:
         self.sampler = sampler
         self.backend_name = backend_name
         self.clock = sampler.clock
-        self.enabled = {c.name for c in sampler.collectors} | ({"xid"} if sampler.xid_enabled else set())
+        self.enabled = sorted({c.name for c in sampler.collectors} | ({"xid"} if sampler.xid_enabled else set()))
+        #: (registry, version function or None): a versioned registry is re-rendered only when it changed.
+        self.registries = list(registries)
+        self._cache: dict[tuple[int, bool], tuple[int, str]] = {}
+        self._cache_lock = threading.Lock()
+        self._spec_labels = {spec.name: spec.labels for cls in COLLECTORS.values() for spec in cls.metrics}
+        self._build_labels = label_string(
+            ("version", "python_version", "backend"), (gpuperfd.__version__, platform.python_version(), backend_name)
+        )
 
-    def describe(self) -> Iterator[Metric]:
-        """Families without samples, so registering never triggers a read."""
-        return iter(self._empty_families().values())
-
-    def _empty_families(self) -> dict[str, Metric]:
-        families: dict[str, Metric] = {}
-        for name in sorted(self.enabled):
+    def _new_families(self) -> dict[str, Family]:
+        families: dict[str, Family] = {}
+        for name in self.enabled:
             for spec in COLLECTORS[name].metrics:
-                families[spec.name] = _family(spec, GPU_LABELS + spec.labels)
-        families["gpuperf_gpu_up"] = GaugeMetricFamily(
-            "gpuperf_gpu_up", "1 if the GPU answers, 0 if it is lost (its other series are then absent).", labels=list(GPU_LABELS)
-        )
-        families["gpuperf_collector_success"] = GaugeMetricFamily(
-            "gpuperf_collector_success",
-            "1 if the collector's latest background read of this GPU succeeded and is fresh.",
-            labels=["collector", *GPU_LABELS],
-        )
-        families["gpuperf_collector_duration_seconds"] = GaugeMetricFamily(
-            "gpuperf_collector_duration_seconds",
-            "Duration of the collector's latest background read of this GPU, seconds.",
-            labels=["collector", *GPU_LABELS],
-        )
-        families["gpuperf_collector_age_seconds"] = GaugeMetricFamily(
-            "gpuperf_collector_age_seconds",
-            "Age of the collector's latest reading of this GPU at scrape time, seconds.",
-            labels=["collector", *GPU_LABELS],
-        )
-        families["gpuperf_device_errors"] = CounterMetricFamily(
-            "gpuperf_device_errors",
-            "Failed or slow device reads since start, by collector and reason.",
-            labels=["collector", "reason", *GPU_LABELS],
-        )
-        families["gpuperf_build_info"] = GaugeMetricFamily(
-            "gpuperf_build_info",
-            "gpuperfd build: version, Python version and device backend.",
-            labels=["version", "python_version", "backend"],
-        )
+                families[spec.name] = _family(spec)
+        for spec in SELF_METRICS:
+            families[spec.name] = _family(spec)
         return families
 
-    def collect(self) -> Iterator[Metric]:
-        families = self._empty_families()
+    def telemetry_families(self) -> list[Family]:
+        """Telemetry families from the latest readings; no device call happens here."""
+        families = self._new_families()
         readings, last_info, identities, errors = self.sampler.store.snapshot()
         now = self.clock()
         lost = {gpu for (gpu, _), reading in readings.items() if reading.error == GpuLost.reason}
-        for gpu, identity in sorted(identities.items()):
-            gpu_labels = identity.label_values
-            families["gpuperf_gpu_up"].add_metric(list(gpu_labels), 0.0 if gpu in lost else 1.0)
-            for name in sorted(self.enabled):
+        prefixes = {gpu: label_string(GPU_LABELS, identity.label_values) for gpu, identity in identities.items()}
+        up, success = families["gpuperf_gpu_up"], families["gpuperf_collector_success"]
+        duration, age_family = families["gpuperf_collector_duration_seconds"], families["gpuperf_collector_age_seconds"]
+        for gpu, prefix in sorted(prefixes.items()):
+            up.add(prefix, 0.0 if gpu in lost else 1.0)
+            for name in self.enabled:
                 reading = readings.get((gpu, name))
                 if reading is None:
                     continue
@@ -90,32 +72,69 @@ class TelemetryCollector(PromCollector):
                 age = max(0.0, now - reading.timestamp)
                 fresh = event_driven or age <= self.sampler.stale_after(name)
                 ok = reading.ok and fresh and gpu not in lost
-                col_labels = [name, *gpu_labels]
-                families["gpuperf_collector_success"].add_metric(col_labels, 1.0 if ok else 0.0)
-                families["gpuperf_collector_duration_seconds"].add_metric(col_labels, reading.duration_seconds)
+                collector_labels = f'collector="{name}",{prefix}'
+                success.add(collector_labels, 1.0 if ok else 0.0)
+                duration.add(collector_labels, reading.duration_seconds)
                 if not event_driven:
-                    families["gpuperf_collector_age_seconds"].add_metric(col_labels, age)
+                    age_family.add(collector_labels, age)
                 points = reading.points if ok else ()
                 if name == "info" and not points:
                     points = last_info.get(gpu, ())  # identity survives a lost GPU
                 for point in points:
-                    families[point.metric].add_metric([*gpu_labels, *point.labels], point.value)
+                    labels = prefix
+                    if point.labels:
+                        labels = prefix + "," + label_string(self._spec_labels[point.metric], point.labels)
+                    families[point.metric].add(labels, point.value)
         for (gpu, collector, reason), count in sorted(errors.items()):
             identity = identities.get(gpu)
-            uuid = identity.uuid if identity else ""
-            families["gpuperf_device_errors"].add_metric([collector, reason, str(gpu), uuid], float(count))
-        families["gpuperf_build_info"].add_metric(
-            [gpuperfd.__version__, platform.python_version(), self.backend_name], 1.0
-        )
-        yield from families.values()
+            gpu_labels = prefixes.get(gpu) or label_string(GPU_LABELS, (str(gpu), identity.uuid if identity else ""))
+            families["gpuperf_device_errors_total"].add(f'collector="{collector}",reason="{reason}",{gpu_labels}', count)
+        families["gpuperf_build_info"].add(self._build_labels, 1.0)
+        return list(families.values())
+
+    def _registry_text(self, index: int, openmetrics: bool) -> str:
+        registry, version = self.registries[index]
+        encoder = generate_openmetrics if openmetrics else generate_latest
+        if version is None:
+            text = encoder(registry).decode()
+        else:
+            current = version()
+            with self._cache_lock:
+                cached = self._cache.get((index, openmetrics))
+            if cached is not None and cached[0] == current:
+                return cached[1]
+            text = encoder(registry).decode()
+            with self._cache_lock:
+                self._cache[(index, openmetrics)] = (current, text)
+        return text.removesuffix("# EOF\n")
+
+    def render(self, openmetrics: bool = False) -> bytes:
+        parts = [render(self.telemetry_families(), openmetrics)]
+        parts += [self._registry_text(i, openmetrics) for i in range(len(self.registries))]
+        if openmetrics:
+            parts.append("# EOF\n")
+        return "".join(parts).encode()
 
 
-def build_registry(sampler: Sampler, backend_name: str) -> CollectorRegistry:
-    """A private registry with telemetry and the process collector (RSS, CPU, fds)."""
-    from prometheus_client import ProcessCollector, disable_created_metrics
+SELF_METRICS = (
+    MetricSpec("gpuperf_gpu_up", "1 if the GPU answers, 0 if it is lost (its other series are then absent)."),
+    MetricSpec("gpuperf_collector_success",
+               "1 if the collector's latest background read of this GPU succeeded and is fresh.", labels=("collector",)),
+    MetricSpec("gpuperf_collector_duration_seconds",
+               "Duration of the collector's latest background read of this GPU, seconds.", labels=("collector",)),
+    MetricSpec("gpuperf_collector_age_seconds",
+               "Age of the collector's latest reading of this GPU at scrape time, seconds.", labels=("collector",)),
+    MetricSpec("gpuperf_device_errors_total", "Failed or slow device reads since start, by collector and reason.",
+               kind="counter", labels=("collector", "reason")),
+    MetricSpec("gpuperf_build_info", "gpuperfd build: version, Python version and device backend.",
+               labels=("version", "python_version", "backend")),
+)
 
-    disable_created_metrics()  # _created series would double every counter and histogram
+
+def process_registry() -> CollectorRegistry:
+    """The daemon's own RSS, CPU time and open files (process_* series)."""
+    from prometheus_client import ProcessCollector
+
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(TelemetryCollector(sampler, backend_name))
     ProcessCollector(registry=registry)
     return registry

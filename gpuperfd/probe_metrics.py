@@ -87,6 +87,19 @@ class ProbeMetrics:
             for key, (name, doc, buckets) in LATENCY_HISTOGRAMS.items()
         }
         self._lock = threading.Lock()
+        self._version = 0
+
+    def version(self) -> int:
+        """Changes whenever a series changes, so the scrape path can cache the rendered text."""
+        return self._version
+
+    def _bump(self) -> None:
+        with self._lock:
+            self._version += 1
+
+    def missed_run(self, probe: str) -> None:
+        self.missed.labels(probe).inc()
+        self._bump()
 
     def gpu_labels(self, gpu: GpuInfo) -> tuple[str, str]:
         return (str(gpu.index), gpu.uuid)
@@ -94,21 +107,23 @@ class ProbeMetrics:
     def set_original_cap(self, gpu: GpuInfo, watts: float) -> None:
         self.original_cap.labels(*self.gpu_labels(gpu)).set(watts)
         self.sweep_in_progress.labels(*self.gpu_labels(gpu)).set(0)
+        self._bump()
 
     def set_sweep_cap(self, gpu: GpuInfo, watts: float | None) -> None:
         labels = self.gpu_labels(gpu)
-        with self._lock:
-            self.sweep_in_progress.labels(*labels).set(0 if watts is None else 1)
-            if watts is None:
-                try:
-                    self.sweep_cap.remove(*labels)
-                except KeyError:
-                    pass
-            else:
-                self.sweep_cap.labels(*labels).set(watts)
+        self.sweep_in_progress.labels(*labels).set(0 if watts is None else 1)
+        if watts is None:
+            try:
+                self.sweep_cap.remove(*labels)
+            except KeyError:
+                pass
+        else:
+            self.sweep_cap.labels(*labels).set(watts)
+        self._bump()
 
     def count(self, gpu: GpuInfo, probe: str, preset: str, result: str, reason: str = "") -> None:
         self.runs.labels(*self.gpu_labels(gpu), probe, preset, result, reason).inc()
+        self._bump()
 
     def publish(self, gpu: GpuInfo, result: Any, cap_watts: float, at_operator_cap: bool) -> None:
         """Record one finished probe run (a ProbeResult) at ``cap_watts``."""
@@ -142,3 +157,4 @@ class ProbeMetrics:
                 histogram = self.histograms[target].labels(*run)
                 for seconds in (result.latencies or {}).get(source, ()):
                     histogram.observe(seconds)
+        self._bump()

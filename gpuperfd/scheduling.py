@@ -48,7 +48,7 @@ class ProbeScheduler:
     def _on_missed(self, event: JobExecutionEvent) -> None:
         probe = self._probe_of_job.get(event.job_id, "unknown")
         log.warning("scheduled %s run missed or still running (job %s)", probe, event.job_id)
-        self.service.metrics.missed.labels(probe).inc()
+        self.service.metrics.missed_run(probe)
 
     def apply(self, config: ProbesConfig) -> None:
         """Replace every job with those of ``config`` (start-up and reload)."""

@@ -15,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
+from gpuperfd.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +49,17 @@ class _Server(ThreadingHTTPServer):
         super().__init__(address, handler)
 
 
-def metrics_route(registry: CollectorRegistry) -> Route:
-    """Serve the registry as text or OpenMetrics by Accept header, gzip when asked."""
+def metrics_route(render: Callable[[bool], bytes]) -> Route:
+    """Serve ``render(openmetrics)`` as text or OpenMetrics by Accept header, gzip when asked."""
 
     def route(handler: BaseHTTPRequestHandler) -> Response:
-        encoder, content_type = choose_encoder(handler.headers.get("Accept", ""))
-        body = encoder(registry)
+        openmetrics = "application/openmetrics-text" in handler.headers.get("Accept", "")
+        body = render(openmetrics)
         headers = {}
         if "gzip" in handler.headers.get("Accept-Encoding", ""):
             body = gzip.compress(body, compresslevel=1)
             headers["Content-Encoding"] = "gzip"
-        return Response(200, body, content_type, headers)
+        return Response(200, body, CONTENT_TYPE_OPENMETRICS if openmetrics else CONTENT_TYPE_TEXT, headers)
 
     return route
 
@@ -90,6 +89,9 @@ class WebServer:
             server_version = "gpuperfd"
             sys_version = ""
             protocol_version = "HTTP/1.1"
+            # Headers and body go out as separate writes: without TCP_NODELAY, Nagle's
+            # algorithm and the client's delayed ACK add ~40 ms to every keep-alive scrape.
+            disable_nagle_algorithm = True
             timeout = 30  # seconds a client may take to send its request
 
             def _send(self, response: Response, head: bool = False) -> None:

@@ -1,0 +1,178 @@
+"""Scrape-path benchmark: latency of /metrics, idle RSS and CPU of the daemon.
+
+Starts the real daemon (`gpuperfd run`) as a child process, on simulated GPUs
+(--simulate N) or on NVML (--nvml), then:
+  1. scrapes /metrics sequentially (keep-alive, as Prometheus does) and reports p50/p99/max;
+  2. where `nvidia-smi` exists, times `nvidia-smi --query-gpu=<18 fields> --format=csv`
+     (the per-scrape cost of exporters that shell out to it) in the same run, and
+     prints the ratio;
+  3. measures the daemon's RSS and CPU share over an idle window with 1 s sampling.
+
+Usage:
+  python benchmarks/scrape.py --simulate 8 [--scrapes 2000] [--idle-seconds 60] [--json OUT]
+  python benchmarks/scrape.py --nvml ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+SMI_FIELDS = (
+    "index,uuid,name,utilization.gpu,utilization.memory,memory.total,memory.used,temperature.gpu,"
+    "power.draw,power.limit,clocks.sm,clocks.mem,pstate,fan.speed,ecc.errors.uncorrected.volatile.total,"
+    "clocks_event_reasons.active,enforced.power.limit,compute_processes_count"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summary_ms(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50_ms": 1000 * statistics.median(values),
+        "p99_ms": 1000 * percentile(values, 0.99),
+        "max_ms": 1000 * max(values),
+        "mean_ms": 1000 * statistics.fmean(values),
+    }
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def proc_rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def start_daemon(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    config = workdir / "bench.yaml"
+    backend = "simulated" if args.simulate else "nvml"
+    config.write_text(
+        f"device: {{backend: {backend}}}\n"
+        f"simulation: {{gpus: {args.simulate or 1}, seed: 1}}\n"
+        "sampler: {interval_seconds: 1.0}\n"
+        f"probes: {{enabled: false, state_dir: {workdir}, history: {{path: null}}}}\n"
+    )
+    cmd = [sys.executable, "-m", "gpuperfd", "run", "--config", str(config), "--web.listen-address", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(workdir / "daemon.log", "wb"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"daemon exited: {(workdir / 'daemon.log').read_text()}")
+        try:
+            if requests.get(url + "/healthz", timeout=1).ok:
+                return proc, url
+        except requests.RequestException:
+            time.sleep(0.1)
+    raise SystemExit("daemon did not become ready")
+
+
+def bench_scrapes(url: str, n: int) -> tuple[list[float], int]:
+    session = requests.Session()
+    for _ in range(20):  # warm up
+        session.get(url + "/metrics", timeout=5)
+    times = []
+    size = 0
+    for _ in range(n):
+        start = time.perf_counter()
+        response = session.get(url + "/metrics", timeout=5)
+        times.append(time.perf_counter() - start)
+        size = len(response.content)
+    return times, size
+
+
+def bench_nvidia_smi(n: int) -> list[float] | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        subprocess.run([smi, f"--query-gpu={SMI_FIELDS}", "--format=csv"], capture_output=True, check=False)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--simulate", type=int, metavar="N")
+    group.add_argument("--nvml", action="store_true")
+    parser.add_argument("--scrapes", type=int, default=2000)
+    parser.add_argument("--smi-calls", type=int, default=30)
+    parser.add_argument("--idle-seconds", type=float, default=60.0)
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_daemon(args, Path(tmp))
+        try:
+            time.sleep(3)  # let the slow lane fill
+            scrape_times, size = bench_scrapes(url, args.scrapes)
+            smi_times = bench_nvidia_smi(args.smi_calls)
+            cpu0, t0 = proc_cpu_seconds(proc.pid), time.monotonic()
+            rss_samples = []
+            while time.monotonic() - t0 < args.idle_seconds:
+                rss_samples.append(proc_rss_bytes(proc.pid))
+                time.sleep(1.0)
+            cpu_share = (proc_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
+            series = sum(1 for line in requests.get(url + "/metrics", timeout=5).text.splitlines()
+                         if line and not line.startswith("#"))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(20)
+
+    result = {
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d"),
+        "backend": "nvml" if args.nvml else f"simulated x{args.simulate}",
+        "scrape": summary_ms(scrape_times),
+        "scrape_bytes": size,
+        "series": series,
+        "idle_rss_mb_max": max(rss_samples) / 2**20,
+        "idle_cpu_percent_of_core": 100 * cpu_share,
+        "idle_seconds": args.idle_seconds,
+    }
+    if smi_times:
+        result["nvidia_smi"] = summary_ms(smi_times)
+        result["nvidia_smi_p50_over_scrape_p50"] = result["nvidia_smi"]["p50_ms"] / result["scrape"]["p50_ms"]
+    print(json.dumps(result, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
