@@ -179,6 +179,18 @@ class ScheduleConfig(_Strict):
     gpus: list[Annotated[int, Field(ge=0)]] | None = None
 
     @model_validator(mode="after")
+    def _valid_probe_options(self) -> "ScheduleConfig":
+        from gpuperfd.probes.spec import ProbeSpec  # pure Python: no torch
+
+        try:
+            ProbeSpec(probe=self.probe, preset=self.preset, device="cpu", **self.options)
+        except TypeError as exc:
+            raise ValueError(f"options: {exc}".replace("ProbeSpec.__init__() ", "")) from None
+        except ValueError as exc:
+            raise ValueError(f"options/preset: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
     def _one_trigger(self) -> "ScheduleConfig":
         if (self.interval_seconds is None) == (self.cron is None):
             raise ValueError("give exactly one of interval_seconds or cron")
@@ -220,6 +232,11 @@ class ProbesConfig(_Strict):
     timeout_seconds: Annotated[float, Field(gt=0, le=7200)] = 600.0
     #: Recommendation rule: lowest energy among caps within this slowdown of the highest cap.
     max_slowdown: Annotated[float, Field(ge=0, lt=1)] = 0.10
+    #: How probes run: "child" (torch in a child process), "simulated" (the simulator's physics),
+    #: or "auto" (simulated on the simulated backend, child on NVML).
+    executor: Literal["auto", "child", "simulated"] = "auto"
+    #: Where child probes run their tensors: "cuda" (the GPU probed) or "cpu" (tests, demos).
+    torch_device: Literal["cuda", "cpu"] = "cuda"
     #: Measured seconds of a simulated probe (simulated backend only).
     simulated_measure_seconds: Annotated[float, Field(gt=0, le=600)] = 3.0
     history: HistoryConfig = HistoryConfig()

@@ -93,9 +93,10 @@ class Daemon:
     def _executor(self, config: Config):  # type: ignore[no-untyped-def]
         from gpuperfd.probe_executors import child_process_executor, simulated_executor
 
-        if self.backend.name == "simulated":
+        kind = config.probes.executor
+        if kind == "simulated" or (kind == "auto" and self.backend.name == "simulated"):
             return simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed)
-        return child_process_executor(config.probes.timeout_seconds)
+        return child_process_executor(config.probes.timeout_seconds, config.probes.torch_device)
 
     def restore_caps(self) -> list[str]:
         """Put back any power cap a crashed run left changed (before anything else runs)."""

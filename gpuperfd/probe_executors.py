@@ -26,8 +26,8 @@ from gpuperfd.probes.spec import DEFAULT_PRESET
 SIMULATED_PROFILE = {"llm": "llm_decode", "vit": "vit", "attention": "attention", "train": "train"}
 
 
-def child_process_executor(timeout_seconds: float):  # type: ignore[no-untyped-def]
-    """Run the real probe in a child process on the CUDA device matching the NVML index."""
+def child_process_executor(timeout_seconds: float, torch_device: str = "cuda"):  # type: ignore[no-untyped-def]
+    """Run the real probe in a child process on the CUDA device matching the NVML index (or the CPU)."""
     from gpuperfd.probes.runner import run_probe
     from gpuperfd.probes.spec import ProbeSpec
 
@@ -36,7 +36,10 @@ def child_process_executor(timeout_seconds: float):  # type: ignore[no-untyped-d
 
     def execute(device: Device, schedule: ScheduleConfig, abort: threading.Event) -> ProbeResult:
         spec = ProbeSpec(
-            probe=schedule.probe, preset=schedule.preset, device=f"cuda:{device.index}", **schedule.options
+            probe=schedule.probe,
+            preset=schedule.preset,
+            device=f"cuda:{device.index}" if torch_device == "cuda" else "cpu",
+            **schedule.options,
         )
         return run_probe(
             spec,

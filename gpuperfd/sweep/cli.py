@@ -137,7 +137,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if backend.name == "simulated":
         executor = simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed)
     else:
-        executor = child_process_executor(config.probes.timeout_seconds)
+        executor = child_process_executor(config.probes.timeout_seconds, config.probes.torch_device)
     abort = threading.Event()
     points: list[SweepPoint] = []
     bar = ProgressBar(1 if read_only else len(caps), desc=f"sweep {args.probe} gpu{args.gpu}",
