@@ -122,7 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _config_for_run(args)
     setup_logging(config.log_level)
     try:
-        daemon = Daemon(config)
+        daemon = Daemon(config, reload_config=lambda: _config_for_run(args))
     except DriverNotFound as exc:
         log.error("%s", exc)
         return EXIT_DEVICE

@@ -12,12 +12,13 @@ import json
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
 from gpuperfd.collectors import COLLECTORS
-from gpuperfd.config import Config, parse_listen_address
+from gpuperfd.config import Config, ConfigError, parse_listen_address
 from gpuperfd.device.base import Backend
 from gpuperfd.device.factory import open_backend, selected_devices
 from gpuperfd.exporter import Exporter, process_registry
@@ -44,11 +45,25 @@ def enabled_collectors(config: Config) -> list[str]:
     return names
 
 
+def _only_web_file_changed(old: Config, new: Config) -> bool:
+    """The web config file is re-read by its own watcher; only a changed address needs a restart."""
+    return old.web.model_copy(update={"config_file": None}) == new.web.model_copy(update={"config_file": None})
+
+
 class Daemon:
     """One running gpuperfd: start(), then wait() until a signal, then stop()."""
 
-    def __init__(self, config: Config, backend: Backend | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        backend: Backend | None = None,
+        reload_config: Callable[[], Config] | None = None,
+    ) -> None:
         self.config = config
+        #: Re-reads the config (file plus command-line flags) on SIGHUP; None: reload unsupported.
+        self.reload_config = reload_config
+        self._reload_requested = threading.Event()
+        self._wake = threading.Event()
         self.backend = backend if backend is not None else open_backend(config)
         self.devices = selected_devices(self.backend, config)
         names = enabled_collectors(config)
@@ -145,11 +160,45 @@ class Daemon:
         if signum is not None:
             log.info("received %s", signal.Signals(signum).name)
         self._stopping.set()
+        self._wake.set()
+
+    def request_reload(self, _signum: int | None = None, _frame: FrameType | None = None) -> None:
+        self._reload_requested.set()
+        self._wake.set()
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGHUP, self.request_reload)
+
+    def reload(self) -> bool:
+        """Apply a re-read config; an invalid one is logged and the running one kept."""
+        if self.reload_config is None:
+            log.warning("reload requested but this daemon was started without a config loader")
+            return False
+        try:
+            new = self.reload_config()
+        except ConfigError as exc:
+            log.error("reload rejected, keeping the running configuration: %s", exc)
+            return False
+        needs_restart = [
+            name for name in ("web", "device", "simulation", "sampler")
+            if getattr(new, name) != getattr(self.config, name) and not (name == "web" and _only_web_file_changed(self.config, new))
+        ]
+        if needs_restart:
+            log.warning("reload: changes to %s take effect after a restart", ", ".join(needs_restart))
+        logging.getLogger().setLevel(new.log_level.upper())
+        self.scheduler.apply(new.probes)
+        self.config = new.model_copy(update={name: getattr(self.config, name) for name in needs_restart})
+        log.info("configuration reloaded: %d probe schedule(s)", len(new.probes.schedules))
+        return True
 
     def wait(self) -> None:
-        while not self._stopping.wait(1.0):
-            pass
+        """Block until SIGTERM/SIGINT; handle SIGHUP reloads in this (main) thread."""
+        while not self._stopping.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            if self._reload_requested.is_set() and not self._stopping.is_set():
+                self._reload_requested.clear()
+                log.info("received SIGHUP: reloading configuration")
+                self.reload()
