@@ -41,7 +41,7 @@ LATENCY_HISTOGRAMS: dict[str, tuple[str, str, tuple[float, ...]]] = {
 PROBE_LATENCIES: dict[str, dict[str, str]] = {
     "llm": {"ttft_seconds": "ttft_seconds", "tpot_seconds": "tpot_seconds", "request_seconds": "request_seconds"},
     "vit": {"batch_seconds": "batch_seconds"},
-    "attention": {"iteration_seconds": "iteration_seconds", "batch_seconds": "iteration_seconds", "step_seconds": "iteration_seconds"},
+    "attention": {"batch_seconds": "iteration_seconds", "iteration_seconds": "iteration_seconds"},
     "train": {"step_seconds": "step_seconds"},
 }
 
@@ -69,9 +69,9 @@ class ProbeMetrics:
         self.cap_value = gauge("gpuperf_probe_power_cap_watts", "The power cap the probe ran at, as a value, watts.")
         self.prompt_rate = gauge("gpuperf_probe_prompt_tokens_per_second", "LLM prompt (prefill) tokens per second.")
         self.request_rate = gauge("gpuperf_probe_requests_per_second", "LLM requests completed per second.")
-        self.peak_memory = gauge("gpuperf_probe_peak_memory_bytes", "Peak device memory allocated by the probe, bytes.")
+        self.peak_memory = gauge("gpuperf_probe_peak_memory_bytes", "Peak device memory allocated by the probe's last ok run, bytes.", RUN_LABELS)
         self.busy = gauge("gpuperf_probe_gpu_busy_ratio", "Share of the measured window the GPU was executing work.")
-        self.last_run = gauge("gpuperf_probe_last_run_timestamp_seconds", "Unix time the last ok run at this cap ended.")
+        self.last_run = gauge("gpuperf_probe_last_run_timestamp_seconds", "Unix time the probe's last ok run ended.", RUN_LABELS)
         self.duration = gauge("gpuperf_probe_run_duration_seconds", "Wall time of the last run, seconds.", RUN_LABELS)
         self.runs = Counter("gpuperf_probe_runs", "Probe runs by result (ok, skipped, failed, aborted) and reason.",
                             (*RUN_LABELS, "result", "reason"), registry=registry)
@@ -148,10 +148,10 @@ class ProbeMetrics:
         if "requests_per_second" in throughput:
             self.request_rate.labels(*cap).set(throughput["requests_per_second"])
         if result.peak_memory_bytes is not None:
-            self.peak_memory.labels(*cap).set(result.peak_memory_bytes)
+            self.peak_memory.labels(*run).set(result.peak_memory_bytes)
         if result.gpu_busy_ratio is not None:
             self.busy.labels(*cap).set(result.gpu_busy_ratio)
-        self.last_run.labels(*cap).set(result.started_at + (result.wall_seconds or 0.0))
+        self.last_run.labels(*run).set(result.started_at + (result.wall_seconds or 0.0))
         if at_operator_cap:
             for source, target in PROBE_LATENCIES.get(result.probe, {}).items():
                 histogram = self.histograms[target].labels(*run)

@@ -1,0 +1,209 @@
+"""Building blocks shared by the four Grafana dashboards (grafanalib).
+
+Every panel queries the Prometheus datasource chosen in the ``datasource``
+variable, so the same JSON works with any Prometheus that scrapes gpuperfd and
+loads ``deploy/prometheus/rules/`` (several panels read its ``gpuperf:*``
+recording rules). Label filters from template variables always use ``=~``:
+multi-value and "All" selections are regexes, and the query check in
+:mod:`gpuperfd.dashboards.queries` substitutes ``.+`` for them.
+
+:class:`Layout` places panels left to right on Grafana's 24-column grid and
+starts a new line when a panel does not fit, so the dashboard modules list
+panels in reading order without hand-computed coordinates.
+"""
+
+from __future__ import annotations
+
+import attr
+from grafanalib import core as g
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+#: Where the runbook lives; dashboards link to it.
+RUNBOOK_URL = "docs/runbook.md"
+TAG = "gpuperfd"
+#: Dashboard JSON schema the panels below are written for (Grafana 9+).
+SCHEMA_VERSION = 37
+
+
+def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False, fmt: str = "time_series") -> g.Target:
+    """One PromQL query of a panel."""
+    return g.Target(
+        expr=expr, legendFormat=legend, refId=ref, instant=instant, format=fmt, datasource=DATASOURCE, intervalFactor=1
+    )
+
+
+def targets(*queries: tuple[str, str], instant: bool = False, fmt: str = "time_series") -> list[g.Target]:
+    """Several (expr, legend) queries with refIds A, B, C, ..."""
+    return [
+        target(expr, legend, ref=chr(ord("A") + i), instant=instant, fmt=fmt) for i, (expr, legend) in enumerate(queries)
+    ]
+
+
+def datasource_variable() -> g.Template:
+    return g.Template(name="datasource", label="Data source", query="prometheus", type="datasource")
+
+
+def query_variable(name: str, label: str, metric: str, label_name: str, multi: bool = True) -> g.Template:
+    """A variable from ``label_values(metric, label_name)``; "All" matches every value."""
+    return g.Template(
+        name=name,
+        label=label,
+        query=f"label_values({metric}, {label_name})",
+        dataSource=DATASOURCE,
+        multi=multi,
+        includeAll=multi,
+        allValue=".+" if multi else None,
+        refresh=2,  # on time-range change: new GPUs appear without a reload
+        sort=1,
+    )
+
+
+def interval_variable(name: str, label: str, options: str, default: str) -> g.Template:
+    return g.Template(name=name, label=label, query=options, type="interval", default=default)
+
+
+def timeseries(title: str, queries: list[g.Target], unit: str = "", description: str = "", **kwargs) -> g.TimeSeries:
+    return g.TimeSeries(
+        title=title,
+        description=description or None,
+        dataSource=DATASOURCE,
+        targets=queries,
+        unit=unit,
+        legendDisplayMode="table",
+        legendPlacement="bottom",
+        legendCalcs=["lastNotNull", "max"],
+        tooltipMode="multi",
+        tooltipSort="desc",
+        **kwargs,
+    )
+
+
+def stat(title: str, queries: list[g.Target], unit: str = "none", description: str = "", **kwargs) -> g.Stat:
+    kwargs.setdefault("reduceCalc", "lastNotNull")
+    kwargs.setdefault("graphMode", "none")
+    return g.Stat(
+        title=title, description=description or None, dataSource=DATASOURCE, targets=queries, format=unit, **kwargs
+    )
+
+
+def table(
+    title: str, queries: list[g.Target], unit: str = "", description: str = "", hide: tuple[str, ...] = (), **kwargs
+) -> g.Table:
+    """An instant-query table: the queries' results merged on their labels, `hide` columns dropped."""
+    exclude = {name: True for name in ("Time", "__name__", "job", *hide)}
+    transformations = [
+        {"id": "merge", "options": {}},
+        {"id": "organize", "options": {"excludeByName": exclude, "renameByName": {}}},
+    ]
+    return g.Table(
+        title=title,
+        description=description or None,
+        dataSource=DATASOURCE,
+        targets=queries,
+        unit=unit,
+        transformations=transformations,
+        filterable=True,
+        **kwargs,
+    )
+
+
+def column(ref: str, header: str, unit: str) -> dict:
+    """Table override: name and unit of the value column of query `ref` ("Value #A", ...)."""
+    return {
+        "matcher": {"id": "byName", "options": f"Value #{ref}"},
+        "properties": [{"id": "displayName", "value": header}, {"id": "unit", "value": unit}],
+    }
+
+
+def bar_gauge(title: str, queries: list[g.Target], unit: str = "", description: str = "") -> g.BarGauge:
+    """Horizontal bars, one per series (instant queries); written in the Grafana 8+ options format."""
+    return g.BarGauge(
+        title=title,
+        description=description or None,
+        dataSource=DATASOURCE,
+        targets=queries,
+        format=unit,
+        displayMode="gradient",
+        thresholds=[g.Threshold("blue", 0, 0.0)],
+        extraJson={
+            "options": {
+                "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                "showUnfilled": True,
+            },
+            "fieldConfig": {"defaults": {"unit": unit, "min": 0}},
+        },
+    )
+
+
+def heatmap(title: str, bucket_metric: str, selector: str, unit: str = "s", description: str = "") -> g.Heatmap:
+    """The histogram's observations per bucket and time slot (buckets de-cumulated by Grafana)."""
+    expr = f"sum by (le) (increase({bucket_metric}{{{selector}}}[$__interval]))"
+    return g.Heatmap(
+        title=title,
+        description=description or None,
+        dataSource=DATASOURCE,
+        targets=[target(expr, "{{le}}", fmt="heatmap")],
+        dataFormat="tsbuckets",
+        yBucketBound="upper",
+        hideZeroBuckets=True,
+        yAxis=g.YAxis(format=unit),
+        maxDataPoints=60,
+        extraJson={"options": {"calculate": False, "yAxis": {"unit": unit}, "cellGap": 1}},
+    )
+
+
+class Layout:
+    """Places panels on the 24-column grid in the order they are added."""
+
+    WIDTH = 24
+
+    def __init__(self) -> None:
+        self.panels: list[g.Panel] = []
+        self._x = 0
+        self._y = 0
+        self._line_height = 0
+
+    def _newline(self) -> None:
+        self._y += self._line_height
+        self._x = 0
+        self._line_height = 0
+
+    def row(self, title: str) -> None:
+        if self._x:
+            self._newline()
+        self.panels.append(g.RowPanel(title=title, gridPos=g.GridPos(h=1, w=self.WIDTH, x=0, y=self._y)))
+        self._y += 1
+
+    def add(self, panel: g.Panel, w: int = 12, h: int = 8) -> None:
+        if self._x + w > self.WIDTH:
+            self._newline()
+        self.panels.append(attr.evolve(panel, gridPos=g.GridPos(h=h, w=w, x=self._x, y=self._y)))
+        self._x += w
+        self._line_height = max(self._line_height, h)
+
+
+def dashboard(title: str, uid: str, description: str, layout: Layout, variables: list[g.Template]) -> g.Dashboard:
+    """A dashboard with the gpuperfd tag, links to its siblings and stable panel ids."""
+    return g.Dashboard(
+        title=title,
+        uid=uid,
+        description=description,
+        tags=[TAG],
+        timezone="browser",
+        refresh="1m",
+        schemaVersion=SCHEMA_VERSION,
+        graphTooltip=1,  # shared crosshair
+        time=g.Time("now-6h", "now"),
+        panels=layout.panels,
+        templating=g.Templating(list=[datasource_variable(), *variables]),
+        links=[
+            g.DashboardLink(
+                title="gpuperfd",
+                type="dashboards",
+                tags=[TAG],
+                asDropdown=True,
+                includeVars=False,
+                keepTime=True,
+            )
+        ],
+    ).auto_panel_ids()

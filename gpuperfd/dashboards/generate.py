@@ -1,0 +1,54 @@
+"""Render the dashboards to Grafana JSON: one file per dashboard, stable output.
+
+The JSON is deterministic (sorted keys, fixed panel ids), so the copies committed
+in ``dashboards/generated/`` can be compared byte for byte with a fresh render
+(tests/test_dashboards.py does).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def builders() -> dict[str, Callable[[], Any]]:
+    """File name -> function returning the grafanalib Dashboard (imports grafanalib)."""
+    from gpuperfd.dashboards import fleet, node, power_cap, probes
+
+    return {
+        "gpuperfd-fleet.json": fleet.build,
+        "gpuperfd-node.json": node.build,
+        "gpuperfd-probes.json": probes.build,
+        "gpuperfd-power-cap.json": power_cap.build,
+    }
+
+
+def render(dashboard: Any) -> str:
+    """Grafana JSON text of a grafanalib Dashboard (sorted keys, trailing newline)."""
+    from grafanalib._gen import DashboardEncoder
+
+    return json.dumps(dashboard.to_json_data(), cls=DashboardEncoder, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+
+
+def render_all() -> dict[str, str]:
+    """File name -> JSON text of every dashboard."""
+    return {name: render(build()) for name, build in builders().items()}
+
+
+def dashboards_json() -> list[dict[str, Any]]:
+    """Every dashboard as the parsed JSON Grafana would load."""
+    return [json.loads(text) for text in render_all().values()]
+
+
+def write_all(out_dir: str | Path) -> list[Path]:
+    """Write every dashboard into ``out_dir`` (created if missing); returns the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in render_all().items():
+        path = out / name
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
