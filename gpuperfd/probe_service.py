@@ -72,11 +72,19 @@ class ProbeService:
         self._active = 0
         self._active_lock = threading.Lock()
         self._idle_cv = threading.Condition(self._active_lock)
+        #: Latest point per (gpu, probe, preset, cap), for the landing page.
+        self._latest: dict[tuple[int, str, str], dict[float, SweepPoint]] = {}
+        self._latest_lock = threading.Lock()
         for device in devices:
             try:
                 self.metrics.set_original_cap(device.info(), device.power_limits().enforced_watts)
             except DeviceError as exc:
                 log.warning("gpu %d: cannot read its power cap: %s", device.index, exc)
+
+    def latest(self) -> dict[tuple[int, str, str], list[SweepPoint]]:
+        """The latest ok point at each cap, per (gpu, probe, preset), highest cap first."""
+        with self._latest_lock:
+            return {key: sorted(points.values(), key=lambda p: -p.cap_watts) for key, points in self._latest.items()}
 
     def stop(self, timeout: float = 30.0) -> None:
         """Abort running probes and wait (bounded) until their caps are restored."""
@@ -146,6 +154,9 @@ class ProbeService:
 
         def on_point(point: SweepPoint) -> None:
             published.append(point)
+            if point.result.status == "ok":
+                with self._latest_lock:
+                    self._latest.setdefault((device.index, schedule.probe, preset), {})[round(point.cap_watts)] = point
             at_operator_cap = round(point.cap_watts) == round(operator_cap)
             self.metrics.publish(info, point.result, point.cap_watts, at_operator_cap)
             if self.history is not None:
