@@ -138,6 +138,8 @@ class DeviceConfig(_Strict):
     backend: Literal["nvml", "simulated"] = "nvml"
     #: Only these GPU indices (None: all).
     gpus: list[Annotated[int, Field(ge=0)]] | None = None
+    #: At start, keep retrying for this long when the NVIDIA driver is not loaded yet (0: fail at once).
+    driver_wait_seconds: Annotated[float, Field(ge=0, le=86400)] = 0.0
     #: Per-call timeout: a device call slower than this is reported as a timeout.
     call_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 5.0
 

@@ -12,6 +12,7 @@ import json
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 
@@ -20,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from gpuperfd.collectors import COLLECTORS
 from gpuperfd.config import Config, ConfigError, parse_listen_address
 from gpuperfd.device.base import Backend
+from gpuperfd.device.errors import DriverNotFound
 from gpuperfd.device.factory import open_backend, selected_devices
 from gpuperfd.exporter import Exporter, process_registry
 from gpuperfd.history import HistoryWriter
@@ -45,6 +47,28 @@ def enabled_collectors(config: Config) -> list[str]:
     return names
 
 
+def open_backend_waiting(config: Config, sleep: Callable[[float], None] = time.sleep) -> Backend:
+    """Open the backend; while the driver is missing, retry for ``device.driver_wait_seconds``.
+
+    A node that boots the daemon before the NVIDIA driver is loaded then starts
+    cleanly once it appears, instead of crash-looping. DriverNotFound propagates
+    when the wait is 0 or runs out.
+    """
+    deadline = time.monotonic() + config.device.driver_wait_seconds
+    delay = 1.0
+    while True:
+        try:
+            backend = open_backend(config)
+            backend.devices()  # NVML initializes here
+            return backend
+        except DriverNotFound as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s; retrying in %.0f s (device.driver_wait_seconds)", exc, delay)
+            sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+
 def _only_web_file_changed(old: Config, new: Config) -> bool:
     """The web config file is re-read by its own watcher; only a changed address needs a restart."""
     return old.web.model_copy(update={"config_file": None}) == new.web.model_copy(update={"config_file": None})
@@ -64,7 +88,7 @@ class Daemon:
         self.reload_config = reload_config
         self._reload_requested = threading.Event()
         self._wake = threading.Event()
-        self.backend = backend if backend is not None else open_backend(config)
+        self.backend = backend if backend is not None else open_backend_waiting(config)
         self.devices = selected_devices(self.backend, config)
         names = enabled_collectors(config)
         intervals = {
