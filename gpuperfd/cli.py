@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(subparsers)
     _add_check_config(subparsers)
     _add_collectors(subparsers)
-    for module_name in ("gpuperfd.probes.cli", "gpuperfd.sweep.cli", "gpuperfd.dashboards.cli"):
+    for module_name in ("gpuperfd.probes.cli", "gpuperfd.sweep.cli", "gpuperfd.dashboards.cli", "gpuperfd.install"):
         try:
             module = __import__(module_name, fromlist=["register"])
         except ImportError:  # optional part not installed yet
@@ -144,6 +144,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     config = load_config(args.file, required=True)
     print(f"{args.file}: OK (backend {config.device.backend}, listen {config.web.listen_address})")
+    if config.web.config_file is not None:
+        from gpuperfd.webconfig import load_web_config
+
+        print(f"{config.web.config_file}: OK ({load_web_config(config.web.config_file).describe()})")
     return EXIT_OK
 
 

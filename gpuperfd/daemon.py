@@ -18,6 +18,7 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
+from gpuperfd import sdnotify
 from gpuperfd.collectors import COLLECTORS
 from gpuperfd.config import Config, ConfigError, parse_listen_address
 from gpuperfd.device.base import Backend
@@ -33,6 +34,7 @@ from gpuperfd.sampler import Sampler
 from gpuperfd.scheduling import ProbeScheduler
 from gpuperfd.sweep.journal import CapJournal, restore_pending
 from gpuperfd.web import Response, WebServer, metrics_route
+from gpuperfd.webconfig import WebConfigWatcher, secure_web_server
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,8 @@ class Daemon:
         reload_config: Callable[[], Config] | None = None,
     ) -> None:
         self.config = config
+        # The web config first: a bad TLS/auth file exits 2 even on a node without GPUs.
+        self.web_config = WebConfigWatcher(config.web.config_file) if config.web.config_file else None
         #: Re-reads the config (file plus command-line flags) on SIGHUP; None: reload unsupported.
         self.reload_config = reload_config
         self._reload_requested = threading.Event()
@@ -127,6 +131,9 @@ class Daemon:
         self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices])
         host, port = parse_listen_address(config.web.listen_address)
         self.web = WebServer(host, port, self._routes())
+        if self.web_config is not None:
+            secure_web_server(self.web, self.web_config)
+        self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
         self._stopping = threading.Event()
 
     def _executor(self, config: Config):  # type: ignore[no-untyped-def]
@@ -168,10 +175,14 @@ class Daemon:
         self.web.start()
         self.scheduler.apply(self.config.probes)
         self.scheduler.start()
+        sdnotify.ready(f"{len(self.devices)} GPU(s), listening on {self.config.web.listen_address}")
+        self._watchdog.start()
         log.info("listening on %s (metrics at %s)", self.config.web.listen_address, self.config.web.telemetry_path)
 
     def stop(self) -> None:
         log.info("stopping")
+        sdnotify.stopping()
+        self._watchdog.stop()
         self.scheduler.stop()
         self.probes.stop()
         self.restore_caps()  # a sweep that could not restore in time is restored here
@@ -200,11 +211,15 @@ class Daemon:
         if self.reload_config is None:
             log.warning("reload requested but this daemon was started without a config loader")
             return False
+        sdnotify.reloading()
         try:
             new = self.reload_config()
         except ConfigError as exc:
             log.error("reload rejected, keeping the running configuration: %s", exc)
+            sdnotify.ready()
             return False
+        if self.web_config is not None:
+            self.web_config.reload()
         needs_restart = [
             name for name in ("web", "device", "simulation", "sampler")
             if getattr(new, name) != getattr(self.config, name) and not (name == "web" and _only_web_file_changed(self.config, new))
@@ -215,6 +230,7 @@ class Daemon:
         self.scheduler.apply(new.probes)
         self.config = new.model_copy(update={name: getattr(self.config, name) for name in needs_restart})
         log.info("configuration reloaded: %d probe schedule(s)", len(new.probes.schedules))
+        sdnotify.ready()
         return True
 
     def wait(self) -> None:

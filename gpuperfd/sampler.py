@@ -240,6 +240,14 @@ class Sampler:
             points = tuple(self.xid_counts.points(device.index))
             self.store.put(device.index, "xid", Reading(points, True, None, 0.0, now))
 
+    def healthy(self) -> bool:
+        """True while the lanes keep producing readings (for the systemd watchdog)."""
+        if not self.devices:
+            return True
+        readings, *_ = self.store.snapshot()
+        now = self.clock()
+        return any(now - r.timestamp <= self.stale_after(name) for (_, name), r in readings.items() if name != "xid")
+
     def gpu_lost(self, gpu: int) -> bool:
         """True if the latest reading of any collector of this GPU says the GPU is lost."""
         readings, *_ = self.store.snapshot()

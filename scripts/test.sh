@@ -5,10 +5,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v promtool >/dev/null 2>&1; then
+# Debian packages the tests drive for real: Prometheus/promtool, systemd-analyze, curl.
+need=()
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
-  apt-get install -y -q --no-install-recommends prometheus
+  apt-get install -y -q --no-install-recommends "${need[@]}"
 fi
 # Debian's package starts a Prometheus service where systemd runs; tests start their own.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
