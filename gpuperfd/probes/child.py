@@ -1,0 +1,129 @@
+"""The probe child's entry point (started by :func:`gpuperfd.probes.runner.run_probe`).
+
+Kept free of top-level torch imports on purpose: the parent imports this module
+to name the spawn target, and the parent must not load torch.
+
+Protocol over the one-way pipe: any number of ``("progress", {...})`` messages,
+then exactly one ``("result", ProbeResult dict)`` or ``("error", {"reason",
+"message", "traceback"})``. The child's stdout and stderr go to a log file whose
+tail the parent attaches to crash reports (faulthandler writes the native stack
+there on SIGSEGV).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import traceback
+from typing import Any
+
+__all__ = ["main", "classify_exception"]
+
+_CUDA_ERROR_MARKERS = (
+    "cuda error",
+    "cudaerror",
+    "cublas_status",
+    "cudnn_status",
+    "cudnn error",
+    "device-side assert",
+    "illegal memory access",
+    "nccl error",
+    "cuda driver error",
+)
+
+
+def classify_exception(exc: BaseException) -> str:
+    """Map an exception to a failure reason: "oom", "cuda_error" or "exception"."""
+    torch = sys.modules.get("torch")
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if isinstance(exc, MemoryError):
+        return "oom"
+    if torch is not None and isinstance(exc, getattr(torch, "OutOfMemoryError", ())):
+        return "oom"
+    if "out of memory" in text or "can't allocate memory" in text or "not enough memory" in text:
+        return "oom"
+    if torch is not None and isinstance(exc, getattr(torch, "AcceleratorError", ())):
+        return "cuda_error"
+    if any(marker in text for marker in _CUDA_ERROR_MARKERS):
+        return "cuda_error"
+    return "exception"
+
+
+def _redirect_output(log_path: str | None) -> None:
+    """Send fd 1 and 2 to the log file (C libraries and faulthandler write there too)."""
+    if not log_path:
+        return
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None) -> None:
+    """Run one probe and report over ``conn``; exits the process with os._exit."""
+    try:
+        os.setpgid(0, 0)  # own process group: the parent can kill us and our workers at once
+    except OSError:
+        pass
+    _redirect_output(log_path)
+    faulthandler.enable()
+    # The daemon runs probes as background work: a niced child leaves the exporter's
+    # threads the CPU they need to answer scrapes on time (GPUPERFD_PROBE_NICE).
+    try:
+        niceness = int(os.environ.get("GPUPERFD_PROBE_NICE", "0"))
+        if niceness > 0:
+            os.nice(niceness)
+    except (ValueError, OSError):
+        pass
+    # Deterministic GPU numbering (NVML order) and never reach the network for models.
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    code = 0
+    identity: dict[str, Any] = {}
+    try:
+        from gpuperfd.probes.spec import ProbeSpec
+
+        spec = ProbeSpec.from_dict(spec_dict)
+
+        def progress(**body: Any) -> None:
+            conn.send(("progress", body))
+
+        from gpuperfd.probes import harness
+
+        result = harness.execute(spec, progress=progress, identity=identity)
+        conn.send(("result", result.to_dict()))
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+        code = 1
+        reason = classify_exception(exc)
+        body = {
+            "reason": reason,
+            "message": f"{type(exc).__name__}: {exc}"[:4000],
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
+            **identity,
+        }
+        try:
+            traceback.print_exc()
+            conn.send(("error", body))
+        except Exception:  # noqa: BLE001 - the parent will see a crash instead
+            code = 3
+    finally:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    # Skip interpreter teardown: CUDA and NVML atexit handlers can hang after an error,
+    # and the result is already with the parent.
+    os._exit(code)

@@ -1,0 +1,67 @@
+"""Model construction for the probes: from configs (random weights) or a local directory.
+
+Random weights are enough to measure speed and energy (the arithmetic is the same)
+and need no download. Parameters are created directly on the target device, so
+building GPT-2 XL on a GPU takes seconds rather than a CPU-side initialization.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gpuperfd.probes.spec import GPT2_MODELS, VIT_MODELS, ProbeSpec
+
+__all__ = ["build_gpt2", "build_vit", "count_parameters"]
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Unique parameters (tied embeddings counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def build_gpt2(spec: ProbeSpec, device: torch.device, dtype: torch.dtype) -> Any:
+    """A GPT2LMHeadModel on ``device`` in ``dtype`` (eval mode, SDPA attention)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if spec.weights_path:
+        model = GPT2LMHeadModel.from_pretrained(
+            spec.weights_path, local_files_only=True, dtype=dtype, attn_implementation="sdpa"
+        )
+        model.to(device)
+    else:
+        arch = GPT2_MODELS[spec.model]
+        # No BOS/EOS: a random model must not stop early, and tiny vocabularies lack id 50256.
+        config = GPT2Config(**arch, bos_token_id=None, eos_token_id=None, attn_implementation="sdpa")
+        with torch.device(device):
+            model = GPT2LMHeadModel(config)
+        model.to(dtype=dtype)
+    model.eval()
+    return model
+
+
+def build_vit(spec: ProbeSpec, device: torch.device, dtype: torch.dtype) -> Any:
+    """A ViTForImageClassification (1000 classes) on ``device`` in ``dtype``, eval mode."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    if spec.weights_path:
+        model = ViTForImageClassification.from_pretrained(
+            spec.weights_path, local_files_only=True, dtype=dtype, attn_implementation="sdpa"
+        )
+        model.to(device)
+    else:
+        arch = dict(VIT_MODELS[spec.model])
+        arch["image_size"] = spec.image_size
+        config = ViTConfig(**arch, num_labels=1000, attn_implementation="sdpa")
+        with torch.device(device):
+            model = ViTForImageClassification(config)
+        model.to(dtype=dtype)
+    model.eval()
+    return model

@@ -1,0 +1,402 @@
+"""What to run: :class:`ProbeSpec`, the presets, and validation.
+
+A spec is resolved at construction: every field left ``None`` is filled from the
+probe's preset, then the whole spec is validated and a bad value raises
+``ValueError`` whose message starts with the field name (``"batch_size: ..."``),
+so the CLI can print it as is and exit 2.
+
+Presets: ``tiny`` (per probe) runs in seconds on a CPU and is what the tests use;
+the other presets are sized to keep an H100/H200 busy (large batches, bf16/fp16,
+a warmup long enough for clocks and power to settle, short fixed-time windows so
+one measured point stays under ten seconds).
+
+This module is pure Python: no torch, no transformers (the daemon imports it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "PROBES",
+    "FAULTS",
+    "DTYPES",
+    "VARIANTS",
+    "PRESETS",
+    "DEFAULT_PRESET",
+    "GPT2_MODELS",
+    "VIT_MODELS",
+    "ProbeSpec",
+    "canonical_dtype",
+    "default_timeout",
+]
+
+PROBES: tuple[str, ...] = ("llm", "vit", "attention", "train")
+
+#: Test-only faults the child can inject (see ProbeSpec.inject_fault).
+FAULTS: tuple[str, ...] = ("exception", "hang", "oom", "crash", "cuda_error")
+
+#: Canonical dtype names and their accepted aliases.
+DTYPES: dict[str, str] = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+
+#: Variants per probe; the first is the default (the GPU-bound path).
+VARIANTS: dict[str, tuple[str, ...]] = {
+    # graph: own static-KV-cache GPT-2 forward, decode step captured in a CUDA graph.
+    # eager: Hugging Face generate() in eager mode (the seeds' method), for comparison.
+    "llm": ("graph", "eager"),
+    # compiled: our fused forward (vit_fused) + torch.compile + one CUDA graph per batch;
+    # fused: the fused forward in a CUDA graph, no compiler; eager: the Hugging Face module.
+    "vit": ("compiled", "fused", "eager"),
+    "attention": ("sdpa",),
+    "train": ("eager",),
+}
+
+#: GPT-2 family architectures (built from GPT2Config; random weights unless weights_path).
+GPT2_MODELS: dict[str, dict[str, int]] = {
+    "tiny": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 128},
+    "gpt2": {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024},
+    "gpt2-medium": {"n_layer": 24, "n_embd": 1024, "n_head": 16, "vocab_size": 50257, "n_positions": 1024},
+    "gpt2-large": {"n_layer": 36, "n_embd": 1280, "n_head": 20, "vocab_size": 50257, "n_positions": 1024},
+    "gpt2-xl": {"n_layer": 48, "n_embd": 1600, "n_head": 25, "vocab_size": 50257, "n_positions": 1024},
+}
+
+#: ViT architectures (built from ViTConfig, 1000 classes).
+VIT_MODELS: dict[str, dict[str, int]] = {
+    "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+             "patch_size": 8, "image_size": 32},
+    "vit-s16": {"hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6, "intermediate_size": 1536,
+                "patch_size": 16, "image_size": 224},
+    "vit-b16": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
+                "patch_size": 16, "image_size": 224},
+    "vit-l16": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096,
+                "patch_size": 16, "image_size": 224},
+    "vit-h14": {"hidden_size": 1280, "num_hidden_layers": 32, "num_attention_heads": 16, "intermediate_size": 5120,
+                "patch_size": 14, "image_size": 224},
+}
+
+# Shared timing defaults for the GPU presets: the warmup lasts at least a second (clocks and
+# power settle, CUDA graphs and allocator pools are built) and each repeat is a 1.5 s window,
+# so five repeats of one point take 7.5 s of measurement.
+_GPU_TIMING: dict[str, Any] = {
+    "warmup": 3,
+    "warmup_seconds": 1.0,
+    "repeats": 5,
+    "measure_seconds": 1.5,
+    "busy_profile_seconds": 0.3,
+    "device": "cuda",
+}
+_TINY_TIMING: dict[str, Any] = {
+    "warmup": 1,
+    "warmup_seconds": 0.0,
+    "repeats": 2,
+    "measure_seconds": 0.2,
+    "busy_profile_seconds": 0.05,
+    "device": "cpu",
+}
+
+
+def _llm(model: str, batch: int) -> dict[str, Any]:
+    return {"model": model, "variant": "graph", "batch_size": batch, "prompt_tokens": 128, "output_tokens": 128,
+            "dtype": "float16", **_GPU_TIMING}
+
+
+def _train(model: str, batch: int) -> dict[str, Any]:
+    return {"model": model, "variant": "eager", "batch_size": batch, "seq_len": 1024, "dtype": "bfloat16",
+            **_GPU_TIMING}
+
+
+def _vit(model: str, batch: int) -> dict[str, Any]:
+    return {"model": model, "variant": "compiled", "batch_size": batch,
+            "image_size": VIT_MODELS[model]["image_size"], "dtype": "bfloat16", **_GPU_TIMING}
+
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "llm": {
+        "tiny": {"model": "tiny", "variant": "graph", "batch_size": 2, "prompt_tokens": 16, "output_tokens": 8,
+                 "dtype": "float32", **_TINY_TIMING},
+        "gpt2": _llm("gpt2", 128),
+        "gpt2-medium": _llm("gpt2-medium", 128),
+        "gpt2-large": _llm("gpt2-large", 64),
+        "gpt2-xl": _llm("gpt2-xl", 32),
+    },
+    "vit": {
+        "tiny": {"model": "tiny", "variant": "eager", "batch_size": 4, "image_size": 32, "dtype": "float32",
+                 **_TINY_TIMING},
+        "vit-s16": _vit("vit-s16", 128),
+        "vit-b16": _vit("vit-b16", 128),
+        "vit-l16": _vit("vit-l16", 64),
+        "vit-h14": _vit("vit-h14", 32),
+    },
+    "attention": {
+        "tiny": {"variant": "sdpa", "batch_size": 2, "heads": 4, "head_dim": 16, "seq_len": 64, "n_groups": 1,
+                 "causal": False, "dtype": "float32", **_TINY_TIMING},
+        # One long-context layer's attention: 16 x 16 heads x 4096 tokens x 128, ~2.2 TFLOP a call.
+        "default": {"variant": "sdpa", "batch_size": 16, "heads": 16, "head_dim": 128, "seq_len": 4096,
+                    "n_groups": 1, "causal": False, "dtype": "bfloat16", **_GPU_TIMING},
+        # Llama-style grouped-query attention: 32 query heads, 8 key/value heads.
+        "gqa": {"variant": "sdpa", "batch_size": 16, "heads": 32, "head_dim": 128, "seq_len": 4096,
+                "n_groups": 4, "causal": True, "dtype": "bfloat16", **_GPU_TIMING},
+    },
+    "train": {
+        "tiny": {"model": "tiny", "variant": "eager", "batch_size": 2, "seq_len": 32, "dtype": "float32",
+                 **_TINY_TIMING},
+        "gpt2": _train("gpt2", 16),
+        "gpt2-medium": _train("gpt2-medium", 8),
+        "gpt2-large": _train("gpt2-large", 4),
+        "gpt2-xl": _train("gpt2-xl", 2),
+    },
+}
+
+DEFAULT_PRESET: dict[str, str] = {"llm": "gpt2", "vit": "vit-b16", "attention": "default", "train": "gpt2"}
+
+#: Which workload parameters each probe uses (the rest must stay None).
+_PROBE_PARAMS: dict[str, tuple[str, ...]] = {
+    "llm": ("model", "batch_size", "prompt_tokens", "output_tokens", "dtype"),
+    "vit": ("model", "batch_size", "image_size", "dtype"),
+    "attention": ("batch_size", "heads", "head_dim", "seq_len", "n_groups", "causal", "dtype"),
+    "train": ("model", "batch_size", "seq_len", "dtype"),
+}
+_WORKLOAD_FIELDS = ("model", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size", "heads",
+                    "head_dim", "n_groups", "causal")
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+def canonical_dtype(name: str) -> str:
+    """``"bf16"`` -> ``"bfloat16"``; ValueError naming the field for anything else."""
+    key = str(name).strip().lower()
+    if key not in DTYPES:
+        raise ValueError(f"dtype: unknown dtype {name!r}; use one of float32, float16, bfloat16 (or fp32/fp16/bf16)")
+    return DTYPES[key]
+
+
+def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise ValueError(f"{name}: must be {bound}, got {value}")
+    return value
+
+
+def _float(name: str, value: Any, low: float, high: float | None = None, low_inclusive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: must be a number, got {value!r}")
+    value = float(value)
+    if value != value or (value < low if low_inclusive else value <= low) or (high is not None and value > high):
+        op = ">=" if low_inclusive else ">"
+        bound = f"{op} {low}" + (f" and <= {high}" if high is not None else "")
+        raise ValueError(f"{name}: must be {bound}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """One probe point: which workload, its shape, and how to measure it.
+
+    Leave a field ``None`` to take it from the preset (``preset=None`` means the
+    probe's default preset, see :data:`DEFAULT_PRESET`). Sweeps (several batch
+    sizes, several ``n_groups``) are several specs: each runs in its own child.
+    """
+
+    probe: str
+    preset: str | None = None
+    variant: str | None = None
+    model: str | None = None
+    batch_size: int | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    seq_len: int | None = None
+    image_size: int | None = None
+    heads: int | None = None
+    head_dim: int | None = None
+    #: Grouped-query attention: how many query heads share one key/value head (1 = MHA).
+    n_groups: int | None = None
+    causal: bool | None = None
+    dtype: str | None = None
+    #: Warmup iterations (requests, batches, calls, steps) before any window; at least this many,
+    warmup: int | None = None
+    #: ...and at least this long, so clocks and power reach steady state.
+    warmup_seconds: float | None = None
+    #: Measured windows (each gives one sample for mean/median/stdev/CV).
+    repeats: int | None = None
+    #: Fixed iterations per window; None means a fixed-time window of measure_seconds.
+    iterations: int | None = None
+    measure_seconds: float | None = None
+    #: Length of the separate profiled pass that measures the GPU-busy fraction (0 disables it).
+    busy_profile_seconds: float | None = None
+    device: str | None = None
+    #: Local Hugging Face model directory (config + weights); never downloaded.
+    weights_path: str | None = None
+    #: Local data: token ids (.npy/.pt/.bin uint16) for llm/train, images (.npy/.pt or a folder) for vit.
+    dataset_path: str | None = None
+    seed: int = 0
+    #: A result whose GPU-busy fraction is below this is flagged low_gpu_busy.
+    gpu_busy_threshold: float = 0.9
+    #: Telemetry sampling period inside the measured window (seconds).
+    sample_interval: float = 0.05
+    #: Cap on the child's memory: RLIMIT_AS growth on CPU, the caching allocator's share on CUDA.
+    memory_limit_bytes: int | None = None
+    #: FOR TESTS ONLY: make the child fail on purpose at the start of the first measured window:
+    #: "exception" raises, "hang" sleeps forever, "oom" allocates until the allocator fails
+    #: (under memory_limit_bytes, default 512 MiB), "crash" sends itself SIGSEGV, "cuda_error"
+    #: triggers a device-side assert on CUDA (raises a CUDA-error RuntimeError on CPU).
+    inject_fault: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.probe not in PROBES:
+            raise ValueError(f"probe: unknown probe {self.probe!r}; use one of {', '.join(PROBES)}")
+        preset = self.preset if self.preset is not None else DEFAULT_PRESET[self.probe]
+        presets = PRESETS[self.probe]
+        if preset not in presets:
+            raise ValueError(
+                f"preset: unknown preset {preset!r} for probe {self.probe!r}; use one of {', '.join(presets)}"
+            )
+        # Fields a probe does not use must not be set: "--prompt-tokens 64" with vit is a mistake.
+        used = _PROBE_PARAMS[self.probe]
+        for name in _WORKLOAD_FIELDS:
+            if name not in used and getattr(self, name) is not None:
+                raise ValueError(f"{name}: not used by probe {self.probe!r} (it uses {', '.join(used)})")
+        object.__setattr__(self, "preset", preset)
+        for key, value in presets[preset].items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, value)
+        if self.iterations is not None and self.measure_seconds is None:
+            object.__setattr__(self, "measure_seconds", 0.0)
+        object.__setattr__(self, "extra", dict(self.extra))
+        self._validate()
+
+    # --- validation -------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        probe = self.probe
+        if self.variant not in VARIANTS[probe]:
+            raise ValueError(f"variant: {self.variant!r} is not a {probe} variant; use one of {', '.join(VARIANTS[probe])}")
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        _int("batch_size", self.batch_size, 1, 65536)
+        if probe in ("llm", "train"):
+            if self.model not in GPT2_MODELS:
+                raise ValueError(f"model: unknown GPT-2 model {self.model!r}; use one of {', '.join(GPT2_MODELS)}")
+        if probe == "vit" and self.model not in VIT_MODELS:
+            raise ValueError(f"model: unknown ViT model {self.model!r}; use one of {', '.join(VIT_MODELS)}")
+        if probe == "llm":
+            _int("prompt_tokens", self.prompt_tokens, 1)
+            _int("output_tokens", self.output_tokens, 1)
+            limit = GPT2_MODELS[self.model]["n_positions"]
+            if self.weights_path is None and self.prompt_tokens + self.output_tokens > limit:
+                raise ValueError(
+                    f"output_tokens: prompt_tokens + output_tokens = {self.prompt_tokens + self.output_tokens} "
+                    f"exceeds the model's {limit} positions"
+                )
+        if probe == "train":
+            _int("seq_len", self.seq_len, 2)
+            limit = GPT2_MODELS[self.model]["n_positions"]
+            if self.weights_path is None and self.seq_len > limit:
+                raise ValueError(f"seq_len: {self.seq_len} exceeds the model's {limit} positions")
+        if probe == "vit":
+            _int("image_size", self.image_size, 1)
+            patch = VIT_MODELS[self.model]["patch_size"]
+            if self.image_size % patch:
+                raise ValueError(f"image_size: {self.image_size} is not a multiple of the patch size {patch}")
+        if probe == "attention":
+            _int("heads", self.heads, 1)
+            _int("head_dim", self.head_dim, 1, 512)
+            _int("seq_len", self.seq_len, 1)
+            _int("n_groups", self.n_groups, 1)
+            if self.heads % self.n_groups:
+                raise ValueError(f"n_groups: {self.n_groups} does not divide heads={self.heads}")
+            if not isinstance(self.causal, bool):
+                raise ValueError(f"causal: must be true or false, got {self.causal!r}")
+        _int("warmup", self.warmup, 0, 100000)
+        _float("warmup_seconds", self.warmup_seconds, 0.0, 600.0)
+        _int("repeats", self.repeats, 1, 1000)
+        if self.iterations is not None:
+            _int("iterations", self.iterations, 1)
+        else:
+            _float("measure_seconds", self.measure_seconds, 0.0, 600.0, low_inclusive=False)
+        _float("busy_profile_seconds", self.busy_profile_seconds, 0.0, 60.0)
+        if not isinstance(self.device, str) or not _DEVICE_RE.match(self.device):
+            raise ValueError(f"device: must be cpu, cuda or cuda:N, got {self.device!r}")
+        _int("seed", self.seed, 0, 2**63 - 1)
+        _float("gpu_busy_threshold", self.gpu_busy_threshold, 0.0, 1.0)
+        _float("sample_interval", self.sample_interval, 0.005, 10.0)
+        if self.memory_limit_bytes is not None:
+            _int("memory_limit_bytes", self.memory_limit_bytes, 1 << 20)
+        if self.inject_fault is not None and self.inject_fault not in FAULTS:
+            raise ValueError(f"inject_fault: unknown fault {self.inject_fault!r}; use one of {', '.join(FAULTS)}")
+        for name in ("weights_path", "dataset_path"):
+            path = getattr(self, name)
+            if path is not None and not os.path.exists(path):
+                raise ValueError(f"{name}: {path} does not exist (probes never download; give a local path)")
+        if self.weights_path is not None and probe == "attention":
+            raise ValueError("weights_path: the attention probe has no weights")
+        if self.dataset_path is not None and probe == "attention":
+            raise ValueError("dataset_path: the attention probe uses random tensors only")
+
+    # --- views ------------------------------------------------------------------------
+
+    @property
+    def is_cuda(self) -> bool:
+        return str(self.device).startswith("cuda")
+
+    @property
+    def cuda_index(self) -> int | None:
+        """The CUDA ordinal (``cuda`` -> 0), or None on CPU."""
+        if not self.is_cuda:
+            return None
+        return int(self.device.split(":", 1)[1]) if ":" in self.device else 0
+
+    def params(self) -> dict[str, Any]:
+        """The workload parameters that identify this point (for results and tables)."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in _PROBE_PARAMS[self.probe]}
+        out["repeats"] = self.repeats
+        out["warmup"] = self.warmup
+        if self.iterations is not None:
+            out["iterations"] = self.iterations
+        else:
+            out["measure_seconds"] = self.measure_seconds
+        if self.weights_path:
+            out["weights_path"] = self.weights_path
+        if self.dataset_path:
+            out["dataset_path"] = self.dataset_path
+        out["seed"] = self.seed
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown ProbeSpec field")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> ProbeSpec:
+        """A copy with ``changes`` applied and validated again."""
+        return dataclasses.replace(self, **changes)
+
+
+def default_timeout(spec: ProbeSpec) -> float:
+    """A hard timeout generous enough for setup (model build, torch.compile) plus the windows."""
+    windows = spec.repeats * (spec.measure_seconds or 0.0) + spec.warmup_seconds + spec.busy_profile_seconds
+    setup = 120.0 if spec.is_cuda else 60.0
+    if spec.variant == "compiled":
+        setup += 480.0
+    if spec.iterations is not None:
+        windows += 60.0  # fixed iteration counts have no time bound of their own
+    return setup + 3.0 * windows

@@ -1,0 +1,78 @@
+"""gpuperfd.console: table formatting and the progress bar."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from gpuperfd.console import ProgressBar, format_duration, format_number, format_table
+
+
+def test_format_number() -> None:
+    assert format_number(None) == "-"
+    assert format_number(True) == "yes"
+    assert format_number(12) == "12"
+    assert format_number(1234.5678) == "1235"
+    assert format_number(0.058712) == "0.05871"
+    assert format_number(5.8e14) == "5.800e+14"
+    assert format_number(float("nan")) == "nan"
+    assert format_number("abc") == "abc"
+
+
+def test_format_duration() -> None:
+    assert format_duration(5.2) == "5s"
+    assert format_duration(75) == "1m15s"
+    assert format_duration(7322) == "2h02m"
+    assert format_duration(None) == "--"
+
+
+def test_format_table_aligns_numbers_right_and_text_left() -> None:
+    text = format_table(["name", "rate"], [["a", 1.5], ["longer", 123.26]])
+    lines = text.splitlines()
+    assert lines[0].startswith("name  ")
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    assert lines[2].startswith("a     ") and lines[2].endswith("1.500")
+    assert lines[3].endswith("123.3")
+    # every line has the rate column ending at the same place
+    assert len({len(line) for line in lines}) == 1
+
+
+def test_format_table_checks_widths() -> None:
+    with pytest.raises(ValueError):
+        format_table(["a", "b"], [[1]])
+    with pytest.raises(ValueError):
+        format_table(["a"], [[1]], align=["l", "r"])
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_is_silent_when_not_a_terminal() -> None:
+    stream = io.StringIO()
+    with ProgressBar(3, desc="x", stream=stream) as bar:
+        bar.update(1, "one")
+        bar.write("a line")
+    assert stream.getvalue() == "a line\n"
+
+
+def test_progress_bar_draws_on_a_terminal_and_can_be_disabled() -> None:
+    stream = _Tty()
+    with ProgressBar(4, desc="probe", stream=stream, min_interval=0) as bar:
+        bar.update(2, "half")
+        assert "2/4" in bar.render() and "half" in bar.render()
+    out = stream.getvalue()
+    assert "\r" in out and "4/4" not in out and out.endswith("\n")
+    assert "[############............] 2/4" in out
+    quiet = _Tty()
+    with ProgressBar(4, stream=quiet, enabled=False) as bar:
+        bar.update(4)
+    assert quiet.getvalue() == ""
+
+
+def test_progress_bar_clamps_to_total() -> None:
+    bar = ProgressBar(2, stream=io.StringIO())
+    bar.update(5)
+    assert bar.count == 2
