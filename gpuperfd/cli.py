@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(subparsers)
     _add_check_config(subparsers)
     _add_collectors(subparsers)
-    for module_name in ("gpuperfd.probes.cli", "gpuperfd.sweep.cli", "gpuperfd.dashboards.cli", "gpuperfd.install"):
+    for module_name in ("gpuperfd.probes.cli", "gpuperfd.sweep.cli", "gpuperfd.dashboards.cli", "gpuperfd.install",
+                        "gpuperfd.report.cli"):
         try:
             module = __import__(module_name, fromlist=["register"])
         except ImportError:  # optional part not installed yet

@@ -153,7 +153,13 @@ class Daemon:
         return {
             telemetry_path: metrics_route(self.exporter.render),
             "/healthz": self._healthz,
-            "/": lambda _h: Response(200, landing_page(self.sampler, self.backend.name, telemetry_path), "text/html; charset=utf-8"),
+            "/": lambda _h: Response(
+                200,
+                landing_page(
+                    self.sampler, self.backend.name, telemetry_path, self.probes.latest(), self.config.probes.max_slowdown
+                ),
+                "text/html; charset=utf-8",
+            ),
         }
 
     def _healthz(self, _handler: object) -> Response:

@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the tests drive for real: Prometheus/promtool, systemd-analyze, curl.
+# Debian packages the tests drive for real: Prometheus/promtool, systemd-analyze, curl, headless Chromium.
 need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v curl >/dev/null 2>&1 || need+=(curl)

@@ -1,0 +1,59 @@
+"""``gpuperfd report``: PNG, HTML and CSV reports from probe history files or Prometheus.
+
+Pipeline: load (:mod:`.records` for history files, :mod:`.prometheus` for a
+Prometheus server) -> drop outliers (:mod:`.outliers`, the rule is in
+docs/reports.md) -> aggregate per cap and recommend a cap (:mod:`.aggregate`,
+reusing :func:`gpuperfd.sweep.sweeper.recommend`) -> figures (:mod:`.figures`,
+matplotlib Agg) -> files (:func:`write_report`).
+
+Needs matplotlib (``pip install 'gpuperfd[report]'``); the daemon never imports this package.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuperfd.report.aggregate import Report, build_report, point_rows, summary_rows
+from gpuperfd.report.records import Loaded, ReportError, load_history
+
+__all__ = ["Report", "ReportError", "ReportFiles", "Loaded", "build_report", "load_history", "write_report"]
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    html: Path
+    png: Path
+    summary_csv: Path
+    points_csv: Path
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        if not rows:
+            handle.write("")
+            return
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_report(report: Report, out_dir: str | Path) -> ReportFiles:
+    """Write report.html (self-contained), report.png (one page), summary.csv and points.csv into ``out_dir``."""
+    from gpuperfd.report.figures import batch_figure, cap_figure, overview_figure, png_bytes
+    from gpuperfd.report.html import render_html
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles(out / "report.html", out / "report.png", out / "summary.csv", out / "points.csv")
+    _write_csv(files.summary_csv, summary_rows(report))
+    _write_csv(files.points_csv, point_rows(report))
+    files.png.write_bytes(png_bytes(overview_figure(report)))
+    cap_png = png_bytes(cap_figure(report))
+    batch = batch_figure(report)
+    batch_png = png_bytes(batch) if batch is not None else None
+    links = {"one-page PNG": files.png.name, "summary CSV (recommendations)": files.summary_csv.name,
+             "points CSV (every cap)": files.points_csv.name}
+    files.html.write_text(render_html(report, cap_png, batch_png, links), encoding="utf-8")
+    return files

@@ -1,0 +1,338 @@
+"""From runs to the report's numbers: per-cap means, latency percentiles, recommendations.
+
+After the outlier rule, the ok runs of each (GPU, probe, preset, batch size, cap)
+group become one :class:`CapPoint` (means of throughput, energy per unit and
+power; latency percentiles over the pooled samples of the kept runs). The caps of
+one (GPU, probe, preset, batch size) form a :class:`Series`, whose recommended
+cap comes from :func:`gpuperfd.sweep.sweeper.recommend`: the same rule the
+daemon and the Prometheus recording rules use.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuperfd.probes.result import ProbeResult, percentile
+from gpuperfd.report.outliers import Dropped, split_outliers
+from gpuperfd.report.records import (
+    PRIMARY_LATENCY,
+    PROBE_ORDER,
+    GpuId,
+    Loaded,
+    ReportError,
+    Run,
+    kind_of,
+)
+from gpuperfd.sweep.sweeper import Recommendation, SweepPoint, recommend
+
+PERCENTILES = (50, 95, 99)
+
+
+@dataclass
+class CapPoint:
+    """The kept runs of one group, summarised."""
+
+    cap_watts: float
+    runs: int
+    dropped: int
+    rate: float
+    rate_stdev: float
+    energy_per_unit: float | None
+    power: float | None
+    #: {latency name: {"p50", "p95", "p99", "n"}} over the pooled samples, seconds.
+    latencies: dict[str, dict[str, float]] = field(default_factory=dict)
+    peak_memory_bytes: int | None = None
+    gpu_busy_ratio: float | None = None
+
+    def latency(self, name: str, q: int) -> float | None:
+        return self.latencies.get(name, {}).get(f"p{q}")
+
+
+@dataclass
+class Series:
+    """One (GPU, probe, preset, batch size) over the caps it ran at, lowest cap first."""
+
+    gpu: GpuId
+    probe: str
+    preset: str
+    batch_size: int | None
+    work_unit: str
+    points: list[CapPoint]
+    recommendation: Recommendation | None = None
+    label: str = ""
+
+    @property
+    def kind(self) -> str:
+        return kind_of(self.probe)
+
+    @property
+    def workload(self) -> tuple[str, str]:
+        return (self.probe, self.preset)
+
+    @property
+    def latency_name(self) -> str:
+        return PRIMARY_LATENCY.get(self.probe, "")
+
+    def at(self, cap_watts: float | None) -> CapPoint | None:
+        if cap_watts is None:
+            return None
+        return next((p for p in self.points if round(p.cap_watts) == round(cap_watts)), None)
+
+    @property
+    def baseline(self) -> CapPoint | None:
+        return self.at(self.recommendation.baseline_cap_watts) if self.recommendation else (
+            self.points[-1] if self.points else None)
+
+    @property
+    def recommended(self) -> CapPoint | None:
+        return self.at(self.recommendation.cap_watts) if self.recommendation else None
+
+
+@dataclass
+class GpuSummary:
+    gpu: GpuId
+    label: str
+    drivers: list[str]
+    runs: int
+
+
+@dataclass
+class Report:
+    generated_at: float
+    sources: list[str]
+    max_slowdown: float
+    gpus: list[GpuSummary]
+    series: list[Series]
+    runs_total: int
+    runs_kept: int
+    dropped: list[Dropped]
+    failed: list[Run]
+    first_time: float | None
+    last_time: float | None
+    notes: list[str] = field(default_factory=list)
+    outliers_removed: bool = True
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted({g.gpu.node for g in self.gpus})
+
+    @property
+    def workloads(self) -> list[tuple[str, str]]:
+        """(probe, preset) pairs, inference probes first, then training."""
+        pairs = {s.workload for s in self.series}
+        return sorted(pairs, key=lambda w: (PROBE_ORDER.index(w[0]) if w[0] in PROBE_ORDER else 99, w))
+
+    def series_of(self, workload: tuple[str, str]) -> list[Series]:
+        return [s for s in self.series if s.workload == workload]
+
+    @property
+    def drivers(self) -> list[str]:
+        return sorted({d for g in self.gpus for d in g.drivers})
+
+
+def gpu_labels(gpus: Iterable[GpuId]) -> dict[tuple[str, str], str]:
+    """Labels by GPU model, with index and node added only where needed to tell GPUs apart."""
+    gpus = list(gpus)
+    by_model: dict[str, list[GpuId]] = defaultdict(list)
+    for gpu in gpus:
+        by_model[gpu.model].append(gpu)
+    labels = {}
+    for model, members in by_model.items():
+        nodes = {g.node for g in members}
+        for gpu in members:
+            if len(members) == 1:
+                labels[gpu.key] = model
+            elif len(nodes) == 1:
+                labels[gpu.key] = f"{model} gpu{gpu.index}"
+            else:
+                labels[gpu.key] = f"{model} gpu{gpu.index}@{gpu.node}"
+    return labels
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def summarize_group(runs: list[Run], dropped: int) -> CapPoint:
+    rates = [r.rate for r in runs if r.rate is not None]
+    latencies: dict[str, dict[str, float]] = {}
+    names = sorted({name for r in runs for name in r.latencies})
+    for name in names:
+        pooled = [v for r in runs for v in r.latencies.get(name, [])]
+        if pooled:
+            latencies[name] = {f"p{q}": percentile(pooled, q) for q in PERCENTILES}
+            latencies[name]["n"] = len(pooled)
+    memory = [r.peak_memory_bytes for r in runs if r.peak_memory_bytes is not None]
+    return CapPoint(
+        cap_watts=runs[0].cap_watts,
+        runs=len(runs),
+        dropped=dropped,
+        rate=statistics.fmean(rates),
+        rate_stdev=statistics.stdev(rates) if len(rates) > 1 else 0.0,
+        energy_per_unit=_mean([r.energy_per_unit for r in runs if r.energy_per_unit is not None]),
+        power=_mean([r.power for r in runs if r.power is not None]),
+        latencies=latencies,
+        peak_memory_bytes=max(memory) if memory else None,
+        gpu_busy_ratio=_mean([r.gpu_busy_ratio for r in runs if r.gpu_busy_ratio is not None]),
+    )
+
+
+def recommend_points(points: list[CapPoint], probe: str, preset: str, max_slowdown: float) -> Recommendation | None:
+    """The sweeper's rule on the per-cap means (needs two caps or more)."""
+    if len(points) < 2:
+        return None
+    sweep = [
+        SweepPoint(p.cap_watts, ProbeResult(probe=probe, variant="report", preset=preset, measured_seconds=1.0,
+                                            units_of_work=p.rate, energy_per_unit_joules=p.energy_per_unit))
+        for p in points
+    ]
+    return recommend(sweep, max_slowdown)
+
+
+def build_report(
+    loaded: Loaded, max_slowdown: float = 0.10, remove_outliers: bool = True, now: float | None = None
+) -> Report:
+    """Everything the figures, HTML and CSV show. ReportError when no run is usable."""
+    if not 0 <= max_slowdown < 1:
+        raise ReportError(f"max slowdown must be in [0, 1), got {max_slowdown}")
+    runs = loaded.runs
+    if not runs:
+        raise ReportError("no probe runs in the input" + (f" ({'; '.join(loaded.notes)})" if loaded.notes else ""))
+    failed = [r for r in runs if r.status != "ok" or r.rate is None]
+    ok = [r for r in runs if r.status == "ok" and r.rate is not None]
+    if remove_outliers:
+        kept, dropped = split_outliers(ok)
+    else:
+        kept, dropped = ok, []
+    if not kept:
+        raise ReportError(f"no successful probe runs in the input ({len(failed)} failed)")
+
+    identities: dict[tuple[str, str], GpuId] = {}
+    drivers: dict[tuple[str, str], set[str]] = defaultdict(set)
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for run in sorted(runs, key=lambda r: r.time):
+        identities[run.gpu.key] = run.gpu  # the latest description wins
+        drivers[run.gpu.key].add(run.gpu.driver_version)
+        counts[run.gpu.key] += 1
+    labels = gpu_labels(identities.values())
+
+    dropped_per_group: dict[tuple, int] = defaultdict(int)
+    for item in dropped:
+        dropped_per_group[item.run.group] += 1
+    groups: dict[tuple, list[Run]] = defaultdict(list)
+    for run in kept:
+        groups[run.group].append(run)
+    by_series: dict[tuple, list[CapPoint]] = defaultdict(list)
+    units: dict[tuple, str] = {}
+    for group, members in groups.items():
+        gpu_key, probe, preset, batch, _cap = group
+        key = (gpu_key, probe, preset, batch)
+        by_series[key].append(summarize_group(members, dropped_per_group.get(group, 0)))
+        units.setdefault(key, members[0].work_unit or "unit")
+    # A group whose every run was dropped cannot be: the median run is always kept.
+
+    order = {gpu_key: i for i, gpu_key in enumerate(sorted(identities, key=lambda k: (identities[k].model, k)))}
+    series = []
+    for key, points in by_series.items():
+        gpu_key, probe, preset, batch = key
+        points.sort(key=lambda p: p.cap_watts)
+        series.append(Series(
+            gpu=identities[gpu_key], probe=probe, preset=preset, batch_size=batch, work_unit=units[key],
+            points=points, recommendation=recommend_points(points, probe, preset, max_slowdown),
+            label=labels[gpu_key],
+        ))
+    series.sort(key=lambda s: (PROBE_ORDER.index(s.probe) if s.probe in PROBE_ORDER else 99, s.preset,
+                               order[s.gpu.key], s.batch_size or 0))
+    gpus = [GpuSummary(identities[k], labels[k], sorted(drivers[k]), counts[k]) for k in sorted(identities, key=order.get)]
+    times = [r.time for r in runs if r.time]
+    return Report(
+        generated_at=time.time() if now is None else now,
+        sources=list(loaded.sources),
+        max_slowdown=max_slowdown,
+        gpus=gpus,
+        series=series,
+        runs_total=len(runs),
+        runs_kept=len(kept),
+        dropped=dropped,
+        failed=failed,
+        first_time=min(times) if times else None,
+        last_time=max(times) if times else None,
+        notes=list(loaded.notes),
+        outliers_removed=remove_outliers,
+    )
+
+
+def summary_rows(report: Report) -> list[dict[str, Any]]:
+    """One row per series: the recommendation (summary.csv)."""
+    rows = []
+    for s in report.series:
+        rec, base, best = s.recommendation, s.baseline, s.recommended
+        rows.append({
+            "node": s.gpu.node,
+            "gpu_index": s.gpu.index,
+            "gpu_uuid": s.gpu.uuid,
+            "gpu_name": s.gpu.name,
+            "driver_version": s.gpu.driver_version,
+            "kind": s.kind,
+            "probe": s.probe,
+            "preset": s.preset,
+            "batch_size": s.batch_size if s.batch_size is not None else "",
+            "work_unit": s.work_unit,
+            "caps_tested_watts": " ".join(f"{p.cap_watts:g}" for p in s.points),
+            "baseline_cap_watts": rec.baseline_cap_watts if rec else "",
+            "baseline_units_per_second": base.rate if rec and base else "",
+            "baseline_energy_per_unit_joules": base.energy_per_unit if rec and base else "",
+            "recommended_cap_watts": rec.cap_watts if rec else "",
+            "recommended_units_per_second": best.rate if best else "",
+            "recommended_energy_per_unit_joules": best.energy_per_unit if best else "",
+            "energy_saving_ratio": rec.energy_saving_ratio if rec else "",
+            "slowdown_ratio": rec.slowdown_ratio if rec else "",
+            "max_slowdown": report.max_slowdown,
+        })
+    return rows
+
+
+def point_rows(report: Report) -> list[dict[str, Any]]:
+    """One row per (series, cap): the measured means (points.csv)."""
+    rows = []
+    for s in report.series:
+        for p in s.points:
+            name = s.latency_name
+            rows.append({
+                "node": s.gpu.node,
+                "gpu_index": s.gpu.index,
+                "gpu_uuid": s.gpu.uuid,
+                "gpu_name": s.gpu.name,
+                "kind": s.kind,
+                "probe": s.probe,
+                "preset": s.preset,
+                "batch_size": s.batch_size if s.batch_size is not None else "",
+                "cap_watts": p.cap_watts,
+                "runs": p.runs,
+                "outliers_dropped": p.dropped,
+                "work_unit": s.work_unit,
+                "units_per_second": p.rate,
+                "units_per_second_stdev": p.rate_stdev,
+                "energy_per_unit_joules": _blank(p.energy_per_unit),
+                "average_power_watts": _blank(p.power),
+                "latency": name,
+                "latency_p50_seconds": _blank(p.latency(name, 50)),
+                "latency_p95_seconds": _blank(p.latency(name, 95)),
+                "latency_p99_seconds": _blank(p.latency(name, 99)),
+                "ttft_p50_seconds": _blank(p.latency("ttft_seconds", 50)),
+                "ttft_p99_seconds": _blank(p.latency("ttft_seconds", 99)),
+                "peak_memory_bytes": _blank(p.peak_memory_bytes),
+                "gpu_busy_ratio": _blank(p.gpu_busy_ratio),
+                "recommended": int(bool(s.recommendation and round(s.recommendation.cap_watts) == round(p.cap_watts))),
+                "baseline": int(bool(s.recommendation and round(s.recommendation.baseline_cap_watts) == round(p.cap_watts))),
+            })
+    return rows
+
+
+def _blank(value: Any) -> Any:
+    return "" if value is None else value

@@ -1,0 +1,94 @@
+"""``gpuperfd report``: write report.html, report.png, summary.csv and points.csv.
+
+    gpuperfd report --history /var/lib/gpuperfd/history.jsonl --out report/
+    gpuperfd report --history h100.jsonl a100.jsonl --out compare/      # one comparative report
+    gpuperfd report --prometheus http://prometheus:9090 --start now-7d --end now --out report/
+
+Exit codes: 0 written; 1 no usable data or Prometheus unreachable; 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="write a PNG/HTML/CSV report from probe history files or Prometheus",
+        description=(
+            "Plot throughput, latency percentiles, power and energy per unit of work against power cap and batch "
+            "size, inference and training side by side, with the recommended cap, its energy saving and slowdown. "
+            "Several history files make one comparative report (series labelled by GPU model and probe). Outliers "
+            "are removed per (GPU, probe, preset, batch size, cap): median +- 3 x 1.4826 x MAD (docs/reports.md)."
+        ),
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--history", nargs="+", metavar="FILE",
+                        help="history JSON-lines file(s) (rotated backups FILE.1, FILE.2... are read too)")
+    source.add_argument("--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://prometheus:9090")
+    parser.add_argument("--start", metavar="TIME",
+                        help="start of the range: unix seconds, RFC 3339, now-7d (required with --prometheus)")
+    parser.add_argument("--end", metavar="TIME", help="end of the range (default: now)")
+    parser.add_argument("--step", metavar="DURATION", help="Prometheus query resolution, e.g. 30s (default: range/10000, >= 15s)")
+    parser.add_argument("--out", metavar="DIR", default="gpuperfd-report", help="output folder (default: gpuperfd-report)")
+    parser.add_argument("--max-slowdown", type=float, default=0.10, metavar="RATIO",
+                        help="slowdown allowed for the recommended cap, 0..1 (default 0.10)")
+    parser.add_argument("--keep-outliers", action="store_true", help="do not remove outliers")
+    parser.add_argument("--no-rotated", action="store_true", help="read only the named history files, not FILE.1...")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from gpuperfd.report.prometheus import parse_duration, parse_time
+    from gpuperfd.report.records import ReportError
+
+    if not 0 <= args.max_slowdown < 1:
+        print("gpuperfd: --max-slowdown must be in [0, 1)", file=sys.stderr)
+        return 2
+    if args.prometheus and not args.start:
+        print("gpuperfd: --prometheus needs --start (and optionally --end, --step)", file=sys.stderr)
+        return 2
+    try:
+        start = parse_time(args.start) if args.start else None
+        end = parse_time(args.end) if args.end else None
+        step = parse_duration(args.step) if args.step else None
+    except ReportError as exc:
+        print(f"gpuperfd: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("gpuperfd: the report needs matplotlib: pip install 'gpuperfd[report]'", file=sys.stderr)
+        return 1
+    from gpuperfd.report import build_report, load_history, write_report
+    from gpuperfd.report.prometheus import load_prometheus
+
+    try:
+        if args.prometheus:
+            import time
+
+            loaded = load_prometheus(args.prometheus, start, end if end is not None else time.time(), step)
+        else:
+            loaded = load_history(args.history, start, end, include_rotated=not args.no_rotated)
+        report = build_report(loaded, args.max_slowdown, remove_outliers=not args.keep_outliers)
+        files = write_report(report, args.out)
+    except ReportError as exc:
+        print(f"gpuperfd: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"gpuperfd: cannot write the report: {exc}", file=sys.stderr)
+        return 1
+    print(f"{len(report.gpus)} GPU(s), {len(report.series)} series, {report.runs_total} runs "
+          f"({len(report.dropped)} outliers removed, {len(report.failed)} failed)")
+    for s in report.series:
+        rec = s.recommendation
+        if rec is not None:
+            print(f"  {s.label} {s.probe}/{s.preset} b={s.batch_size}: {rec.cap_watts:.0f} W "
+                  f"({100 * rec.energy_saving_ratio:.1f}% less energy, {100 * rec.slowdown_ratio:.1f}% slower than "
+                  f"{rec.baseline_cap_watts:.0f} W)")
+    for path in (files.html, files.png, files.summary_csv, files.points_csv):
+        print(path)
+    return 0

@@ -1,0 +1,196 @@
+"""The HTML report: one self-contained file (figures embedded as base64 PNG), everything escaped.
+
+Sections (each an element with a fixed id, for readers and tests): ``header``
+(date, nodes, GPUs, drivers), ``recommendations``, ``power-cap`` (figure),
+``batch-size`` (figure), ``points`` (every cap's numbers), ``outliers`` (the
+rule, dropped and failed runs) and ``files``. Table cells holding numbers carry
+the unrounded value in ``data-value``.
+"""
+
+from __future__ import annotations
+
+import base64
+from html import escape
+from typing import Any
+
+import gpuperfd
+from gpuperfd.report.aggregate import Report
+from gpuperfd.report.figures import energy_text, percent, utc
+from gpuperfd.report.outliers import RULE
+from gpuperfd.report.records import LATENCY_TITLES
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1.5em auto;max-width:1500px;padding:0 1em;color:#222}
+h1{margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 7px;text-align:left}
+th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr.rec td{background:#eaf6ea;font-weight:600}tr.base td{background:#f6f6f6}
+img{max-width:100%;height:auto;border:1px solid #eee}.warn{color:#b00;font-weight:bold}.muted{color:#666}
+code{font-size:12px}
+"""
+
+
+def _num(value: Any, text: str | None = None, cls: str = "num") -> str:
+    if value is None or value == "":
+        return f'<td class="{cls}">-</td>'
+    shown = text if text is not None else f"{value:.4g}"
+    return f'<td class="{cls}" data-value="{escape(repr(float(value)))}">{escape(shown)}</td>'
+
+
+def _cell(text: Any) -> str:
+    return f"<td>{escape(str(text))}</td>"
+
+
+def _img(png: bytes | None, alt: str) -> str:
+    if not png:
+        return ""
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _header(report: Report) -> str:
+    rows = []
+    for g in report.gpus:
+        memory = f"{g.gpu.memory_total_bytes / 2**30:.0f} GiB" if g.gpu.memory_total_bytes else "-"
+        rows.append("<tr>" + "".join(_cell(v) for v in (
+            g.gpu.node, g.gpu.index, g.gpu.name, g.label, g.gpu.uuid, ", ".join(g.drivers), g.gpu.compute_capability,
+            memory, g.gpu.backend, g.runs)) + "</tr>")
+    simulated = any(g.gpu.backend == "simulated" for g in report.gpus)
+    notes = "".join(f'<p class="muted">{escape(n)}</p>' for n in report.notes)
+    return f"""<header id="header">
+<h1>gpuperfd report</h1>
+<p>Generated <b id="generated">{escape(utc(report.generated_at))}</b> by gpuperfd {escape(gpuperfd.__version__)} &middot;
+data from <b>{escape(utc(report.first_time))}</b> to <b>{escape(utc(report.last_time))}</b></p>
+{'<p class="warn">Simulated GPUs: these numbers come from the simulator, not from hardware.</p>' if simulated else ''}
+<p>Nodes: <b id="nodes">{escape(', '.join(report.nodes))}</b> &middot; drivers: <b id="drivers">{escape(', '.join(report.drivers))}</b></p>
+<table id="gpus"><tr><th>node</th><th>GPU</th><th>model</th><th>label</th><th>UUID</th><th>driver</th><th>compute capability</th>
+<th>memory</th><th>backend</th><th>runs</th></tr>
+{''.join(rows)}
+</table>
+<p>Sources: {escape('; '.join(report.sources))}</p>
+<p>Runs: <b>{report.runs_total}</b> ({report.runs_kept} kept, {len(report.dropped)} outliers removed, {len(report.failed)} failed).
+Recommended cap: the lowest energy per unit of work among caps whose throughput is within
+<b>{report.max_slowdown:.0%}</b> of the highest cap's (the rule of <code>gpuperfd sweep</code> and the daemon).</p>
+{notes}
+</header>"""
+
+
+def _recommendations(report: Report) -> str:
+    rows = []
+    for s in report.series:
+        rec, best, base = s.recommendation, s.recommended, s.baseline
+        attrs = (f'data-gpu="{escape(s.gpu.uuid)}" data-node="{escape(s.gpu.node)}" data-probe="{escape(s.probe)}" '
+                 f'data-preset="{escape(s.preset)}" data-batch="{s.batch_size if s.batch_size is not None else ""}"')
+        cells = [_cell(s.label), _cell(s.probe), _cell(s.kind), _cell(s.preset), _cell(s.batch_size or "-"),
+                 _cell(" ".join(f"{p.cap_watts:g}" for p in s.points))]
+        if rec is None or best is None or base is None:
+            cells.append('<td colspan="7" class="muted">one cap only: no recommendation</td>')
+        else:
+            cells += [
+                _num(rec.cap_watts, f"{rec.cap_watts:.0f} W"),
+                _num(rec.baseline_cap_watts, f"{rec.baseline_cap_watts:.0f} W"),
+                _num(rec.energy_saving_ratio, percent(rec.energy_saving_ratio)),
+                _num(rec.slowdown_ratio, percent(rec.slowdown_ratio)),
+                _num(best.energy_per_unit, f"{energy_text(best.energy_per_unit)}/{s.work_unit}"),
+                _num(base.energy_per_unit, f"{energy_text(base.energy_per_unit)}/{s.work_unit}"),
+                _num(best.rate, f"{best.rate:,.1f} {s.work_unit}s/s"),
+            ]
+        rows.append(f"<tr {attrs}>{''.join(cells)}</tr>")
+    return f"""<section id="recommendations">
+<h2>Recommended power caps</h2>
+<table><tr><th>GPU</th><th>probe</th><th>kind</th><th>preset</th><th>batch</th><th>caps tested (W)</th>
+<th>recommended cap</th><th>baseline cap</th><th>energy saving</th><th>slowdown</th><th>energy at recommended</th>
+<th>energy at baseline</th><th>throughput at recommended</th></tr>
+{''.join(rows)}
+</table>
+</section>"""
+
+
+def _points(report: Report) -> str:
+    rows = []
+    for s in report.series:
+        rec = s.recommendation
+        name = s.latency_name
+        for p in s.points:
+            cls = ""
+            if rec and round(rec.cap_watts) == round(p.cap_watts):
+                cls = ' class="rec"'
+            elif rec and round(rec.baseline_cap_watts) == round(p.cap_watts):
+                cls = ' class="base"'
+            attrs = (f'data-gpu="{escape(s.gpu.uuid)}" data-node="{escape(s.gpu.node)}" data-probe="{escape(s.probe)}" '
+                     f'data-preset="{escape(s.preset)}" data-batch="{s.batch_size if s.batch_size is not None else ""}" '
+                     f'data-cap="{p.cap_watts:g}"')
+            latency = [_num(p.latency(name, q), f"{p.latency(name, q) * 1000:.4g}" if p.latency(name, q) is not None else None)
+                       for q in (50, 95, 99)]
+            cells = [
+                _cell(s.label), _cell(s.probe), _cell(s.preset), _cell(s.batch_size or "-"),
+                _num(p.cap_watts, f"{p.cap_watts:.0f}"), _num(p.runs, str(p.runs)), _num(p.dropped, str(p.dropped)),
+                _num(p.rate, f"{p.rate:,.1f}"), _cell(f"{s.work_unit}s/s"),
+                _num(p.energy_per_unit, energy_text(p.energy_per_unit) if p.energy_per_unit is not None else None),
+                _num(p.power, f"{p.power:.1f}" if p.power is not None else None),
+                _cell(LATENCY_TITLES.get(name, name)), *latency,
+                _num(p.peak_memory_bytes, f"{p.peak_memory_bytes / 2**30:.1f}" if p.peak_memory_bytes else None),
+            ]
+            rows.append(f"<tr{cls} {attrs}>{''.join(cells)}</tr>")
+    return f"""<section id="points">
+<h2>Every cap: means of the kept runs</h2>
+<p class="muted">Highlighted: the recommended cap (green) and the baseline, the highest cap tested (grey).
+Latency percentiles pool every sample of the kept runs.</p>
+<table><tr><th>GPU</th><th>probe</th><th>preset</th><th>batch</th><th>cap (W)</th><th>runs</th><th>outliers</th>
+<th>throughput</th><th>unit</th><th>energy per unit</th><th>average power (W)</th><th>latency</th>
+<th>p50 (ms)</th><th>p95 (ms)</th><th>p99 (ms)</th><th>peak memory (GiB)</th></tr>
+{''.join(rows)}
+</table>
+</section>"""
+
+
+def _outliers(report: Report) -> str:
+    dropped = "".join(
+        "<tr>" + "".join(_cell(v) for v in (utc(d.run.time, "%Y-%m-%d %H:%M:%S"), d.run.gpu.node, d.run.gpu.index,
+                                          d.run.probe, d.run.preset, d.run.batch_size or "-", f"{d.run.cap_watts:g}",
+                                          d.reason, d.run.source)) + "</tr>"
+        for d in report.dropped
+    )
+    failed = "".join(
+        "<tr>" + "".join(_cell(v) for v in (utc(r.time, "%Y-%m-%d %H:%M:%S"), r.gpu.node, r.gpu.index, r.probe,
+                                          r.preset, r.batch_size or "-", f"{r.cap_watts:g}", r.status,
+                                          r.failure_reason or "-")) + "</tr>"
+        for r in report.failed
+    )
+    rule = RULE if report.outliers_removed else "outlier removal was switched off (--keep-outliers)"
+    return f"""<section id="outliers">
+<h2>Outliers and failed runs</h2>
+<p>Rule: {escape(rule)}. MAD is the median absolute deviation; 1.4826&middot;MAD estimates the standard deviation
+of normal data. A group with a MAD of 0 or fewer than 3 runs drops nothing. See docs/reports.md.</p>
+<h3>Dropped ({len(report.dropped)})</h3>
+{'<table><tr><th>time (UTC)</th><th>node</th><th>GPU</th><th>probe</th><th>preset</th><th>batch</th><th>cap (W)</th><th>why</th><th>source</th></tr>' + dropped + '</table>' if dropped else '<p class="muted">none</p>'}
+<h3>Failed ({len(report.failed)})</h3>
+{'<table><tr><th>time (UTC)</th><th>node</th><th>GPU</th><th>probe</th><th>preset</th><th>batch</th><th>cap (W)</th><th>status</th><th>reason</th></tr>' + failed + '</table>' if failed else '<p class="muted">none</p>'}
+</section>"""
+
+
+def render_html(report: Report, cap_png: bytes, batch_png: bytes | None, files: dict[str, str]) -> str:
+    links = " &middot; ".join(f'<a href="{escape(name)}">{escape(label)}</a>' for label, name in files.items())
+    batch = (_img(batch_png, "throughput, latency and energy per unit against batch size") if batch_png
+             else '<p class="muted">No workload ran at more than one batch size in this data.</p>')
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>gpuperfd report {escape(utc(report.generated_at))}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>{CSS}</style></head><body>
+{_header(report)}
+{_recommendations(report)}
+<section id="power-cap">
+<h2>Against power cap</h2>
+<p class="muted">Inference probes on the left, training on the right. One line per GPU (colour) and batch size
+(line style); the star marks each line's recommended cap. Latency: line at p50, band up to p99.</p>
+{_img(cap_png, "throughput, energy per unit, power and latency against power cap")}
+</section>
+<section id="batch-size">
+<h2>Against batch size</h2>
+{batch}
+</section>
+{_points(report)}
+{_outliers(report)}
+<section id="files"><h2>Files</h2><p>{links}</p></section>
+</body></html>
+"""
