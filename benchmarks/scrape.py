@@ -16,6 +16,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import platform
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import requests
@@ -74,18 +76,32 @@ def proc_rss_bytes(pid: int) -> int:
     return 0
 
 
-def start_daemon(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Popen, str]:
+PROBE_LOAD = (
+    "probes: {{state_dir: {workdir}, history: {{path: null}}, read_only: true, idle_seconds: 0, jitter_seconds: 0,"
+    " first_run_delay_seconds: 0, executor: child, torch_device: {device}, timeout_seconds: 600,"
+    " schedules: [{{probe: {probe}, preset: {preset}, interval_seconds: 10, gpus: [0], options: {{repeats: 20, measure_seconds: 1.0}}}}]}}\n"
+)
+
+
+def start_daemon(args: argparse.Namespace, workdir: Path, probe_load: bool = False) -> tuple[subprocess.Popen, str]:
     port = free_port()
     config = workdir / "bench.yaml"
     backend = "simulated" if args.simulate else "nvml"
+    if probe_load:
+        probes = PROBE_LOAD.format(workdir=workdir, device="cuda" if args.nvml else "cpu", probe=args.probe,
+                                   preset=args.probe_preset)
+    else:
+        probes = f"probes: {{enabled: false, state_dir: {workdir}, history: {{path: null}}}}\n"
     config.write_text(
         f"device: {{backend: {backend}}}\n"
         f"simulation: {{gpus: {args.simulate or 1}, seed: 1}}\n"
-        "sampler: {interval_seconds: 1.0}\n"
-        f"probes: {{enabled: false, state_dir: {workdir}, history: {{path: null}}}}\n"
+        f"sampler: {{interval_seconds: 1.0, collectors: {{{args.collectors}}}}}\n" + probes
     )
     cmd = [sys.executable, "-m", "gpuperfd", "run", "--config", str(config), "--web.listen-address", f"127.0.0.1:{port}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(workdir / "daemon.log", "wb"))
+    env = dict(os.environ)
+    if args.malloc_arena_max:
+        env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)  # as the systemd unit sets it
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(workdir / "daemon.log", "wb"), env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -99,18 +115,59 @@ def start_daemon(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Po
     raise SystemExit("daemon did not become ready")
 
 
-def bench_scrapes(url: str, n: int) -> tuple[list[float], int]:
-    session = requests.Session()
+def bench_scrapes(url: str, n: int, while_alive: Callable[[], bool] | None = None) -> tuple[list[float], int]:
+    """Sequential keep-alive scrapes with http.client (little client overhead, like Prometheus's Go client)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+
+    def scrape() -> bytes:
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"scrape returned {response.status}")
+        return body
+
     for _ in range(20):  # warm up
-        session.get(url + "/metrics", timeout=5)
+        scrape()
     times = []
     size = 0
     for _ in range(n):
+        if while_alive is not None and not while_alive():
+            break
         start = time.perf_counter()
-        response = session.get(url + "/metrics", timeout=5)
+        size = len(scrape())
         times.append(time.perf_counter() - start)
-        size = len(response.content)
+    conn.close()
     return times, size
+
+
+def has_child(pid: int) -> bool:
+    """True while the daemon has a child process (a running probe)."""
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):  # probes start from scheduler threads
+        try:
+            if children.read_text().strip():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def bench_during_probe(args: argparse.Namespace, workdir: Path) -> dict:
+    """Scrape latency while a real probe child runs, beside the idle figure of the same run."""
+    proc, url = start_daemon(args, workdir, probe_load=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not has_child(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # past the child's start-up: torch import, model build
+        times, _ = bench_scrapes(url, args.scrapes, while_alive=lambda: has_child(proc.pid))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    if not times:
+        raise SystemExit(f"no scrape while the probe ran: {(workdir / 'daemon.log').read_text()[-3000:]}")
+    return summary_ms(times)
 
 
 def bench_nvidia_smi(n: int) -> list[float] | None:
@@ -134,6 +191,13 @@ def main() -> int:
     parser.add_argument("--smi-calls", type=int, default=30)
     parser.add_argument("--idle-seconds", type=float, default=60.0)
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--during-probe", action="store_true",
+                        help="also measure scrapes while a real probe child runs (read-only, current cap)")
+    parser.add_argument("--probe", default="vit", help="probe for --during-probe")
+    parser.add_argument("--probe-preset", default="vit-b16", help="preset for --during-probe (tiny on CPU)")
+    parser.add_argument("--malloc-arena-max", type=int, default=2, help="MALLOC_ARENA_MAX for the daemon (0: unset)")
+    parser.add_argument("--collectors", default="", metavar="YAML",
+                        help="sampler.collectors flow mapping, e.g. 'xid: {enabled: false}, pcie: {interval_seconds: 30}'")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -158,6 +222,8 @@ def main() -> int:
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d"),
         "backend": "nvml" if args.nvml else f"simulated x{args.simulate}",
+        "collectors": args.collectors,
+        "malloc_arena_max": args.malloc_arena_max,
         "scrape": summary_ms(scrape_times),
         "scrape_bytes": size,
         "series": series,
@@ -165,6 +231,10 @@ def main() -> int:
         "idle_cpu_percent_of_core": 100 * cpu_share,
         "idle_seconds": args.idle_seconds,
     }
+    if args.during_probe:
+        with tempfile.TemporaryDirectory() as tmp:
+            result["scrape_during_probe"] = bench_during_probe(args, Path(tmp))
+        result["during_probe_p99_over_idle_p99"] = result["scrape_during_probe"]["p99_ms"] / result["scrape"]["p99_ms"]
     if smi_times:
         result["nvidia_smi"] = summary_ms(smi_times)
         result["nvidia_smi_p50_over_scrape_p50"] = result["nvidia_smi"]["p50_ms"] / result["scrape"]["p50_ms"]

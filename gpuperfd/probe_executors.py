@@ -33,6 +33,8 @@ def child_process_executor(timeout_seconds: float, torch_device: str = "cuda"): 
 
     # NVML numbers GPUs by PCI bus id; make CUDA agree so cuda:i is NVML's GPU i.
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    # Probe children yield the CPU to the exporter (see probes/child.py).
+    os.environ.setdefault("GPUPERFD_PROBE_NICE", "10")
 
     def execute(device: Device, schedule: ScheduleConfig, abort: threading.Event) -> ProbeResult:
         spec = ProbeSpec(

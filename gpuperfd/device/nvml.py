@@ -174,6 +174,8 @@ class NvmlDevice(Device):
         self._lock = threading.Lock()
         self._unsupported: set[str] = set()
         self._info: GpuInfo | None = None
+        #: (max SM, max memory) clocks in hertz, read once: board constants.
+        self._max_clocks: tuple[float | None, float | None] | None = None
 
     def __repr__(self) -> str:
         return f"NvmlDevice(index={self.index})"
@@ -302,19 +304,25 @@ class NvmlDevice(Device):
     def clocks(self) -> Clocks:
         """Current SM and memory clocks in hertz (NVML: MHz), required.
 
-        The graphics clock and the maximum SM and memory clocks are None when unsupported.
+        The maximum SM and memory clocks are None when unsupported. They are board
+        constants and cost ~2.7 ms of CPU a read on an H200 (measured, see
+        docs/benchmarks.md), so they are read once and cached. The graphics clock is
+        not read (no series uses it; on Hopper it equals the SM clock).
         """
         sm = self._read("clock_sm", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
         mem = self._read("clock_mem", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM)
-        graphics = self._optional("clock_graphics", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_GRAPHICS)
-        sm_max = self._optional("clock_sm_max", pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM)
-        mem_max = self._optional("clock_mem_max", pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_MEM)
+        if self._max_clocks is None:
+            sm_max = self._optional("clock_sm_max", pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM)
+            mem_max = self._optional("clock_mem_max", pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_MEM)
+            self._max_clocks = (
+                None if sm_max is None else sm_max * 1e6,
+                None if mem_max is None else mem_max * 1e6,
+            )
         return Clocks(
             sm_hertz=sm * 1e6,
             memory_hertz=mem * 1e6,
-            graphics_hertz=None if graphics is None else graphics * 1e6,
-            sm_max_hertz=None if sm_max is None else sm_max * 1e6,
-            memory_max_hertz=None if mem_max is None else mem_max * 1e6,
+            sm_max_hertz=self._max_clocks[0],
+            memory_max_hertz=self._max_clocks[1],
         )
 
     def clock_events(self) -> ClockEvents:
