@@ -58,7 +58,9 @@ def _noisy(rng: random.Random, value: float, sigma: float) -> float:
     return max(value * (1.0 + rng.gauss(0.0, sigma)), 0.0)
 
 
-def simulated_executor(measure_seconds: float, seed: int | None = None, noise: float = 0.004):  # type: ignore[no-untyped-def]
+def simulated_executor(  # type: ignore[no-untyped-def]
+    measure_seconds: float, seed: int | None = None, noise: float = 0.004, watch_interval: float = 0.1
+):
     """Run a probe on a SimulatedGpu: load it for ``measure_seconds`` and read its physics."""
     from gpuperfd.device.simulated import WORKLOAD_PROFILES, SimulatedGpu
 
@@ -73,16 +75,25 @@ def simulated_executor(measure_seconds: float, seed: int | None = None, noise: f
         started_at = time.time()
         wall_start = time.monotonic()
         energy_start = device.energy_joules()
-        device.begin_load(profile, pid=os.getpid())
+        own = os.getpid()
+        device.begin_load(profile, pid=own)
+        why = None
         try:
-            aborted = abort.wait(measure_seconds)
+            # Like the child runner: a process of someone else's appearing mid-probe aborts it
+            # and gives the GPU back at once.
+            deadline = time.monotonic() + measure_seconds
+            while why is None and (left := deadline - time.monotonic()) > 0:
+                if abort.wait(min(left, watch_interval)):
+                    why = "aborted by shutdown"
+                elif foreign := [p.pid for p in device.compute_processes() if p.pid != own]:
+                    why = f"compute process {foreign[0]} appeared on the GPU"
             energy_end = device.energy_joules()
         finally:
             device.end_load()
         measured = time.monotonic() - wall_start
-        if aborted:
+        if why is not None:
             return ProbeResult.failure(
-                schedule.probe, "simulated", preset, "aborted", "aborted by shutdown", status="aborted",
+                schedule.probe, "simulated", preset, "aborted", why, status="aborted",
                 device=f"sim:{device.index}", started_at=started_at, wall_seconds=measured,
             )
         point = device.operating_point(profile)

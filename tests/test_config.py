@@ -79,7 +79,15 @@ def test_listen_address_forms():
 
 
 def test_help_and_version_on_every_command():
-    for args in (["--help"], ["run", "--help"], ["check-config", "--help"], ["--version"]):
+    import argparse
+
+    from gpuperfd.cli import build_parser
+
+    actions = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    commands = sorted(actions[0].choices)
+    assert {"run", "check-config", "probe", "sweep", "restore-caps", "dashboards", "report", "install",
+            "uninstall", "collectors"} <= set(commands)
+    for args in (["--help"], ["--version"], *([c, "--help"] for c in commands)):
         out = subprocess.run([sys.executable, "-m", "gpuperfd", *args], capture_output=True, text=True)
         assert out.returncode == 0, (args, out.stderr)
-        assert "gpuperfd" in out.stdout
+        assert "usage: gpuperfd" in out.stdout or out.stdout.startswith("gpuperfd "), args

@@ -125,3 +125,21 @@ def test_history_rotates(tmp_path):
     assert files == ["h.jsonl", "h.jsonl.1", "h.jsonl.2"]
     kept = [r["result"]["n"] for r in read_history(tmp_path / "h.jsonl")]
     assert kept == sorted(kept) and kept[-1] == 59  # oldest dropped, order kept
+
+
+def test_process_appearing_mid_probe_aborts_it_and_frees_the_gpu(tmp_path):
+    backend, devices, registry, service = make(tmp_path)
+    service.executor = __import__("gpuperfd.probe_executors", fromlist=["x"]).simulated_executor(2.0, seed=1)
+    gpu = devices[0]
+    timer = threading.Timer(0.3, lambda: gpu.add_foreign_process(pid=424242, memory_bytes=1 << 30))
+    timer.start()
+    started = __import__("time").monotonic()
+    outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60, caps=["max", 500], settle_seconds=0), 0)
+    elapsed = __import__("time").monotonic() - started
+    timer.join()
+    assert outcome.result == "aborted" and elapsed < 1.5  # given back at once, not after the 2 s window
+    assert "424242" in outcome.points[0].result.error_message
+    assert gpu.compute_processes() and all(p.pid == 424242 for p in gpu.compute_processes())  # ours is gone
+    assert gpu.power_limits().enforced_watts == 680.0  # and the cap is back
+    labels = {"gpu": "0", "uuid": gpu.info().uuid, "probe": "vit", "preset": "vit-b16"}
+    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="aborted", reason="aborted") == 1

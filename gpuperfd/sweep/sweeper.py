@@ -121,6 +121,9 @@ def run_sweep(
                 points.append(point)
                 if on_point:
                     on_point(point)
+                if point.result.status == "aborted":  # someone else wants the GPU: give it back now
+                    log.warning("gpu %d: sweep stopped: %s", device.index, point.result.error_message)
+                    break
     finally:
         if on_cap:
             on_cap(None)
