@@ -9,6 +9,7 @@ never silently ignored.
 from __future__ import annotations
 
 import os
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -123,6 +124,10 @@ class SimulationConfig(_Strict):
     model: Literal["H100", "H200", "A100"] = "H100"
     #: Seed of the noise in simulated readings and probe results (None: random).
     seed: int | None = None
+    #: Name of the simulated node, mixed into each GPU's UUID and serial so that several
+    #: simulated daemons (a fleet, see docs/fleet-simulation.md) have distinct GPUs.
+    #: "" (the default) keeps the UUIDs of a single simulated node.
+    node: Annotated[str, Field(max_length=128)] = ""
     faults: list[FaultConfig] = []
     xid_events: list[XidConfig] = []
     ecc_errors: list[EccInjectConfig] = []
@@ -273,7 +278,7 @@ def _format_validation_error(source: str, error: ValidationError) -> str:
         message = item["msg"]
         if item["type"] == "extra_forbidden":
             message = "unknown field (check the spelling; see docs/configuration.md)"
-        lines.append(f"  - {where}: {message} (got {item.get('input')!r:.80})")
+        lines.append(f"  - {where}: {message} (got {reprlib.repr(item.get('input'))})")
     return "\n".join(lines)
 
 
@@ -287,6 +292,8 @@ def config_from_mapping(data: Any, source: str = "<config>") -> Config:
         return Config.model_validate(data)
     except ValidationError as error:
         raise ConfigError(_format_validation_error(source, error)) from None
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid configuration: nested too deeply") from None
     except ValueError as error:  # raised by model validators outside pydantic's wrapping
         raise ConfigError(f"{source}: invalid configuration: {error}") from None
 
@@ -314,6 +321,8 @@ def load_config(path: Path | str | None, *, required: bool = False) -> Config:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
     return config_from_mapping(data, source=str(path))
 
 

@@ -176,6 +176,7 @@ class Daemon:
         restored = self.restore_caps()
         if restored:
             log.warning("restored power caps left by an earlier run: %s", "; ".join(restored))
+        self.probes.publish_original_caps()
         self.sampler.sample_once()
         self.sampler.start()
         self.web.start()

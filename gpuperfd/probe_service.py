@@ -75,7 +75,10 @@ class ProbeService:
         #: Latest point per (gpu, probe, preset, cap), for the landing page.
         self._latest: dict[tuple[int, str, str], dict[float, SweepPoint]] = {}
         self._latest_lock = threading.Lock()
-        for device in devices:
+
+    def publish_original_caps(self) -> None:
+        """Publish each GPU's cap as the operator's; call after any left-over cap was restored."""
+        for device in self.devices.values():
             try:
                 self.metrics.set_original_cap(device.info(), device.power_limits().enforced_watts)
             except DeviceError as exc:

@@ -330,15 +330,20 @@ def optimal_cap(
     return min(eligible, key=lambda item: (item[1].energy_per_unit_joules, -item[0]))[0]
 
 
-def simulated_serial(model_key: str, index: int) -> str:
-    """A 13-digit board serial, deterministic in model and index."""
-    digest = hashlib.sha256(f"gpuperfd-sim-serial:{model_key}:{index}".encode()).hexdigest()
+def _node_prefix(node: str) -> str:
+    """The node name as a key part; "" for the default node, so its identities never change."""
+    return f"{node}:" if node else ""
+
+
+def simulated_serial(model_key: str, index: int, node: str = "") -> str:
+    """A 13-digit board serial, deterministic in node, model and index."""
+    digest = hashlib.sha256(f"gpuperfd-sim-serial:{_node_prefix(node)}{model_key}:{index}".encode()).hexdigest()
     return str(int(digest, 16) % 10**13).zfill(13)
 
 
-def simulated_uuid(model_key: str, index: int) -> str:
-    """A UUID in NVML's format, deterministic in model and index."""
-    digest = hashlib.sha256(f"gpuperfd-sim:{model_key}:{index}".encode()).hexdigest()
+def simulated_uuid(model_key: str, index: int, node: str = "") -> str:
+    """A UUID in NVML's format, deterministic in node (SimulationConfig.node), model and index."""
+    digest = hashlib.sha256(f"gpuperfd-sim:{_node_prefix(node)}{model_key}:{index}".encode()).hexdigest()
     return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
@@ -410,6 +415,7 @@ class SimulatedGpu(Device):
         rng: random.Random,
         degrade: DegradeConfig | None = None,
         ecc_schedule: Sequence[tuple[float, int, int]] = (),
+        node: str = "",
     ) -> None:
         self.index = index
         self.model = model
@@ -430,14 +436,14 @@ class SimulatedGpu(Device):
         self._ecc_injected = (0, 0)
         self._info = GpuInfo(
             index=index,
-            uuid=simulated_uuid(model.key, index),
+            uuid=simulated_uuid(model.key, index, node),
             name=model.name,
             pci_bus_id=f"00000000:{model.pci_bus_base + index:02X}:00.0",
             driver_version=SIMULATED_DRIVER_VERSION,
             compute_capability=model.compute_capability,
             memory_total_bytes=model.memory_total_bytes,
             backend="simulated",
-            serial=simulated_serial(model.key, index),
+            serial=simulated_serial(model.key, index, node),
         )
         self._enforced_watts = model.default_power_watts
         #: Called after every limit change (the backend persists limits through it).
@@ -769,6 +775,7 @@ class SimulatedBackend(Backend):
                     for item in config.ecc_errors
                     if item.gpu == index
                 ],
+                node=config.node,
             )
             for index in range(config.gpus)
         ]
