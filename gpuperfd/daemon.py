@@ -127,6 +127,7 @@ class Daemon:
             HistoryWriter(config.probes.history.path, config.probes.history.max_bytes, config.probes.history.backups)
             if config.probes.history.path is not None
             else None,
+            on_cap_change=lambda gpu: self.sampler.refresh(gpu, "power"),
         )
         self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices])
         host, port = parse_listen_address(config.web.listen_address)

@@ -58,8 +58,11 @@ class ProbeService:
         metrics: ProbeMetrics,
         tracker: IdleTracker,
         history: HistoryWriter | None = None,
+        on_cap_change: Callable[[int], None] | None = None,
     ) -> None:
         self.config = config
+        #: Told the GPU index after every cap change (the daemon re-reads its power collector).
+        self.on_cap_change = on_cap_change
         self.devices = {d.index: d for d in devices}
         self.executor = executor
         self.metrics = metrics
@@ -133,6 +136,11 @@ class ProbeService:
                 self._node_lock.release()
             lock.release()
 
+    def _cap_changed(self, device: Device, info, watts: float | None) -> None:  # type: ignore[no-untyped-def]
+        if self.on_cap_change is not None:  # first the served limit, then the sweep flag
+            self.on_cap_change(device.index)
+        self.metrics.set_sweep_cap(info, watts)
+
     def _skip(self, info, schedule: ScheduleConfig, reason: str, detail: str = "") -> RunOutcome:  # type: ignore[no-untyped-def]
         log.info("gpu %d: %s skipped: %s%s", info.index, schedule.probe, reason, f" ({detail})" if detail else "")
         self.metrics.count(info, schedule.probe, preset_of(schedule), "skipped", reason)
@@ -174,7 +182,7 @@ class ProbeService:
                 settle_seconds=schedule.settle_seconds,
                 read_only=read_only,
                 abort=self.abort,
-                on_cap=lambda watts: self.metrics.set_sweep_cap(info, watts),
+                on_cap=lambda watts: self._cap_changed(device, info, watts),
                 on_point=on_point,
             )
         except SweepAborted as exc:

@@ -160,6 +160,15 @@ class Sampler:
             self._identify(device)
         return reading
 
+    def refresh(self, gpu: int, collector_name: str) -> None:
+        """Read one collector of one GPU now (e.g. power right after a cap change), so the
+        served limit never lags what the sweep published."""
+        for device in self.devices:
+            if device.index == gpu:
+                for collector in self.collectors:
+                    if collector.name == collector_name:
+                        self.read_one(device, collector)
+
     def sample_once(self) -> None:
         """Read every collector of every device once, in this thread (start-up, tests)."""
         for device in self.devices:
