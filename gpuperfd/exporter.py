@@ -60,6 +60,9 @@ class Exporter:
         now = self.clock()
         lost = {gpu for (gpu, _), reading in readings.items() if reading.error == GpuLost.reason}
         prefixes = {gpu: label_string(GPU_LABELS, identity.label_values) for gpu, identity in identities.items()}
+        # A GPU whose identity was never read (lost or failing since start) is still reported, with uuid="".
+        for gpu in {device.index for device in self.sampler.devices} | {gpu for gpu, _ in readings}:
+            prefixes.setdefault(gpu, label_string(GPU_LABELS, (str(gpu), "")))
         up, success = families["gpuperf_gpu_up"], families["gpuperf_collector_success"]
         duration, age_family = families["gpuperf_collector_duration_seconds"], families["gpuperf_collector_age_seconds"]
         for gpu, prefix in sorted(prefixes.items()):

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuperfd.config import ProbesConfig, ScheduleConfig
-from gpuperfd.device.base import Device
+from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.history import HistoryWriter
 from gpuperfd.idle import IdleTracker, busy_reason
@@ -75,6 +75,7 @@ class ProbeService:
         self._active = 0
         self._active_lock = threading.Lock()
         self._idle_cv = threading.Condition(self._active_lock)
+        self._infos: dict[int, GpuInfo] = {}
         #: Latest point per (gpu, probe, preset, cap), for the landing page.
         self._latest: dict[tuple[int, str, str], dict[float, SweepPoint]] = {}
         self._latest_lock = threading.Lock()
@@ -103,7 +104,7 @@ class ProbeService:
     def run(self, schedule: ScheduleConfig, gpu: int) -> RunOutcome:
         """One scheduled run of ``schedule`` on GPU ``gpu`` (a sweep if several caps)."""
         device = self.devices[gpu]
-        info = device.info()
+        info = self._info(device)
         preset = preset_of(schedule)
         lock = self._gpu_locks[gpu]
         if self.abort.is_set():
@@ -117,6 +118,10 @@ class ProbeService:
                 node_locked = self._node_lock.acquire(timeout=self.config.timeout_seconds)
                 if not node_locked:
                     return self._skip(info, schedule, "node_busy")
+            try:
+                device.info()  # a lost GPU is skipped with its reason, not raised into the scheduler
+            except DeviceError as exc:
+                return self._skip(info, schedule, exc.reason, str(exc))
             idle_for = self.tracker.idle_for(gpu)
             if idle_for < self.config.idle_seconds:
                 return self._skip(info, schedule, "not_idle", f"idle {idle_for:.0f} s < {self.config.idle_seconds:.0f} s")
@@ -136,6 +141,15 @@ class ProbeService:
                 self._node_lock.release()
             lock.release()
 
+    def _info(self, device: Device) -> GpuInfo:
+        """The GPU's identity, or the last one read while it answered (for labels of a lost GPU)."""
+        try:
+            self._infos[device.index] = device.info()
+        except DeviceError:
+            if device.index not in self._infos:
+                return GpuInfo(device.index, "", "", "", "", "", 0, "")
+        return self._infos[device.index]
+
     def _cap_changed(self, device: Device, info, watts: float | None) -> None:  # type: ignore[no-untyped-def]
         if self.on_cap_change is not None:  # first the served limit, then the sweep flag
             self.on_cap_change(device.index)
@@ -147,8 +161,12 @@ class ProbeService:
         return RunOutcome("skipped", reason)
 
     def _sweep(self, device: Device, schedule: ScheduleConfig, preset: str) -> RunOutcome:
-        info = device.info()
-        limits = device.power_limits()
+        info = self._info(device)
+        try:
+            limits = device.power_limits()
+        except DeviceError as exc:
+            self.metrics.count(info, schedule.probe, preset, "failed", exc.reason)
+            return RunOutcome("failed", exc.reason)
         operator_cap = limits.enforced_watts
         self.metrics.set_original_cap(info, operator_cap)
         caps = resolve_caps(parse_cap_list(schedule.caps), limits)

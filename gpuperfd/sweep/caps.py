@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from gpuperfd.device.base import Device, PowerLimits
+from gpuperfd.device.errors import DeviceError
 from gpuperfd.sweep.journal import CapJournal
 
 log = logging.getLogger(__name__)
@@ -99,11 +100,23 @@ class CapGuard:
         if self.original_watts is None:
             return
         uuid = self.device.info().uuid
-        self.device.set_power_limit(self.original_watts)
-        self.journal.clear(uuid)
-        log.info("gpu %d: power cap restored to %.0f W", self.device.index, self.original_watts)
+        if self.current_watts is None and self._enforced_is(self.original_watts):
+            # No change went through (e.g. no permission to set limits): nothing to put back, and
+            # the journal entry must not outlive us, or every later start would try again.
+            self.journal.clear(uuid)
+            log.info("gpu %d: power cap was never changed; still %.0f W", self.device.index, self.original_watts)
+        else:
+            self.device.set_power_limit(self.original_watts)
+            self.journal.clear(uuid)
+            log.info("gpu %d: power cap restored to %.0f W", self.device.index, self.original_watts)
         self.original_watts = None
         self.current_watts = None
+
+    def _enforced_is(self, watts: float) -> bool:
+        try:
+            return round(self.device.power_limits().enforced_watts) == round(watts)
+        except DeviceError:
+            return False
 
     def __enter__(self) -> CapGuard:
         return self
@@ -113,6 +126,11 @@ class CapGuard:
     ) -> None:
         try:
             self.restore()
+        except DeviceError as error:
+            log.error(
+                "gpu %d: could not restore the power cap (%s); the journal keeps the original for the next start",
+                self.device.index, error,
+            )
         except Exception:
             log.exception(
                 "gpu %d: could not restore the power cap; the journal keeps the original for the next start",

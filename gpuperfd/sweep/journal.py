@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -20,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpuperfd.device.base import Device
-from gpuperfd.device.errors import DeviceError
+from gpuperfd.device.errors import DeviceError, InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class CapJournal:
     def _read(self, path: Path) -> CapRecord:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            return CapRecord(
+            record = CapRecord(
                 uuid=str(data["uuid"]),
                 gpu_index=int(data["gpu_index"]),
                 original_watts=float(data["original_watts"]),
@@ -96,6 +97,9 @@ class CapJournal:
             )
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
             raise CorruptJournal(path, f"{type(exc).__name__}: {exc}") from None
+        if not 0 < record.original_watts < math.inf:  # NaN, inf, 0 or negative: not a cap anyone set
+            raise CorruptJournal(path, f"original_watts {record.original_watts!r} is not a usable power limit")
+        return record
 
     def entries(self) -> list[tuple[Path, CapRecord | CorruptJournal]]:
         """Every journal file with its record, or the parse error for a corrupt one."""
@@ -117,6 +121,14 @@ class CapJournal:
             return self._read(path)
         except CorruptJournal:
             return None
+
+
+def _remove(path: Path) -> None:
+    """Delete a handled journal entry; one that cannot be deleted is logged, never fatal at start."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.error("cannot remove journal entry %s: %s; remove it by hand", path, exc)
 
 
 def _uuid_from_filename(path: Path) -> str:
@@ -151,7 +163,7 @@ def restore_pending(journal: CapJournal, devices: Iterable[Device]) -> list[str]
                 log.error("%s; restoring the default limit failed: %s", entry, exc)
                 continue
             log.error("%s; restored gpu %d to its default limit %.0f W as the safe choice", entry, device.index, default)
-            path.unlink(missing_ok=True)
+            _remove(path)
             actions.append(f"gpu {device.index}: default {default:.0f} W (corrupt journal)")
             continue
         device = by_uuid.get(entry.uuid)
@@ -160,10 +172,24 @@ def restore_pending(journal: CapJournal, devices: Iterable[Device]) -> list[str]
             continue
         try:
             device.set_power_limit(entry.original_watts)
+        except InvalidArgument as exc:  # the board refuses the recorded value: the default is the safe choice
+            try:
+                default = device.power_limits().default_watts
+                device.set_power_limit(default)
+            except DeviceError as exc2:
+                log.error("gpu %d: restoring the default limit failed: %s", device.index, exc2)
+                continue
+            log.error(
+                "gpu %d: the board refused the journal's original cap %.0f W (%s); restored its default limit %.0f W",
+                device.index, entry.original_watts, exc, default,
+            )
+            _remove(path)
+            actions.append(f"gpu {device.index}: default {default:.0f} W (journal cap refused)")
+            continue
         except DeviceError as exc:
             log.error("gpu %d: restoring original cap %.0f W failed: %s", device.index, entry.original_watts, exc)
             continue
-        journal.clear(entry.uuid)
+        _remove(path)
         log.warning(
             "gpu %d: restored original power cap %.0f W left changed by pid %d", device.index, entry.original_watts, entry.pid
         )
