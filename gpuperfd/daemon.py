@@ -235,6 +235,7 @@ class Daemon:
         if needs_restart:
             log.warning("reload: changes to %s take effect after a restart", ", ".join(needs_restart))
         logging.getLogger().setLevel(new.log_level.upper())
+        self.tracker.utilization_threshold = new.probes.idle_utilization_threshold
         self.scheduler.apply(new.probes)
         self.config = new.model_copy(update={name: getattr(self.config, name) for name in needs_restart})
         log.info("configuration reloaded: %d probe schedule(s)", len(new.probes.schedules))
