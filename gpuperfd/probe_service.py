@@ -211,6 +211,10 @@ class ProbeService:
             log.error("gpu %d: sweep failed: %s", device.index, exc)
             self.metrics.count(info, schedule.probe, preset, "failed", exc.reason)
             return RunOutcome("failed", exc.reason, tuple(published))
+        except Exception:  # a bug must be counted and logged, never kill the scheduler's job
+            log.exception("gpu %d: %s sweep failed", device.index, schedule.probe)
+            self.metrics.count(info, schedule.probe, preset, "failed", "exception")
+            return RunOutcome("failed", "exception", tuple(published))
         failed = [p for p in published if p.result.status != "ok"]
         if len(published) > 1:
             best = recommend(published, self.config.max_slowdown)

@@ -143,3 +143,17 @@ def test_process_appearing_mid_probe_aborts_it_and_frees_the_gpu(tmp_path):
     assert gpu.power_limits().enforced_watts == 680.0  # and the cap is back
     labels = {"gpu": "0", "uuid": gpu.info().uuid, "probe": "vit", "preset": "vit-b16"}
     assert sample(registry, "gpuperf_probe_runs_total", **labels, result="aborted", reason="aborted") == 1
+
+
+def test_executor_bug_is_counted_and_the_cap_restored(tmp_path):
+    backend, devices, registry, service = make(tmp_path)
+
+    def broken(device, schedule, abort):
+        raise ZeroDivisionError("bug in an executor")
+
+    service.executor = broken
+    outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60, caps=[500], settle_seconds=0), 0)
+    assert (outcome.result, outcome.reason) == ("failed", "exception")
+    assert devices[0].power_limits().enforced_watts == 680.0
+    labels = {"gpu": "0", "uuid": devices[0].info().uuid, "probe": "vit", "preset": "vit-b16"}
+    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="failed", reason="exception") == 1
