@@ -31,6 +31,7 @@ import asyncio
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -130,6 +131,8 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        if self.proc.returncode == 0:  # keep the log of a daemon that failed
+            shutil.rmtree(self.dir, ignore_errors=True)
         return self.proc.returncode
 
 
