@@ -16,9 +16,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 import gpuperfd
 from gpuperfd.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec
-from gpuperfd.device.errors import GpuLost
 from gpuperfd.exposition import Family, label_string, render
-from gpuperfd.sampler import Sampler
+from gpuperfd.sampler import Sampler, lost_gpus
 
 disable_created_metrics()  # _created series would double every counter and histogram
 
@@ -58,7 +57,7 @@ class Exporter:
         families = self._new_families()
         readings, last_info, identities, errors = self.sampler.store.snapshot()
         now = self.clock()
-        lost = {gpu for (gpu, _), reading in readings.items() if reading.error == GpuLost.reason}
+        lost = lost_gpus(readings, self.sampler.interval_seconds)
         prefixes = {gpu: label_string(GPU_LABELS, identity.label_values) for gpu, identity in identities.items()}
         # A GPU whose identity was never read (lost or failing since start) is still reported, with uuid="".
         for gpu in {device.index for device in self.sampler.devices} | {gpu for gpu, _ in readings}:

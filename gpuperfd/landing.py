@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 import gpuperfd
-from gpuperfd.sampler import Sampler
+from gpuperfd.sampler import Sampler, lost_gpus
 from gpuperfd.sweep.sweeper import Recommendation, SweepPoint, recommend, work_rate
 
 #: (gpu index, probe, preset) -> latest ok point per cap (ProbeService.latest()).
@@ -166,7 +166,7 @@ def landing_page(
         info_points = last_info.get(gpu, ())
         name = info_points[0].labels[0] if info_points else "?"
         names[gpu] = name
-        lost = any(r.error == "gpu_lost" for (g, _), r in readings.items() if g == gpu)
+        lost = gpu in lost_gpus(readings, sampler.interval_seconds)
         power = readings.get((gpu, "power"))
         values = {p.metric: p.value for p in power.points} if power is not None and power.ok else {}
         draw = values.get("gpuperf_power_draw_watts")

@@ -183,6 +183,11 @@ class ProbeService:
 
         def on_point(point: SweepPoint) -> None:
             published.append(point)
+            if point.result.status != "ok":
+                log.warning(
+                    "gpu %d: %s/%s at %.0f W %s (%s): %s", device.index, schedule.probe, preset, point.cap_watts,
+                    point.result.status, point.result.failure_reason, point.result.error_message,
+                )
             if point.result.status == "ok":
                 with self._latest_lock:
                     self._latest.setdefault((device.index, schedule.probe, preset), {})[round(point.cap_watts)] = point

@@ -49,6 +49,24 @@ class GpuIdentity:
         return (str(self.index), self.uuid)
 
 
+def lost_gpus(readings: dict[tuple[int, str], Reading], interval_seconds: float) -> set[int]:
+    """GPUs with a GpuLost reading no older than one sampling interval before their newest good one.
+
+    A GPU that came back is up again one interval after its first good reads,
+    not only once its slowest collector (PCIe, every 30 s) has read it again;
+    a GpuLost from any call within the same sampling round keeps it down.
+    """
+    newest_ok: dict[int, float] = {}
+    for (gpu, name), reading in readings.items():
+        if name != "xid" and reading.ok:
+            newest_ok[gpu] = max(newest_ok.get(gpu, reading.timestamp), reading.timestamp)
+    return {
+        gpu
+        for (gpu, _), reading in readings.items()
+        if reading.error == GpuLost.reason and reading.timestamp >= newest_ok.get(gpu, -1e18) - interval_seconds
+    }
+
+
 class ReadingStore:
     """Latest readings and error counts; every method is thread-safe and cheap."""
 
@@ -258,6 +276,6 @@ class Sampler:
         return any(now - r.timestamp <= self.stale_after(name) for (_, name), r in readings.items() if name != "xid")
 
     def gpu_lost(self, gpu: int) -> bool:
-        """True if the latest reading of any collector of this GPU says the GPU is lost."""
+        """True if this GPU's newest reading (of any collector) says it is lost."""
         readings, *_ = self.store.snapshot()
-        return any(r.error == GpuLost.reason for (g, _), r in readings.items() if g == gpu)
+        return gpu in lost_gpus(readings, self.interval_seconds)

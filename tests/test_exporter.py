@@ -190,3 +190,21 @@ def test_hostile_label_values_are_escaped(clock):
     gpu._info = dataclasses.replace(gpu._info, name=hostile)
     sampler.sample_once()
     assert value(exporter, "gpuperf_gpu_info", name=hostile) == 1.0
+
+
+def test_gpu_that_comes_back_is_up_at_its_first_good_read(clock):
+    backend, sampler, exporter = make(clock, gpus=1)
+    sampler.sample_once()
+    backend.inject(FaultConfig(gpu=0, call="*", kind="gpu_lost"))
+    clock.advance(1.0)
+    sampler.sample_once()
+    assert value(exporter, "gpuperf_gpu_up") == 0.0
+    backend.clear_faults()
+    for _ in range(2):  # two fast-lane rounds; the slow lane (pcie) has not read it again
+        clock.advance(1.0)
+        for collector in sampler.collectors:
+            if not collector.slow:
+                sampler.read_one(backend.devices()[0], collector)
+    assert value(exporter, "gpuperf_gpu_up") == 1.0
+    assert value(exporter, "gpuperf_power_draw_watts") is not None
+    assert value(exporter, "gpuperf_collector_success", collector="pcie") == 0.0  # not re-read yet

@@ -186,6 +186,8 @@ def test_landing_page_in_headless_chromium(start_daemon, tmp_path):
 
 
 class FakeSampler:
+    interval_seconds = 1.0
+
     def __init__(self, name: str) -> None:
         self.store = ReadingStore()
         self.store.set_identity(GpuIdentity(0, "GPU-<uuid>"))
