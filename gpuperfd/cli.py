@@ -18,7 +18,7 @@ from gpuperfd.config import (
     DEFAULT_CONFIG_PATH,
     Config,
     ConfigError,
-    config_from_mapping,
+    config_with_flags,
     env_config_path,
     load_config,
 )
@@ -96,23 +96,13 @@ def _config_for_run(args: argparse.Namespace) -> Config:
     path = args.config or env_config_path()
     if path is None and DEFAULT_CONFIG_PATH.exists():
         path = str(DEFAULT_CONFIG_PATH)
-    data: dict[str, Any] = {}
-    if path is not None:  # validated alone first, so errors name the file's own fields
-        data = load_config(path, required=True).model_dump(mode="json", exclude_unset=True)
-    source = path or "defaults"
-    web = data.setdefault("web", {})
-    if args.listen_address is not None:
-        web["listen_address"] = args.listen_address
-    if args.telemetry_path is not None:
-        web["telemetry_path"] = args.telemetry_path
-    if args.web_config_file is not None:
-        web["config_file"] = args.web_config_file
-    if args.log_level is not None:
-        data["log_level"] = args.log_level
-    if args.simulate is not None:
-        data.setdefault("device", {})["backend"] = "simulated"
-        data.setdefault("simulation", {})["gpus"] = args.simulate
-    return config_from_mapping(data, source=f"{source} (with command-line flags)")
+    flags = {
+        "web.listen_address": args.listen_address,
+        "web.telemetry_path": args.telemetry_path,
+        "web.config_file": args.web_config_file,
+        "log_level": args.log_level,
+    }
+    return config_with_flags(path, flags, simulate=args.simulate)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -326,6 +326,31 @@ def load_config(path: Path | str | None, *, required: bool = False) -> Config:
     return config_from_mapping(data, source=str(path))
 
 
+def config_with_flags(
+    path: Path | str | None, flags: dict[str, Any], simulate: int | None = None
+) -> Config:
+    """A config file (validated alone first, so errors name its own fields) with command-line
+    flags applied and the result validated as one.
+
+    ``flags`` maps dotted keys (``"web.listen_address"``) to values; None values are skipped.
+    ``simulate`` switches to that many simulated GPUs.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = load_config(path, required=True).model_dump(mode="json", exclude_unset=True)
+    if simulate is not None:
+        flags = {**flags, "device.backend": "simulated", "simulation.gpus": simulate}
+    for dotted, value in flags.items():
+        if value is None:
+            continue
+        *parents, leaf = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return config_from_mapping(data, source=f"{path or 'defaults'} (with command-line flags)")
+
+
 def env_config_path() -> str | None:
     """The config path from GPUPERFD_CONFIG, for systemd/k8s environments."""
     return os.environ.get("GPUPERFD_CONFIG") or None

@@ -103,7 +103,7 @@ class Daemon:
         self.sampler = Sampler(
             self.backend,
             self.devices,
-            [COLLECTORS[name]() for name in names if name != "xid"],
+            [COLLECTORS[name]() for name in names],  # event-driven xid is fed by the watcher, not read
             interval_seconds=config.sampler.interval_seconds,
             intervals=intervals,
             call_timeout_seconds=config.device.call_timeout_seconds,

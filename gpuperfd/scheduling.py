@@ -88,6 +88,3 @@ class ProbeScheduler:
     def stop(self) -> None:
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
-
-    def jobs(self) -> list[tuple[str, datetime | None]]:
-        return [(job.id, job.next_run_time) for job in self.scheduler.get_jobs()]

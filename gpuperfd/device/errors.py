@@ -55,14 +55,3 @@ class UnknownDeviceError(DeviceError):
 
     reason = "unknown"
 
-
-#: Every reason a DeviceError can carry, for pre-declaring label values.
-ERROR_REASONS: tuple[str, ...] = (
-    DriverNotFound.reason,
-    NotSupported.reason,
-    NoPermission.reason,
-    GpuLost.reason,
-    DeviceTimeout.reason,
-    InvalidArgument.reason,
-    UnknownDeviceError.reason,
-)

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gpuperfd.config import ScheduleConfig, config_from_mapping, load_config
+from gpuperfd.config import Config, ScheduleConfig, config_with_flags
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +65,8 @@ def register(subparsers: Any) -> None:
     restore.set_defaults(func=cmd_restore_caps)
 
 
-def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    data: dict[str, Any] = {}
-    if args.config:
-        data = load_config(args.config, required=True).model_dump(mode="json", exclude_unset=True)
-    if args.simulate is not None:
-        data.setdefault("device", {})["backend"] = "simulated"
-        data.setdefault("simulation", {})["gpus"] = args.simulate
-    if args.state_dir:
-        data.setdefault("probes", {})["state_dir"] = args.state_dir
-    return config_from_mapping(data, source=f"{args.config or 'defaults'} (with command-line flags)")
+def _load(args: argparse.Namespace) -> Config:
+    return config_with_flags(args.config, {"probes.state_dir": args.state_dir}, simulate=args.simulate)
 
 
 def _write_output(path: str, rows: list[dict[str, Any]]) -> None:

@@ -113,14 +113,6 @@ class CapJournal:
                 found.append((path, exc))
         return found
 
-    def held(self, uuid: str) -> CapRecord | None:
-        path = self._path(uuid)
-        if not path.exists():
-            return None
-        try:
-            return self._read(path)
-        except CorruptJournal:
-            return None
 
 
 def _remove(path: Path) -> None:
