@@ -92,8 +92,8 @@ def _reference(queue: Any, cpu: bool) -> None:
     try:
         import torch
 
-        from gpuperfd.probes.gpt2_static import StaticGPT2
-        from gpuperfd.probes.models import build_gpt2
+        from gpuperfd.probes.workloads.gpt2_static import StaticGPT2
+        from gpuperfd.probes.workloads.models import build_gpt2
 
         device = torch.device("cpu" if cpu else "cuda")
         out["torch"] = torch.__version__
@@ -158,8 +158,8 @@ def _vit_diag(queue: Any, batch: int, max_seconds: float) -> None:
     try:
         import torch
 
-        from gpuperfd.probes.models import build_vit
-        from gpuperfd.probes.vit_fused import FusedViT
+        from gpuperfd.probes.workloads.models import build_vit
+        from gpuperfd.probes.workloads.vit_fused import FusedViT
 
         t_start = time.monotonic()
         dev = torch.device("cuda")

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(subparsers)
     _add_check_config(subparsers)
     _add_collectors(subparsers)
-    for module_name in ("gpuperfd.probes.cli", "gpuperfd.sweep.cli", "gpuperfd.dashboards.cli", "gpuperfd.install",
+    for module_name in ("gpuperfd.probes.cli", "gpuperfd.probing.sweep.cli", "gpuperfd.dashboards.cli", "gpuperfd.system.install",
                         "gpuperfd.report.cli"):
         try:
             module = __import__(module_name, fromlist=["register"])
@@ -108,7 +108,7 @@ def _config_for_run(args: argparse.Namespace) -> Config:
 def cmd_run(args: argparse.Namespace) -> int:
     from gpuperfd.daemon import Daemon
     from gpuperfd.device.errors import DeviceError, DriverNotFound
-    from gpuperfd.logs import setup_logging
+    from gpuperfd.system.logs import setup_logging
 
     config = _config_for_run(args)
     setup_logging(config.log_level)
@@ -136,14 +136,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     config = load_config(args.file, required=True)
     print(f"{args.file}: OK (backend {config.device.backend}, listen {config.web.listen_address})")
     if config.web.config_file is not None:
-        from gpuperfd.webconfig import load_web_config
+        from gpuperfd.web.config import load_web_config
 
         print(f"{config.web.config_file}: OK ({load_web_config(config.web.config_file).describe()})")
     return EXIT_OK
 
 
 def cmd_collectors(args: argparse.Namespace) -> int:
-    from gpuperfd.collectors import COLLECTORS
+    from gpuperfd.telemetry.collectors import COLLECTORS
 
     for name, cls in sorted(COLLECTORS.items()):
         lane = "slow lane" if cls.slow else ("events" if getattr(cls, "event_driven", False) else "fast lane")

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuperfd/gpuperfd.yaml")
 #: 9100-9999 is fully allocated on the Prometheus default-port list; see docs/configuration.md.
@@ -260,7 +267,9 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _check_collectors(self) -> "Config":
-        from gpuperfd.collectors import COLLECTOR_NAMES  # late: collectors import config types
+        from gpuperfd.telemetry.collectors import (
+            COLLECTOR_NAMES,  # late: collectors import config types
+        )
 
         unknown = sorted(set(self.sampler.collectors) - set(COLLECTOR_NAMES))
         if unknown:

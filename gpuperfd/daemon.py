@@ -18,23 +18,24 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
-from gpuperfd import sdnotify
-from gpuperfd.collectors import COLLECTORS
 from gpuperfd.config import Config, ConfigError, parse_listen_address
 from gpuperfd.device.base import Backend
 from gpuperfd.device.errors import DriverNotFound
 from gpuperfd.device.factory import open_backend, selected_devices
-from gpuperfd.exporter import Exporter, process_registry
-from gpuperfd.history import HistoryWriter
-from gpuperfd.idle import IdleTracker
-from gpuperfd.landing import landing_page
-from gpuperfd.probe_metrics import ProbeMetrics
-from gpuperfd.probe_service import ProbeService
-from gpuperfd.sampler import Sampler
-from gpuperfd.scheduling import ProbeScheduler
-from gpuperfd.sweep.journal import CapJournal, restore_pending
-from gpuperfd.web import Response, WebServer, metrics_route
-from gpuperfd.webconfig import WebConfigWatcher, secure_web_server
+from gpuperfd.probing.history import HistoryWriter
+from gpuperfd.probing.idle import IdleTracker
+from gpuperfd.probing.metrics import ProbeMetrics
+from gpuperfd.probing.scheduling import ProbeScheduler
+from gpuperfd.probing.service import ProbeService
+from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
+from gpuperfd.system import sdnotify
+from gpuperfd.telemetry.collectors import COLLECTORS
+from gpuperfd.telemetry.exporter import Exporter, process_registry
+from gpuperfd.telemetry.sampler import Sampler
+from gpuperfd.web.landing import landing_page
+from gpuperfd.web.security import secure_web_server
+from gpuperfd.web.server import Response, WebServer, metrics_route
+from gpuperfd.web.watcher import WebConfigWatcher
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,10 @@ class Daemon:
         self._stopping = threading.Event()
 
     def _executor(self, config: Config):  # type: ignore[no-untyped-def]
-        from gpuperfd.probe_executors import child_process_executor, simulated_executor
+        from gpuperfd.probing.executors import (
+            child_process_executor,
+            simulated_executor,
+        )
 
         kind = config.probes.executor
         if kind == "simulated" or (kind == "auto" and self.backend.name == "simulated"):

@@ -8,7 +8,13 @@ import sys
 import pytest
 
 from gpuperfd.cli import main
-from gpuperfd.config import DEFAULT_PORT, Config, ConfigError, load_config, parse_listen_address
+from gpuperfd.config import (
+    DEFAULT_PORT,
+    Config,
+    ConfigError,
+    load_config,
+    parse_listen_address,
+)
 
 
 def test_no_file_gives_defaults(tmp_path):

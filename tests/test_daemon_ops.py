@@ -10,7 +10,6 @@ import time
 
 import bcrypt
 import requests
-
 from conftest import free_port
 
 

@@ -25,18 +25,27 @@ import sys
 import time
 
 import pytest
+from conftest import DaemonProcess, FakeClock
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DaemonProcess, FakeClock
-from gpuperfd.collectors import COLLECTORS
-from gpuperfd.config import Config, ConfigError, FaultConfig, SimulationConfig, config_from_mapping, load_config
+from gpuperfd.config import (
+    Config,
+    ConfigError,
+    FaultConfig,
+    SimulationConfig,
+    config_from_mapping,
+    load_config,
+)
 from gpuperfd.device.simulated import SimulatedBackend
-from gpuperfd.exporter import Exporter
-from gpuperfd.sampler import Sampler
-from gpuperfd.web import REQUEST_TIMEOUT_SECONDS, Response, WebServer
+from gpuperfd.telemetry.collectors import COLLECTORS
+from gpuperfd.telemetry.exporter import Exporter
+from gpuperfd.telemetry.sampler import Sampler
+from gpuperfd.web.server import REQUEST_TIMEOUT_SECONDS, Response, WebServer
 
 HYPOTHESIS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -299,7 +308,7 @@ MALFORMED = {
 def test_malformed_request_gets_an_error_status_and_the_daemon_keeps_serving(daemon, name):
     data, status = MALFORMED[name]
     received, closed, seconds = exchange(daemon.port, data)
-    assert received.startswith(f"HTTP/1.".encode()), received[:200]  # a real status line, even for garbage
+    assert received.startswith("HTTP/1.".encode()), received[:200]  # a real status line, even for garbage
     assert int(received.split(b" ", 2)[1]) == status, received[:200]
     assert closed and seconds < 2.0, (closed, seconds)
     scrape_ok(daemon.port)

@@ -2,7 +2,7 @@
 
 The JSON is deterministic (sorted keys, fixed panel ids), so the copies committed
 in ``dashboards/generated/`` can be compared byte for byte with a fresh render
-(tests/test_dashboards.py does).
+(tests/dashboards/test_dashboards.py does).
 """
 
 from __future__ import annotations

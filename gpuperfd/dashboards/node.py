@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from gpuperfd.dashboards.common import Layout, dashboard, query_variable, stat, table, target, targets, timeseries
+from gpuperfd.dashboards.common import (
+    Layout,
+    dashboard,
+    query_variable,
+    stat,
+    table,
+    target,
+    targets,
+    timeseries,
+)
 
 TITLE = "gpuperfd / Node and GPU detail"
 UID = "gpuperfd-node"

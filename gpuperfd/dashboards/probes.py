@@ -153,7 +153,7 @@ def build() -> g.Dashboard:
             "Scheduler runs missed or coalesced per hour",
             targets(
                 (
-                    f'increase(gpuperf_scheduler_runs_missed_total{{instance=~"$instance", probe=~"$probe"}}[1h])',
+                    'increase(gpuperf_scheduler_runs_missed_total{instance=~"$instance", probe=~"$probe"}[1h])',
                     "{{instance}} {{probe}}",
                 )
             ),

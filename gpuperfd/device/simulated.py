@@ -43,8 +43,8 @@ import os
 import random
 import threading
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 from gpuperfd.config import DegradeConfig, FaultConfig, SimulationConfig

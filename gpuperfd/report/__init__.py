@@ -3,7 +3,7 @@
 Pipeline: load (:mod:`.records` for history files, :mod:`.prometheus` for a
 Prometheus server) -> drop outliers (:mod:`.outliers`, the rule is in
 docs/reports.md) -> aggregate per cap and recommend a cap (:mod:`.aggregate`,
-reusing :func:`gpuperfd.sweep.sweeper.recommend`) -> figures (:mod:`.figures`,
+reusing :func:`gpuperfd.probing.sweep.sweeper.recommend`) -> figures (:mod:`.figures`,
 matplotlib Agg) -> files (:func:`write_report`).
 
 Needs matplotlib (``pip install 'gpuperfd[report]'``); the daemon never imports this package.
@@ -41,7 +41,12 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 def write_report(report: Report, out_dir: str | Path) -> ReportFiles:
     """Write report.html (self-contained), report.png (one page), summary.csv and points.csv into ``out_dir``."""
-    from gpuperfd.report.figures import batch_figure, cap_figure, overview_figure, png_bytes
+    from gpuperfd.report.figures import (
+        batch_figure,
+        cap_figure,
+        overview_figure,
+        png_bytes,
+    )
     from gpuperfd.report.html import render_html
 
     out = Path(out_dir)

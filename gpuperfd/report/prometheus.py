@@ -25,7 +25,14 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from gpuperfd.report.records import WORK_UNIT, GpuId, Loaded, ReportError, Run, default_batch_size
+from gpuperfd.report.records import (
+    WORK_UNIT,
+    GpuId,
+    Loaded,
+    ReportError,
+    Run,
+    default_batch_size,
+)
 
 RATE = "gpuperf_probe_work_units_per_second"
 ENERGY = "gpuperf_probe_energy_per_unit_joules"

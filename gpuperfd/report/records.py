@@ -1,6 +1,6 @@
 """The report's input: one :class:`Run` per probe run at one cap, from history files.
 
-History lines (see :mod:`gpuperfd.history`) and Prometheus range queries
+History lines (see :mod:`gpuperfd.probing.history`) and Prometheus range queries
 (:mod:`gpuperfd.report.prometheus`) both become the same records, so everything
 after loading (outliers, aggregation, figures) does not care where data came from.
 """
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuperfd.history import read_history
 from gpuperfd.probes.result import ProbeResult
-from gpuperfd.sweep.sweeper import work_rate
+from gpuperfd.probing.history import read_history
+from gpuperfd.probing.sweep.sweeper import work_rate
 
 log = logging.getLogger(__name__)
 

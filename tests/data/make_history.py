@@ -5,7 +5,7 @@
 Runs the daemon's own ProbeService (simulated GPUs, simulated executor, real
 HistoryWriter) over a few power-cap sweeps, three sweeps per workload so the
 report's outlier rule has groups to work on, and keeps the latency lists short
-so the files stay small. The files are inputs to tests/test_report.py and to the
+so the files stay small. The files are inputs to tests/report/test_report.py and to the
 sample image in docs/reports.md; the simulator does not model batch-size
 efficiency, so throughput is flat against batch size while latency grows with it.
 """
@@ -22,15 +22,15 @@ from prometheus_client import CollectorRegistry
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from gpuperfd.collectors.base import Point  # noqa: E402
 from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig  # noqa: E402
 from gpuperfd.device.simulated import SimulatedBackend  # noqa: E402
-from gpuperfd.history import HistoryWriter  # noqa: E402
-from gpuperfd.idle import IdleTracker  # noqa: E402
-from gpuperfd.probe_executors import simulated_executor  # noqa: E402
-from gpuperfd.probe_metrics import ProbeMetrics  # noqa: E402
-from gpuperfd.probe_service import ProbeService  # noqa: E402
-from gpuperfd.sampler import Reading  # noqa: E402
+from gpuperfd.probing.executors import simulated_executor  # noqa: E402
+from gpuperfd.probing.history import HistoryWriter  # noqa: E402
+from gpuperfd.probing.idle import IdleTracker  # noqa: E402
+from gpuperfd.probing.metrics import ProbeMetrics  # noqa: E402
+from gpuperfd.probing.service import ProbeService  # noqa: E402
+from gpuperfd.telemetry.collectors.base import Point  # noqa: E402
+from gpuperfd.telemetry.sampler import Reading  # noqa: E402
 
 CAPS = ["max", 0.85, 0.7, 0.55, 0.4]
 WORKLOADS = [

@@ -1,0 +1,364 @@
+"""The :class:`Fleet` orchestrator: starts the daemons and Prometheus, backfills, stops them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuperfd.device.simulated import (
+    simulated_uuid,
+)
+from gpuperfd.fleet.backfill import healthy_history, history_timestamps
+from gpuperfd.fleet.prometheus import (
+    LOOPBACK_OPENER,
+    accelerate_rules,
+    free_ports,
+    http_get_json,
+    prometheus_config,
+)
+from gpuperfd.fleet.spec import (
+    DAY_SECONDS,
+    INCIDENT_SLOW_CALL,
+    INCIDENT_XID,
+    REPO_ROOT,
+    RULE_FILES,
+    RULES_DIR,
+    FleetGpu,
+    FleetNode,
+    FleetSpec,
+    daemon_config,
+    degraded_layout,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Fleet:
+    """N simulated gpuperfd daemons and one Prometheus; a context manager.
+
+    ``workdir`` holds every config, log, state directory and the TSDB (a new
+    temporary directory when None, removed by :meth:`stop` unless ``keep``).
+    """
+
+    def __init__(
+        self,
+        spec: FleetSpec | None = None,
+        workdir: Path | str | None = None,
+        *,
+        rules_dir: Path = RULES_DIR,
+        prometheus: str = "prometheus",
+        promtool: str = "promtool",
+        python: str = sys.executable,
+        keep: bool = False,
+    ) -> None:
+        self.spec = spec or FleetSpec()
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="gpuperfd-fleet-"))
+        self.keep = keep or not self._own_workdir
+        self.rules_dir = Path(rules_dir)
+        self.prometheus_bin = prometheus
+        self.promtool_bin = promtool
+        self.python = python
+        self.nodes: list[FleetNode] = []
+        self.prometheus_port = 0
+        self.prometheus_process: subprocess.Popen | None = None
+        self.started_at: float | None = None
+        #: Seconds each start-up phase took (backfill, promtool, daemons, prometheus).
+        self.timings: dict[str, float] = {}
+        self._logs: list[Any] = []
+
+    # -- layout ---------------------------------------------------------------
+
+    @property
+    def gpus(self) -> list[FleetGpu]:
+        return [gpu for node in self.nodes for gpu in node.gpus]
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://127.0.0.1:{self.prometheus_port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.workdir / "prometheus" / "data"
+
+    def plan(self) -> None:
+        """Choose ports, UUIDs and defects (idempotent; start() calls it)."""
+        if self.nodes:
+            return
+        spec = self.spec
+        ports = free_ports(spec.nodes + 1)
+        self.prometheus_port = ports[-1]
+        layout = degraded_layout(spec)
+        for index in range(spec.nodes):
+            name = f"node-{index}"
+            instance = f"127.0.0.1:{ports[index]}"
+            gpus = []
+            for gpu in range(spec.gpus_per_node):
+                defect = layout.get((index, gpu))
+                incidents: tuple[str, ...] = ()
+                if spec.incidents and defect == "thermal_throttle":
+                    incidents = ("xid",)
+                elif spec.incidents and defect is None and index == spec.nodes - 1 and gpu == 0:
+                    incidents = ("slow_reads",)
+                gpus.append(FleetGpu(name, instance, gpu, simulated_uuid(spec.model, gpu, name), spec.model,
+                                     defect, incidents))
+            self.nodes.append(
+                FleetNode(name, index, ports[index], spec.seed * 1000 + index, self.workdir / name, gpus)
+            )
+
+    # -- start ------------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> "Fleet":
+        """Backfill, then start the daemons and Prometheus; on any failure stop what started."""
+        for tool in (self.prometheus_bin, self.promtool_bin):
+            if shutil.which(tool) is None:
+                raise FileNotFoundError(f"{tool} not found (apt-get install prometheus)")
+        self.plan()
+        try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            rule_files = self._write_rules()
+            self._backfill()
+            started = time.monotonic()
+            for node in self.nodes:
+                self._start_daemon(node)
+            for node in self.nodes:
+                self._wait_daemon(node, started + timeout)
+            self.timings["daemons"] = time.monotonic() - started
+            self._start_prometheus(rule_files, timeout)
+            self.started_at = time.time()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _write_rules(self) -> list[Path]:
+        if not self.spec.accelerated_rules:
+            return [self.rules_dir / name for name in RULE_FILES]
+        target = self.workdir / "prometheus" / "rules"
+        target.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name in RULE_FILES:
+            source = self.rules_dir / name
+            text = accelerate_rules(source.read_text(encoding="utf-8"), self.spec.rule_interval, self.spec.alert_for,
+                                    source=str(source.relative_to(REPO_ROOT) if source.is_relative_to(REPO_ROOT) else source))
+            (target / name).write_text(text, encoding="utf-8")
+            paths.append(target / name)
+        return paths
+
+    def _backfill(self) -> None:
+        """Write the healthy week as OpenMetrics and turn it into TSDB blocks in the data dir.
+
+        One file per UTC day: promtool parses its whole input once per 2-hour
+        block it writes, so a week in one file costs 84 passes over a week of
+        samples, and a day per file 12 passes over a day (7x less work). Day
+        boundaries are block boundaries, so the blocks never overlap.
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        directory = self.workdir / "prometheus" / "backfill"
+        directory.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        times = history_timestamps(self.spec, now)
+        started = time.monotonic()
+        samples = 0
+        paths = []
+        for day in sorted({t // DAY_SECONDS for t in times}):
+            path = directory / f"healthy-{day}.om.txt"
+            with path.open("w", encoding="utf-8") as out:
+                for line in healthy_history(self.gpus, self.spec, now, day * DAY_SECONDS, (day + 1) * DAY_SECONDS):
+                    out.write(line)
+                    out.write("\n")
+                    samples += not line.startswith("#")
+            paths.append(path)
+        self.timings["backfill_write"] = time.monotonic() - started
+        log.info("backfill: %d samples of healthy history in %d file(s)", samples, len(paths))
+        started = time.monotonic()
+        running: list[tuple[Path, subprocess.Popen]] = []
+        failures = []
+        pending = list(paths)
+        while pending or running:
+            while pending and len(running) < max(1, os.cpu_count() or 1):
+                path = pending.pop(0)
+                cmd = [self.promtool_bin, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(path), str(self.data_dir)]
+                running.append((path, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+            path, process = running.pop(0)
+            output = process.communicate(timeout=600)[0].decode(errors="replace")
+            if process.returncode != 0:
+                failures.append(f"{path.name}: exit {process.returncode}: {output}")
+        self.timings["promtool"] = time.monotonic() - started
+        if failures:
+            raise RuntimeError("promtool tsdb create-blocks-from openmetrics failed:\n" + "\n".join(failures))
+        shutil.rmtree(directory)
+
+    def _popen(self, cmd: list[str], log_path: Path, cwd: Path) -> subprocess.Popen:
+        handle = log_path.open("wb")
+        self._logs.append(handle)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+
+    def _start_daemon(self, node: FleetNode) -> None:
+        node.directory.mkdir(parents=True, exist_ok=True)
+        node.config_path.write_text(yaml.safe_dump(daemon_config(node, self.spec), sort_keys=False), encoding="utf-8")
+        node.process = self._popen(
+            [self.python, "-m", "gpuperfd", "run", "--config", str(node.config_path)], node.log_path, node.directory
+        )
+
+    def _wait_daemon(self, node: FleetNode, deadline: float) -> None:
+        assert node.process is not None
+        while time.monotonic() < deadline:
+            if node.process.poll() is not None:
+                raise RuntimeError(f"{node.name} exited with {node.process.returncode}:\n{self.tail(node.log_path)}")
+            try:
+                if http_get_json(node.url + "/healthz", timeout=1.0).get("status") == "ok":
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{node.name} not ready:\n{self.tail(node.log_path)}")
+
+    def _start_prometheus(self, rule_files: list[Path], timeout: float) -> None:
+        directory = self.workdir / "prometheus"
+        config_path = directory / "prometheus.yml"
+        config = prometheus_config([node.instance for node in self.nodes], rule_files, self.spec)
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        started = time.monotonic()
+        self.prometheus_process = self._popen(
+            [
+                self.prometheus_bin,
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={self.data_dir}",
+                # The backfilled blocks reach 7 days back; the default 15 d would keep them
+                # too, but a longer retention keeps them whatever the history length.
+                "--storage.tsdb.retention.time=30d",
+                f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
+            ],
+            directory / "prometheus.log",
+            directory,
+        )
+        deadline = started + timeout
+        while time.monotonic() < deadline:
+            if self.prometheus_process.poll() is not None:
+                raise RuntimeError(
+                    f"prometheus exited with {self.prometheus_process.returncode}:\n{self.tail(directory / 'prometheus.log')}"
+                )
+            try:
+                with LOOPBACK_OPENER.open(self.prometheus_url + "/-/ready", timeout=1.0) as response:
+                    if response.status == 200:
+                        self.timings["prometheus"] = time.monotonic() - started
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"prometheus not ready:\n{self.tail(directory / 'prometheus.log')}")
+
+    @staticmethod
+    def tail(path: Path, lines: int = 40) -> str:
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as error:
+            return f"({path}: {error})"
+
+    # -- stop -------------------------------------------------------------------
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM every process this fleet started (by PID), SIGKILL what does not exit; idempotent."""
+        processes = [node.process for node in self.nodes if node.process is not None]
+        if self.prometheus_process is not None:
+            processes.append(self.prometheus_process)
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in processes:
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for handle in self._logs:
+            handle.close()
+        self._logs.clear()
+        if not self.keep and self.workdir.exists():
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> "Fleet":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def running(self) -> dict[str, bool]:
+        """Which processes are still alive, by name."""
+        alive = {node.name: node.process is not None and node.process.poll() is None for node in self.nodes}
+        alive["prometheus"] = self.prometheus_process is not None and self.prometheus_process.poll() is None
+        return alive
+
+    # -- Prometheus API -----------------------------------------------------------
+
+    def api(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
+        return http_get_json(self.prometheus_url + path, params)
+
+    def query_response(self, expr: str) -> dict[str, Any]:
+        """The full /api/v1/query answer (status, data or error)."""
+        return self.api("/api/v1/query", {"query": expr})
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """Instant-vector result of ``expr`` (a scalar comes back as one sample without labels)."""
+        answer = self.query_response(expr)
+        if answer.get("status") != "success":
+            raise RuntimeError(f"query {expr!r} failed: {answer.get('errorType')}: {answer.get('error')}")
+        data = answer["data"]
+        if data["resultType"] in ("scalar", "string"):
+            return [{"metric": {}, "value": data["result"]}]
+        return data["result"]
+
+    def alerts(self, state: str | None = "firing") -> list[dict[str, Any]]:
+        """Alerts from /api/v1/alerts (only those in ``state``, or all when None)."""
+        found = self.api("/api/v1/alerts")["data"]["alerts"]
+        return [alert for alert in found if state is None or alert["state"] == state]
+
+    def gpu_of(self, labels: dict[str, str]) -> FleetGpu | None:
+        for gpu in self.gpus:
+            if gpu.instance == labels.get("instance") and str(gpu.index) == labels.get("gpu"):
+                return gpu
+        return None
+
+    # -- reporting --------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """A human summary: URLs, each GPU's defect, expected alerts and true optimal caps."""
+        spec = self.spec
+        lines = [
+            f"Prometheus: {self.prometheus_url}  (alerts: {self.prometheus_url}/alerts, "
+            f"rules: {self.prometheus_url}/rules)",
+            f"rule timing: {'accelerated (group interval ' + spec.rule_interval + ', for: ' + spec.alert_for + ')' if spec.accelerated_rules else 'as in the repository'}",
+            f"work dir: {self.workdir}",
+            "",
+            f"{'node':<8} {'instance':<17} gpu {'defect':<17} true optimal cap per probe (W)   expected alerts",
+        ]
+        for node in self.nodes:
+            for gpu in node.gpus:
+                caps = " ".join(f"{p}={gpu.true_optimal_cap(p, spec.caps):.0f}" for p in spec.probes)
+                alerts = ", ".join(sorted(gpu.expected_alerts)) or "-"
+                lines.append(f"{node.name:<8} {node.instance:<17} {gpu.index:>3} {gpu.defect or 'healthy':<17} {caps:<32} {alerts}")
+        lines.append("")
+        for gpu in self.gpus:
+            if "xid" in gpu.incidents:
+                lines.append(f"incident: XID {INCIDENT_XID} on {gpu.node} GPU {gpu.index} {self.spec.xid_after_seconds:g} s after the start")
+            if "slow_reads" in gpu.incidents:
+                lines.append(f"incident: slow {INCIDENT_SLOW_CALL} reads on {gpu.node} GPU {gpu.index} at 5-8 s "
+                             "(gpuperf_device_errors_total{reason=\"slow\"}, no alert)")
+        lines.append("")
+        lines.extend(f"{node.name}: {node.url}/metrics  (log: {node.log_path})" for node in self.nodes)
+        return "\n".join(lines)
+
+

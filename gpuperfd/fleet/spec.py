@@ -1,0 +1,314 @@
+"""What a simulated fleet is: nodes, GPUs, defects, incidents, and each daemon's config."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuperfd.config import DegradeConfig, SimulationConfig
+from gpuperfd.device.simulated import (
+    GPU_MODELS,
+    WORKLOAD_PROFILES,
+    OperatingPoint,
+    SimulatedBackend,
+    SimulatedGpu,
+    compute_operating_point,
+)
+from gpuperfd.probes.spec import DEFAULT_PRESET
+from gpuperfd.probing.executors import SIMULATED_PROFILE
+from gpuperfd.probing.metrics import WORK_UNIT, cap_label
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The rule files Prometheus loads (a timing-accelerated copy of them by default).
+RULES_DIR = REPO_ROOT / "deploy" / "prometheus" / "rules"
+RULE_FILES = ("recording.yml", "alerts.yml")
+
+#: Scrape job name; it must match .*gpuperfd.* for the GpuperfdDown alert and the dashboards.
+JOB = "gpuperfd"
+PROBES: tuple[str, ...] = ("llm", "vit", "attention", "train")
+#: 700 W down to 200 W in 50 W steps: the whole H100/H200 range (FleetSpec's default
+#: for other models is their range in 10 steps as well).
+DEFAULT_CAPS: tuple[int, ...] = tuple(range(700, 199, -50))
+#: The recommendation's slowdown budget (gpuperf:power_cap_max_slowdown_ratio, probes.max_slowdown).
+MAX_SLOWDOWN = 0.10
+DAY_SECONDS = 86400
+#: Relative noise of simulated probe throughput (probe_executors.simulated_executor's default).
+PROBE_NOISE = 0.004
+
+#: The defects, by name, as simulation.degrade settings.
+DEFECTS: dict[str, dict[str, Any]] = {
+    "slow_clock": {"sm_clock_factor": 0.8},
+    "slow_memory": {"memory_bandwidth_factor": 0.7},
+    "thermal_throttle": {"thermal_throttle": True},
+}
+#: What each defect fires on the accelerated rules (docs/fleet-simulation.md explains why).
+EXPECTED_ALERTS: dict[str | None, frozenset[str]] = {
+    None: frozenset(),
+    "slow_clock": frozenset({"GpuProbeThroughputDrift", "GpuSlowerThanPeers"}),
+    "slow_memory": frozenset({"GpuProbeThroughputDrift", "GpuSlowerThanPeers", "GpuProbeEnergyDrift"}),
+    "thermal_throttle": frozenset({"GpuThrottling", "GpuProbeThroughputDrift", "GpuSlowerThanPeers"}),
+}
+#: Incidents (FleetGpu.incidents): "xid" (INCIDENT_XID, fires GpuXidError) on the throttled
+#: GPU, "slow_reads" (no alert) on the first GPU of the last node when it is healthy.
+INCIDENT_ALERTS = {"xid": "GpuXidError"}
+
+#: The XID the throttled GPU reports (13: graphics engine exception), and when.
+INCIDENT_XID = 13
+#: The slow reads: for a few seconds every ECC read of one healthy GPU (a fast-lane
+#: call, read every second) takes longer than that node's device.call_timeout_seconds,
+#: so it counts as gpuperf_device_errors_total{reason="slow"} while the read still
+#: succeeds (no collector failure, no alert).
+INCIDENT_SLOW_CALL = "ecc_errors"
+INCIDENT_SLOW_DELAY_SECONDS = 0.8
+INCIDENT_CALL_TIMEOUT_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """What to start. The defaults are what tests/fleet/test_fleet.py checks."""
+
+    nodes: int = 4
+    gpus_per_node: int = 2
+    model: str = "H100"
+    seed: int = 1
+    probes: tuple[str, ...] = PROBES
+    #: Caps every sweep runs, watts; () means the model's range in 10 steps (H100: 700, 650, ..., 200).
+    caps: tuple[int, ...] = ()
+    #: Every probe of every GPU runs a sweep over ``caps`` this often. A GPU runs
+    #: one sweep at a time, so with 4 probes x 11 caps x (settle + measure) =
+    #: 22 s > 20 s the GPUs are always busy probing and the scheduler reports
+    #: missed runs (the "runs missed" panel has data).
+    probe_interval_seconds: float = 20.0
+    measure_seconds: float = 0.4
+    settle_seconds: float = 0.1
+    first_run_delay_seconds: float = 1.0
+    scrape_interval_seconds: float = 1.0
+    #: Put the degraded GPUs in (see DEFECTS and degraded_layout()).
+    degrade: bool = True
+    #: Make the XID and slow-read incidents happen (see the module docstring).
+    incidents: bool = True
+    #: Seconds after a daemon starts when the throttled GPU reports its XID (after
+    #: Prometheus has scraped the counter at 0, so increase() sees the step).
+    xid_after_seconds: float = 20.0
+    #: Load the timing-accelerated copy of the rules (False: the repository's files as they are).
+    accelerated_rules: bool = True
+    rule_interval: str = "2s"
+    alert_for: str = "10s"
+    #: The backfilled healthy history: how far back, at which step, ending how long before now.
+    history_days: float = 7.0
+    history_step_seconds: int = 900
+    history_gap_seconds: int = 1800
+
+    def __post_init__(self) -> None:
+        if self.model not in GPU_MODELS:
+            raise ValueError(f"model {self.model!r}: one of {', '.join(GPU_MODELS)}")
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise ValueError("nodes and gpus_per_node must be >= 1")
+        if unknown := sorted(set(self.probes) - set(PROBES)):
+            raise ValueError(f"unknown probe(s) {unknown}; known: {', '.join(PROBES)}")
+        if not self.caps:
+            model = GPU_MODELS[self.model]
+            low, high = model.min_power_watts, model.max_power_watts
+            object.__setattr__(self, "caps", tuple(round(high - (high - low) * i / 10) for i in range(11)))
+        if self.history_step_seconds <= 0 or self.history_step_seconds > 900 or 900 % self.history_step_seconds:
+            raise ValueError("history_step_seconds must divide 900 (the baselines' subquery step)")
+        if self.degrade:
+            total, degraded = self.nodes * self.gpus_per_node, len(DEFECTS)
+            if self.nodes < degraded:
+                raise ValueError(f"a degraded fleet needs at least {degraded} nodes")
+            if total - degraded <= degraded:
+                # Peer medians must be a healthy GPU's result, and GpuSlowerThanPeers needs >= 4 GPUs.
+                raise ValueError(
+                    f"{total} GPUs with {degraded} degraded: need more healthy than degraded GPUs "
+                    f"(at least {2 * degraded + 1} GPUs, e.g. --nodes 4 --gpus 2)"
+                )
+
+
+def degraded_layout(spec: FleetSpec) -> dict[tuple[int, int], str]:
+    """(node index, GPU index) -> defect: the last GPU of the first nodes, one defect each."""
+    if not spec.degrade:
+        return {}
+    return {(node, spec.gpus_per_node - 1): defect for node, defect in enumerate(DEFECTS)}
+
+
+@dataclass(frozen=True)
+class FleetGpu:
+    """One simulated GPU of the fleet and its ground truth."""
+
+    node: str
+    instance: str
+    index: int
+    uuid: str
+    model: str
+    defect: str | None = None
+    #: Events this GPU has on purpose (see INCIDENT_ALERTS): "xid", "slow_reads".
+    incidents: tuple[str, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        return self.defect is None
+
+    @property
+    def degrade(self) -> DegradeConfig | None:
+        return None if self.defect is None else DegradeConfig(gpu=self.index, **DEFECTS[self.defect])
+
+    @property
+    def expected_alerts(self) -> frozenset[str]:
+        return EXPECTED_ALERTS[self.defect] | {INCIDENT_ALERTS[i] for i in self.incidents if i in INCIDENT_ALERTS}
+
+    def device(self) -> SimulatedGpu:
+        """A simulated GPU with this one's physics (for ground truth; no daemon involved)."""
+        config = SimulationConfig(
+            gpus=self.index + 1, model=self.model, node=self.node, degrade=[self.degrade] if self.degrade else []
+        )
+        return SimulatedBackend(config).devices()[self.index]
+
+    def operating_point(self, probe: str, cap: float, *, healthy: bool = False) -> OperatingPoint:
+        """Noise-free result of ``probe`` at ``cap`` (``healthy``: as if it had no defect)."""
+        degrade = self.degrade if not healthy and self.degrade is not None else None
+        return compute_operating_point(
+            GPU_MODELS[self.model],
+            WORKLOAD_PROFILES[SIMULATED_PROFILE[probe]],
+            cap,
+            sm_clock_factor=degrade.sm_clock_factor if degrade else 1.0,
+            memory_bandwidth_factor=degrade.memory_bandwidth_factor if degrade else 1.0,
+            thermal_throttle=bool(degrade and degrade.thermal_throttle),
+        )
+
+    def throughput_ratio(self, probe: str, cap: float) -> float:
+        """Throughput now / throughput of its healthy self (what the drift and peer alerts compare)."""
+        return (
+            self.operating_point(probe, cap).units_per_second
+            / self.operating_point(probe, cap, healthy=True).units_per_second
+        )
+
+    def energy_ratio(self, probe: str, cap: float) -> float:
+        """Energy per unit now / that of its healthy self (GpuProbeEnergyDrift)."""
+        return (
+            self.operating_point(probe, cap).energy_per_unit_joules
+            / self.operating_point(probe, cap, healthy=True).energy_per_unit_joules
+        )
+
+    def true_optimal_cap(self, probe: str, caps: tuple[int, ...], max_slowdown: float = MAX_SLOWDOWN) -> float:
+        """The cap a correct sweep recommends for ``probe`` on this GPU (SimulatedGpu.true_optimal_cap)."""
+        profile = WORKLOAD_PROFILES[SIMULATED_PROFILE[probe]]
+        return self.device().true_optimal_cap(profile, list(caps), max_slowdown)
+
+
+@dataclass
+class FleetNode:
+    """One simulated node: a gpuperfd process with its own config, state and log."""
+
+    name: str
+    index: int
+    port: int
+    seed: int
+    directory: Path
+    gpus: list[FleetGpu]
+    process: subprocess.Popen | None = None
+
+    @property
+    def instance(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.instance}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "daemon.log"
+
+    @property
+    def config_path(self) -> Path:
+        return self.directory / "gpuperfd.yaml"
+
+
+# -- pure helpers (unit-tested without processes) ---------------------------------
+
+
+def label_text(labels: dict[str, str]) -> str:
+    def escape(value: str) -> str:
+        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    return ",".join(f'{key}="{escape(value)}"' for key, value in labels.items())
+
+
+def probe_labels(gpu: FleetGpu, probe: str, cap: int) -> dict[str, str]:
+    """The label set of a live gpuperf_probe_work_units_per_second / _energy_per_unit_joules series."""
+    return {
+        "job": JOB,
+        "instance": gpu.instance,
+        "gpu": str(gpu.index),
+        "uuid": gpu.uuid,
+        "probe": probe,
+        "preset": DEFAULT_PRESET[probe],
+        "power_cap": cap_label(cap),
+        "unit": WORK_UNIT[probe],
+    }
+
+
+def daemon_config(node: FleetNode, spec: FleetSpec) -> dict[str, Any]:
+    """The gpuperfd config of one node: simulated GPUs, short probe schedules, its defects and incidents."""
+    degrade = [gpu.degrade.model_dump() for gpu in node.gpus if gpu.degrade is not None]
+    simulation: dict[str, Any] = {
+        "gpus": len(node.gpus),
+        "model": spec.model,
+        "seed": node.seed,
+        "node": node.name,
+        "degrade": degrade,
+    }
+    device: dict[str, Any] = {"backend": "simulated"}
+    xids = [
+        {"gpu": gpu.index, "xid": INCIDENT_XID, "after_seconds": spec.xid_after_seconds}
+        for gpu in node.gpus if "xid" in gpu.incidents
+    ]
+    faults = [
+        {
+            "gpu": gpu.index,
+            "call": INCIDENT_SLOW_CALL,
+            "kind": "slow",
+            "delay_seconds": INCIDENT_SLOW_DELAY_SECONDS,
+            "after_seconds": 5.0,
+            "duration_seconds": 3.0,  # the fast lane reads every second: a few slow reads
+        }
+        for gpu in node.gpus if "slow_reads" in gpu.incidents
+    ]
+    if xids:
+        simulation["xid_events"] = xids
+    if faults:
+        simulation["faults"] = faults
+        device["call_timeout_seconds"] = INCIDENT_CALL_TIMEOUT_SECONDS
+    schedules = [
+        {
+            "probe": probe,
+            "interval_seconds": spec.probe_interval_seconds,
+            "caps": list(spec.caps),
+            "settle_seconds": spec.settle_seconds,
+        }
+        for probe in spec.probes
+    ]
+    return {
+        "log_level": "info",
+        "web": {"listen_address": node.instance},
+        "device": device,
+        "simulation": simulation,
+        "probes": {
+            "state_dir": str(node.directory / "state"),
+            "history": {"path": str(node.directory / "history.jsonl")},
+            "executor": "simulated",
+            "idle_seconds": 0,
+            "jitter_seconds": 0,
+            "first_run_delay_seconds": spec.first_run_delay_seconds,
+            "simulated_measure_seconds": spec.measure_seconds,
+            "max_slowdown": MAX_SLOWDOWN,
+            "schedules": schedules,
+        },
+    }
+
+

@@ -1,0 +1,32 @@
+"""The probe workloads (torch; imported only inside the probe child).
+
+Each module has ``build(spec, ctx) -> Workload``. The registry names the module per probe, so the
+harness picks a workload by name without importing every workload, and the workloads import only
+:mod:`gpuperfd.probes.context`, never the harness that runs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuperfd.probes.context import ProbeContext, Workload
+    from gpuperfd.probes.spec import ProbeSpec
+
+#: Probe name -> module that builds its workload.
+WORKLOAD_MODULES: dict[str, str] = {
+    "llm": "gpuperfd.probes.workloads.llm",
+    "vit": "gpuperfd.probes.workloads.vit",
+    "attention": "gpuperfd.probes.workloads.attention",
+    "train": "gpuperfd.probes.workloads.train",
+}
+
+
+def build(spec: ProbeSpec, ctx: ProbeContext) -> Workload:
+    """Build the workload of ``spec.probe`` (model, buffers, CUDA graphs) in this process."""
+    try:
+        module_name = WORKLOAD_MODULES[spec.probe]
+    except KeyError:  # pragma: no cover - spec validation stops this
+        raise ValueError(f"probe: unknown probe {spec.probe!r}") from None
+    return importlib.import_module(module_name).build(spec, ctx)

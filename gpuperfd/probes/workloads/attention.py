@@ -1,0 +1,97 @@
+"""Attention microbenchmark: ``scaled_dot_product_attention`` over (batch, heads, seq, head_dim).
+
+Grouped-query variants: ``n_groups`` query heads share one key/value head
+(``heads / n_groups`` KV heads; 1 is plain multi-head attention), run with
+``enable_gqa=True`` so the kernel reads the smaller K/V directly.
+
+Per call: FLOPs = 4 x batch x heads x head_dim x (query, key) pairs attended
+(seq^2, or seq(seq+1)/2 when causal): two matmuls, 2 FLOPs per multiply-add.
+Bytes = the minimum traffic: Q and the output (heads) plus K and V (KV heads),
+each read or written once. Work unit: one call ("iteration").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from gpuperfd.probes.context import Clock, ProbeContext, WindowStats
+from gpuperfd.probes.spec import ProbeSpec
+
+__all__ = ["build", "AttentionWorkload", "attention_flops", "attention_bytes"]
+
+
+def attention_flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool) -> float:
+    pairs = seq * (seq + 1) / 2 if causal else seq * seq
+    return 4.0 * batch * heads * head_dim * pairs
+
+
+def attention_bytes(batch: int, heads: int, seq: int, head_dim: int, n_groups: int, element_size: int) -> float:
+    kv_heads = heads // n_groups
+    return float(element_size * batch * seq * head_dim * (2 * heads + 2 * kv_heads))
+
+
+class AttentionWorkload:
+    work_unit = "iteration"
+    host_clock = False
+
+    def __init__(self, spec: ProbeSpec, ctx: ProbeContext) -> None:
+        self.spec = spec
+        self.ctx = ctx
+        B, H, S, Dh, g = spec.batch_size, spec.heads, spec.seq_len, spec.head_dim, spec.n_groups
+        gen = ctx.generator()
+        self.q = torch.randn((B, H, S, Dh), generator=gen, device=ctx.device, dtype=ctx.dtype)
+        self.k = torch.randn((B, H // g, S, Dh), generator=gen, device=ctx.device, dtype=ctx.dtype)
+        self.v = torch.randn((B, H // g, S, Dh), generator=gen, device=ctx.device, dtype=ctx.dtype)
+        self.gqa = g > 1
+        self.flops = attention_flops(B, H, S, Dh, spec.causal)
+        self.bytes = attention_bytes(B, H, S, Dh, g, self.q.element_size())
+        self.backend = self._backend()
+        self.marks: list[int] = []
+
+    def _backend(self) -> str | None:
+        """Which fused kernel SDPA picks for these inputs (private API; None if unknown)."""
+        try:
+            from torch.nn.attention import SDPBackend
+
+            choice = torch._fused_sdp_choice(self.q, self.k, self.v, None, 0.0, self.spec.causal,
+                                             enable_gqa=self.gqa)
+            return SDPBackend(choice).name
+        except Exception:  # noqa: BLE001 - informational only
+            return None
+
+    def _call(self) -> torch.Tensor:
+        return F.scaled_dot_product_attention(self.q, self.k, self.v, is_causal=self.spec.causal,
+                                              enable_gqa=self.gqa)
+
+    def begin(self, clock: Clock) -> None:
+        self.marks = [clock.mark()]
+
+    def step(self, clock: Clock) -> None:
+        with torch.inference_mode():
+            self._call()
+        self.marks.append(clock.mark())
+
+    def end(self, clock: Clock, iterations: int, seconds: float) -> WindowStats:
+        clock.finalize()
+        counts = {
+            "iterations_per_second": (iterations, seconds),
+            "flops_per_second": (iterations * self.flops, seconds),
+            "bytes_per_second": (iterations * self.bytes, seconds),
+        }
+        return WindowStats(iterations=iterations, units=iterations, counts=counts,
+                           latencies={"batch_seconds": clock.diffs(self.marks)})
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "flops_per_call": self.flops,
+            "bytes_per_call": self.bytes,
+            "kv_heads": self.spec.heads // self.spec.n_groups,
+            "sdpa_backend": self.backend,
+        }
+
+
+def build(spec: ProbeSpec, ctx: ProbeContext) -> AttentionWorkload:
+    return AttentionWorkload(spec, ctx)

@@ -1,0 +1,205 @@
+"""LLM inference probe: GPT-2 family, prefill and decode measured apart.
+
+One iteration is one batch of ``batch_size`` requests: copy prompts in, prefill
+(the first output token comes out of it), then ``output_tokens - 1`` decode
+steps. Every sequence in the batch is a request with the same latency.
+
+Variants:
+
+* ``graph`` (default): :class:`~gpuperfd.probes.workloads.gpt2_static.StaticGPT2`, static
+  KV cache, SDPA, prefill and the decode step each one CUDA graph replay. Timing
+  marks are CUDA events, so no synchronize sits inside a window. On a CPU the
+  same code runs without graphs.
+* ``eager``: Hugging Face ``generate()`` (greedy, dynamic cache), the seeds'
+  method, kept as the comparison; a streamer marks the first token. It
+  synchronizes every step by itself, so its marks are host clock reads.
+
+Reported per window: output, total (prompt + output), prompt (prefill) and
+decode tokens/s, requests/s; latencies ttft (prompt in -> first token),
+tpot ((request - ttft) / (output_tokens - 1)) and request, one sample per batch.
+Work unit: output token (so J/token is energy per generated token).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gpuperfd.probes.context import Clock, ProbeContext, WindowStats
+from gpuperfd.probes.spec import ProbeSpec
+from gpuperfd.probes.workloads import data
+from gpuperfd.probes.workloads.gpt2_static import StaticGPT2
+from gpuperfd.probes.workloads.models import build_gpt2, count_parameters
+
+__all__ = ["build", "GraphLLM", "EagerLLM"]
+
+
+def _prompts(spec: ProbeSpec, ctx: ProbeContext, vocab_size: int) -> torch.Tensor:
+    shape = (data.POOL, spec.batch_size, spec.prompt_tokens)
+    if spec.dataset_path:
+        return data.token_windows(spec.dataset_path, data.POOL, spec.batch_size, spec.prompt_tokens, vocab_size,
+                                  ctx.device, spec.seed)
+    return data.random_tokens(shape, vocab_size, ctx.device, spec.seed)
+
+
+class _LLMBase:
+    work_unit = "token"
+    host_clock = False
+
+    def __init__(self, spec: ProbeSpec, ctx: ProbeContext, model: Any) -> None:
+        self.spec = spec
+        self.ctx = ctx
+        self.model = model
+        self.prompts = _prompts(spec, ctx, model.config.vocab_size)
+        self.batch = spec.batch_size
+        self.T = spec.prompt_tokens
+        self.O = spec.output_tokens
+        self.k = 0
+        self.marks: list[tuple[int, int, int]] = []
+        self.n_params = count_parameters(model)
+
+    def begin(self, clock: Clock) -> None:
+        self.marks = []
+
+    def end(self, clock: Clock, iterations: int, seconds: float) -> WindowStats:
+        clock.finalize()
+        ttft = [clock.seconds(a, b) for a, b, _ in self.marks]
+        request = [clock.seconds(a, c) for a, _, c in self.marks]
+        decode = [r - t for r, t in zip(request, ttft)]
+        B, T, O, n = self.batch, self.T, self.O, iterations
+        counts: dict[str, tuple[float, float]] = {
+            "output_tokens_per_second": (B * O * n, seconds),
+            "total_tokens_per_second": (B * (T + O) * n, seconds),
+            "requests_per_second": (B * n, seconds),
+            "prompt_tokens_per_second": (B * T * n, sum(ttft)),
+        }
+        latencies = {"ttft_seconds": ttft, "request_seconds": request}
+        if O > 1:
+            counts["decode_tokens_per_second"] = (B * (O - 1) * n, sum(decode))
+            latencies["tpot_seconds"] = [d / (O - 1) for d in decode]
+        return WindowStats(iterations=n, units=B * O * n, counts=counts, latencies=latencies)
+
+
+class GraphLLM(_LLMBase):
+    """Static KV cache + CUDA graphs (CUDA) / the same forward without graphs (CPU)."""
+
+    def __init__(self, spec: ProbeSpec, ctx: ProbeContext, model: Any) -> None:
+        super().__init__(spec, ctx, model)
+        self.graph_error: str | None = None
+        with torch.inference_mode():
+            self.static = StaticGPT2(model, spec.batch_size, spec.prompt_tokens, spec.output_tokens)
+            if ctx.is_cuda:
+                try:
+                    self.static.capture()
+                except RuntimeError as exc:
+                    # Recorded (extra.cuda_graph_error, extra.cuda_graph = False), never hidden:
+                    # the point then measures the same forward launched eagerly.
+                    torch.cuda.synchronize()
+                    self.static.graphs = {}
+                    self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
+        self.decode_sdpa_backend = _sdpa_choice(self.static)
+
+    def step(self, clock: Clock) -> None:
+        s = self.static
+        with torch.inference_mode():
+            start = clock.mark()
+            s.seq[:, : self.T].copy_(self.prompts[self.k % data.POOL])
+            self.k += 1
+            s.run_prefill()
+            first = clock.mark()
+            for _ in range(self.O - 1):
+                s.run_decode()
+            done = clock.mark()
+        self.marks.append((start, first, done))
+
+    def describe(self) -> dict[str, Any]:
+        out = {
+            "model_parameters": self.n_params,
+            "kv_cache": "static",
+            "kv_cache_bytes": self.static.kv_cache_bytes,
+            "cuda_graph": bool(self.static.graphs),
+            "attention": "sdpa",
+            "decode_sdpa_backend": self.decode_sdpa_backend,
+        }
+        if self.graph_error:
+            out["cuda_graph_error"] = self.graph_error
+        return out
+
+
+def _sdpa_choice(static: StaticGPT2) -> str | None:
+    """The fused SDPA kernel a decode step's shapes select (private torch API; None if unknown)."""
+    try:
+        from torch.nn.attention import SDPBackend
+
+        q = torch.zeros(static.batch_size, static.n_head, 1, static.head_dim, dtype=static.dtype, device=static.device)
+        mask = torch.zeros(1, 1, 1, static.max_seq, dtype=static.dtype, device=static.device)
+        choice = torch._fused_sdp_choice(q, static.k_cache[0], static.v_cache[0], mask, 0.0, False)
+        return SDPBackend(choice).name
+    except Exception:  # noqa: BLE001 - informational only
+        return None
+
+
+class _FirstTokenStreamer:
+    """A generate() streamer that marks the clock when the first new token arrives."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.calls = 0
+        self.first: int | None = None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.calls += 1
+        if self.calls == 2:  # call 1 is the prompt itself
+            self.first = self.clock.mark()
+
+    def end(self) -> None:
+        pass
+
+
+class EagerLLM(_LLMBase):
+    """Hugging Face generate(), eager, dynamic cache: the comparison baseline."""
+
+    host_clock = True
+
+    def __init__(self, spec: ProbeSpec, ctx: ProbeContext, model: Any) -> None:
+        super().__init__(spec, ctx, model)
+        self.mask = torch.ones(spec.batch_size, spec.prompt_tokens, dtype=torch.long, device=ctx.device)
+        self.generated_short = 0
+
+    def step(self, clock: Clock) -> None:
+        ids = self.prompts[self.k % data.POOL]
+        self.k += 1
+        streamer = _FirstTokenStreamer(clock)
+        with torch.inference_mode():
+            start = clock.mark()
+            out = self.model.generate(
+                ids, attention_mask=self.mask, max_new_tokens=self.O, min_new_tokens=self.O, do_sample=False,
+                streamer=streamer, pad_token_id=0,
+            )
+            done = clock.mark()
+        if out.shape[1] != self.T + self.O:
+            self.generated_short += 1
+        first = streamer.first if streamer.first is not None else done
+        self.marks.append((start, first, done))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model_parameters": self.n_params,
+            "kv_cache": "dynamic",
+            "cuda_graph": False,
+            "attention": getattr(self.model.config, "_attn_implementation", None),
+            "generate_short_outputs": self.generated_short,
+        }
+
+
+def build(spec: ProbeSpec, ctx: ProbeContext) -> _LLMBase:
+    model = build_gpt2(spec, ctx.device, ctx.dtype)
+    if spec.prompt_tokens + spec.output_tokens > model.config.n_positions:
+        raise ValueError(
+            f"output_tokens: prompt + output = {spec.prompt_tokens + spec.output_tokens} exceeds the model's "
+            f"{model.config.n_positions} positions"
+        )
+    if spec.variant == "graph":
+        return GraphLLM(spec, ctx, model)
+    return EagerLLM(spec, ctx, model)

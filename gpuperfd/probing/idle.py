@@ -1,0 +1,81 @@
+"""Idle gating: has this GPU been idle (no foreign process, low utilization) long enough?
+
+The tracker listens to the sampler's readings (utilization and processes), so
+gating costs no device call of its own. Our own probe processes do not count
+as load: the caller passes their PIDs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from gpuperfd.device.base import Device
+from gpuperfd.device.errors import DeviceError
+from gpuperfd.telemetry.sampler import Reading
+
+
+class IdleTracker:
+    """Remembers since when each GPU has been idle."""
+
+    def __init__(
+        self, utilization_threshold: float, clock: Callable[[], float] = time.monotonic, grace_seconds: float = 2.0
+    ) -> None:
+        self.utilization_threshold = utilization_threshold
+        #: Readings this soon after our probe ended still show its load (NVML averages); ignored.
+        self.grace_seconds = grace_seconds
+        self._ours_ended: dict[int, float] = {}
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._busy_until: dict[int, float] = {}  # last time the GPU was seen busy
+        self._seen: set[int] = set()
+        #: GPUs where our own probe runs now: their load is not "busy".
+        self._ours: set[int] = set()
+        self._start = clock()
+
+    def observe(self, gpu: int, collector: str, reading: Reading) -> None:
+        """Sampler listener: a busy reading moves the GPU's busy mark to now."""
+        if collector not in ("utilization", "processes") or not reading.ok:
+            return
+        with self._lock:
+            self._seen.add(gpu)
+            if gpu in self._ours or reading.timestamp < self._ours_ended.get(gpu, -1e18) + self.grace_seconds:
+                return
+            values = {p.metric: p.value for p in reading.points}
+            busy = values.get("gpuperf_gpu_utilization_ratio", 0.0) > self.utilization_threshold or (
+                values.get("gpuperf_compute_processes", 0.0) > 0
+            )
+            if busy:
+                self._busy_until[gpu] = reading.timestamp
+
+    def mark_ours(self, gpu: int, running: bool) -> None:
+        """Tell the tracker our probe runs (or stopped) on this GPU: our own load is not "busy"."""
+        with self._lock:
+            if running:
+                self._ours.add(gpu)
+            else:
+                self._ours.discard(gpu)
+                self._ours_ended[gpu] = self.clock()
+
+    def idle_for(self, gpu: int) -> float:
+        """Seconds since the GPU was last seen busy (since start if never); 0 if never sampled."""
+        with self._lock:
+            if gpu not in self._seen:
+                return 0.0
+            return self.clock() - self._busy_until.get(gpu, self._start)
+
+
+def busy_reason(device: Device, utilization_threshold: float, own_pids: Iterable[int] = ()) -> str | None:
+    """Why the GPU is busy right now (a foreign process, high utilization), or None if idle."""
+    own = set(own_pids)
+    try:
+        foreign = [p.pid for p in device.compute_processes() if p.pid not in own]
+        if foreign:
+            return f"compute process(es) {', '.join(map(str, foreign[:5]))} running"
+        utilization = device.utilization().gpu_ratio
+    except DeviceError as exc:
+        return f"cannot check the GPU is idle: {exc.reason}"
+    if utilization > utilization_threshold:
+        return f"utilization {utilization:.0%} above {utilization_threshold:.0%}"
+    return None

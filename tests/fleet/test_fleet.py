@@ -1,0 +1,363 @@
+"""The fleet simulation of issue 5, against a real Prometheus from Debian.
+
+One module-scoped fleet (gpuperfd.fleet, defaults of FleetSpec): 4 daemons x 2
+simulated H100s, each GPU with its own UUID (simulation.node), sweeping all four
+probes over 700..200 W in 50 W steps; three GPUs degraded on purpose (the last
+GPU of node-0: SM clocks x0.8; node-1: memory bandwidth x0.7; node-2: thermally
+throttled while busy, and it reports XID 13). Prometheus scrapes them every
+second after a week of healthy probe history was backfilled with promtool.
+
+RULE TIMING. Prometheus loads a copy of deploy/prometheus/rules/*.yml in which
+every group `interval` is 2s (1m and, for the 7-day baselines, 15m in the
+repository) and every alert `for:` is 10s (1h for the drift and peer alerts).
+The expressions are byte-identical (gpuperfd.fleet.accelerate_rules checks it
+and test_accelerated_rules_change_only_timing below too); windows inside them
+([7d:15m], [10m], [1h]) keep their real length. The baselines find a week of
+data at their first evaluation because the backfilled points sit on the
+15-minute boundaries their subquery samples.
+
+What is checked (docs/fleet-simulation.md has the table):
+* GpuProbeThroughputDrift and GpuSlowerThanPeers fire for the three degraded GPUs
+  and for no healthy one, at the (probe, cap) points where the simulator's
+  physics puts the GPU more than 2 points below 90 % of its healthy self, and
+  never where it is more than 2 points above (points within 2 points of the
+  threshold are left to the noise). The throttled GPU is slower (its clock is
+  capped at 80 %), so it fires both too, plus GpuThrottling (hw_thermal_slowdown
+  and sw_thermal_slowdown) and GpuXidError; the slow-memory GPU also fires
+  GpuProbeEnergyDrift (llm: same power, 22-28 % fewer tokens). Healthy GPUs fire
+  nothing.
+* gpuperf:power_cap_recommended_watts equals the simulator's true optimum
+  (true_optimal_cap with max_slowdown 0.10) within one cap step (50 W), for
+  every GPU and probe (degraded GPUs against their own degraded physics).
+* Every query of every dashboard panel (all_panel_queries()) returns status
+  success and at least one sample with a finite value. The panels that need an
+  event get one from the fleet: XID counters (the XID), device read errors (a
+  few slow ECC reads on node-3 GPU 0), missed scheduler runs (4 sweeps x 11 caps x
+  0.5 s = 22 s > the 20 s probe interval), sweep cap (the GPUs are always
+  sweeping), firing alerts (the degraded GPUs).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuperfd.config import SimulationConfig
+from gpuperfd.dashboards import all_panel_queries
+from gpuperfd.device.simulated import SimulatedBackend, simulated_uuid
+from gpuperfd.fleet import (
+    DEFECTS,
+    RULE_FILES,
+    RULES_DIR,
+    Fleet,
+    FleetGpu,
+    FleetSpec,
+    accelerate_rules,
+    finite,
+    healthy_history,
+    history_timestamps,
+    probe_labels,
+)
+
+SPEC = FleetSpec()
+#: Alert thresholds of deploy/prometheus/rules/alerts.yml (pinned by alerts_test.yml).
+SLOWER_THAN = 0.90
+ENERGY_ABOVE = 1.10
+#: Points within this of a threshold (in the noise-free physics) may go either way.
+BORDER = 0.02
+PROBE_ALERTS = ("GpuProbeThroughputDrift", "GpuSlowerThanPeers", "GpuProbeEnergyDrift")
+#: Seconds from the fleet's start within which every check must have converged
+#: (it takes about 60 s; the whole module must stay under 4 minutes on 2 cores).
+BUDGET = 180
+
+
+def wait_for(predicate, timeout, what, interval=1.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def expectation(ratio: float, threshold: float, below: bool) -> bool | None:
+    """True: the alert must fire; False: it must not; None: too close to the threshold to say."""
+    if abs(ratio - threshold) <= BORDER:
+        return None
+    return ratio < threshold if below else ratio > threshold
+
+
+# -- without Prometheus ---------------------------------------------------------
+
+
+def test_node_name_makes_uuids_distinct_and_default_keeps_them():
+    assert simulated_uuid("H100", 0, "") == simulated_uuid("H100", 0)
+    default = SimulatedBackend(SimulationConfig(gpus=2)).devices()
+    assert [d.info().uuid for d in default] == [simulated_uuid("H100", i) for i in range(2)]
+    a = SimulatedBackend(SimulationConfig(gpus=2, node="node-a")).devices()
+    b = SimulatedBackend(SimulationConfig(gpus=2, node="node-b")).devices()
+    uuids = {d.info().uuid for d in default + a + b}
+    serials = {d.info().serial for d in default + a + b}
+    assert len(uuids) == len(serials) == 6
+    assert all(re.fullmatch(r"GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", u) for u in uuids)
+
+
+def test_accelerated_rules_change_only_timing():
+    for name in RULE_FILES:
+        original = (RULES_DIR / name).read_text()
+        fast = accelerate_rules(original, "2s", "10s", source=name)
+        before, after = yaml.safe_load(original), yaml.safe_load(fast)
+        assert [g["name"] for g in before["groups"]] == [g["name"] for g in after["groups"]]
+        for g_before, g_after in zip(before["groups"], after["groups"]):
+            assert g_after["interval"] == "2s"
+            for r_before, r_after in zip(g_before["rules"], g_after["rules"], strict=True):
+                assert r_after["expr"] == r_before["expr"]
+                assert r_after.get("labels") == r_before.get("labels")
+                assert r_after.get("annotations") == r_before.get("annotations")
+                assert r_after.get("for") == ("10s" if "for" in r_before else None)
+
+
+def test_healthy_history_is_valid_backfill_input():
+    spec = FleetSpec(nodes=1, gpus_per_node=1, degrade=False, probes=("llm", "train"), caps=(700, 300), history_days=1)
+    gpu = FleetGpu("node-x", "127.0.0.1:1234", 0, simulated_uuid("H100", 0, "node-x"), "H100")
+    now = 1_700_000_123.0
+    lines = list(healthy_history([gpu], spec, now))
+    assert lines[-1] == "# EOF" and lines.count("# EOF") == 1
+    series: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    family_order = []
+    for line in lines[:-1]:
+        if line.startswith("# TYPE"):
+            family_order.append(line.split()[2])
+            assert line.endswith(" gauge")
+            continue
+        if line.startswith("#"):
+            continue
+        key, value, ts = line.rsplit(" ", 2)
+        assert key.startswith(family_order[-1] + "{")  # families are contiguous
+        series[key].append((float(value), int(ts)))
+    assert family_order == ["gpuperf_probe_work_units_per_second", "gpuperf_probe_energy_per_unit_joules"]
+    assert len(series) == 2 * 2 * 2
+    times = history_timestamps(spec, now)
+    assert len(times) == 96 and times[-1] <= now - spec.history_gap_seconds and all(t % 900 == 0 for t in times)
+    for key, samples in series.items():
+        assert [t for _, t in samples] == times  # seconds, sorted, one per step
+        assert all(v > 0 and math.isfinite(v) for v, _ in samples)
+    labels = probe_labels(gpu, "llm", 300)
+    assert labels == {"job": "gpuperfd", "instance": "127.0.0.1:1234", "gpu": "0", "uuid": gpu.uuid,
+                      "probe": "llm", "preset": "gpt2", "power_cap": "300", "unit": "token"}
+    key = "gpuperf_probe_work_units_per_second{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    median = sorted(v for v, _ in series[key])[48]
+    assert median == pytest.approx(gpu.operating_point("llm", 300, healthy=True).units_per_second, rel=0.005)
+    # Chunks split at a UTC day boundary (Fleet._backfill writes one per day) add up to the whole.
+    midnight = times[-1] // 86400 * 86400
+    assert times[0] < midnight
+    chunked = [line for bounds in ((-math.inf, midnight), (midnight, math.inf))
+               for line in healthy_history([gpu], spec, now, *bounds) if not line.startswith("#")]
+    assert sorted(chunked) == sorted(line for line in lines if not line.startswith("#"))
+
+
+def test_fleet_spec_refuses_a_fleet_whose_peers_are_mostly_degraded():
+    with pytest.raises(ValueError, match="more healthy than degraded"):
+        FleetSpec(nodes=3, gpus_per_node=2)
+    FleetSpec(nodes=3, gpus_per_node=2, degrade=False)
+
+
+# -- the fleet --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    for tool in ("prometheus", "promtool"):
+        assert shutil.which(tool), f"{tool} is required (apt-get install prometheus); scripts/test.sh installs it"
+    started = time.monotonic()
+    fleet = Fleet(SPEC, tmp_path_factory.mktemp("fleet"))
+    try:
+        fleet.start()
+        fleet.t0 = started  # type: ignore[attr-defined]
+        print(f"\nfleet up in {time.monotonic() - started:.1f} s: {fleet.timings}\n{fleet.describe()}")
+        yield fleet
+    finally:
+        fleet.stop()  # SIGTERM then SIGKILL, by the PIDs it started
+    assert not any(fleet.running().values())
+
+
+def remaining(fleet, budget: float) -> float:
+    return max(5.0, budget - (time.monotonic() - fleet.t0))
+
+
+def all_probe_points_published(fleet) -> bool:
+    """Every GPU has a live result at every cap of every probe."""
+    want = len(fleet.gpus) * len(SPEC.probes) * len(SPEC.caps)
+    got = fleet.query('count(gpuperf_probe_power_cap_watts{job="gpuperfd"})')
+    return bool(got) and int(float(got[0]["value"][1])) == want
+
+
+def alert_key(alert) -> tuple:
+    labels = alert["labels"]
+    return labels["alertname"], labels.get("instance"), labels.get("gpu"), labels.get("probe"), labels.get("power_cap")
+
+
+def expected_probe_alerts(gpu: FleetGpu) -> dict[str, dict[tuple[str, str], bool | None]]:
+    """alertname -> (probe, cap label) -> expectation, from the noise-free physics."""
+    out: dict[str, dict[tuple[str, str], bool | None]] = {name: {} for name in PROBE_ALERTS}
+    for probe in SPEC.probes:
+        for cap in SPEC.caps:
+            point = (probe, str(cap))
+            slower = expectation(gpu.throughput_ratio(probe, cap), SLOWER_THAN, below=True)
+            out["GpuProbeThroughputDrift"][point] = slower
+            out["GpuSlowerThanPeers"][point] = slower  # the peer median is a healthy GPU's result
+            out["GpuProbeEnergyDrift"][point] = expectation(gpu.energy_ratio(probe, cap), ENERGY_ABOVE, below=False)
+    return out
+
+
+@pytest.mark.prometheus
+def test_drift_and_peer_alerts_fire_for_the_degraded_gpus_only(fleet):
+    wait_for(lambda: all_probe_points_published(fleet), remaining(fleet, BUDGET), "every GPU, probe and cap")
+    expected = {(gpu.instance, str(gpu.index)): expected_probe_alerts(gpu) for gpu in fleet.gpus}
+    throttled = next(gpu for gpu in fleet.gpus if gpu.defect == "thermal_throttle")
+    must_fire = {
+        (name, instance, gpu, probe, cap)
+        for (instance, gpu), by_name in expected.items()
+        for name, points in by_name.items()
+        for (probe, cap), fire in points.items()
+        if fire
+    }
+    must_fire |= {
+        ("GpuThrottling", throttled.instance, str(throttled.index), None, None),
+        ("GpuXidError", throttled.instance, str(throttled.index), None, None),
+    }
+
+    def all_expected_firing():
+        firing = {alert_key(a) for a in fleet.alerts("firing")}
+        firing |= {(n, i, g, None, None) for n, i, g, _, _ in firing if n in ("GpuThrottling", "GpuXidError")}
+        return must_fire <= firing
+
+    wait_for(all_expected_firing, remaining(fleet, BUDGET), "the degraded GPUs' alerts to fire")
+    alerts = fleet.alerts(state=None)
+    firing = [a for a in alerts if a["state"] == "firing"]
+
+    fired: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for alert in alerts:
+        labels = alert["labels"]
+        gpu = fleet.gpu_of(labels)
+        if alert["state"] == "pending" and labels["alertname"] not in PROBE_ALERTS + ("GpuThrottling",):
+            continue  # e.g. GpuPowerCapNotRestored, pending for a scrape between two sweeps (for: outlasts it)
+        assert gpu is not None, f"alert without a fleet GPU: {labels}"
+        assert gpu.defect is not None, f"healthy GPU {gpu.node}/{gpu.index} has a {alert['state']} alert: {labels}"
+        if alert["state"] == "firing":
+            fired[(gpu.instance, str(gpu.index))].add(labels["alertname"])
+
+    lines = []
+    for gpu in fleet.gpus:
+        names = fired.get((gpu.instance, str(gpu.index)), set())
+        assert names == set(gpu.expected_alerts), f"{gpu.node}/gpu{gpu.index} ({gpu.defect}): {sorted(names)}"
+        by_name = expected[(gpu.instance, str(gpu.index))]
+        for name in PROBE_ALERTS:
+            points = {(a["labels"]["probe"], a["labels"]["power_cap"]) for a in firing
+                      if a["labels"]["alertname"] == name and fleet.gpu_of(a["labels"]) == gpu}
+            must = {p for p, fire in by_name[name].items() if fire}
+            must_not = {p for p, fire in by_name[name].items() if fire is False}
+            assert must <= points, f"{name} missing on {gpu.node}/gpu{gpu.index}: {sorted(must - points)}"
+            assert not points & must_not, f"{name} wrongly on {gpu.node}/gpu{gpu.index}: {sorted(points & must_not)}"
+            if points:
+                lines.append(f"{gpu.node}/gpu{gpu.index} {gpu.defect}: {name} at " + ", ".join(
+                    f"{p}@{c}" for p, c in sorted(points, key=lambda x: (x[0], -int(x[1])))))
+    reasons = {a["labels"]["reason"] for a in firing if a["labels"]["alertname"] == "GpuThrottling"}
+    assert reasons == {"hw_thermal_slowdown", "sw_thermal_slowdown"}
+    print(f"\nalerts at {time.monotonic() - fleet.t0:.0f} s after the start:\n" + "\n".join(lines))
+
+
+@pytest.mark.prometheus
+def test_recommended_cap_is_the_true_optimum_within_one_step(fleet):
+    wait_for(lambda: all_probe_points_published(fleet), remaining(fleet, BUDGET), "every GPU, probe and cap")
+    step = min(a - b for a, b in zip(sorted(SPEC.caps)[1:], sorted(SPEC.caps)))
+    truth = {(gpu.instance, str(gpu.index), probe): gpu.true_optimal_cap(probe, SPEC.caps)
+             for gpu in fleet.gpus for probe in SPEC.probes}
+    assert {t for (i, g, p), t in truth.items() if fleet.gpu_of({"instance": i, "gpu": g}).healthy} == {300, 500, 550}
+
+    def recommended():
+        got = {(s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["probe"]): float(s["value"][1])
+               for s in fleet.query('gpuperf:power_cap_recommended_watts{job="gpuperfd"}')}
+        return got if got.keys() == truth.keys() else None
+
+    # The rules run every 2 s; a result is final once every cap has been published (waited for above).
+    time.sleep(4)
+    got = wait_for(recommended, 30, "a recommendation for every GPU and probe")
+    table, wrong = [], []
+    for gpu in fleet.gpus:
+        for probe in SPEC.probes:
+            key = (gpu.instance, str(gpu.index), probe)
+            row = (f"{gpu.node}/gpu{gpu.index} {gpu.defect or 'healthy':<16} {probe:<9} "
+                   f"recommended {got[key]:.0f} W, true {truth[key]:.0f} W")
+            table.append(row)
+            if abs(got[key] - truth[key]) > step:
+                wrong.append(row)
+    print("\n" + "\n".join(table))
+    assert not wrong, "\n".join(wrong)
+    # The fleet recommendation per model is the healthy majority's.
+    fleet_caps = {s["metric"]["probe"]: float(s["value"][1])
+                  for s in fleet.query("gpuperf:power_cap_recommended_watts:by_model")}
+    healthy_truth = {"llm": 300, "vit": 500, "attention": 550, "train": 550}
+    assert all(abs(fleet_caps[p] - c) <= step for p, c in healthy_truth.items()), fleet_caps
+
+
+@pytest.mark.prometheus
+def test_every_dashboard_query_returns_data(fleet):
+    queries = all_panel_queries()
+    assert len(queries) > 50
+    pending = {index: q for index, q in enumerate(queries)}
+    last: dict[int, str] = {}
+    deadline = time.monotonic() + remaining(fleet, BUDGET)
+    while pending and time.monotonic() < deadline:
+        for index, (dash, panel, expr) in list(pending.items()):
+            answer = fleet.query_response(expr)
+            if answer.get("status") != "success":
+                last[index] = f"{answer.get('errorType')}: {answer.get('error')}"
+                continue
+            data = answer["data"]
+            samples = [{"value": data["result"]}] if data["resultType"] == "scalar" else data["result"]
+            if any(finite(s) for s in samples):
+                del pending[index]
+            else:
+                last[index] = f"{len(samples)} sample(s), none finite"
+        if pending:
+            time.sleep(2)
+    missing = [f"{queries[i][0]} / {queries[i][1]}: {last.get(i)}\n    {queries[i][2]}" for i in pending]
+    assert not missing, "panels without data:\n" + "\n".join(missing)
+
+
+@pytest.mark.prometheus
+def test_daemons_and_prometheus_stayed_healthy(fleet):
+    assert all(fleet.running().values()), fleet.running()
+    for node in fleet.nodes:
+        log = node.log_path.read_text(errors="replace")
+        assert "Traceback" not in log, f"{node.name}:\n{log[-3000:]}"
+    targets = fleet.api("/api/v1/targets")["data"]["activeTargets"]
+    assert sorted(t["labels"]["instance"] for t in targets) == sorted(n.instance for n in fleet.nodes)
+    assert all(t["health"] == "up" for t in targets), targets
+    # The rules Prometheus runs are the accelerated copy, with the repository's expressions.
+    groups = fleet.api("/api/v1/rules")["data"]["groups"]
+    assert {g["interval"] for g in groups} == {2}
+    repo = {r.get("record") or r.get("alert"): r["expr"] for name in RULE_FILES
+            for g in yaml.safe_load((RULES_DIR / name).read_text())["groups"] for r in g["rules"]}
+    loaded = {r["name"]: r["query"] for g in groups for r in g["rules"]}
+    assert loaded.keys() == repo.keys()
+    check = subprocess.run(["promtool", "check", "rules", *map(str, (fleet.workdir / "prometheus" / "rules").glob("*.yml"))],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_defects_are_the_documented_ones():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "fleet-simulation.md").read_text()
+    for name in DEFECTS:
+        assert name in doc

@@ -1,0 +1,234 @@
+"""The probe runner with real child processes on the CPU (tiny presets).
+
+Every probe runs through ``run_probe`` and must come back with every field filled
+consistently; forced faults must come back as failure results (the parent keeps
+going and the next probe runs); a busy GPU refuses the start and a GPU process
+appearing mid-run aborts the probe (fake Device).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from gpuperfd.device.base import ComputeProcess, Utilization
+from gpuperfd.probes.result import PRIMARY_METRIC, ProbeResult, summarize
+from gpuperfd.probes.runner import check_idle, run_probe
+from gpuperfd.probes.spec import PROBES, ProbeSpec
+
+FAST = {"repeats": 2, "measure_seconds": 0.15, "busy_profile_seconds": 0.05}
+
+
+def tiny(probe: str, **fields: Any) -> ProbeSpec:
+    return ProbeSpec(probe, preset="tiny", **{**FAST, **fields})
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, tuple[ProbeResult, list[dict[str, Any]]]]:
+    out = {}
+    for probe in PROBES:
+        events: list[dict[str, Any]] = []
+        result = run_probe(tiny(probe), timeout_seconds=120, on_progress=events.append)
+        out[probe] = (result, events)
+    return out
+
+
+def _close(a: float, b: float, rel: float = 1e-9) -> bool:
+    return math.isclose(a, b, rel_tol=rel)
+
+
+@pytest.mark.parametrize("probe", PROBES)
+def test_probe_returns_every_field_consistently(results: dict, probe: str) -> None:
+    result, _ = results[probe]
+    assert result.status == "ok", result.error_message
+    assert result.failure_reason is None and result.error_message is None
+    assert result.probe == probe and result.preset == "tiny" and result.device == "cpu"
+    assert result.params["batch_size"] >= 1
+    assert len(result.repeats) == 2
+    assert result.measured_seconds == pytest.approx(sum(r.measured_seconds for r in result.repeats))
+    assert all(r.measured_seconds >= FAST["measure_seconds"] for r in result.repeats)
+    assert result.wall_seconds > result.measured_seconds
+    assert result.units_of_work == pytest.approx(sum(r.units_of_work for r in result.repeats))
+    assert result.units_of_work > 0
+    metric = PRIMARY_METRIC[probe]
+    # Headline rate == work over measured time (pooled and per window).
+    if result.work_unit in ("token", "image", "iteration") and metric != "flops_per_second":
+        assert _close(result.throughput[metric], result.units_of_work / result.measured_seconds)
+        for rep in result.repeats:
+            assert _close(rep.throughput[metric], rep.units_of_work / rep.measured_seconds)
+    # CPU: no energy counter, no NVML telemetry; memory is the process's resident set.
+    assert result.energy_joules is None and result.energy_per_unit_joules is None
+    assert result.average_power_watts is None and result.power_limit_watts is None
+    assert result.gpu_name is None and result.sm_clock_hertz_mean is None and result.clock_events_seen == []
+    assert result.peak_memory_bytes is not None and result.allocated_memory_bytes is not None
+    assert result.peak_memory_bytes >= result.allocated_memory_bytes > 0
+    # Busy fraction is a real measurement (profiler op union) and the flag follows the threshold.
+    assert result.extra["gpu_busy_method"] == "profiler_cpu_op_union"
+    assert 0.0 < result.gpu_busy_ratio <= 1.0
+    assert result.low_gpu_busy == (result.gpu_busy_ratio < 0.9)
+    assert result.extra["busy_iterations"] >= 1
+    summary = summarize(result)
+    assert summary["throughput"][metric]["n"] == 2
+    for name, lat in summary["latencies"].items():
+        assert lat["p50"] <= lat["p95"] <= lat["p99"], name
+
+
+def test_llm_fields(results: dict) -> None:
+    result, _ = results["llm"]
+    p = result.params
+    B, T, O = p["batch_size"], p["prompt_tokens"], p["output_tokens"]
+    n = result.extra["iterations"]
+    assert result.work_unit == "token"
+    assert result.units_of_work == B * O * n
+    lat = result.latencies
+    assert len(lat["ttft_seconds"]) == len(lat["request_seconds"]) == len(lat["tpot_seconds"]) == n
+    assert _close(result.throughput["prompt_tokens_per_second"], B * T * n / sum(lat["ttft_seconds"]), 1e-6)
+    assert _close(result.throughput["requests_per_second"], B * n / result.measured_seconds)
+    assert _close(result.throughput["total_tokens_per_second"], B * (T + O) * n / result.measured_seconds)
+    for ttft, req, tpot in zip(lat["ttft_seconds"], lat["request_seconds"], lat["tpot_seconds"]):
+        assert 0 < ttft < req
+        assert tpot == pytest.approx((req - ttft) / (O - 1))
+    assert sum(lat["request_seconds"]) <= result.measured_seconds
+    assert result.extra["kv_cache"] == "static" and result.extra["cuda_graph"] is False
+
+
+def test_vit_attention_train_fields(results: dict) -> None:
+    vit, _ = results["vit"]
+    n = vit.extra["iterations"]
+    assert vit.work_unit == "image" and vit.units_of_work == vit.params["batch_size"] * n
+    assert len(vit.latencies["batch_seconds"]) == n
+    assert sum(vit.latencies["batch_seconds"]) <= vit.measured_seconds
+    assert _close(vit.throughput["model_flops_per_second"],
+                  vit.units_of_work * vit.extra["flops_per_image"] / vit.measured_seconds)
+
+    att, _ = results["attention"]
+    n = att.extra["iterations"]
+    assert att.work_unit == "iteration" and att.units_of_work == n
+    assert _close(att.throughput["flops_per_second"], n * att.extra["flops_per_call"] / att.measured_seconds)
+    assert _close(att.throughput["bytes_per_second"], n * att.extra["bytes_per_call"] / att.measured_seconds)
+
+    train, _ = results["train"]
+    n = train.extra["iterations"]
+    assert train.units_of_work == n * train.params["batch_size"] * train.params["seq_len"]
+    assert len(train.latencies["step_seconds"]) == n
+    assert math.isfinite(train.extra["loss"]) and train.extra["loss"] > 0
+    assert math.isfinite(train.extra["loss_first"])
+
+
+def test_progress_reports_every_repeat(results: dict) -> None:
+    _, events = results["llm"]
+    phases = [e["phase"] for e in events]
+    assert phases[0] == "setup" and "warmup" in phases and phases[-1] == "busy_profile"
+    measures = [e for e in events if e["phase"] == "measure"]
+    assert [(e["repeat"], e["repeats"]) for e in measures] == [(1, 2), (2, 2)]
+
+
+def test_parent_does_not_import_torch() -> None:
+    code = ("import sys, gpuperfd.probes, gpuperfd.probes.runner, gpuperfd.probes.cli, gpuperfd.probes.result;"
+            "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+# --- failures -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason", "text"),
+    [
+        ("exception", "exception", "injected fault: exception"),
+        ("oom", "oom", "allocate"),
+        ("crash", "crash", "SIGSEGV"),
+        ("cuda_error", "cuda_error", "CUDA error"),
+    ],
+)
+def test_fault_becomes_a_failure_result(fault: str, reason: str, text: str) -> None:
+    spec = tiny("attention", inject_fault=fault, memory_limit_bytes=256 << 20 if fault == "oom" else None)
+    t0 = time.monotonic()
+    result = run_probe(spec, timeout_seconds=60)
+    assert result.status == "failed"
+    assert result.failure_reason == reason, result.error_message
+    assert text in (result.error_message or ""), result.error_message
+    assert result.throughput == {} and result.measured_seconds is None
+    assert time.monotonic() - t0 < 60
+    if fault == "crash":
+        assert result.extra["exit_code"] == -11
+        assert "Fatal Python error" in result.error_message  # faulthandler's output from the child's log
+    if fault in ("exception", "oom", "cuda_error"):
+        assert "Traceback" in result.extra["traceback"]
+
+
+def test_timeout_kills_the_child_and_the_next_probe_runs() -> None:
+    t0 = time.monotonic()
+    hung = run_probe(tiny("attention", inject_fault="hang"), timeout_seconds=8)
+    elapsed = time.monotonic() - t0
+    assert hung.status == "failed" and hung.failure_reason == "timeout"
+    assert 8 <= elapsed < 20
+    assert hung.wall_seconds >= 8
+    after = run_probe(tiny("attention"), timeout_seconds=60)
+    assert after.status == "ok"
+
+
+class FakeDevice:
+    """Just enough of gpuperfd.device.base.Device for the runner's idle check and watch."""
+
+    def __init__(self, pids_after: float | None = None, busy_pids: tuple[int, ...] = (), util: float = 0.0):
+        self.start = time.monotonic()
+        self.pids_after = pids_after
+        self.busy_pids = busy_pids
+        self.util = util
+        self.calls = 0
+
+    def compute_processes(self) -> list[ComputeProcess]:
+        self.calls += 1
+        if self.pids_after is not None and time.monotonic() - self.start >= self.pids_after:
+            return [ComputeProcess(pid=4_000_000)]
+        return [ComputeProcess(pid=p) for p in self.busy_pids]
+
+    def utilization(self) -> Utilization:
+        return Utilization(gpu_ratio=self.util, memory_ratio=0.0)
+
+
+def test_busy_gpu_is_refused_without_starting() -> None:
+    t0 = time.monotonic()
+    result = run_probe(tiny("llm"), timeout_seconds=60, device=FakeDevice(busy_pids=(4242,)), idle_wait_seconds=0.3)
+    assert result.status == "failed" and result.failure_reason == "gpu_busy"
+    assert "4242" in result.error_message
+    assert time.monotonic() - t0 < 2  # no child was spawned
+    hot = run_probe(tiny("llm"), timeout_seconds=60, device=FakeDevice(util=0.8), idle_wait_seconds=0.3)
+    assert hot.failure_reason == "gpu_busy" and "80%" in hot.error_message
+    # our own processes do not count
+    assert check_idle(FakeDevice(busy_pids=(4242,)), own_pids=(4242,), wait_seconds=0) is None
+
+
+def test_idle_check_waits_for_the_gpu_to_calm_down() -> None:
+    class Cooling(FakeDevice):
+        def utilization(self) -> Utilization:
+            return Utilization(0.9 if time.monotonic() - self.start < 0.5 else 0.0, 0.0)
+
+    assert check_idle(Cooling(), wait_seconds=3, poll_interval=0.1) is None
+    assert check_idle(Cooling(), wait_seconds=0) is not None
+
+
+def test_new_gpu_process_aborts_the_probe() -> None:
+    device = FakeDevice(pids_after=1.0)
+    t0 = time.monotonic()
+    result = run_probe(tiny("attention", inject_fault="hang"), timeout_seconds=60, device=device, watch_interval=0.2)
+    assert result.status == "aborted" and result.failure_reason == "aborted"
+    assert result.extra["foreign_pids"] == [4_000_000]
+    assert time.monotonic() - t0 < 10
+    assert device.calls >= 3
+
+
+def test_caller_can_abort() -> None:
+    t0 = time.monotonic()
+    deadline = t0 + 1.0
+    result = run_probe(tiny("attention", inject_fault="hang"), timeout_seconds=60,
+                       should_abort=lambda: time.monotonic() > deadline)
+    assert result.status == "aborted" and result.failure_reason == "aborted"
+    assert time.monotonic() - t0 < 10

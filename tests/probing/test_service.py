@@ -1,0 +1,159 @@
+"""The daemon's probe service on simulated GPUs: gating, skips with reasons, published series, history."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
+from gpuperfd.device.simulated import SimulatedBackend
+from gpuperfd.probing.executors import simulated_executor
+from gpuperfd.probing.history import HistoryWriter, read_history
+from gpuperfd.probing.idle import IdleTracker
+from gpuperfd.probing.metrics import ProbeMetrics
+from gpuperfd.probing.service import ProbeService
+from gpuperfd.telemetry.collectors.base import Point
+from gpuperfd.telemetry.sampler import Reading
+
+
+def make(tmp_path, idle_seconds=0.0, **probes):
+    backend = SimulatedBackend(SimulationConfig(gpus=2, seed=5, initial_power_limits={0: 680.0}))
+    devices = backend.devices()
+    registry = CollectorRegistry()
+    metrics = ProbeMetrics(registry)
+    tracker = IdleTracker(0.05)
+    for d in devices:  # the sampler has seen every GPU idle
+        tracker.observe(d.index, "utilization", Reading((Point("gpuperf_gpu_utilization_ratio", 0.0),), True, None, 0, 0))
+    config = ProbesConfig(state_dir=tmp_path / "state", idle_seconds=idle_seconds, **probes)
+    history = HistoryWriter(tmp_path / "history.jsonl")
+    service = ProbeService(config, devices, simulated_executor(0.05, seed=1), metrics, tracker, history)
+    return backend, devices, registry, service
+
+
+def sample(registry, name, **labels):
+    return registry.get_sample_value(name, labels)
+
+
+def test_sweep_publishes_series_with_labels_and_restores(tmp_path):
+    backend, devices, registry, service = make(tmp_path)
+    uuid = devices[0].info().uuid
+    schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=["max", 500, 300], settle_seconds=0)
+    outcome = service.run(schedule, 0)
+    assert outcome.result == "ok" and len(outcome.points) == 3
+    assert devices[0].power_limits().enforced_watts == 680.0
+    base = {"gpu": "0", "uuid": uuid, "probe": "llm", "preset": "gpt2"}
+    for cap in ("700", "500", "300"):
+        rate = sample(registry, "gpuperf_probe_work_units_per_second", **base, power_cap=cap, unit="token")
+        energy = sample(registry, "gpuperf_probe_energy_per_unit_joules", **base, power_cap=cap, unit="token")
+        power = sample(registry, "gpuperf_probe_average_power_watts", **base, power_cap=cap)
+        assert rate > 1000 and 0 < energy < 1
+        assert power == pytest.approx(energy * rate, rel=0.02)  # J/token x tokens/s = W
+        assert power <= int(cap) * 1.01
+        assert sample(registry, "gpuperf_probe_power_cap_watts", **base, power_cap=cap) == int(cap)
+    assert sample(registry, "gpuperf_probe_runs_total", **base, result="ok", reason="") == 3
+    assert sample(registry, "gpuperf_power_cap_original_watts", gpu="0", uuid=uuid) == 680.0
+    assert sample(registry, "gpuperf_sweep_in_progress", gpu="0", uuid=uuid) == 0
+    assert sample(registry, "gpuperf_sweep_cap_watts", gpu="0", uuid=uuid) is None
+    # histograms only observe runs at the operator's cap (680 W is not in this sweep)
+    assert sample(registry, "gpuperf_probe_ttft_seconds_count", **base) is None
+    records = list(read_history(tmp_path / "history.jsonl"))
+    assert [r["power_cap_watts"] for r in records] == [700, 500, 300]
+    assert {r["original_cap_watts"] for r in records} == {680.0} and len({r["sweep_id"] for r in records}) == 1
+    assert records[0]["gpu"]["uuid"] == uuid and records[0]["result"]["status"] == "ok"
+
+
+def test_run_at_operator_cap_fills_latency_histograms(tmp_path):
+    backend, devices, registry, service = make(tmp_path)
+    service.run(ScheduleConfig(probe="llm", interval_seconds=60), 0)
+    labels = {"gpu": "0", "uuid": devices[0].info().uuid, "probe": "llm", "preset": "gpt2"}
+    assert sample(registry, "gpuperf_probe_ttft_seconds_count", **labels) == 8
+    assert sample(registry, "gpuperf_probe_tpot_seconds_count", **labels) == 32
+    assert sample(registry, "gpuperf_probe_tpot_seconds_bucket", **labels, le="0.0005") < 32 <= sample(
+        registry, "gpuperf_probe_tpot_seconds_bucket", **labels, le="+Inf")
+    service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1)
+    vit = {**labels, "gpu": "1", "uuid": devices[1].info().uuid, "probe": "vit", "preset": "vit-b16"}
+    assert sample(registry, "gpuperf_probe_batch_latency_seconds_count", **vit) == 32
+
+
+def test_busy_gpu_is_skipped_with_its_reason(tmp_path):
+    backend, devices, registry, service = make(tmp_path)
+    devices[1].add_foreign_process(pid=999_999, memory_bytes=1 << 30)
+    outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60, caps=[500]), 1)
+    assert outcome.result == "skipped" and outcome.reason == "busy"
+    assert devices[1].power_limits().enforced_watts == 700.0  # never touched
+    labels = {"gpu": "1", "uuid": devices[1].info().uuid, "probe": "vit", "preset": "vit-b16"}
+    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="skipped", reason="busy") == 1
+
+
+def test_gpu_not_idle_long_enough_is_skipped(tmp_path):
+    backend, devices, registry, service = make(tmp_path, idle_seconds=3600)
+    outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0)
+    assert (outcome.result, outcome.reason) == ("skipped", "not_idle")
+
+
+def test_no_two_runs_on_one_gpu(tmp_path):
+    backend, devices, registry, service = make(tmp_path, queue_seconds=0)
+    schedule = ScheduleConfig(probe="train", interval_seconds=60, caps=["max", 400], settle_seconds=0.3)
+    results = []
+    first = threading.Thread(target=lambda: results.append(service.run(schedule, 0)))
+    first.start()
+    while not service._gpu_locks[0].locked():
+        pass
+    second = service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0)
+    first.join()
+    assert (second.result, second.reason) == ("skipped", "overlap")
+    assert results[0].result == "ok"
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1).result == "ok"  # other GPUs are free
+
+
+def test_read_only_config_never_changes_caps(tmp_path):
+    backend, devices, registry, service = make(tmp_path, read_only=True)
+    outcome = service.run(ScheduleConfig(probe="attention", interval_seconds=60, caps=[300, 200]), 0)
+    assert outcome.result == "ok" and [p.cap_watts for p in outcome.points] == [680.0]
+    assert not (tmp_path / "state").exists() or not list((tmp_path / "state").iterdir())
+
+
+def test_history_rotates(tmp_path):
+    writer = HistoryWriter(tmp_path / "h.jsonl", max_bytes=4096, backups=2)
+    backend = SimulatedBackend(SimulationConfig(gpus=1))
+    info = backend.devices()[0].info()
+    for n in range(60):
+        writer.append(info, {"n": n, "pad": "x" * 200}, 700.0)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["h.jsonl", "h.jsonl.1", "h.jsonl.2"]
+    kept = [r["result"]["n"] for r in read_history(tmp_path / "h.jsonl")]
+    assert kept == sorted(kept) and kept[-1] == 59  # oldest dropped, order kept
+
+
+def test_process_appearing_mid_probe_aborts_it_and_frees_the_gpu(tmp_path):
+    backend, devices, registry, service = make(tmp_path)
+    service.executor = __import__("gpuperfd.probing.executors", fromlist=["x"]).simulated_executor(2.0, seed=1)
+    gpu = devices[0]
+    timer = threading.Timer(0.3, lambda: gpu.add_foreign_process(pid=424242, memory_bytes=1 << 30))
+    timer.start()
+    started = __import__("time").monotonic()
+    outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60, caps=["max", 500], settle_seconds=0), 0)
+    elapsed = __import__("time").monotonic() - started
+    timer.join()
+    assert outcome.result == "aborted" and elapsed < 1.5  # given back at once, not after the 2 s window
+    assert "424242" in outcome.points[0].result.error_message
+    assert gpu.compute_processes() and all(p.pid == 424242 for p in gpu.compute_processes())  # ours is gone
+    assert gpu.power_limits().enforced_watts == 680.0  # and the cap is back
+    labels = {"gpu": "0", "uuid": gpu.info().uuid, "probe": "vit", "preset": "vit-b16"}
+    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="aborted", reason="aborted") == 1
+
+
+def test_executor_bug_is_counted_and_the_cap_restored(tmp_path):
+    backend, devices, registry, service = make(tmp_path)
+
+    def broken(device, schedule, abort):
+        raise ZeroDivisionError("bug in an executor")
+
+    service.executor = broken
+    outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60, caps=[500], settle_seconds=0), 0)
+    assert (outcome.result, outcome.reason) == ("failed", "exception")
+    assert devices[0].power_limits().enforced_watts == 680.0
+    labels = {"gpu": "0", "uuid": devices[0].info().uuid, "probe": "vit", "preset": "vit-b16"}
+    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="failed", reason="exception") == 1

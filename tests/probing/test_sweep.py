@@ -1,0 +1,205 @@
+"""Power-cap sweeps on the simulated GPU: change, restore, journal, clamping, recommendation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import pytest
+
+from gpuperfd.config import ScheduleConfig, SimulationConfig
+from gpuperfd.device.simulated import WORKLOAD_PROFILES, SimulatedBackend
+from gpuperfd.probes.result import ProbeResult
+from gpuperfd.probing.executors import SIMULATED_PROFILE, simulated_executor
+from gpuperfd.probing.sweep.caps import (
+    CapGuard,
+    CapSpecError,
+    parse_cap_list,
+    resolve_caps,
+)
+from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
+from gpuperfd.probing.sweep.sweeper import (
+    SweepAborted,
+    SweepPoint,
+    recommend,
+    run_sweep,
+)
+
+
+@pytest.fixture
+def gpu():
+    backend = SimulatedBackend(SimulationConfig(gpus=2, seed=3, initial_power_limits={0: 650.0}))
+    return backend.devices()[0]
+
+
+def ok_result(probe: str = "vit") -> ProbeResult:
+    return ProbeResult(probe=probe, variant="t", preset="p", measured_seconds=1.0, units_of_work=100.0,
+                       energy_per_unit_joules=1.0, work_unit="image")
+
+
+def test_sweep_changes_each_cap_then_restores_the_operators_cap(gpu, tmp_path):
+    journal = CapJournal(tmp_path)
+    seen = []
+
+    def run_point(cap):
+        seen.append((cap, gpu.power_limits().enforced_watts))
+        entries = journal.entries()
+        assert len(entries) == 1 and entries[0][1].original_watts == 650.0  # journaled before the change
+        return ok_result()
+
+    points = run_sweep(gpu, journal, [600, 400, 250], run_point, settle_seconds=0)
+    assert seen == [(600, 600.0), (400, 400.0), (250, 250.0)]
+    assert [p.cap_watts for p in points] == [600, 400, 250]
+    assert gpu.power_limits().enforced_watts == 650.0  # the operator's, not the maximum
+    assert journal.entries() == []
+
+
+def test_failure_mid_sweep_still_restores(gpu, tmp_path):
+    journal = CapJournal(tmp_path)
+
+    def run_point(cap):
+        if cap == 400:
+            raise RuntimeError("probe exploded")
+        return ok_result()
+
+    with pytest.raises(RuntimeError):
+        run_sweep(gpu, journal, [600, 400, 250], run_point, settle_seconds=0)
+    assert gpu.power_limits().enforced_watts == 650.0
+    assert journal.entries() == []
+
+
+def test_abort_between_points_restores_and_reports(gpu, tmp_path):
+    journal = CapJournal(tmp_path)
+    abort = threading.Event()
+
+    def run_point(cap):
+        abort.set()  # e.g. SIGTERM arrives during the first point
+        return ok_result()
+
+    with pytest.raises(SweepAborted):
+        run_sweep(gpu, journal, [600, 400], run_point, settle_seconds=0, abort=abort)
+    assert gpu.power_limits().enforced_watts == 650.0
+    assert journal.entries() == []
+
+
+def test_read_only_never_changes_the_cap(gpu, tmp_path):
+    calls = []
+    original = gpu.set_power_limit
+    gpu.set_power_limit = lambda w: calls.append(w) or original(w)  # type: ignore[method-assign]
+    points = run_sweep(gpu, CapJournal(tmp_path), [600, 400], lambda cap: ok_result(), read_only=True)
+    assert calls == []
+    assert [p.cap_watts for p in points] == [650.0]
+    assert CapJournal(tmp_path).entries() == []
+
+
+def test_out_of_range_caps_are_clamped_with_a_warning(gpu, caplog):
+    with caplog.at_level(logging.WARNING):
+        caps = resolve_caps(parse_cap_list("900,0.5,100,max,default"), gpu.power_limits())
+    assert caps == [700, 350, 200]
+    assert "900 W is outside the board's range 200-700 W; using 700 W" in caplog.text
+    assert "100 W is outside" in caplog.text
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "-5", "0", "300,,400", "nan"])
+def test_bad_cap_lists_are_rejected(bad):
+    with pytest.raises(CapSpecError):
+        parse_cap_list(bad)
+
+
+def test_journal_left_by_a_crash_is_restored_at_start(gpu, tmp_path):
+    journal = CapJournal(tmp_path)
+    guard = CapGuard(gpu, journal)
+    guard.set(300.0)  # ... and the process dies here: no restore
+    assert gpu.power_limits().enforced_watts == 300.0
+    actions = restore_pending(CapJournal(tmp_path), [gpu])
+    assert actions == ["gpu 0: 650 W"]
+    assert gpu.power_limits().enforced_watts == 650.0
+    assert journal.entries() == []
+
+
+def test_second_change_keeps_the_first_original(gpu, tmp_path):
+    journal = CapJournal(tmp_path)
+    CapGuard(gpu, journal).set(300.0)  # crashed sweep
+    CapGuard(gpu, journal).set(250.0)  # a later sweep before any restart must not record 300 as original
+    restore_pending(journal, [gpu])
+    assert gpu.power_limits().enforced_watts == 650.0
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe\x00", b'{"uuid": "x"}', b""])
+def test_corrupt_journal_restores_the_default_limit_and_logs(gpu, tmp_path, caplog, content):
+    journal = CapJournal(tmp_path)
+    CapGuard(gpu, journal).set(300.0)
+    path = journal.entries()[0][0]
+    path.write_bytes(content)
+    with caplog.at_level(logging.ERROR):
+        actions = restore_pending(journal, [gpu])
+    assert gpu.power_limits().enforced_watts == 700.0  # the board default: the safe choice
+    assert "unreadable power-cap journal entry" in caplog.text and "default limit 700 W" in caplog.text
+    assert actions and journal.entries() == []
+
+
+def test_unreadable_state_dir_is_a_clear_error_not_a_crash(gpu, tmp_path):
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("x")
+    guard = CapGuard(gpu, CapJournal(blocked / "state"))
+    with pytest.raises(OSError):
+        guard.set(300.0)
+    assert gpu.power_limits().enforced_watts == 650.0  # nothing changed when the journal cannot be written
+
+
+def test_recommendation_matches_the_simulators_true_optimum(tmp_path):
+    backend = SimulatedBackend(SimulationConfig(gpus=1, seed=11))
+    gpu = backend.devices()[0]
+    caps = [700, 650, 600, 550, 500, 450, 400, 350, 300, 250, 200]
+    execute = simulated_executor(measure_seconds=0.05, seed=1, noise=0.002)
+    for probe in ("llm", "vit", "train"):
+        schedule = ScheduleConfig(probe=probe, interval_seconds=60)
+        points = run_sweep(gpu, CapJournal(tmp_path), caps, lambda cap: execute(gpu, schedule, threading.Event()),
+                           settle_seconds=0)
+        best = recommend(points, 0.10)
+        truth = gpu.true_optimal_cap(WORKLOAD_PROFILES[SIMULATED_PROFILE[probe]], caps, 0.10)
+        assert abs(best.cap_watts - truth) <= 50, (probe, best, truth)  # within one cap step
+        assert 200 < best.cap_watts < 700
+        assert 0 < best.energy_saving_ratio < 0.5 and 0 <= best.slowdown_ratio <= 0.10
+        # energy per unit really moves with the cap, as measured from the simulated hardware counter
+        energies = {p.cap_watts: p.result.energy_per_unit_joules for p in points}
+        assert energies[best.cap_watts] < energies[700]
+
+
+def test_recommend_ignores_failed_points_and_breaks_ties_upward():
+    def point(cap, rate, energy, status="ok"):
+        result = ProbeResult(probe="vit", variant="t", preset="p", status=status,
+                             failure_reason=None if status == "ok" else "oom",
+                             measured_seconds=1.0, units_of_work=rate, energy_per_unit_joules=energy)
+        return SweepPoint(cap, result)
+
+    best = recommend([point(700, 100, 1.0), point(600, 95, 0.8), point(500, 93, 0.8), point(400, 50, 0.1, "failed")])
+    assert best.cap_watts == 600 and best.slowdown_ratio == pytest.approx(0.05)
+    assert best.energy_saving_ratio == pytest.approx(0.2)
+    assert recommend([]) is None
+
+
+def test_sweep_cli_on_simulated_gpu(tmp_path):
+    from gpuperfd.cli import main
+
+    out = tmp_path / "points.jsonl"
+    code = main(["sweep", "--simulate", "1", "--probe", "attention", "--caps", "max,500,300", "--settle", "0",
+                 "--state-dir", str(tmp_path / "state"), "--output", str(out), "--no-progress"])
+    assert code == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["cap_watts"] for r in rows] == [700, 500, 300]
+    assert all(r["status"] == "ok" and r["units_per_second"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--caps", "fast"], "--caps"),
+    (["--caps", "300", "--output", "x.txt"], ".csv or .jsonl"),
+    (["--caps", "300", "--gpu", "5"], "no such GPU"),
+])
+def test_sweep_cli_rejects_bad_input(tmp_path, capsys, args, words):
+    from gpuperfd.cli import main
+
+    code = main(["sweep", "--simulate", "1", "--probe", "vit", "--state-dir", str(tmp_path), *args])
+    assert code == 2
+    assert words in capsys.readouterr().err
