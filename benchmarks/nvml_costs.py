@@ -33,7 +33,7 @@ def main() -> int:
     backend = NvmlBackend()
     device = backend.devices()[0]
     rss["+nvmlInit"] = rss_mb()
-    import gpuperfd.daemon  # noqa: F401  (pydantic, apscheduler, prometheus_client)
+    import gpuperfd.daemon  # noqa: F401  (apscheduler, prometheus_client, the config schema)
 
     rss["+daemon imports"] = rss_mb()
     costs = {}

@@ -1,4 +1,4 @@
-"""The daemon's configuration: one YAML file, validated with pydantic on load.
+"""The daemon's configuration: one YAML file, validated on load (:mod:`gpuperfd.config.schema`).
 
 An invalid file raises :class:`ConfigError` whose message names the file, the
 field (as a dotted path) and what is wrong; the CLI turns that into exit code 2.
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
+from gpuperfd.config.schema import (
     BaseModel,
     ConfigDict,
     Field,
@@ -303,7 +303,7 @@ def config_from_mapping(data: Any, source: str = "<config>") -> Config:
         raise ConfigError(_format_validation_error(source, error)) from None
     except RecursionError:
         raise ConfigError(f"{source}: invalid configuration: nested too deeply") from None
-    except ValueError as error:  # raised by model validators outside pydantic's wrapping
+    except ValueError as error:  # raised by model validators outside the schema's wrapping
         raise ConfigError(f"{source}: invalid configuration: {error}") from None
 
 
