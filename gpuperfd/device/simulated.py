@@ -260,7 +260,7 @@ class GpmActivity:
     fp64_active: float
 
     @staticmethod
-    def mix(parts: Sequence[tuple[float, "GpmActivity"]]) -> "GpmActivity":
+    def mix(parts: Sequence[tuple[float, GpmActivity]]) -> GpmActivity:
         """Sum of ``weight * activity`` per field (weights are time shares)."""
         return GpmActivity(
             **{f.name: sum(w * getattr(a, f.name) for w, a in parts) for f in dataclasses.fields(GpmActivity)}
