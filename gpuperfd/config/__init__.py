@@ -43,6 +43,7 @@ DeviceCall = Literal[
     "pcie_throughput",
     "ecc_errors",
     "compute_processes",
+    "gpm_activity",  # simulated GPUs only, until GPM is part of the device interface
 ]
 FaultKind = Literal["not_supported", "no_permission", "gpu_lost", "timeout", "unknown", "slow"]
 

@@ -1,31 +1,59 @@
 """A physics-like simulated GPU: the second implementation of the device interface.
 
 Tests, the demo and CI run the whole daemon (collectors, sampler, power-cap
-sweeps) against this module instead of NVML. It is a model, not a mock: a GPU
-here has an operating point (SM clock, power, throughput) that follows from the
-workload it runs and the power cap it is given, an energy counter that is the
-exact integral of its power, a temperature that follows power with a lag, and
-faults, XID events and ECC errors that appear on a schedule (from
+sweeps) against this module instead of NVML, so its curves decide what the
+project believes about power caps. It is a model, not a mock: a GPU here has an
+operating point (SM clock, power, throughput, GPM activity) that follows from
+the workload it runs and the power cap it is given, an energy counter that is
+the exact integral of its power, a temperature that follows power with a lag,
+and faults, XID events and ECC errors that appear on a schedule (from
 :class:`~gpuperfd.config.SimulationConfig`) or when a test injects them.
 
-The physics, per GPU model (:class:`GpuModel`) and workload
-(:class:`WorkloadProfile`), with ``x = f_sm / f_sm_max`` (the SM clock ratio):
+**Calibrated at the default cap.** Each workload profile is one probe and
+preset (``"vit/vit-b16"``), derived from what that probe measured on a real
+H100 and H200 at their default 700 W limit
+(:mod:`gpuperfd.device.reference_figures`, one table with its sources). At
+700 W the simulated part reproduces each row: the same throughput and SM clock,
+the measured power where the cap does not bind, and the cap (with
+``sw_power_cap``) where it binds on the card (H100 and H200: ViT and attention
+bind; batch decode and training do not). Models without figures (A100) scale
+an H100's calibration by their compute and memory speed.
 
-* busy power ``P(x) = P_idle + activity * (P_static_busy + P_dynamic * x**3)``;
-  dynamic power goes with f*V**2 and V roughly with f, hence the cube;
-* a power cap lowers ``x`` until ``P(x) <= cap`` (closed form; never below the
-  model's minimum clock);
-* throughput ``T(x) = U / (c / (x * s_compute) + (1 - c) / (b * s_memory))``:
-  a share ``c`` of each unit's time scales with the SM clock, the rest with
-  memory bandwidth ``b`` (1 on a healthy part); ``U`` is the rate of an H100 at
-  full clock and ``s_*`` scale it to other models;
-* energy per unit ``E = P / T``.
+**Below 700 W the shape is not measured; the model assumes** (with
+``x = f_sm / f_sm_max``, the SM clock ratio):
 
-The constants are chosen so that, for every workload preset on H100 and H200,
-the cap with the lowest energy per unit among caps that keep throughput within
-10% of the full-cap throughput lies strictly between the minimum and maximum
-cap: the power-cap sweep has a non-trivial answer to find
-(:meth:`SimulatedGpu.true_optimal_cap` gives it, for tests of the sweep).
+* power ``P(x) = P_idle + P_static + D * x * v(x)**2`` with
+  ``v(x) = V0 + (1 - V0) * x``: dynamic power goes with f*V**2 and, over the
+  DVFS range, the voltage rises roughly linearly with the clock (published V/F
+  curves of the parts), from about 0.3 of its top value extrapolated to zero
+  clock (:data:`VOLTAGE_INTERCEPT_RATIO`). The dynamic part therefore falls
+  between x**2 and x**3, above a static floor (idle plus clock-independent
+  busy power: HBM, fabric, leakage) per model. ``D`` is the profile's dynamic
+  power at full clock, solved from the measured row: the measured power at full
+  clock, or the cap at the measured (capped) clock, which puts the unreachable
+  full-clock power of ViT and attention above 700 W;
+* a power cap lowers ``x`` until ``P(x) <= cap`` (bisection; never below the
+  model's minimum clock, where power may stay above an unreachable cap);
+* throughput ``T(x) = U / (c / x + (1 - c) / b)``: a share ``c`` of each unit's
+  time (at full clock) runs in clock-bound kernels and stretches as the clock
+  drops, the rest is bandwidth-bound and scales with memory bandwidth ``b``
+  (1 on a healthy part). Memory-bound work (batch decode, ``c`` 0.45) loses
+  less throughput when the clock drops than tensor-bound work (attention,
+  0.95). ``c`` is an estimate per profile, not a measurement; ``U`` follows
+  from the row's throughput at its clock;
+* energy per unit ``E = P / T``;
+* GPM activity (:class:`GpmActivity`): a profile is a time mix of tensor-bound
+  kernels (as the measured bf16 matmul), bandwidth-bound ones (as the measured
+  device copy) and other clock-bound kernels (assumed); the mix shifts with the
+  clock the cap allows (clock-bound kernels take longer), times the GPU-busy
+  ratio.
+
+With these, for every profile on H100 and H200 the cap with the lowest energy
+per unit among caps that keep throughput within 10% of the full-cap throughput
+lies strictly between the minimum and maximum cap: the power-cap sweep has a
+non-trivial answer to find (:meth:`SimulatedGpu.true_optimal_cap` gives it, for
+tests of the sweep). docs/fleet-simulation.md compares the simulator with the
+cards.
 
 Units are SI, as everywhere behind the device interface: watts, joules,
 seconds, bytes, hertz, celsius, ratios in [0, 1]. Time comes from an injectable
@@ -36,6 +64,7 @@ clock without real waiting.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -71,6 +100,11 @@ from gpuperfd.device.errors import (
     NotSupported,
     UnknownDeviceError,
 )
+from gpuperfd.device.reference_figures import (
+    MEASURED_POWER_LIMIT_WATTS,
+    REAL_GPM_FIGURES,
+    REAL_PROBE_FIGURES,
+)
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -98,16 +132,29 @@ TEMPERATURE_NOISE_CELSIUS = 0.2
 #: Standard deviation of the noise on busy utilization readings (ratio).
 UTILIZATION_NOISE = 0.01
 
+#: Core voltage extrapolated to zero clock along the DVFS line, relative to the
+#: voltage at maximum clock (V = V0 + (1 - V0) * x). An assumption from the
+#: parts' published V/F behaviour; it makes dynamic power go between x**2 and x**3.
+VOLTAGE_INTERCEPT_RATIO = 0.3
+
+
+def dynamic_power_shape(ratio: float) -> float:
+    """Dynamic power at SM clock ratio ``ratio`` relative to full clock: f * V(f)**2, 1 at ratio 1."""
+    voltage = VOLTAGE_INTERCEPT_RATIO + (1.0 - VOLTAGE_INTERCEPT_RATIO) * ratio
+    return ratio * voltage * voltage
+
 
 @dataclass(frozen=True)
 class GpuModel:
     """Static facts and physics constants of one GPU model.
 
     Powers in watts, clocks in hertz, memory in bytes, thermal resistance in
-    kelvin per watt, the thermal time constant in seconds. ``compute_scale`` and
-    ``memory_scale`` are this model's compute rate and memory bandwidth relative
-    to an H100 SXM, which is what :attr:`WorkloadProfile.units_per_second_at_max`
-    is quoted for.
+    kelvin per watt, the thermal time constant in seconds. ``static_busy_watts``
+    is the clock-independent power a busy part draws above idle (HBM, fabric,
+    leakage). ``dynamic_watts``, ``compute_scale`` and ``memory_scale`` only
+    matter for a model without measured figures: they scale an H100's profile
+    calibration (dynamic power at full clock, compute rate and memory
+    bandwidth relative to an H100 SXM).
     """
 
     key: str
@@ -136,14 +183,14 @@ class GpuModel:
         """Lowest SM clock ratio a power cap can push the GPU to."""
         return self.sm_min_hertz / self.sm_max_hertz
 
-    def busy_power_watts(self, activity: float, ratio: float) -> float:
-        """Power at SM clock ratio ``ratio`` while running work of this activity, watts."""
-        return self.idle_watts + activity * (self.static_busy_watts + self.dynamic_watts * ratio**3)
+    def busy_power_watts(self, dynamic_watts: float, ratio: float) -> float:
+        """Power at SM clock ratio ``ratio`` running work of ``dynamic_watts`` at full clock, watts."""
+        return self.idle_watts + self.static_busy_watts + dynamic_watts * dynamic_power_shape(ratio)
 
 
-#: Model presets by the key SimulationConfig.model uses. Static busy power is
-#: kept low enough (about 110 W on H100) that every model can hold its minimum
-#: cap at its minimum clock, so an enforced cap is always met.
+#: Model presets by the key SimulationConfig.model uses. The static floor is
+#: kept low enough (178 W on H100) that every model holds its minimum cap at its
+#: minimum clock with every profile, so an enforced cap is always met.
 _H100 = GpuModel(
     key="H100",
     name="NVIDIA H100 80GB HBM3",
@@ -157,8 +204,8 @@ _H100 = GpuModel(
     sm_idle_hertz=345 * MHZ,
     memory_hertz=2619 * MHZ,
     idle_watts=78.0,
-    static_busy_watts=110.0,
-    dynamic_watts=502.0,  # P(1) = 690 W at activity 1
+    static_busy_watts=100.0,
+    dynamic_watts=500.0,
     compute_scale=1.0,
     memory_scale=1.0,
 )
@@ -171,8 +218,7 @@ GPU_MODELS: dict[str, GpuModel] = {
         name="NVIDIA H200",
         memory_total_bytes=143771 * MIB,
         memory_hertz=3201 * MHZ,
-        idle_watts=80.0,
-        dynamic_watts=500.0,  # P(1) = 690 W at activity 1
+        idle_watts=80.0,  # the reference H200 read 79 W idle
         memory_scale=4.8 / 3.35,  # HBM3e 4.8 TB/s vs HBM3 3.35 TB/s
     ),
     "A100": GpuModel(
@@ -188,8 +234,8 @@ GPU_MODELS: dict[str, GpuModel] = {
         sm_idle_hertz=210 * MHZ,
         memory_hertz=1593 * MHZ,
         idle_watts=55.0,
-        static_busy_watts=35.0,
-        dynamic_watts=300.0,  # P(1) = 390 W at activity 1
+        static_busy_watts=25.0,
+        dynamic_watts=300.0,
         compute_scale=312 / 989,  # dense bf16 TFLOP/s vs H100 SXM
         memory_scale=2.04 / 3.35,
     ),
@@ -197,50 +243,195 @@ GPU_MODELS: dict[str, GpuModel] = {
 
 
 @dataclass(frozen=True)
+class GpmActivity:
+    """GPM-style activity ratios (0..1), as NVML's GPM metrics report them (percent / 100).
+
+    ``sm_active``: SMs with a warp resident; ``sm_occupancy``: resident warps
+    over the maximum; ``tensor_active``, ``fp16/fp32/fp64_active``: cycles the
+    pipe is busy; ``dram_active``: DRAM bandwidth used over the peak.
+    """
+
+    sm_active: float
+    sm_occupancy: float
+    tensor_active: float
+    dram_active: float
+    fp16_active: float
+    fp32_active: float
+    fp64_active: float
+
+    @staticmethod
+    def mix(parts: Sequence[tuple[float, GpmActivity]]) -> GpmActivity:
+        """Sum of ``weight * activity`` per field (weights are time shares)."""
+        return GpmActivity(
+            **{f.name: sum(w * getattr(a, f.name) for w, a in parts) for f in dataclasses.fields(GpmActivity)}
+        )
+
+
+#: GPM of the three kernel classes a profile mixes. Tensor-bound and bandwidth-bound
+#: kernels are the measured H100 loads (bf16 matmul, device copy); their DRAM share is
+#: taken as clock-independent (the clock of that measurement was not recorded).
+TENSOR_KERNELS = GpmActivity(**REAL_GPM_FIGURES["bf16 matmul"])
+MEMORY_KERNELS = GpmActivity(**REAL_GPM_FIGURES["device copy"])
+#: Other clock-bound kernels (layer norms, softmax, GELU fused in registers, small launches):
+#: not measured; an assumption (CUDA-core work, some DRAM traffic, moderate occupancy).
+OTHER_KERNELS = GpmActivity(
+    sm_active=0.95, sm_occupancy=0.35, tensor_active=0.0, dram_active=0.15,
+    fp16_active=0.05, fp32_active=0.35, fp64_active=0.0,
+)
+IDLE_GPM = GpmActivity(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A profile on one GPU model: throughput (units/s) and dynamic power (W) at full clock, no cap."""
+
+    model: str
+    units_per_second_at_max: float
+    dynamic_watts: float
+
+
+@dataclass(frozen=True)
 class WorkloadProfile:
     """What a job does to a GPU, for the physics above.
 
-    ``compute_fraction``: share (0..1) of one unit's time that scales with the
-    SM clock; the rest is memory-bound and scales with memory bandwidth.
-    ``units_per_second_at_max``: throughput of an H100 SXM at full clock with no
-    binding cap (units are ``unit``: tokens, images, iterations).
-    ``activity``: how hard it drives the SMs (0..1); scales busy power and is
-    the reported GPU utilization. ``memory_bytes``: device memory it occupies.
+    ``compute_fraction`` (c): share (0..1) of one unit's time at full clock
+    spent in clock-bound kernels; the rest is bandwidth-bound.
+    ``tensor_fraction``: the part of c in tensor-bound kernels (the rest of c:
+    other clock-bound kernels); it only shapes GPM activity.
+    ``activity``: GPU-busy ratio (0..1), the reported GPU utilization.
+    ``memory_bytes``: device memory it occupies. ``calibrations``: per GPU
+    model, throughput and dynamic power at full clock (:func:`derive_calibration`).
     """
 
     name: str
+    unit: str
     compute_fraction: float
-    units_per_second_at_max: float
+    tensor_fraction: float
     activity: float
     memory_bytes: int
-    unit: str = "units"
+    calibrations: tuple[Calibration, ...]
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.compute_fraction <= 1.0:
             raise ValueError(f"compute_fraction {self.compute_fraction} outside [0, 1]")
+        if not 0.0 <= self.tensor_fraction <= self.compute_fraction:
+            raise ValueError(f"tensor_fraction {self.tensor_fraction} outside [0, compute_fraction]")
         if not 0.0 <= self.activity <= 1.0:
             raise ValueError(f"activity {self.activity} outside [0, 1]")
-        if self.units_per_second_at_max <= 0:
-            raise ValueError(f"units_per_second_at_max {self.units_per_second_at_max} must be > 0")
         if self.memory_bytes < 0:
             raise ValueError(f"memory_bytes {self.memory_bytes} must be >= 0")
+        if not self.calibrations:
+            raise ValueError(f"profile {self.name} has no calibration")
+        for item in self.calibrations:
+            if item.units_per_second_at_max <= 0 or item.dynamic_watts <= 0:
+                raise ValueError(f"profile {self.name} on {item.model}: throughput and dynamic power must be > 0")
+
+    def calibration(self, model: GpuModel) -> Calibration:
+        """This profile on ``model``: its own calibration, else the first one scaled by speed and power."""
+        for item in self.calibrations:
+            if item.model == model.key:
+                return item
+        source = self.calibrations[0]
+        base = GPU_MODELS[source.model]
+        return Calibration(
+            model=model.key,
+            units_per_second_at_max=source.units_per_second_at_max * self._speed(model) / self._speed(base),
+            dynamic_watts=source.dynamic_watts * model.dynamic_watts / base.dynamic_watts,
+        )
+
+    def _speed(self, model: GpuModel) -> float:
+        c = self.compute_fraction
+        return 1.0 / (c / model.compute_scale + (1.0 - c) / model.memory_scale)
+
+    def gpm(self, ratio: float, bandwidth: float = 1.0) -> GpmActivity:
+        """GPM activity at SM clock ratio ``ratio`` and memory bandwidth factor ``bandwidth``.
+
+        Time shares of the kernel classes at that clock: clock-bound kernels take
+        ``1 / ratio`` times longer, bandwidth-bound ones ``1 / bandwidth``; a slower
+        memory shows as less DRAM bandwidth used. All of it times the busy ratio.
+        """
+        tensor = self.tensor_fraction / ratio
+        other = (self.compute_fraction - self.tensor_fraction) / ratio
+        memory = (1.0 - self.compute_fraction) / bandwidth
+        total = tensor + other + memory
+        slow_memory = dataclasses.replace(MEMORY_KERNELS, dram_active=MEMORY_KERNELS.dram_active * bandwidth)
+        mixed = GpmActivity.mix(
+            [(tensor / total, TENSOR_KERNELS), (other / total, OTHER_KERNELS), (memory / total, slow_memory)]
+        )
+        return GpmActivity.mix([(self.activity, mixed)])
 
 
-#: Workload presets, throughputs for an H100 SXM (scaled for other models by
-#: GpuModel.compute_scale / memory_scale). Decode is memory-bound (the reference
-#: puts GPT-2 batch-1 decode's bandwidth floor near 19,000 tokens/s); ViT-B/16
-#: measured ~10,300 images/s on an H200.
+def derive_calibration(model: GpuModel, figure: dict[str, object], compute_fraction: float) -> Calibration:
+    """Throughput and dynamic power at full clock that reproduce one measured row at its limit.
+
+    The row's clock ratio ``x`` gives ``U = T * (c / x + 1 - c)``. Its power is
+    the measured one where the cap did not bind; where it did, the part sat at
+    the cap (the simulator enforces the cap exactly, so that is the power it
+    must reach at clock ``x``): ``D = (P - P_idle - P_static) / shape(x)``.
+    """
+    ratio = float(figure["sm_clock_mhz"]) * MHZ / model.sm_max_hertz  # type: ignore[arg-type]
+    rate = float(figure["units_per_second"])  # type: ignore[arg-type]
+    capped = "sw_power_cap" in figure["clock_events"]  # type: ignore[operator]
+    power = MEASURED_POWER_LIMIT_WATTS if capped else float(figure["average_power_watts"])  # type: ignore[arg-type]
+    c = compute_fraction
+    return Calibration(
+        model=model.key,
+        units_per_second_at_max=rate * (c / ratio + 1.0 - c),
+        dynamic_watts=(power - model.idle_watts - model.static_busy_watts) / dynamic_power_shape(ratio),
+    )
+
+
+def _measured_profile(name: str, compute_fraction: float, tensor_fraction: float) -> WorkloadProfile:
+    """A probe/preset profile calibrated from every model's row of REAL_PROBE_FIGURES."""
+    rows = {key: rows[name] for key, rows in REAL_PROBE_FIGURES.items() if name in rows}
+    first = next(iter(rows.values()))
+    return WorkloadProfile(
+        name=name,
+        unit=str(first["unit"]),
+        compute_fraction=compute_fraction,
+        tensor_fraction=tensor_fraction,
+        activity=float(first["gpu_busy_ratio"]),  # type: ignore[arg-type]
+        memory_bytes=int(first["peak_memory_bytes"]),  # type: ignore[call-overload]
+        calibrations=tuple(derive_calibration(GPU_MODELS[key], row, compute_fraction) for key, row in rows.items()),
+    )
+
+
+#: Workload profiles per probe and preset ("probe/preset"), calibrated from the
+#: real figures; (compute fraction, tensor fraction) are estimates:
+#:
+#: * llm/gpt2 (batch-128 decode, CUDA graph): DRAM-bound; weights and KV cache
+#:   stream every step and little of the step is tensor work (~26 TFLOP/s of ~790).
+#: * vit/vit-b16 (batch 128, compiled): tensor-bound; 56 % of the matmul's FLOP/s.
+#: * attention/default (fused SDPA): tensor-bound; 77 % of the matmul's FLOP/s.
+#: * train/gpt2 (eager, batch 16 x 1024): tensor work leads (17 % of the matmul's
+#:   FLOP/s in small GEMMs), with many eager element-wise kernels (DRAM-bound).
 WORKLOAD_PROFILES: dict[str, WorkloadProfile] = {
-    "llm_decode": WorkloadProfile("llm_decode", 0.35, 19_000.0, 0.6, 4 * GIB, "tokens"),
-    "llm_prefill": WorkloadProfile("llm_prefill", 0.9, 600_000.0, 1.0, 12 * GIB, "tokens"),
-    "vit": WorkloadProfile("vit", 0.85, 11_000.0, 0.9, 6 * GIB, "images"),
-    "attention": WorkloadProfile("attention", 0.8, 3_000.0, 0.95, 2 * GIB, "iterations"),
-    "train": WorkloadProfile("train", 0.88, 150_000.0, 0.95, 40 * GIB, "tokens"),
+    profile.name: profile
+    for profile in (
+        _measured_profile("llm/gpt2", 0.45, 0.10),
+        _measured_profile("vit/vit-b16", 0.85, 0.55),
+        _measured_profile("attention/default", 0.95, 0.78),
+        _measured_profile("train/gpt2", 0.80, 0.40),
+    )
 }
 
+#: Prompt prefill rate over decode rate of the llm probe (the H200 row; prefill is one
+#: large batched forward pass): the simulated executor's time to first token uses it.
+LLM_PREFILL_SPEEDUP = float(REAL_PROBE_FIGURES["H200"]["llm/gpt2"]["prompt_tokens_per_second"]) / float(  # type: ignore[arg-type]
+    REAL_PROBE_FIGURES["H200"]["llm/gpt2"]["units_per_second"]  # type: ignore[arg-type]
+)
+
 #: What another user's job (add_foreign_process) does to the GPU when gpuperfd
-#: runs nothing on it itself.
-FOREIGN_PROFILE = WorkloadProfile("foreign", 0.8, 1.0, 0.95, 0, "units")
+#: runs nothing on it itself: a heavy training-like job (about 580 W at full clock on an H100).
+FOREIGN_PROFILE = WorkloadProfile(
+    name="foreign",
+    unit="units",
+    compute_fraction=0.8,
+    tensor_fraction=0.4,
+    activity=0.95,
+    memory_bytes=0,
+    calibrations=(Calibration("H100", 1.0, 400.0),),
+)
 
 
 @dataclass(frozen=True)
@@ -249,6 +440,7 @@ class OperatingPoint:
 
     ``clock_events`` are the reasons the clock is below the part's maximum
     (``sw_power_cap``, the thermal ones), as names from CLOCK_EVENT_REASONS.
+    ``gpm`` is the GPM activity at that clock.
     """
 
     sm_hertz: float
@@ -256,8 +448,10 @@ class OperatingPoint:
     units_per_second: float
     energy_per_unit_joules: float
     clock_events: frozenset[str]
+    gpm: GpmActivity
 
 
+@functools.lru_cache(maxsize=4096)
 def compute_operating_point(
     model: GpuModel,
     profile: WorkloadProfile,
@@ -269,40 +463,45 @@ def compute_operating_point(
 ) -> OperatingPoint:
     """The busy operating point of ``model`` running ``profile`` under ``cap_watts``.
 
-    Pure. The clock ratio starts at the part's maximum (``sm_clock_factor``,
-    times THERMAL_THROTTLE_CLOCK_FACTOR when throttled) and is lowered, in closed
-    form, until power meets the cap; it never goes below the model's minimum
-    clock, where power may stay above an unreachable cap.
+    Pure (and cached: samplers ask for it on every read). The clock ratio starts
+    at the part's maximum (``sm_clock_factor``, times
+    THERMAL_THROTTLE_CLOCK_FACTOR when throttled) and is lowered, by bisection
+    on the monotonic power curve, until power meets the cap; it never goes below
+    the model's minimum clock, where power may stay above an unreachable cap.
     """
     if not cap_watts > 0:
         raise ValueError(f"cap_watts must be > 0, got {cap_watts}")
+    calibration = profile.calibration(model)
+    dynamic = calibration.dynamic_watts
     events: set[str] = set()
     ratio = sm_clock_factor
     if thermal_throttle:
         ratio *= THERMAL_THROTTLE_CLOCK_FACTOR
         events.update(("hw_thermal_slowdown", "sw_thermal_slowdown"))
-    activity = profile.activity
-    power = model.busy_power_watts(activity, ratio)
-    if power > cap_watts and activity > 0:
-        headroom = (cap_watts - model.idle_watts) / activity - model.static_busy_watts
-        capped = math.copysign(abs(headroom / model.dynamic_watts) ** (1 / 3), headroom)
+    power = model.busy_power_watts(dynamic, ratio)
+    if power > cap_watts:
         events.add("sw_power_cap")
-        if capped > model.sm_min_ratio:
-            ratio, power = capped, cap_watts
+        low, high = model.sm_min_ratio, ratio
+        if model.busy_power_watts(dynamic, low) >= cap_watts:
+            ratio, power = low, model.busy_power_watts(dynamic, low)
         else:
-            ratio = model.sm_min_ratio
-            power = model.busy_power_watts(activity, ratio)
+            for _ in range(60):  # the power curve is increasing; 2**-60 of the range is exact enough
+                middle = 0.5 * (low + high)
+                if model.busy_power_watts(dynamic, middle) > cap_watts:
+                    high = middle
+                else:
+                    low = middle
+            ratio, power = low, cap_watts
     c = profile.compute_fraction
-    seconds_per_unit_at_max = c / (ratio * model.compute_scale) + (1.0 - c) / (
-        memory_bandwidth_factor * model.memory_scale
-    )
-    units_per_second = profile.units_per_second_at_max / seconds_per_unit_at_max
+    seconds_per_unit_at_max = c / ratio + (1.0 - c) / memory_bandwidth_factor
+    units_per_second = calibration.units_per_second_at_max / seconds_per_unit_at_max
     return OperatingPoint(
         sm_hertz=ratio * model.sm_max_hertz,
         power_watts=power,
         units_per_second=units_per_second,
         energy_per_unit_joules=power / units_per_second,
         clock_events=frozenset(events),
+        gpm=profile.gpm(ratio, memory_bandwidth_factor),
     )
 
 
@@ -602,19 +801,36 @@ class SimulatedGpu(Device):
         return self._info
 
     def utilization(self) -> Utilization:
-        """GPU ratio ~ the workload's activity, memory ratio ~ its memory-bound share; 0 when idle."""
+        """GPU ratio ~ the workload's busy ratio, memory ratio ~ its DRAM activity at this clock; 0 when idle."""
         self._check_faults("utilization")
         with self._lock:
+            point = self._current_point()
             workload = self._workload()
-            if workload is None:
+            if point is None or workload is None:
                 return Utilization(gpu_ratio=0.0, memory_ratio=0.0)
             gpu = workload.activity
             if self._foreign:
                 gpu = max(gpu, FOREIGN_PROFILE.activity)
-            memory = 1.0 - workload.compute_fraction
+            memory = point.gpm.dram_active
             return Utilization(
                 gpu_ratio=min(1.0, max(0.0, self._noisy(gpu, UTILIZATION_NOISE))),
                 memory_ratio=min(1.0, max(0.0, self._noisy(memory, UTILIZATION_NOISE))),
+            )
+
+    def gpm_activity(self) -> GpmActivity:
+        """GPM activity now (ratios with small noise): the load's kernel mix at the clock the cap allows.
+
+        All zero when idle. Not part of the Device interface yet (the telemetry
+        issue wires GPM metrics through it); faults for call "gpm_activity" apply.
+        """
+        self._check_faults("gpm_activity")
+        with self._lock:
+            point = self._current_point()
+            if point is None:
+                return IDLE_GPM
+            values = dataclasses.asdict(point.gpm)
+            return GpmActivity(
+                **{k: min(1.0, max(0.0, self._noisy(v, UTILIZATION_NOISE * v))) for k, v in values.items()}
             )
 
     def memory(self) -> MemoryUsage:

@@ -3,7 +3,9 @@
 ``child_process_executor`` is the real path: the probe runs torch in a child
 (:func:`gpuperfd.probes.runner.run_probe`), so a crash, hang or OOM ends that
 probe and never the daemon. ``simulated_executor`` loads a simulated GPU with
-the probe's workload profile for a measured window and derives the result from
+the profile of the probe and preset (calibrated from the real cards' figures at
+700 W; presets without figures of their own run their probe's default preset
+profile) for a measured window and derives the result from
 the simulator's physics (throughput from the SM clock the cap allows, energy
 from the simulated hardware counter), with realistic noise, so sweeps on the
 simulator show real-looking curves with a known true optimum.
@@ -22,8 +24,17 @@ from gpuperfd.device.base import Device
 from gpuperfd.probes.result import ProbeResult
 from gpuperfd.probes.spec import DEFAULT_PRESET
 
-#: Which simulator workload stands for which probe.
-SIMULATED_PROFILE = {"llm": "llm_decode", "vit": "vit", "attention": "attention", "train": "train"}
+#: The simulator profile of each probe's default preset ("probe/preset").
+SIMULATED_PROFILE = {probe: f"{probe}/{preset}" for probe, preset in DEFAULT_PRESET.items()}
+
+
+def simulated_profile_name(probe: str, preset: str | None) -> str:
+    """The simulator profile for ``probe`` at ``preset``: the preset's own where measured,
+    else the default preset's (the simulator does not model model size or batch size)."""
+    from gpuperfd.device.simulated import WORKLOAD_PROFILES
+
+    name = f"{probe}/{preset or DEFAULT_PRESET[probe]}"
+    return name if name in WORKLOAD_PROFILES else SIMULATED_PROFILE[probe]
 
 
 def child_process_executor(timeout_seconds: float, torch_device: str = "cuda"):  # type: ignore[no-untyped-def]
@@ -70,8 +81,8 @@ def simulated_executor(  # type: ignore[no-untyped-def]
     def execute(device: Device, schedule: ScheduleConfig, abort: threading.Event) -> ProbeResult:
         if not isinstance(device, SimulatedGpu):
             raise TypeError("the simulated executor needs a simulated GPU")
-        profile = WORKLOAD_PROFILES[SIMULATED_PROFILE[schedule.probe]]
         preset = schedule.preset or DEFAULT_PRESET[schedule.probe]
+        profile = WORKLOAD_PROFILES[simulated_profile_name(schedule.probe, preset)]
         started_at = time.time()
         wall_start = time.monotonic()
         energy_start = device.energy_joules()
@@ -127,7 +138,7 @@ def simulated_executor(  # type: ignore[no-untyped-def]
             allocated_memory_bytes=profile.memory_bytes,
             sm_clock_hertz_mean=point.sm_hertz,
             clock_events_seen=sorted(point.clock_events),
-            gpu_busy_ratio=min(1.0, profile.activity + 0.05),
+            gpu_busy_ratio=profile.activity,
             power_limit_watts=device.power_limits().enforced_watts,
         )
 
@@ -141,12 +152,12 @@ def _simulated_latencies(schedule: ScheduleConfig, rate: float, samples: list[fl
     preset = PRESETS[schedule.probe].get(schedule.preset or DEFAULT_PRESET[schedule.probe], {})
     options = {**preset, **schedule.options}
     if schedule.probe == "llm":
-        from gpuperfd.device.simulated import WORKLOAD_PROFILES
+        from gpuperfd.device.simulated import LLM_PREFILL_SPEEDUP
 
         batch = int(options.get("batch_size", 1))
         prompt = int(options.get("prompt_tokens", 128))
         output = int(options.get("output_tokens", 128))
-        prefill_rate = device.operating_point(WORKLOAD_PROFILES["llm_prefill"]).units_per_second
+        prefill_rate = rate * LLM_PREFILL_SPEEDUP
         tpot = batch / rate
         ttft = batch * prompt / prefill_rate
         request = ttft + output * tpot

@@ -283,7 +283,7 @@ def test_recommended_cap_is_the_true_optimum_within_one_step(fleet):
     step = min(a - b for a, b in zip(sorted(SPEC.caps)[1:], sorted(SPEC.caps)))
     truth = {(gpu.instance, str(gpu.index), probe): gpu.true_optimal_cap(probe, SPEC.caps)
              for gpu in fleet.gpus for probe in SPEC.probes}
-    assert {t for (i, g, p), t in truth.items() if fleet.gpu_of({"instance": i, "gpu": g}).healthy} == {300, 500, 550}
+    assert {t for (i, g, p), t in truth.items() if fleet.gpu_of({"instance": i, "gpu": g}).healthy} == {350, 450, 600}
 
     def recommended():
         got = {(s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["probe"]): float(s["value"][1])
@@ -307,7 +307,7 @@ def test_recommended_cap_is_the_true_optimum_within_one_step(fleet):
     # The fleet recommendation per model is the healthy majority's.
     fleet_caps = {s["metric"]["probe"]: float(s["value"][1])
                   for s in fleet.query("gpuperf:power_cap_recommended_watts:by_model")}
-    healthy_truth = {"llm": 300, "vit": 500, "attention": 550, "train": 550}
+    healthy_truth = {"llm": 350, "vit": 600, "attention": 600, "train": 450}
     assert all(abs(fleet_caps[p] - c) <= step for p, c in healthy_truth.items()), fleet_caps
 
 

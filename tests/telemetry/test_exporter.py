@@ -75,7 +75,7 @@ def test_busy_capped_gpu_shows_load_power_cap_and_energy(clock):
     sampler.sample_once()
     e0 = value(exporter, "gpuperf_energy_joules_total")
     gpu.set_power_limit(300.0)
-    gpu.begin_load(WORKLOAD_PROFILES["train"], pid=4242)
+    gpu.begin_load(WORKLOAD_PROFILES["train/gpt2"], pid=4242)
     clock.advance(10.0)
     sampler.sample_once()
 
