@@ -1,7 +1,7 @@
 """Real GPU figures the simulated GPU is derived from: one table, with its sources.
 
 The simulator (:mod:`gpuperfd.device.simulated`) calibrates each workload
-profile from these rows, and ``tests/test_simulated_vs_real.py`` checks the
+profile from these rows, and ``tests/device/test_simulated_vs_real.py`` checks the
 simulated default probes against the same rows, so a change to the physics
 cannot drift away from the cards silently. Pure data: no imports, no code.
 

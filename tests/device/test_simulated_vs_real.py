@@ -28,7 +28,7 @@ from gpuperfd.device.simulated import (
     SimulatedBackend,
     WorkloadProfile,
 )
-from gpuperfd.probe_executors import (
+from gpuperfd.probing.executors import (
     SIMULATED_PROFILE,
     simulated_executor,
     simulated_profile_name,
