@@ -16,7 +16,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 import gpuperfd
 from gpuperfd.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec
-from gpuperfd.exposition import Family, label_string, render
+from gpuperfd.exposition import Family, assemble, label_string, registry_body, render
 from gpuperfd.sampler import Sampler, lost_gpus
 
 disable_created_metrics()  # _created series would double every counter and histogram
@@ -95,27 +95,25 @@ class Exporter:
         return list(families.values())
 
     def _registry_text(self, index: int, openmetrics: bool) -> str:
+        """A registry's families as text, never with '# EOF' (cached when the registry is versioned)."""
         registry, version = self.registries[index]
         encoder = generate_openmetrics if openmetrics else generate_latest
         if version is None:
-            text = encoder(registry).decode()
-        else:
-            current = version()
-            with self._cache_lock:
-                cached = self._cache.get((index, openmetrics))
-            if cached is not None and cached[0] == current:
-                return cached[1]
-            text = encoder(registry).decode()
-            with self._cache_lock:
-                self._cache[(index, openmetrics)] = (current, text)
-        return text.removesuffix("# EOF\n")
+            return registry_body(encoder(registry).decode())
+        current = version()
+        with self._cache_lock:
+            cached = self._cache.get((index, openmetrics))
+        if cached is not None and cached[0] == current:
+            return cached[1]
+        text = registry_body(encoder(registry).decode())
+        with self._cache_lock:
+            self._cache[(index, openmetrics)] = (current, text)
+        return text
 
     def render(self, openmetrics: bool = False) -> bytes:
         parts = [render(self.telemetry_families(), openmetrics)]
         parts += [self._registry_text(i, openmetrics) for i in range(len(self.registries))]
-        if openmetrics:
-            parts.append("# EOF\n")
-        return "".join(parts).encode()
+        return assemble(parts, openmetrics).encode()
 
 
 SELF_METRICS = (

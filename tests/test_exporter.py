@@ -208,3 +208,75 @@ def test_gpu_that_comes_back_is_up_at_its_first_good_read(clock):
     assert value(exporter, "gpuperf_gpu_up") == 1.0
     assert value(exporter, "gpuperf_power_draw_watts") is not None
     assert value(exporter, "gpuperf_collector_success", collector="pcie") == 0.0  # not re-read yet
+
+
+# -- every render parses, in both formats (issue 18: a cached probe registry kept its own '# EOF') --
+
+
+def _probe_result(cap: float, rate: float, status: str = "ok"):
+    from gpuperfd.probes.result import ProbeResult
+
+    return ProbeResult(probe="llm", variant="generate", preset="gpt2", status=status, wall_seconds=2.0,
+                       failure_reason=None if status == "ok" else "oom", measured_seconds=1.0,
+                       units_of_work=rate, work_unit="token", energy_per_unit_joules=cap / rate,
+                       average_power_watts=cap * 0.9, latencies={"ttft_seconds": [0.02], "tpot_seconds": [0.001]})
+
+
+def make_daemon_exporter(clock):
+    """The exporter as the daemon wires it: telemetry, the versioned probe registry, the process registry."""
+    from prometheus_client import CollectorRegistry
+
+    from gpuperfd.exporter import process_registry
+    from gpuperfd.probe_metrics import ProbeMetrics
+
+    backend, sampler, _ = make(clock)
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = ProbeMetrics(registry)
+    exporter = Exporter(sampler, backend.name, [(registry, metrics.version), (process_registry(), None)])
+    sampler.sample_once()
+    return backend, metrics, exporter
+
+
+def check_exposition(text: str, openmetrics: bool) -> set:
+    """Parse with prometheus_client (the OpenMetrics parser is strict: one '# EOF', last); lint text with promtool."""
+    import shutil
+    import subprocess
+
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
+
+    if openmetrics:
+        assert text.count("# EOF") == 1 and text.endswith("\n# EOF\n")
+        families = list(parse_om(text))
+    else:
+        assert "# EOF" not in text
+        families = list(text_string_to_metric_families(text))
+        promtool = shutil.which("promtool")
+        assert promtool, "promtool is required (apt-get install prometheus)"
+        out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+    return {(s.name, tuple(sorted(s.labels.items()))) for f in families for s in f.samples if not s.name.startswith("process_")}
+
+
+@pytest.mark.parametrize("renders", [1, 2, 25])
+def test_every_render_parses_in_both_formats_cached_or_not(clock, renders):
+    backend, metrics, exporter = make_daemon_exporter(clock)
+    gpu = backend.devices()[0].info()
+    metrics.set_original_cap(gpu, 700.0)
+    metrics.publish(gpu, _probe_result(700, 1000.0), 700, at_operator_cap=True)
+    for i in range(renders):
+        if i and i % 5 == 0:  # the probe registry changes between some renders and not others
+            metrics.publish(gpu, _probe_result(500, 900.0 + i), 500, at_operator_cap=False)
+        om = check_exposition(exporter.render(openmetrics=True).decode(), True)
+        text = check_exposition(exporter.render(openmetrics=False).decode(), False)
+        assert om == text  # the same samples whichever format a scrape asked for
+    assert ("gpuperf_probe_work_units_per_second",
+            (("gpu", "0"), ("power_cap", "700"), ("preset", "gpt2"), ("probe", "llm"), ("unit", "token"), ("uuid", gpu.uuid))) in om
+
+
+def test_a_part_carrying_its_own_eof_is_refused_not_served():
+    from gpuperfd.exposition import assemble, registry_body
+
+    assert assemble(["a 1\n", registry_body("b 2\n# EOF\n")], openmetrics=True) == "a 1\nb 2\n# EOF\n"
+    assert assemble(["a 1\n"], openmetrics=False) == "a 1\n"
+    with pytest.raises(ValueError, match="EOF"):
+        assemble(["a 1\n# EOF\n", "b 2\n"], openmetrics=True)
