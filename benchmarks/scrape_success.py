@@ -34,7 +34,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 #: Series whose value does not change between scrapes (same for every scrape of one daemon).
-STABLE_SERIES = ("gpuperf_build_info", "gpuperf_gpu_info", "gpuperf_power_limit_watts", "gpuperf_memory_total_bytes")
+STABLE_SERIES = ("gpuperf_build_info", "gpuperf_gpu_info", "gpuperf_memory_total_bytes",
+                 "gpuperf_power_cap_original_watts", "gpuperf_probe_power_cap_watts")
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -163,7 +164,7 @@ def measure(gpus: int, seconds: float, interval: float, workdir: Path, prometheu
             "date": time.strftime("%Y-%m-%d"),
             "gpus": gpus, "seconds": round(time.monotonic() - started, 1), "interval_seconds": interval,
             "scrapes": scrapes, "scrapes_ok": ok, "success_ratio": ok / scrapes if scrapes else 0.0,
-            "last_error": target.get("lastError", ""), "scrape_format": target.get("scrapeUrl", ""),
+            "last_error": target.get("lastError", ""),
             "probe_points": probe_runs, "series_compared": compared, "mismatches": mismatches,
             "daemon_alive": processes[0].poll() is None,
         }

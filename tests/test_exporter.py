@@ -280,3 +280,25 @@ def test_a_part_carrying_its_own_eof_is_refused_not_served():
     assert assemble(["a 1\n"], openmetrics=False) == "a 1\n"
     with pytest.raises(ValueError, match="EOF"):
         assemble(["a 1\n# EOF\n", "b 2\n"], openmetrics=True)
+
+
+@pytest.mark.prometheus
+def test_a_real_prometheus_scrapes_every_time_across_probe_runs(tmp_path):
+    """Stock Prometheus (OpenMetrics first) at 1 s over ~30 s of 10 s sweeps: no scrape fails, stored == served."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "scrape_success.py"), "--simulate", "2",
+                           "--seconds", "30", "--json", str(out)], capture_output=True, text=True, timeout=180, cwd=root)
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["scrapes"] >= 20, result
+    assert result["scrapes_ok"] == result["scrapes"], result  # count_over_time(up) == sum_over_time(up)
+    assert result["last_error"] == "", result
+    assert result["probe_points"] >= 12, result  # at least two sweeps of 3 caps on 2 GPUs: several cache states
+    assert result["series_compared"] >= 9 and result["mismatches"] == [], result
+    assert result["daemon_alive"] and proc.returncode == 0, result
