@@ -115,8 +115,10 @@ def test_lost_gpu_goes_down_while_others_are_reported(clock):
     assert value(exporter, "gpuperf_temperature_celsius", gpu=1) is None
     assert value(exporter, "gpuperf_power_draw_watts", gpu=2) is not None
     assert value(exporter, "gpuperf_gpu_info", gpu=1, uuid=uuid1) == 1.0  # identity kept
-    assert value(exporter, "gpuperf_collector_success", gpu=1, collector="power") == 0.0
+    assert value(exporter, "gpuperf_collector_success", gpu=1, collector="power") is None  # gpu_up says it all
     assert value(exporter, "gpuperf_device_errors_total", gpu=1, collector="power", reason="gpu_lost") == 1.0
+    left = {s.name for s in samples(exporter) if s.labels.get("gpu") == "1"}
+    assert left == {"gpuperf_gpu_info", "gpuperf_gpu_up", "gpuperf_device_errors_total", "gpuperf_xid_events_total"}  # docs/runbook.md#gpulost
 
     backend.clear_faults()  # the GPU comes back
     clock.advance(1.0)
@@ -302,3 +304,55 @@ def test_a_real_prometheus_scrapes_every_time_across_probe_runs(tmp_path):
     assert result["probe_points"] >= 12, result  # at least two sweeps of 3 caps on 2 GPUs: several cache states
     assert result["series_compared"] >= 9 and result["mismatches"] == [], result
     assert result["daemon_alive"] and proc.returncode == 0, result
+
+
+def test_lost_gpu_publishes_no_probe_results_until_it_answers_again(clock):
+    backend, metrics, exporter = make_daemon_exporter(clock)
+    gpus = [d.info() for d in backend.devices()]
+    for gpu in gpus:
+        metrics.set_original_cap(gpu, 700.0)
+        metrics.publish(gpu, _probe_result(700, 1000.0), 700, at_operator_cap=True)
+        metrics.publish(gpu, _probe_result(500, 950.0), 500, at_operator_cap=False)
+    before = {(s.name, tuple(sorted(s.labels.items())), s.value) for s in samples(exporter) if s.labels.get("gpu") == "1"}
+    backend.inject(FaultConfig(gpu=1, call="*", kind="gpu_lost"))
+    clock.advance(1.0)
+    exporter.sampler.sample_once()
+    for openmetrics in (True, False):
+        text = exporter.render(openmetrics).decode()
+        left = {s.name for s in check_exposition_families(text, openmetrics) if s.labels.get("gpu") == "1"}
+        assert left == {"gpuperf_gpu_info", "gpuperf_gpu_up", "gpuperf_device_errors_total", "gpuperf_xid_events_total"}, left
+        kept = [s for s in check_exposition_families(text, openmetrics) if s.labels.get("gpu") == "0"]
+        assert any(s.name == "gpuperf_probe_work_units_per_second" for s in kept)  # the other GPU is untouched
+    backend.clear_faults()  # back: its results, counters and caps return as they were
+    clock.advance(1.0)
+    exporter.sampler.sample_once()
+    after = {(s.name, tuple(sorted(s.labels.items())), s.value) for s in samples(exporter) if s.labels.get("gpu") == "1"}
+    probe = {x for x in before if x[0].startswith(("gpuperf_probe_", "gpuperf_power_cap_original"))}
+    assert probe and probe <= after
+
+
+def check_exposition_families(text: str, openmetrics: bool) -> list:
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
+
+    parse = parse_om if openmetrics else text_string_to_metric_families
+    return [s for family in parse(text) for s in family.samples]
+
+
+def test_xid_raised_as_the_gpu_is_lost_is_kept(clock):
+    """XID 79 (fallen off the bus) arrives together with the loss: its count must still be served."""
+    backend, sampler, exporter = make(clock, gpus=2)
+    sampler.xid_enabled = True
+    exporter = Exporter(sampler, "simulated")
+    sampler._publish_xid()
+    sampler.sample_once()
+    assert value(exporter, "gpuperf_xid_events_total", gpu=1) == 0
+    backend.inject_xid(1, 79)
+    backend.inject(FaultConfig(gpu=1, call="*", kind="gpu_lost"))
+    for event in backend.wait_xid_events(0.0):
+        sampler.xid_counts.add(event)
+    sampler._publish_xid()
+    clock.advance(1.0)
+    sampler.sample_once()
+    assert value(exporter, "gpuperf_gpu_up", gpu=1) == 0.0
+    assert value(exporter, "gpuperf_xid_errors_total", gpu=1, xid="79") == 1
+    assert value(exporter, "gpuperf_xid_events_total", gpu=1) == 1
