@@ -235,7 +235,7 @@ def _vit_diag(queue: Any, batch: int, max_seconds: float) -> None:
             out["graph_breaks"] = {k: dict(v) for k, v in dutils.counters.items() if "break" in k}
         except Exception:  # noqa: BLE001
             pass
-    except Exception as exc:  # noqa: BLE001
+    except Exception:  # noqa: BLE001
         import traceback
 
         out["error"] = traceback.format_exc()[-2000:]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
+
 from gpuperfd.config.schema import (
     BaseModel,
     ConfigDict,

@@ -511,8 +511,8 @@ def optimal_cap(
     """The cap with the lowest energy per unit whose throughput is within ``max_slowdown``.
 
     ``points`` are (cap watts, operating point) pairs. Throughput is compared
-    with that at the highest cap, as a sweep measures it. Ties go to the higher
-    cap: lowering the cap further would cost speed margin for no energy.
+    with that at the highest cap, as a sweep measures it. Ties go to the lower
+    cap, as in ``sweep.sweeper.recommend`` and the recording rules.
     """
     if not points:
         raise ValueError("no caps to choose from")
@@ -521,7 +521,7 @@ def optimal_cap(
     reference = max(points, key=lambda item: item[0])[1].units_per_second
     floor = (1.0 - max_slowdown) * reference
     eligible = [(cap, point) for cap, point in points if point.units_per_second >= floor]
-    return min(eligible, key=lambda item: (item[1].energy_per_unit_joules, -item[0]))[0]
+    return min(eligible, key=lambda item: (item[1].energy_per_unit_joules, item[0]))[0]
 
 
 def _node_prefix(node: str) -> str:
@@ -719,7 +719,7 @@ class SimulatedGpu(Device):
     ) -> float:
         """The cap among ``caps`` a correct sweep picks: lowest energy per unit
         among caps whose throughput is within ``max_slowdown`` of that at the
-        highest cap in ``caps`` (ties to the higher cap)."""
+        highest cap in ``caps`` (ties to the lower cap)."""
         return optimal_cap([(cap, self.operating_point(profile, cap)) for cap in caps], max_slowdown)
 
     def true_power_watts(self) -> float:

@@ -11,6 +11,7 @@ See docs/metrics.md for the list and the per-GPU series budget.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -125,11 +126,40 @@ class ProbeMetrics:
         self.runs.labels(*self.gpu_labels(gpu), probe, preset, result, reason).inc()
         self._bump()
 
+    def _cap_gauges(self) -> tuple[Gauge, ...]:
+        """Every series labelled by power_cap: one point's result."""
+        return (self.rate, self.energy_per_unit, self.power, self.cap_value, self.prompt_rate, self.request_rate, self.busy)
+
+    def forget_cap(self, gpu: GpuInfo, probe: str, preset: str, cap: str) -> None:
+        """Remove one point's result series (a failed or skipped point, or a cap no longer scheduled)."""
+        labels = dict(zip(CAP_LABELS, (*self.gpu_labels(gpu), probe, preset, cap)))
+        for gauge in self._cap_gauges():
+            gauge.remove_by_labels(labels)
+        self._bump()
+
+    def retain_caps(self, keep: Callable[[str, str, str, str], bool]) -> int:
+        """Drop every point whose (gpu, probe, preset, power_cap) ``keep`` refuses (after a reload); returns how many."""
+        dropped: set[tuple[str, ...]] = set()
+        for gauge in self._cap_gauges():
+            for sample in (s for family in gauge.collect() for s in family.samples):
+                point = tuple(sample.labels[k] for k in CAP_LABELS)
+                if not keep(point[0], point[2], point[3], point[4]):
+                    dropped.add(point)
+        for point in dropped:
+            for gauge in self._cap_gauges():
+                gauge.remove_by_labels(dict(zip(CAP_LABELS, point)))
+        if dropped:
+            self._bump()
+        return len(dropped)
+
     def publish(self, gpu: GpuInfo, result: Any, cap_watts: float, at_operator_cap: bool) -> None:
         """Record one finished probe run (a ProbeResult) at ``cap_watts``."""
         run = (*self.gpu_labels(gpu), result.probe, result.preset)
         self.duration.labels(*run).set(result.wall_seconds or 0.0)
         if result.status != "ok":
+            # The point's previous result is no longer what this cap does: it must not stay a
+            # candidate for the recommendation, so its series go until the cap succeeds again.
+            self.forget_cap(gpu, result.probe, result.preset, cap_label(cap_watts))
             self.count(gpu, result.probe, result.preset, result.status, result.failure_reason or "unknown")
             return
         self.count(gpu, result.probe, result.preset, "ok")

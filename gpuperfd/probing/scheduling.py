@@ -56,7 +56,7 @@ class ProbeScheduler:
 
     def apply(self, config: ProbesConfig) -> None:
         """Replace every job with those of ``config`` (start-up and reload)."""
-        self.service.config = config
+        self.service.apply_config(config)
         for job in self.scheduler.get_jobs():
             job.remove()
         self._probe_of_job.clear()

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuperfd.config import ProbesConfig, ScheduleConfig
 from gpuperfd.device.base import Device, GpuInfo
@@ -25,7 +25,7 @@ from gpuperfd.probes.result import ProbeResult
 from gpuperfd.probes.spec import DEFAULT_PRESET
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker, busy_reason
-from gpuperfd.probing.metrics import ProbeMetrics
+from gpuperfd.probing.metrics import ProbeMetrics, cap_label
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal
 from gpuperfd.probing.sweep.sweeper import (
@@ -84,14 +84,51 @@ class ProbeService:
         #: Latest point per (gpu, probe, preset, cap), for the landing page.
         self._latest: dict[tuple[int, str, str], dict[float, SweepPoint]] = {}
         self._latest_lock = threading.Lock()
+        #: The operator's cap per GPU as last recorded ("current" in a cap list means this one).
+        self._operator_caps: dict[int, float] = {}
 
     def publish_original_caps(self) -> None:
         """Publish each GPU's cap as the operator's; call after any left-over cap was restored."""
         for device in self.devices.values():
             try:
-                self.metrics.set_original_cap(device.info(), device.power_limits().enforced_watts)
+                watts = device.power_limits().enforced_watts
+                self._operator_caps[device.index] = watts
+                self.metrics.set_original_cap(device.info(), watts)
             except DeviceError as exc:
                 log.warning("gpu %d: cannot read its power cap: %s", device.index, exc)
+
+    def apply_config(self, config: ProbesConfig) -> None:
+        """Take a (re)loaded config: results of caps no schedule runs any more are withdrawn.
+
+        A GPU whose limits cannot be read now (lost) keeps what it has; its caps
+        are checked at the next reload.
+        """
+        self.config = config
+        scheduled: dict[int, set[tuple[str, str, str]]] = {}
+        for index, device in self.devices.items():
+            try:
+                limits = device.power_limits()
+            except DeviceError:
+                continue
+            limits = replace(limits, enforced_watts=self._operator_caps.get(index, limits.enforced_watts))
+            scheduled[index] = {
+                (schedule.probe, preset_of(schedule), cap_label(watts))
+                for schedule in (config.schedules if config.enabled else ())
+                if schedule.gpus is None or index in schedule.gpus
+                for watts in resolve_caps(parse_cap_list(schedule.caps), limits)
+            }
+        gpu_of = {str(index): index for index in scheduled}
+
+        def keep(gpu: str, probe: str, preset: str, cap: str) -> bool:
+            return gpu not in gpu_of or (probe, preset, cap) in scheduled[gpu_of[gpu]]
+
+        dropped = self.metrics.retain_caps(keep)
+        with self._latest_lock:
+            for (gpu, probe, preset), points in self._latest.items():
+                for watts in [w for w in points if not keep(str(gpu), probe, preset, cap_label(w))]:
+                    del points[watts]
+        if dropped:
+            log.info("reload: withdrew %d probe result(s) of caps no longer scheduled", dropped)
 
     def latest(self) -> dict[tuple[int, str, str], list[SweepPoint]]:
         """The latest ok point at each cap, per (gpu, probe, preset), highest cap first."""
@@ -173,6 +210,7 @@ class ProbeService:
             self.metrics.count(info, schedule.probe, preset, "failed", exc.reason)
             return RunOutcome("failed", exc.reason)
         operator_cap = limits.enforced_watts
+        self._operator_caps[device.index] = operator_cap
         self.metrics.set_original_cap(info, operator_cap)
         caps = resolve_caps(parse_cap_list(schedule.caps), limits)
         read_only = self.config.read_only or caps == [round(operator_cap)]
@@ -193,9 +231,12 @@ class ProbeService:
                     "gpu %d: %s/%s at %.0f W %s (%s): %s", device.index, schedule.probe, preset, point.cap_watts,
                     point.result.status, point.result.failure_reason, point.result.error_message,
                 )
-            if point.result.status == "ok":
-                with self._latest_lock:
-                    self._latest.setdefault((device.index, schedule.probe, preset), {})[round(point.cap_watts)] = point
+            with self._latest_lock:  # a failed point is no candidate: its last ok result goes too
+                points = self._latest.setdefault((device.index, schedule.probe, preset), {})
+                if point.result.status == "ok":
+                    points[round(point.cap_watts)] = point
+                else:
+                    points.pop(round(point.cap_watts), None)
             at_operator_cap = round(point.cap_watts) == round(operator_cap)
             self.metrics.publish(info, point.result, point.cap_watts, at_operator_cap)
             if self.history is not None:

@@ -7,22 +7,30 @@ whether a GPU answers in 1 us, 21 ms or never.
 
 from __future__ import annotations
 
+import copy
 import platform
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import (
     CollectorRegistry,
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import (
     generate_latest as generate_openmetrics,
 )
 
 import gpuperfd
 from gpuperfd.telemetry.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec
-from gpuperfd.telemetry.exposition import Family, label_string, render
+from gpuperfd.telemetry.exposition import (
+    Family,
+    assemble,
+    label_string,
+    registry_body,
+    render,
+)
 from gpuperfd.telemetry.sampler import Sampler, lost_gpus
 
 disable_created_metrics()  # _created series would double every counter and histogram
@@ -42,7 +50,7 @@ class Exporter:
         self.enabled = sorted({c.name for c in sampler.collectors} | ({"xid"} if sampler.xid_enabled else set()))
         #: (registry, version function or None): a versioned registry is re-rendered only when it changed.
         self.registries = list(registries)
-        self._cache: dict[tuple[int, bool], tuple[int, str]] = {}
+        self._cache: dict[tuple[int, bool], tuple[tuple[int, frozenset[int]], str]] = {}
         self._cache_lock = threading.Lock()
         self._spec_labels = {spec.name: spec.labels for cls in COLLECTORS.values() for spec in cls.metrics}
         self._build_labels = label_string(
@@ -58,8 +66,13 @@ class Exporter:
             families[spec.name] = _family(spec)
         return families
 
-    def telemetry_families(self) -> list[Family]:
-        """Telemetry families from the latest readings; no device call happens here."""
+    def telemetry_families(self) -> tuple[list[Family], frozenset[int]]:
+        """Telemetry families from the latest readings, and the lost GPUs; no device call happens here.
+
+        A lost GPU keeps only its identity (``gpuperf_gpu_info``), ``gpuperf_gpu_up 0``
+        and its counters of events (XID, device errors): the XID raised as a GPU falls
+        off the bus arrives with the loss and must still be seen by ``increase()``.
+        """
         families = self._new_families()
         readings, last_info, identities, errors = self.sampler.store.snapshot()
         now = self.clock()
@@ -79,13 +92,16 @@ class Exporter:
                 event_driven = getattr(COLLECTORS[name], "event_driven", False)
                 age = max(0.0, now - reading.timestamp)
                 fresh = event_driven or age <= self.sampler.stale_after(name)
-                ok = reading.ok and fresh and gpu not in lost
-                collector_labels = f'collector="{name}",{prefix}'
-                success.add(collector_labels, 1.0 if ok else 0.0)
-                duration.add(collector_labels, reading.duration_seconds)
-                if not event_driven:
-                    age_family.add(collector_labels, age)
-                points = reading.points if ok else ()
+                if gpu in lost:
+                    points = reading.points if event_driven and reading.ok else ()
+                else:
+                    ok = reading.ok and fresh
+                    collector_labels = f'collector="{name}",{prefix}'
+                    success.add(collector_labels, 1.0 if ok else 0.0)
+                    duration.add(collector_labels, reading.duration_seconds)
+                    if not event_driven:
+                        age_family.add(collector_labels, age)
+                    points = reading.points if ok else ()
                 if name == "info" and not points:
                     points = last_info.get(gpu, ())  # identity survives a lost GPU
                 for point in points:
@@ -98,34 +114,52 @@ class Exporter:
             gpu_labels = prefixes.get(gpu) or label_string(GPU_LABELS, (str(gpu), identity.uuid if identity else ""))
             families["gpuperf_device_errors_total"].add(f'collector="{collector}",reason="{reason}",{gpu_labels}', count)
         families["gpuperf_build_info"].add(self._build_labels, 1.0)
-        return list(families.values())
+        return list(families.values()), frozenset(lost)
 
-    def _registry_text(self, index: int, openmetrics: bool) -> str:
+    def _registry_text(self, index: int, openmetrics: bool, lost: frozenset[int]) -> str:
+        """A registry's families as text without lost GPUs' series, never with '# EOF' (cached by version)."""
         registry, version = self.registries[index]
         encoder = generate_openmetrics if openmetrics else generate_latest
+        source = _WithoutGpus(registry, lost) if lost else registry
         if version is None:
-            text = encoder(registry).decode()
-        else:
-            current = version()
-            with self._cache_lock:
-                cached = self._cache.get((index, openmetrics))
-            if cached is not None and cached[0] == current:
-                return cached[1]
-            text = encoder(registry).decode()
-            with self._cache_lock:
-                self._cache[(index, openmetrics)] = (current, text)
-        return text.removesuffix("# EOF\n")
+            return registry_body(encoder(source).decode())
+        current = (version(), lost)
+        with self._cache_lock:
+            cached = self._cache.get((index, openmetrics))
+        if cached is not None and cached[0] == current:
+            return cached[1]
+        text = registry_body(encoder(source).decode())
+        with self._cache_lock:
+            self._cache[(index, openmetrics)] = (current, text)
+        return text
 
     def render(self, openmetrics: bool = False) -> bytes:
-        parts = [render(self.telemetry_families(), openmetrics)]
-        parts += [self._registry_text(i, openmetrics) for i in range(len(self.registries))]
-        if openmetrics:
-            parts.append("# EOF\n")
-        return "".join(parts).encode()
+        families, lost = self.telemetry_families()
+        parts = [render(families, openmetrics)]
+        parts += [self._registry_text(i, openmetrics, lost) for i in range(len(self.registries))]
+        return assemble(parts, openmetrics).encode()
+
+
+class _WithoutGpus:
+    """A registry's view without the samples of some GPUs (label ``gpu``): a lost GPU's probe
+    results and recommendations are not current, so they are not published while it is lost."""
+
+    def __init__(self, registry: CollectorRegistry, gpus: frozenset[int]) -> None:
+        self._registry = registry
+        self._gpus = {str(gpu) for gpu in gpus}
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            samples = [s for s in family.samples if s.labels.get("gpu") not in self._gpus]
+            if len(samples) != len(family.samples):
+                family = copy.copy(family)
+                family.samples = samples
+            yield family
 
 
 SELF_METRICS = (
-    MetricSpec("gpuperf_gpu_up", "1 if the GPU answers, 0 if it is lost (its other series are then absent)."),
+    MetricSpec("gpuperf_gpu_up", "1 if the GPU answers, 0 if it is lost (then only gpuperf_gpu_info and its event "
+               "counters remain)."),
     MetricSpec("gpuperf_collector_success",
                "1 if the collector's latest background read of this GPU succeeded and is fresh.", labels=("collector",)),
     MetricSpec("gpuperf_collector_duration_seconds",

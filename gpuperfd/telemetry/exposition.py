@@ -65,3 +65,24 @@ def render(families: Iterable[Family], openmetrics: bool) -> str:
         for labels, value in family.samples:
             append(f"{name}{{{labels}}} {format_value(value)}\n" if labels else f"{name} {format_value(value)}\n")
     return "".join(out)
+
+
+EOF_LINE = "# EOF\n"
+
+
+def registry_body(text: str) -> str:
+    """A prometheus_client exposition without its '# EOF' line: a part for :func:`assemble`."""
+    return text.removesuffix(EOF_LINE)
+
+
+def assemble(parts: Iterable[str], openmetrics: bool) -> str:
+    """The one place a /metrics body is put together: the parts, then (OpenMetrics) the single '# EOF'.
+
+    A part that still carries its own '# EOF' would end the exposition early
+    (Prometheus fails the whole scrape: "unexpected data after # EOF"), so it is
+    refused here rather than served.
+    """
+    body = "".join(parts)
+    if body.startswith(EOF_LINE) or ("\n" + EOF_LINE) in body:
+        raise ValueError("an exposition part carries its own '# EOF'")
+    return body + EOF_LINE if openmetrics else body

@@ -90,14 +90,60 @@ class _DeadlineReader(io.RawIOBase):
         return self._sock.recv_into(buffer)
 
 
+def _weighted(header: str) -> list[tuple[str, dict[str, str], float]]:
+    """An Accept-style header as (lower-case token, parameters, q) per element; malformed q drops the element."""
+    items = []
+    for element in header.split(","):
+        token, *params = (part.strip() for part in element.split(";"))
+        if not token:
+            continue
+        parameters: dict[str, str] = {}
+        for param in params:
+            key, _, val = param.partition("=")
+            parameters[key.strip().lower()] = val.strip().strip('"')
+        try:
+            q = float(parameters.pop("q", "1"))
+        except ValueError:
+            continue
+        if not 0.0 <= q <= 1.0:
+            continue
+        items.append((token.lower(), parameters, q))
+    return items
+
+
+#: OpenMetrics versions this exporter's 1.0.0 output satisfies (0.0.1 is what Prometheus calls the draft).
+_OPENMETRICS_VERSIONS = {"", "1.0.0", "0.0.1"}
+
+
+def negotiate(accept: str, accept_encoding: str) -> tuple[bool, bool]:
+    """(openmetrics, gzip) for a /metrics request, per RFC 9110 content negotiation.
+
+    OpenMetrics only when the client names it with q > 0 and ranks it at least as
+    high as the text format (text/plain, text/* or */*); anything else, an absent
+    or unparsable header included, gets the text format, which every client reads.
+    gzip when the client accepts it (``gzip``, ``x-gzip`` or ``*``, q > 0) and does
+    not rank ``identity`` above it. Names are case-insensitive.
+    """
+    om_q, text_q = 0.0, 0.0
+    for token, params, q in _weighted(accept):
+        if token == "application/openmetrics-text" and params.get("version", "") in _OPENMETRICS_VERSIONS:
+            om_q = max(om_q, q)
+        elif token in ("text/plain", "text/*", "*/*") and params.get("version", "0.0.4") == "0.0.4":
+            text_q = max(text_q, q)
+    codings = {token: q for token, _, q in _weighted(accept_encoding)}
+    gzip_q = codings.get("gzip", codings.get("x-gzip", codings.get("*", 0.0)))
+    identity_q = codings.get("identity", 0.0)
+    return om_q > 0.0 and om_q >= text_q, gzip_q > 0.0 and gzip_q >= identity_q
+
+
 def metrics_route(render: Callable[[bool], bytes]) -> Route:
-    """Serve ``render(openmetrics)`` as text or OpenMetrics by Accept header, gzip when asked."""
+    """Serve ``render(openmetrics)`` as text or OpenMetrics by Accept header, gzip when asked (:func:`negotiate`)."""
 
     def route(handler: BaseHTTPRequestHandler) -> Response:
-        openmetrics = "application/openmetrics-text" in handler.headers.get("Accept", "")
+        openmetrics, compress = negotiate(handler.headers.get("Accept", ""), handler.headers.get("Accept-Encoding", ""))
         body = render(openmetrics)
-        headers = {}
-        if "gzip" in handler.headers.get("Accept-Encoding", ""):
+        headers = {"Vary": "Accept, Accept-Encoding"}
+        if compress:
             body = gzip.compress(body, compresslevel=1)
             headers["Content-Encoding"] = "gzip"
         return Response(200, body, CONTENT_TYPE_OPENMETRICS if openmetrics else CONTENT_TYPE_TEXT, headers)

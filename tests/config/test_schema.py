@@ -9,7 +9,13 @@ from typing import Annotated, Any, Literal
 
 import pytest
 
-from gpuperfd.config.schema import BaseModel, Field, ValidationError, field_validator, model_validator
+from gpuperfd.config.schema import (
+    BaseModel,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class Inner(BaseModel):

@@ -155,3 +155,49 @@ def test_the_slowdown_tunable_is_a_single_constant():
             assert not re.search(r"\b0\.(1|10|9|90)\b", rule["expr"]), rule["record"]
     eligible = next(r for r in recording if r["record"] == "gpuperf:probe_energy_per_unit_joules:eligible")
     assert "gpuperf:power_cap_max_slowdown_ratio" in eligible["expr"]
+
+
+# -- one recommendation rule: recommend() and the recording rules on the same points ---------------
+
+#: (case, {cap: (work units per second, energy per unit J)}, expected cap). Values are exact in binary.
+#: A failed or removed point is simply absent (the daemon withdraws its series).
+RECOMMENDATION_CASES = [
+    ("plain", {700: (1000, 1.0), 500: (937.5, 0.75), 300: (600, 0.5)}, 500),
+    ("exact tie: the lower cap", {700: (1000, 1.0), 500: (968.75, 0.75), 400: (937.5, 0.75), 300: (500, 0.5)}, 400),
+    ("tie with the top cap", {700: (1000, 1.0), 600: (1000, 1.0)}, 600),
+    ("caps that do not bind all tie", {700: (1000, 0.5), 600: (1000, 0.5), 500: (1000, 0.5), 400: (900, 0.5)}, 400),
+    ("exactly on the 10 % boundary", {700: (1000, 1.0), 500: (900, 0.875)}, 500),
+    ("just outside the boundary", {700: (1000, 1.0), 500: (899, 0.5)}, 700),
+    ("top cap failed (absent)", {500: (900, 0.75), 300: (820, 0.5)}, 300),
+    ("top cap reported 0", {700: (0, 1.0), 500: (900, 0.75), 300: (820, 0.5)}, 300),
+    ("middle cap failed (absent)", {700: (1000, 1.0), 300: (600, 0.5)}, 700),
+    ("one cap", {450: (700, 0.625)}, 450),
+]
+
+
+def test_recommend_and_the_recording_rules_agree_on_every_case(tmp_path):
+    from gpuperfd.probes.result import ProbeResult
+    from gpuperfd.probing.sweep.sweeper import SweepPoint, recommend
+
+    series, expected = [], []
+    for number, (case, points, cap) in enumerate(RECOMMENDATION_CASES):
+        result = recommend([SweepPoint(c, ProbeResult(probe="llm", variant="t", preset="gpt2", measured_seconds=1.0,
+                                                      units_of_work=rate, energy_per_unit_joules=energy))
+                            for c, (rate, energy) in points.items()], 0.10)
+        assert result is not None and result.cap_watts == cap, (case, result)
+        labels = f'instance="n:1", job="gpuperfd", gpu="{number}", uuid="GPU-{number}", probe="llm", preset="gpt2"'
+        for c, (rate, energy) in points.items():
+            series += [{"series": f'gpuperf_probe_power_cap_watts{{{labels}, power_cap="{c}"}}', "values": f"{c}x5"},
+                       {"series": f'gpuperf_probe_work_units_per_second{{{labels}, power_cap="{c}", unit="token"}}',
+                        "values": f"{rate}x5"},
+                       {"series": f'gpuperf_probe_energy_per_unit_joules{{{labels}, power_cap="{c}", unit="token"}}',
+                        "values": f"{energy}x5"}]
+        expected.append({"labels": f"gpuperf:power_cap_recommended_watts{{{labels}}}", "value": cap})
+    test = {"rule_files": [str(PROM / "rules" / "recording.yml")], "evaluation_interval": "1m",
+            "tests": [{"name": "the shared recommendation cases", "interval": "1m", "input_series": series,
+                       "promql_expr_test": [{"expr": "gpuperf:power_cap_recommended_watts", "eval_time": "3m",
+                                             "exp_samples": expected}]}]}
+    path = tmp_path / "cases_test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    out = promtool("test", "rules", str(path))
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr

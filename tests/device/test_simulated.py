@@ -254,7 +254,7 @@ def test_energy_per_unit_has_an_interior_optimum_within_ten_percent_slowdown(mod
     # Brute force, independent of true_optimal_cap's code.
     eligible = [cap for cap in caps if points[cap].units_per_second >= 0.9 * reference]
     best_energy = min(points[cap].energy_per_unit_joules for cap in eligible)
-    best = max(cap for cap in eligible if points[cap].energy_per_unit_joules == best_energy)
+    best = min(cap for cap in eligible if points[cap].energy_per_unit_joules == best_energy)
 
     assert min(caps) < best < max(caps)
     assert points[best].energy_per_unit_joules < 0.95 * points[max(caps)].energy_per_unit_joules
@@ -262,13 +262,17 @@ def test_energy_per_unit_has_an_interior_optimum_within_ten_percent_slowdown(mod
     assert gpu.true_optimal_cap(workload, caps) == best
 
 
-def test_true_optimal_cap_respects_the_slowdown_bound_and_prefers_higher_cap_on_ties(gpu: SimulatedGpu) -> None:
+def test_true_optimal_cap_respects_the_slowdown_bound_and_prefers_lower_cap_on_ties(gpu: SimulatedGpu) -> None:
     caps = caps_for("H100")
     strict = gpu.true_optimal_cap(TRAIN, caps, max_slowdown=0.02)
     loose = gpu.true_optimal_cap(TRAIN, caps, max_slowdown=0.10)
     assert loose < strict < 700.0
-    # No slowdown allowed: every cap at or above the full-clock power ties; the highest wins.
-    assert gpu.true_optimal_cap(TRAIN, caps, max_slowdown=0.0) == 700.0
+    # No slowdown allowed: every cap at or above the full-clock power ties; the lowest of them wins
+    # (the rule's tie-break, docs/architecture.md): the lowest cap that costs nothing.
+    full = gpu.operating_point(TRAIN, 700.0)
+    tied = [cap for cap in caps if gpu.operating_point(TRAIN, cap) == full]
+    assert len(tied) >= 2
+    assert gpu.true_optimal_cap(TRAIN, caps, max_slowdown=0.0) == min(tied)
 
 
 def test_operating_point_defaults_to_the_enforced_cap(gpu: SimulatedGpu) -> None:

@@ -28,12 +28,12 @@ from gpuperfd.device.simulated import (
     SimulatedBackend,
     WorkloadProfile,
 )
+from gpuperfd.probes.spec import DEFAULT_PRESET, PRESETS
 from gpuperfd.probing.executors import (
     SIMULATED_PROFILE,
     simulated_executor,
     simulated_profile_name,
 )
-from gpuperfd.probes.spec import DEFAULT_PRESET, PRESETS
 
 TOLERANCE = 0.10
 ROWS = [(model, name) for model, rows in REAL_PROBE_FIGURES.items() for name in rows]

@@ -345,6 +345,12 @@ def test_daemons_and_prometheus_stayed_healthy(fleet):
     targets = fleet.api("/api/v1/targets")["data"]["activeTargets"]
     assert sorted(t["labels"]["instance"] for t in targets) == sorted(n.instance for n in fleet.nodes)
     assert all(t["health"] == "up" for t in targets), targets
+    # Every scrape since the fleet started succeeded: one failed scrape (up 0) fails the test.
+    window = f"{int(time.monotonic() - fleet.t0) + 60}s"
+    scrapes = {r["metric"]["instance"]: float(r["value"][1]) for r in fleet.query(f'count_over_time(up{{job="gpuperfd"}}[{window}])')}
+    ok = {r["metric"]["instance"]: float(r["value"][1]) for r in fleet.query(f'sum_over_time(up{{job="gpuperfd"}}[{window}])')}
+    assert sorted(scrapes) == sorted(n.instance for n in fleet.nodes) and all(v >= 10 for v in scrapes.values()), scrapes
+    assert ok == scrapes, {"scrapes": scrapes, "succeeded": ok}
     # The rules Prometheus runs are the accelerated copy, with the repository's expressions.
     groups = fleet.api("/api/v1/rules")["data"]["groups"]
     assert {g["interval"] for g in groups} == {2}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -157,3 +158,56 @@ def test_executor_bug_is_counted_and_the_cap_restored(tmp_path):
     assert devices[0].power_limits().enforced_watts == 680.0
     labels = {"gpu": "0", "uuid": devices[0].info().uuid, "probe": "vit", "preset": "vit-b16"}
     assert sample(registry, "gpuperf_probe_runs_total", **labels, result="failed", reason="exception") == 1
+
+
+def test_a_failed_point_withdraws_that_caps_result_until_it_succeeds_again(tmp_path):
+    """After a GPU degrades and its top-cap run fails, the stale top-cap result must not stay a candidate."""
+    backend, devices, registry, service = make(tmp_path)
+    schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=[700, 500, 300], settle_seconds=0)
+    assert service.run(schedule, 0).result == "ok"
+    base = {"gpu": "0", "uuid": devices[0].info().uuid, "probe": "llm", "preset": "gpt2"}
+    assert sample(registry, "gpuperf_probe_power_cap_watts", **base, power_cap="700") == 700
+    ok_executor = service.executor
+
+    def fails_at_700(device, schedule, abort):
+        result = ok_executor(device, schedule, abort)
+        if round(device.power_limits().enforced_watts) == 700:
+            return replace(result, status="failed", failure_reason="oom", error_message="out of memory")
+        return result
+
+    service.executor = fails_at_700
+    outcome = service.run(schedule, 0)
+    assert outcome.result == "failed"
+    for name in ("gpuperf_probe_power_cap_watts", "gpuperf_probe_average_power_watts"):
+        assert sample(registry, name, **base, power_cap="700") is None, name
+    for name in ("gpuperf_probe_work_units_per_second", "gpuperf_probe_energy_per_unit_joules"):
+        assert sample(registry, name, **base, power_cap="700", unit="token") is None, name
+        assert sample(registry, name, **base, power_cap="500", unit="token") > 0, name
+    assert sample(registry, "gpuperf_probe_runs_total", **base, result="failed", reason="oom") == 1
+    assert [round(p.cap_watts) for p in service.latest()[(0, "llm", "gpt2")]] == [500, 300]
+    service.executor = ok_executor  # the cap works again: its result is back
+    assert service.run(schedule, 0).result == "ok"
+    assert sample(registry, "gpuperf_probe_power_cap_watts", **base, power_cap="700") == 700
+
+
+def test_reload_withdraws_caps_and_schedules_no_longer_run(tmp_path):
+    backend, devices, registry, service = make(tmp_path)
+    llm = ScheduleConfig(probe="llm", interval_seconds=60, caps=["current", 500, 300], settle_seconds=0)
+    vit = ScheduleConfig(probe="vit", interval_seconds=60, caps=[500], settle_seconds=0)
+    for gpu in (0, 1):
+        assert service.run(llm, gpu).result == "ok" and service.run(vit, gpu).result == "ok"
+    uuids = [d.info().uuid for d in devices]
+    config = service.config.model_copy(update={"schedules": [llm.model_copy(update={"caps": ["current", 500]})]})
+    service.apply_config(config)
+    for gpu in (0, 1):
+        base = {"gpu": str(gpu), "uuid": uuids[gpu], "probe": "llm", "preset": "gpt2"}
+        current = "680" if gpu == 0 else str(round(devices[1].power_limits().enforced_watts))
+        assert sample(registry, "gpuperf_probe_power_cap_watts", **base, power_cap=current) is not None
+        assert sample(registry, "gpuperf_probe_power_cap_watts", **base, power_cap="500") == 500
+        assert sample(registry, "gpuperf_probe_power_cap_watts", **base, power_cap="300") is None
+        assert sample(registry, "gpuperf_probe_work_units_per_second", **base, power_cap="300", unit="token") is None
+        assert sample(registry, "gpuperf_probe_power_cap_watts", gpu=str(gpu), uuid=uuids[gpu], probe="vit",
+                      preset="vit-b16", power_cap="500") is None
+    assert set(service.latest()) == {(0, "llm", "gpt2"), (1, "llm", "gpt2"), (0, "vit", "vit-b16"), (1, "vit", "vit-b16")}
+    assert service.latest()[(0, "vit", "vit-b16")] == []
+    assert [round(p.cap_watts) for p in service.latest()[(0, "llm", "gpt2")]] == [680, 500]

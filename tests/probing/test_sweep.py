@@ -167,7 +167,7 @@ def test_recommendation_matches_the_simulators_true_optimum(tmp_path):
         assert energies[best.cap_watts] < energies[700]
 
 
-def test_recommend_ignores_failed_points_and_breaks_ties_upward():
+def test_recommend_ignores_failed_points_and_breaks_ties_downward():
     def point(cap, rate, energy, status="ok"):
         result = ProbeResult(probe="vit", variant="t", preset="p", status=status,
                              failure_reason=None if status == "ok" else "oom",
@@ -175,7 +175,7 @@ def test_recommend_ignores_failed_points_and_breaks_ties_upward():
         return SweepPoint(cap, result)
 
     best = recommend([point(700, 100, 1.0), point(600, 95, 0.8), point(500, 93, 0.8), point(400, 50, 0.1, "failed")])
-    assert best.cap_watts == 600 and best.slowdown_ratio == pytest.approx(0.05)
+    assert best.cap_watts == 500 and best.slowdown_ratio == pytest.approx(0.07)
     assert best.energy_saving_ratio == pytest.approx(0.2)
     assert recommend([]) is None
 

@@ -172,10 +172,10 @@ def test_fault_on_one_call_of_one_gpu(clock, call, kind):
     if kind == "gpu_lost":
         assert after.value("gpuperf_gpu_up", FAULTY_GPU) == 0.0
         assert sampler.gpu_lost(FAULTY_GPU)  # /healthz lists it
-        assert present <= SELF_SERIES, present - SELF_SERIES  # all its telemetry is absent
+        # docs/runbook.md#gpulost: identity, gpu_up and event counters only; no telemetry, no collector status
+        assert present <= SELF_SERIES, present - SELF_SERIES
         for name in COLLECTORS:
-            if name != "xid":
-                assert after.value("gpuperf_collector_success", FAULTY_GPU, collector=name) == 0.0, name
+            assert after.value("gpuperf_collector_success", FAULTY_GPU, collector=name) is None, name
         assert errors == {(collector, "gpu_lost"): 1.0}
     else:
         assert after.value("gpuperf_gpu_up", FAULTY_GPU) == 1.0
@@ -228,7 +228,8 @@ def test_gpu_failing_from_the_first_read_is_still_listed(clock, kind):
     result = scrape(Exporter(sampler, backend.name))
     assert result.value("gpuperf_gpu_up", 0) == 1.0
     assert result.value("gpuperf_gpu_up", 1, uuid="") == (0.0 if kind == "gpu_lost" else 1.0)
-    assert result.value("gpuperf_collector_success", 1, collector="power", uuid="") == 0.0
+    # A lost GPU has no collector status (gpu_up 0 says it); a failing one reports success 0.
+    assert result.value("gpuperf_collector_success", 1, collector="power", uuid="") == (None if kind == "gpu_lost" else 0.0)
     assert result.errors(1)[("power", kind)] == 1.0
 
 
@@ -393,7 +394,7 @@ probes:
     - {{probe: attention, preset: tiny, interval_seconds: 3600, gpus: [1], options: {{inject_fault: hang}}}}
     - {{probe: attention, preset: tiny, interval_seconds: 10}}
 """
-PROBE_TIMEOUT = 8.0
+PROBE_TIMEOUT = 20.0  # a tiny child imports torch first: generous on a loaded 2-core machine
 EXPECTED_FAILURES = {"0": {"oom", "crash", "cuda_error"}, "1": {"timeout"}}
 
 
@@ -445,7 +446,7 @@ def test_probe_oom_crash_cuda_error_and_hang_fail_cleanly_and_the_next_probe_run
     faults_done_at: dict[str, dict[tuple[str, str, str], float]] = {}
     ok_after: dict[str, bool] = {"0": False, "1": False}
     scrape_latencies = []
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 150
     runs: dict[tuple[str, str, str], float] = {}
     while not all(ok_after.values()):
         assert time.monotonic() < deadline, f"timed out; runs so far: {runs}\n{daemon.log()[-3000:]}"

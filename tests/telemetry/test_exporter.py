@@ -115,8 +115,10 @@ def test_lost_gpu_goes_down_while_others_are_reported(clock):
     assert value(exporter, "gpuperf_temperature_celsius", gpu=1) is None
     assert value(exporter, "gpuperf_power_draw_watts", gpu=2) is not None
     assert value(exporter, "gpuperf_gpu_info", gpu=1, uuid=uuid1) == 1.0  # identity kept
-    assert value(exporter, "gpuperf_collector_success", gpu=1, collector="power") == 0.0
+    assert value(exporter, "gpuperf_collector_success", gpu=1, collector="power") is None  # gpu_up says it all
     assert value(exporter, "gpuperf_device_errors_total", gpu=1, collector="power", reason="gpu_lost") == 1.0
+    left = {s.name for s in samples(exporter) if s.labels.get("gpu") == "1"}
+    assert left == {"gpuperf_gpu_info", "gpuperf_gpu_up", "gpuperf_device_errors_total", "gpuperf_xid_events_total"}  # docs/runbook.md#gpulost
 
     backend.clear_faults()  # the GPU comes back
     clock.advance(1.0)
@@ -210,3 +212,153 @@ def test_gpu_that_comes_back_is_up_at_its_first_good_read(clock):
     assert value(exporter, "gpuperf_gpu_up") == 1.0
     assert value(exporter, "gpuperf_power_draw_watts") is not None
     assert value(exporter, "gpuperf_collector_success", collector="pcie") == 0.0  # not re-read yet
+
+
+# -- every render parses, in both formats (issue 18: a cached probe registry kept its own '# EOF') --
+
+
+def _probe_result(cap: float, rate: float, status: str = "ok"):
+    from gpuperfd.probes.result import ProbeResult
+
+    return ProbeResult(probe="llm", variant="generate", preset="gpt2", status=status, wall_seconds=2.0,
+                       failure_reason=None if status == "ok" else "oom", measured_seconds=1.0,
+                       units_of_work=rate, work_unit="token", energy_per_unit_joules=cap / rate,
+                       average_power_watts=cap * 0.9, latencies={"ttft_seconds": [0.02], "tpot_seconds": [0.001]})
+
+
+def make_daemon_exporter(clock):
+    """The exporter as the daemon wires it: telemetry, the versioned probe registry, the process registry."""
+    from prometheus_client import CollectorRegistry
+
+    from gpuperfd.probing.metrics import ProbeMetrics
+    from gpuperfd.telemetry.exporter import process_registry
+
+    backend, sampler, _ = make(clock)
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = ProbeMetrics(registry)
+    exporter = Exporter(sampler, backend.name, [(registry, metrics.version), (process_registry(), None)])
+    sampler.sample_once()
+    return backend, metrics, exporter
+
+
+def check_exposition(text: str, openmetrics: bool) -> set:
+    """Parse with prometheus_client (the OpenMetrics parser is strict: one '# EOF', last); lint text with promtool."""
+    import shutil
+    import subprocess
+
+    from prometheus_client.openmetrics.parser import (
+        text_string_to_metric_families as parse_om,
+    )
+
+    if openmetrics:
+        assert text.count("# EOF") == 1 and text.endswith("\n# EOF\n")
+        families = list(parse_om(text))
+    else:
+        assert "# EOF" not in text
+        families = list(text_string_to_metric_families(text))
+        promtool = shutil.which("promtool")
+        assert promtool, "promtool is required (apt-get install prometheus)"
+        out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+    return {(s.name, tuple(sorted(s.labels.items()))) for f in families for s in f.samples if not s.name.startswith("process_")}
+
+
+@pytest.mark.parametrize("renders", [1, 2, 25])
+def test_every_render_parses_in_both_formats_cached_or_not(clock, renders):
+    backend, metrics, exporter = make_daemon_exporter(clock)
+    gpu = backend.devices()[0].info()
+    metrics.set_original_cap(gpu, 700.0)
+    metrics.publish(gpu, _probe_result(700, 1000.0), 700, at_operator_cap=True)
+    for i in range(renders):
+        if i and i % 5 == 0:  # the probe registry changes between some renders and not others
+            metrics.publish(gpu, _probe_result(500, 900.0 + i), 500, at_operator_cap=False)
+        om = check_exposition(exporter.render(openmetrics=True).decode(), True)
+        text = check_exposition(exporter.render(openmetrics=False).decode(), False)
+        assert om == text  # the same samples whichever format a scrape asked for
+    assert ("gpuperf_probe_work_units_per_second",
+            (("gpu", "0"), ("power_cap", "700"), ("preset", "gpt2"), ("probe", "llm"), ("unit", "token"), ("uuid", gpu.uuid))) in om
+
+
+def test_a_part_carrying_its_own_eof_is_refused_not_served():
+    from gpuperfd.telemetry.exposition import assemble, registry_body
+
+    assert assemble(["a 1\n", registry_body("b 2\n# EOF\n")], openmetrics=True) == "a 1\nb 2\n# EOF\n"
+    assert assemble(["a 1\n"], openmetrics=False) == "a 1\n"
+    with pytest.raises(ValueError, match="EOF"):
+        assemble(["a 1\n# EOF\n", "b 2\n"], openmetrics=True)
+
+
+@pytest.mark.prometheus
+def test_a_real_prometheus_scrapes_every_time_across_probe_runs(tmp_path):
+    """Stock Prometheus (OpenMetrics first) at 1 s over ~30 s of 10 s sweeps: no scrape fails, stored == served."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "scrape_success.py"), "--simulate", "2",
+                           "--seconds", "30", "--json", str(out)], capture_output=True, text=True, timeout=180, cwd=root)
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["scrapes"] >= 20, result
+    assert result["scrapes_ok"] == result["scrapes"], result  # count_over_time(up) == sum_over_time(up)
+    assert result["last_error"] == "", result
+    assert result["probe_points"] >= 12, result  # at least two sweeps of 3 caps on 2 GPUs: several cache states
+    assert result["series_compared"] >= 9 and result["mismatches"] == [], result
+    assert result["daemon_alive"] and proc.returncode == 0, result
+
+
+def test_lost_gpu_publishes_no_probe_results_until_it_answers_again(clock):
+    backend, metrics, exporter = make_daemon_exporter(clock)
+    gpus = [d.info() for d in backend.devices()]
+    for gpu in gpus:
+        metrics.set_original_cap(gpu, 700.0)
+        metrics.publish(gpu, _probe_result(700, 1000.0), 700, at_operator_cap=True)
+        metrics.publish(gpu, _probe_result(500, 950.0), 500, at_operator_cap=False)
+    before = {(s.name, tuple(sorted(s.labels.items())), s.value) for s in samples(exporter) if s.labels.get("gpu") == "1"}
+    backend.inject(FaultConfig(gpu=1, call="*", kind="gpu_lost"))
+    clock.advance(1.0)
+    exporter.sampler.sample_once()
+    for openmetrics in (True, False):
+        text = exporter.render(openmetrics).decode()
+        left = {s.name for s in check_exposition_families(text, openmetrics) if s.labels.get("gpu") == "1"}
+        assert left == {"gpuperf_gpu_info", "gpuperf_gpu_up", "gpuperf_device_errors_total", "gpuperf_xid_events_total"}, left
+        kept = [s for s in check_exposition_families(text, openmetrics) if s.labels.get("gpu") == "0"]
+        assert any(s.name == "gpuperf_probe_work_units_per_second" for s in kept)  # the other GPU is untouched
+    backend.clear_faults()  # back: its results, counters and caps return as they were
+    clock.advance(1.0)
+    exporter.sampler.sample_once()
+    after = {(s.name, tuple(sorted(s.labels.items())), s.value) for s in samples(exporter) if s.labels.get("gpu") == "1"}
+    probe = {x for x in before if x[0].startswith(("gpuperf_probe_", "gpuperf_power_cap_original"))}
+    assert probe and probe <= after
+
+
+def check_exposition_families(text: str, openmetrics: bool) -> list:
+    from prometheus_client.openmetrics.parser import (
+        text_string_to_metric_families as parse_om,
+    )
+
+    parse = parse_om if openmetrics else text_string_to_metric_families
+    return [s for family in parse(text) for s in family.samples]
+
+
+def test_xid_raised_as_the_gpu_is_lost_is_kept(clock):
+    """XID 79 (fallen off the bus) arrives together with the loss: its count must still be served."""
+    backend, sampler, exporter = make(clock, gpus=2)
+    sampler.xid_enabled = True
+    exporter = Exporter(sampler, "simulated")
+    sampler._publish_xid()
+    sampler.sample_once()
+    assert value(exporter, "gpuperf_xid_events_total", gpu=1) == 0
+    backend.inject_xid(1, 79)
+    backend.inject(FaultConfig(gpu=1, call="*", kind="gpu_lost"))
+    for event in backend.wait_xid_events(0.0):
+        sampler.xid_counts.add(event)
+    sampler._publish_xid()
+    clock.advance(1.0)
+    sampler.sample_once()
+    assert value(exporter, "gpuperf_gpu_up", gpu=1) == 0.0
+    assert value(exporter, "gpuperf_xid_errors_total", gpu=1, xid="79") == 1
+    assert value(exporter, "gpuperf_xid_events_total", gpu=1) == 1

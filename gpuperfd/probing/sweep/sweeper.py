@@ -48,7 +48,8 @@ def work_rate(result: ProbeResult) -> float | None:
 def recommend(points: Sequence[SweepPoint], max_slowdown: float = 0.10) -> Recommendation | None:
     """Apply the recommendation rule (the same one the Prometheus recording rules hold).
 
-    The baseline is the highest cap tested. None when no ok point has energy data.
+    The baseline is the highest cap tested. An exact tie in energy per unit goes to
+    the lower cap, as in the rules. None when no ok point has energy data.
     """
     usable = [
         (p.cap_watts, work_rate(p.result), p.result.energy_per_unit_joules)
@@ -59,7 +60,7 @@ def recommend(points: Sequence[SweepPoint], max_slowdown: float = 0.10) -> Recom
         return None
     baseline_cap, baseline_rate, baseline_energy = max(usable, key=lambda u: u[0])
     eligible = [u for u in usable if u[1] >= (1.0 - max_slowdown) * baseline_rate]
-    cap, rate, energy = min(eligible, key=lambda u: (u[2], -u[0]))  # ties: the higher cap
+    cap, rate, energy = min(eligible, key=lambda u: (u[2], u[0]))  # ties: the lower cap (docs/architecture.md)
     return Recommendation(
         cap_watts=cap,
         baseline_cap_watts=baseline_cap,
