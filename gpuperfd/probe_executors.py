@@ -15,6 +15,7 @@ import os
 import random
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from gpuperfd.config import ScheduleConfig
@@ -26,8 +27,13 @@ from gpuperfd.probes.spec import DEFAULT_PRESET
 SIMULATED_PROFILE = {"llm": "llm_decode", "vit": "vit", "attention": "attention", "train": "train"}
 
 
-def child_process_executor(timeout_seconds: float, torch_device: str = "cuda"):  # type: ignore[no-untyped-def]
-    """Run the real probe in a child process on the CUDA device matching the NVML index (or the CPU)."""
+def child_process_executor(  # type: ignore[no-untyped-def]
+    timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None
+):
+    """Run the real probe in a child process on the CUDA device matching the NVML index (or the CPU).
+
+    ``state_dir``: where each running child is recorded, so a restarted daemon can end it.
+    """
     from gpuperfd.probes.runner import run_probe
     from gpuperfd.probes.spec import ProbeSpec
 
@@ -49,6 +55,7 @@ def child_process_executor(timeout_seconds: float, torch_device: str = "cuda"): 
             device=device,
             own_pids=(os.getpid(),),
             should_abort=abort.is_set,
+            record_dir=state_dir,
         )
 
     return execute

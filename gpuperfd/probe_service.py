@@ -27,7 +27,8 @@ from gpuperfd.probe_metrics import ProbeMetrics
 from gpuperfd.probes.result import ProbeResult
 from gpuperfd.probes.spec import DEFAULT_PRESET
 from gpuperfd.sweep.caps import parse_cap_list, resolve_caps
-from gpuperfd.sweep.journal import CapJournal
+from gpuperfd.sweep.journal import CapJournal, restore_pending
+from gpuperfd.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.sweep.sweeper import SweepAborted, SweepPoint, recommend, run_sweep
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,36 @@ class ProbeService:
         return RunOutcome("skipped", reason)
 
     def _sweep(self, device: Device, schedule: ScheduleConfig, preset: str) -> RunOutcome:
+        """Own the GPU's cap (cross-process lock), put back what a dead owner left, then sweep."""
         info = self._info(device)
+        name = safe_name(info.uuid)
+        gpu_lock: GpuLock | None = GpuLock(self.journal.state_dir, name)
+        try:
+            gpu_lock.acquire()
+        except GpuBusy as busy:
+            return self._skip(info, schedule, "busy", str(busy))
+        except OSError as exc:
+            if not self.config.read_only:
+                log.error("gpu %d: cannot take the power-cap lock in %s (%s); not sweeping",
+                          device.index, self.journal.state_dir, exc.strerror or exc)
+                self.metrics.count(info, schedule.probe, preset, "failed", "state_dir")
+                return RunOutcome("failed", "state_dir")
+            # Read-only probing needs no write access to the state directory; still never on a swept GPU.
+            owner = is_owned(self.journal.state_dir, name)
+            if owner is not None:
+                return self._skip(info, schedule, "busy", str(GpuBusy(name, owner)))
+            gpu_lock = None
+        try:
+            if gpu_lock is not None:
+                restored = restore_pending(self.journal, [device], only=[info.uuid], lock=False)
+                if restored:
+                    log.warning("gpu %d: took over from an owner that died: restored %s", device.index, "; ".join(restored))
+            return self._sweep_owned(device, info, schedule, preset)
+        finally:
+            if gpu_lock is not None:
+                gpu_lock.release()
+
+    def _sweep_owned(self, device: Device, info: GpuInfo, schedule: ScheduleConfig, preset: str) -> RunOutcome:
         try:
             limits = device.power_limits()
         except DeviceError as exc:
@@ -216,6 +246,10 @@ class ProbeService:
             log.error("gpu %d: sweep failed: %s", device.index, exc)
             self.metrics.count(info, schedule.probe, preset, "failed", exc.reason)
             return RunOutcome("failed", exc.reason, tuple(published))
+        except OSError as exc:  # the journal could not be written: no cap was changed
+            log.error("gpu %d: sweep not run: %s", device.index, exc.strerror or exc)
+            self.metrics.count(info, schedule.probe, preset, "failed", "state_dir")
+            return RunOutcome("failed", "state_dir", tuple(published))
         except Exception:  # a bug must be counted and logged, never kill the scheduler's job
             log.exception("gpu %d: %s sweep failed", device.index, schedule.probe)
             self.metrics.count(info, schedule.probe, preset, "failed", "exception")
