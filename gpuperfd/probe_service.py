@@ -165,22 +165,23 @@ class ProbeService:
         """Own the GPU's cap (cross-process lock), put back what a dead owner left, then sweep."""
         info = self._info(device)
         name = safe_name(info.uuid)
-        gpu_lock: GpuLock | None = GpuLock(self.journal.state_dir, name)
-        try:
-            gpu_lock.acquire()
-        except GpuBusy as busy:
-            return self._skip(info, schedule, "busy", str(busy))
-        except OSError as exc:
-            if not self.config.read_only:
+        gpu_lock: GpuLock | None = None
+        if self.config.read_only:
+            # Changes no cap, so writes nothing to the state directory; still never on a swept GPU.
+            owner = is_owned(self.journal.state_dir, name)
+            if owner is not None:
+                return self._skip(info, schedule, "busy", str(GpuBusy(name, owner)))
+        else:
+            gpu_lock = GpuLock(self.journal.state_dir, name)
+            try:
+                gpu_lock.acquire()
+            except GpuBusy as busy:
+                return self._skip(info, schedule, "busy", str(busy))
+            except OSError as exc:
                 log.error("gpu %d: cannot take the power-cap lock in %s (%s); not sweeping",
                           device.index, self.journal.state_dir, exc.strerror or exc)
                 self.metrics.count(info, schedule.probe, preset, "failed", "state_dir")
                 return RunOutcome("failed", "state_dir")
-            # Read-only probing needs no write access to the state directory; still never on a swept GPU.
-            owner = is_owned(self.journal.state_dir, name)
-            if owner is not None:
-                return self._skip(info, schedule, "busy", str(GpuBusy(name, owner)))
-            gpu_lock = None
         try:
             if gpu_lock is not None:
                 restored = restore_pending(self.journal, [device], only=[info.uuid], lock=False)
