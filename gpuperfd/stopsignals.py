@@ -48,6 +48,10 @@ class StopSignals:
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        if self.received is not None:  # we are stopping: a further Ctrl-C must not cut the exit short
+            for sig in self._previous:
+                signal.signal(sig, signal.SIG_IGN)
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
