@@ -78,7 +78,7 @@ probes: {{state_dir: {state}, history: {{path: null}}}}
 """)
         assert leftover.wait(timeout=5) == -signal.SIGKILL
         assert bystander.poll() is None
-        log = daemon.log()
+        log = wait_until(lambda: "listening on" in (text := daemon.log()) and text, 10, "listening on")
         assert f"ended probe child {leftover.pid} left running by an earlier gpuperfd" in log
         assert log.index(f"ended probe child {leftover.pid}") < log.index("listening on")
         assert not list(state.glob(RECORD_PREFIX + "*"))
