@@ -47,6 +47,7 @@ device: {{backend: simulated}}
 sampler: {{interval_seconds: 1.0}}
 simulation: {{gpus: {gpus}, seed: 1, state_file: {dir}/sim-limits.json}}
 probes:
+  read_only: false
   state_dir: {dir}/state
   history: {{path: {dir}/history.jsonl, max_bytes: 65536, backups: 2}}
   idle_seconds: 0

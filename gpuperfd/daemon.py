@@ -18,7 +18,14 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
-from gpuperfd.config import Config, ConfigError, parse_listen_address
+from gpuperfd.config import (
+    RESTART_ONLY,
+    Config,
+    ConfigError,
+    keep_restart_only,
+    parse_listen_address,
+    restart_only_changes,
+)
 from gpuperfd.device.base import Backend
 from gpuperfd.device.errors import DriverNotFound
 from gpuperfd.device.factory import open_backend, selected_devices
@@ -70,11 +77,6 @@ def open_backend_waiting(config: Config, sleep: Callable[[float], None] = time.s
             log.warning("%s; retrying in %.0f s (device.driver_wait_seconds)", exc, delay)
             sleep(delay)
             delay = min(delay * 2, 30.0)
-
-
-def _only_web_file_changed(old: Config, new: Config) -> bool:
-    """The web config file is re-read by its own watcher; only a changed address needs a restart."""
-    return old.web.model_copy(update={"config_file": None}) == new.web.model_copy(update={"config_file": None})
 
 
 class Daemon:
@@ -147,11 +149,22 @@ class Daemon:
         kind = config.probes.executor
         if kind == "simulated" or (kind == "auto" and self.backend.name == "simulated"):
             return simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed)
-        return child_process_executor(config.probes.timeout_seconds, config.probes.torch_device)
+        return child_process_executor(
+            config.probes.timeout_seconds, config.probes.torch_device, state_dir=config.probes.state_dir
+        )
 
     def restore_caps(self) -> list[str]:
-        """Put back any power cap a crashed run left changed (before anything else runs)."""
+        """Put back any power cap a crashed run left changed (before anything else runs).
+
+        Entries a live process owns (a CLI sweep, another daemon) are left to that owner.
+        """
         return restore_pending(CapJournal(self.config.probes.state_dir), self.devices)
+
+    def end_leftover_children(self) -> list[int]:
+        """End probe children a SIGKILLed earlier instance left running (before any probe)."""
+        from gpuperfd.probes.runner import end_leftover_children
+
+        return end_leftover_children(self.config.probes.state_dir)
 
     def _routes(self) -> dict:
         telemetry_path = self.config.web.telemetry_path
@@ -178,6 +191,7 @@ class Daemon:
 
     def start(self) -> None:
         log.info("backend %s: %d GPU(s): %s", self.backend.name, len(self.devices), [d.index for d in self.devices])
+        self.end_leftover_children()
         restored = self.restore_caps()
         if restored:
             log.warning("restored power caps left by an earlier run: %s", "; ".join(restored))
@@ -232,16 +246,15 @@ class Daemon:
             return False
         if self.web_config is not None:
             self.web_config.reload()
-        needs_restart = [
-            name for name in ("web", "device", "simulation", "sampler")
-            if getattr(new, name) != getattr(self.config, name) and not (name == "web" and _only_web_file_changed(self.config, new))
-        ]
-        if needs_restart:
-            log.warning("reload: changes to %s take effect after a restart", ", ".join(needs_restart))
+        why = dict(RESTART_ONLY)
+        for path in restart_only_changes(self.config, new):
+            log.warning("reload: %s changed; it takes effect after a restart (%s); keeping the running value",
+                        path, why[path])
+        new = keep_restart_only(self.config, new)
         logging.getLogger().setLevel(new.log_level.upper())
         self.tracker.utilization_threshold = new.probes.idle_utilization_threshold
         self.scheduler.apply(new.probes)
-        self.config = new.model_copy(update={name: getattr(self.config, name) for name in needs_restart})
+        self.config = new
         log.info("configuration reloaded: %d probe schedule(s)", len(new.probes.schedules))
         sdnotify.ready()
         return True

@@ -60,3 +60,86 @@ def test_sighup_applies_a_good_config_and_rejects_a_bad_one(start_daemon, tmp_pa
     assert daemon.proc.poll() is None
     assert requests.get(daemon.url + "/healthz", timeout=5).status_code == 200
     assert daemon.stop() == 0
+
+
+# --- issue 19, case 7: reloads never move a schedule's next run ---------------------------------
+
+
+def test_case7_a_reload_that_changes_nothing_keeps_every_next_run_time():
+    from prometheus_client import CollectorRegistry
+
+    from gpuperfd.config import ProbesConfig, ScheduleConfig
+    from gpuperfd.probing.metrics import ProbeMetrics
+    from gpuperfd.probing.scheduling import ProbeScheduler
+
+    class Service:
+        metrics = ProbeMetrics(CollectorRegistry())
+        config = None
+
+        def apply_config(self, config: ProbesConfig) -> None:
+            self.config = config
+
+    config = ProbesConfig(first_run_delay_seconds=60, jitter_seconds=0, schedules=[
+        ScheduleConfig(probe="vit", interval_seconds=3600), ScheduleConfig(probe="llm", cron="0 2 * * *"),
+    ])
+    scheduler = ProbeScheduler(Service(), [0, 1])
+    scheduler.start()
+    try:
+        scheduler.apply(config)
+        before = {job.id: job.next_run_time for job in scheduler.scheduler.get_jobs()}
+        assert len(before) == 4
+        time.sleep(0.05)
+        for _ in range(3):
+            scheduler.apply(config.model_copy())
+        assert {job.id: job.next_run_time for job in scheduler.scheduler.get_jobs()} == before
+        # a changed option (same trigger) keeps the time too and takes the new settings
+        changed = config.model_copy(update={"schedules": [config.schedules[0].model_copy(update={"caps": ["max"]}),
+                                                          config.schedules[1]]})
+        scheduler.apply(changed)
+        jobs = {job.id: job for job in scheduler.scheduler.get_jobs()}
+        assert {i: j.next_run_time for i, j in jobs.items()} == before
+        assert jobs["0-vit-gpu0"].args[0].caps == ["max"]
+        # a changed interval reschedules that job only
+        slower = changed.model_copy(update={"schedules": [changed.schedules[0].model_copy(update={"interval_seconds": 7200}),
+                                                          changed.schedules[1]]})
+        scheduler.apply(slower)
+        after = {job.id: job.next_run_time for job in scheduler.scheduler.get_jobs()}
+        assert after["1-llm-gpu0"] == before["1-llm-gpu0"] and after["0-vit-gpu0"] != before["0-vit-gpu0"]
+    finally:
+        scheduler.stop()
+
+
+def test_case7_sighup_storm_neither_adds_runs_nor_starves_a_schedule(start_daemon, tmp_path):
+    state = tmp_path / "state"
+    schedules = "    - {probe: vit, interval_seconds: 3600}\n    - {probe: attention, interval_seconds: 10}"
+    daemon = start_daemon(config_text=BASE.format(state=state, schedules=schedules))
+    assert wait_for(lambda: runs(daemon.url, "vit") == 1 and runs(daemon.url, "attention") == 1)
+    deadline = time.monotonic() + 12.5
+    while time.monotonic() < deadline:  # a SIGHUP every 0.5 s, no change: before the fix 0 more attention runs
+        daemon.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+    assert wait_for(lambda: runs(daemon.url, "attention") >= 2, timeout=5), daemon.log()
+    assert runs(daemon.url, "vit") == 1  # the hourly schedule got no extra run from 25 reloads
+    assert daemon.stop() == 0
+
+
+# --- issue 19, case 3: restart-only settings warn and keep the running value ---------------------
+
+
+def test_case3_reload_changing_state_dir_warns_and_keeps_the_journal_where_it_was(start_daemon, tmp_path):
+    state, other = tmp_path / "state", tmp_path / "other"
+    config = tmp_path / "gpuperfd.yaml"
+    sweep = "    - {probe: vit, interval_seconds: 3600, caps: [max, 300], settle_seconds: 0}"
+    text = BASE.format(state=state, schedules=sweep).replace("probes:\n", "probes:\n  read_only: false\n")
+    daemon = start_daemon(config_text=text)
+    assert wait_for(lambda: runs(daemon.url, "vit") == 2)  # two caps
+    config.write_text(text.replace(f"state_dir: {state}", f"state_dir: {other}")
+                      .replace("simulated_measure_seconds: 0.2", "simulated_measure_seconds: 0.3")
+                      .replace("vit, interval_seconds: 3600", "attention, interval_seconds: 3600"))
+    daemon.proc.send_signal(signal.SIGHUP)
+    assert wait_for(lambda: runs(daemon.url, "attention") == 2), daemon.log()
+    log = daemon.log()
+    assert "reload: probes.state_dir changed; it takes effect after a restart" in log
+    assert "reload: probes.simulated_measure_seconds changed" in log
+    assert list(state.glob("*.cap.lock")) and not other.exists()  # the sweep after the reload used the old dir
+    assert daemon.stop() == 0

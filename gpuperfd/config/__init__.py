@@ -229,8 +229,9 @@ class HistoryConfig(_Strict):
 
 class ProbesConfig(_Strict):
     enabled: bool = True
-    #: Never change power caps: sweeps run at the current cap only.
-    read_only: bool = False
+    #: Never change power caps: sweeps run at the current cap only. True unless set to false
+    #: explicitly, so a truncated or half-written config file can never start real cap sweeps.
+    read_only: bool = True
     #: Where the power-cap journal lives (systemd's StateDirectory).
     state_dir: Path = Path("/var/lib/gpuperfd")
     #: A GPU must have been idle this long before a probe starts.
@@ -291,6 +292,50 @@ def _format_validation_error(source: str, error: ValidationError) -> str:
             message = "unknown field (check the spelling; see docs/configuration.md)"
         lines.append(f"  - {where}: {message} (got {reprlib.repr(item.get('input'))})")
     return "\n".join(lines)
+
+
+#: Settings read once at start: a reload that changes one warns and keeps the running value.
+#: (dotted path, why). docs/configuration.md lists the same table; tests/test_reload.py checks both.
+RESTART_ONLY: tuple[tuple[str, str], ...] = (
+    ("web.listen_address", "the HTTP socket is bound at start"),
+    ("web.telemetry_path", "the routes are built at start"),
+    ("web.config_file", "the file named at start is watched (its contents do reload)"),
+    ("device", "the GPU backend is opened at start"),
+    ("simulation", "the simulated GPUs are built at start"),
+    ("sampler", "the sampling lanes start with the daemon"),
+    ("probes.state_dir", "the power-cap journal, GPU locks and child records live there"),
+    ("probes.executor", "the probe executor is built at start"),
+    ("probes.timeout_seconds", "the probe executor is built at start"),
+    ("probes.torch_device", "the probe executor is built at start"),
+    ("probes.simulated_measure_seconds", "the probe executor is built at start"),
+    ("probes.history", "the history file is opened at start"),
+)
+
+
+def _get(config: BaseModel, dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _with(config: BaseModel, dotted: str, value: Any) -> Any:
+    head, _, rest = dotted.partition(".")
+    if not rest:
+        return config.model_copy(update={head: value})
+    return config.model_copy(update={head: _with(getattr(config, head), rest, value)})
+
+
+def restart_only_changes(running: Config, new: Config) -> list[str]:
+    """The restart-only settings (dotted paths) whose values differ between two configs."""
+    return [path for path, _ in RESTART_ONLY if _get(running, path) != _get(new, path)]
+
+
+def keep_restart_only(running: Config, new: Config) -> Config:
+    """``new`` with every restart-only setting put back to the running value."""
+    for path in restart_only_changes(running, new):
+        new = _with(new, path, _get(running, path))
+    return new
 
 
 def config_from_mapping(data: Any, source: str = "<config>") -> Config:

@@ -992,7 +992,7 @@ class SimulatedBackend(Backend):
         ]
         self._load_limits()
         for gpu in self._gpus:
-            gpu._on_limit_change = self._save_limits
+            gpu._on_limit_change = lambda index=gpu.index: self._save_limits(index)
         #: XID events not yet returned, as (due time on the clock, gpu index, xid).
         self._pending_xids: list[tuple[float, int, int]] = []
         for item in config.xid_events:
@@ -1014,13 +1014,23 @@ class SimulatedBackend(Backend):
                 gpu._enforced_watts = min(gpu.model.max_power_watts, max(gpu.model.min_power_watts, watts))
                 gpu._update_power()
 
-    def _save_limits(self) -> None:
+    def _save_limits(self, index: int) -> None:
+        """Persist GPU ``index``'s limit, leaving the others as the file has them: like a real board,
+        each GPU's limit is its own, and several processes (a daemon, a CLI sweep) may share the file."""
+        import fcntl
+
         path = self.config.state_file
         if path is None:
             return
-        with self._lock:
-            data = {str(g.index): g._enforced_watts for g in self._gpus}
-            tmp = Path(path).with_suffix(".tmp")
+        with self._lock, open(f"{path}.lock", "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            try:
+                data = json.loads(Path(path).read_text())
+            except (OSError, ValueError):
+                data = {}
+            data.update({str(g.index): g._enforced_watts for g in self._gpus if str(g.index) not in data})
+            data[str(index)] = self._gpus[index]._enforced_watts
+            tmp = Path(f"{path}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(data))
             os.replace(tmp, path)
 

@@ -302,6 +302,7 @@ def daemon_config(node: FleetNode, spec: FleetSpec) -> dict[str, Any]:
             "state_dir": str(node.directory / "state"),
             "history": {"path": str(node.directory / "history.jsonl")},
             "executor": "simulated",
+            "read_only": False,  # the fleet sweeps caps on simulated GPUs
             "idle_seconds": 0,
             "jitter_seconds": 0,
             "first_run_delay_seconds": spec.first_run_delay_seconds,

@@ -65,8 +65,26 @@ def _redirect_output(log_path: str | None) -> None:
     os.close(fd)
 
 
-def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None) -> None:
+def die_with_parent(parent_pid: int | None) -> None:
+    """Ask Linux to SIGKILL us when the parent dies (PR_SET_PDEATHSIG), and exit now if it
+    already has: a probe must never outlive the daemon or CLI that started it."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, 9, 0, 0, 0)  # SIGKILL
+    except (OSError, AttributeError):
+        pass
+    if parent_pid is not None and os.getppid() != parent_pid:  # died before prctl took effect
+        os._exit(4)
+
+
+def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, parent_pid: int | None = None) -> None:
     """Run one probe and report over ``conn``; exits the process with os._exit."""
+    die_with_parent(parent_pid)
     try:
         os.setpgid(0, 0)  # own process group: the parent can kill us and our workers at once
     except OSError:

@@ -314,8 +314,6 @@ def _describe_point(spec: ProbeSpec) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Run the points ``args`` describe; returns the exit code."""
-    from gpuperfd.probes.runner import run_probe
-    from gpuperfd.probes.spec import default_timeout
 
     try:
         fmt = _output_format(args.output)
@@ -329,11 +327,34 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     del fmt
 
+    import threading
+
+    from gpuperfd.system.stopsignals import StopSignals, say
+
+    abort = threading.Event()
+    # SIGTERM/SIGHUP/SIGINT/SIGQUIT only set `abort`: run_probe then kills the child's process group.
+    with StopSignals(abort) as stop:
+        try:
+            code = _run_points(args, specs, abort)
+        except OSError:  # a closed terminal while printing: the child is already ended
+            code = EXIT_FAILURE
+    if stop.received is not None:
+        say(f"gpuperfd probe: stopped by {stop.name}; the probe child was ended")
+        return stop.exit_code
+    return code
+
+
+def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) -> int:
+    from gpuperfd.probes.runner import run_probe
+    from gpuperfd.probes.spec import default_timeout
+
     results: list[ProbeResult] = []
     total = sum(spec.repeats for spec in specs)
     devices: dict[str, Any] = {}
     with ProgressBar(total, desc="probe", enabled=None if not args.no_progress else False) as bar:
         for spec in specs:
+            if abort.is_set():
+                break
             device = None
             if spec.is_cuda and not args.no_idle_check:
                 if spec.device not in devices:
@@ -357,7 +378,8 @@ def main(args: argparse.Namespace) -> int:
 
             timeout = args.timeout if args.timeout is not None else default_timeout(spec)
             result = run_probe(spec, timeout_seconds=timeout, device=device,
-                               idle_utilization_threshold=args.idle_threshold, on_progress=on_progress)
+                               idle_utilization_threshold=args.idle_threshold, on_progress=on_progress,
+                               should_abort=abort.is_set)
             if done < spec.repeats:
                 bar.update(spec.repeats - done)
             if not result.ok:

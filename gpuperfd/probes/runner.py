@@ -23,19 +23,29 @@ another GPU process appeared aborted / ``aborted`` (process group killed)
 After a kill the runner waits (briefly) for the child to vanish from the GPU's
 process list, so the next probe starts on a free GPU.
 
+No orphans: the child asks the kernel to SIGKILL it when its parent dies
+(``PR_SET_PDEATHSIG``), the parent kills the child's process group on every exit
+path (return, exception, ``atexit``), and with ``record_dir`` each child's pid
+and start time are written to disk so that a restarted daemon ends what a
+SIGKILLed one left (:func:`end_leftover_children`, start time checked first so a
+reused pid is never killed).
+
 This module imports neither torch nor transformers (checked by a test): the
 daemon imports it and must stay small.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing
 import os
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from gpuperfd.device.base import Device
@@ -43,7 +53,7 @@ from gpuperfd.probes import child as _child
 from gpuperfd.probes.result import ProbeResult
 from gpuperfd.probes.spec import ProbeSpec, default_timeout
 
-__all__ = ["run_probe", "check_idle", "ProgressCallback"]
+__all__ = ["run_probe", "check_idle", "ProgressCallback", "end_leftover_children"]
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +174,78 @@ def _kill(proc: multiprocessing.process.BaseProcess, grace: float = 1.0) -> None
             pass
 
 
+#: Children running now, killed (with their groups) if this process exits normally mid-probe.
+_LIVE: dict[int, multiprocessing.process.BaseProcess] = {}
+_LIVE_LOCK = threading.Lock()
+RECORD_PREFIX = "probe-child."
+
+
+def _kill_live_children() -> None:
+    with _LIVE_LOCK:
+        live = list(_LIVE.values())
+    for proc in live:
+        _kill(proc, grace=0.2)
+
+
+atexit.register(_kill_live_children)
+
+
+def process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _record_child(record_dir: Path | None, pid: int) -> Path | None:
+    if record_dir is None:
+        return None
+    start = process_start_time(pid)
+    path = Path(record_dir) / f"{RECORD_PREFIX}{pid}"
+    try:
+        Path(record_dir).mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{pid} {start}\n")
+    except OSError as exc:
+        log.warning("cannot record probe child %d in %s: %s", pid, record_dir, exc)
+        return None
+    return path
+
+
+def end_leftover_children(record_dir: Path | str) -> list[int]:
+    """End probe children a previous (killed) instance left running; returns the pids ended.
+
+    A record names a pid and its start time; a pid whose start time differs is someone
+    else's process now and is left alone. The child's whole process group is killed.
+    """
+    ended: list[int] = []
+    try:
+        records = sorted(Path(record_dir).glob(RECORD_PREFIX + "*"))
+    except OSError:
+        return ended
+    for path in records:
+        try:
+            pid_text, start_text = path.read_text().split()[:2]
+            pid, start = int(pid_text), int(start_text)
+        except (OSError, ValueError):
+            pid, start = 0, None
+        if pid > 0 and start is not None and process_start_time(pid) == start:
+            for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+                try:
+                    kill()
+                except (ProcessLookupError, PermissionError, OSError):
+                    pass
+            ended.append(pid)
+            log.warning("ended probe child %d left running by an earlier gpuperfd", pid)
+        try:
+            path.unlink()
+        except OSError:
+            pass
+    return ended
+
+
 def _wait_gpu_free(device: Device | None, pid: int | None) -> bool | None:
     """True once ``pid`` holds no context on ``device`` (None: cannot tell)."""
     if device is None or pid is None:
@@ -208,6 +290,7 @@ def run_probe(
     on_progress: ProgressCallback | None = None,
     should_abort: Callable[[], bool] | None = None,
     idle_wait_seconds: float = 5.0,
+    record_dir: Path | str | None = None,
 ) -> ProbeResult:
     """Run ``spec`` in a child process and return its result; never raises for child failures.
 
@@ -216,6 +299,8 @@ def run_probe(
     processes of ours that may use the GPU (the child and its descendants are always
     allowed). ``on_progress`` receives the child's progress messages (phase, repeat).
     ``should_abort`` is polled; returning True stops the probe with status "aborted".
+    ``record_dir``: where the child's pid and start time are recorded while it runs (the daemon's
+    state directory), for :func:`end_leftover_children` after a crash.
     """
     timeout = float(timeout_seconds) if timeout_seconds is not None else default_timeout(spec)
     started_at = time.time()
@@ -247,14 +332,18 @@ def run_probe(
     os.close(fd)
     proc = ctx.Process(
         target=_child.main,
-        args=(spec.to_dict(), sender, log_path),
+        args=(spec.to_dict(), sender, log_path, os.getpid()),
         name=f"gpuperfd-probe-{spec.probe}",
         daemon=False,  # a daemonic process may not start children; torch.compile needs workers
     )
     payload: tuple[str, Any] | None = None
     outcome: ProbeResult | None = None
+    record: Path | None = None
     try:
         proc.start()
+        with _LIVE_LOCK:
+            _LIVE[proc.pid or 0] = proc
+        record = _record_child(Path(record_dir) if record_dir is not None else None, proc.pid or 0)
         sender.close()  # the child holds the only writer: EOF when it dies
         deadline = t0 + timeout
         next_watch = time.monotonic()
@@ -364,6 +453,13 @@ def run_probe(
     finally:
         if proc.is_alive():
             _kill(proc)
+        with _LIVE_LOCK:
+            _LIVE.pop(proc.pid or 0, None)
+        if record is not None:
+            try:
+                record.unlink()
+            except OSError:
+                pass
         receiver.close()
         try:
             os.unlink(log_path)

@@ -17,6 +17,7 @@ import os
 import random
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from gpuperfd.config import ScheduleConfig
@@ -37,8 +38,13 @@ def simulated_profile_name(probe: str, preset: str | None) -> str:
     return name if name in WORKLOAD_PROFILES else SIMULATED_PROFILE[probe]
 
 
-def child_process_executor(timeout_seconds: float, torch_device: str = "cuda"):  # type: ignore[no-untyped-def]
-    """Run the real probe in a child process on the CUDA device matching the NVML index (or the CPU)."""
+def child_process_executor(  # type: ignore[no-untyped-def]
+    timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None
+):
+    """Run the real probe in a child process on the CUDA device matching the NVML index (or the CPU).
+
+    ``state_dir``: where each running child is recorded, so a restarted daemon can end it.
+    """
     from gpuperfd.probes.runner import run_probe
     from gpuperfd.probes.spec import ProbeSpec
 
@@ -60,6 +66,7 @@ def child_process_executor(timeout_seconds: float, torch_device: str = "cuda"): 
             device=device,
             own_pids=(os.getpid(),),
             should_abort=abort.is_set,
+            record_dir=state_dir,
         )
 
     return execute

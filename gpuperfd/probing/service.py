@@ -27,7 +27,8 @@ from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker, busy_reason
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
-from gpuperfd.probing.sweep.journal import CapJournal
+from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
+from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.probing.sweep.sweeper import (
     SweepAborted,
     SweepPoint,
@@ -203,7 +204,37 @@ class ProbeService:
         return RunOutcome("skipped", reason)
 
     def _sweep(self, device: Device, schedule: ScheduleConfig, preset: str) -> RunOutcome:
+        """Own the GPU's cap (cross-process lock), put back what a dead owner left, then sweep."""
         info = self._info(device)
+        name = safe_name(info.uuid)
+        gpu_lock: GpuLock | None = None
+        if self.config.read_only:
+            # Changes no cap, so writes nothing to the state directory; still never on a swept GPU.
+            owner = is_owned(self.journal.state_dir, name)
+            if owner is not None:
+                return self._skip(info, schedule, "busy", str(GpuBusy(name, owner)))
+        else:
+            gpu_lock = GpuLock(self.journal.state_dir, name)
+            try:
+                gpu_lock.acquire()
+            except GpuBusy as busy:
+                return self._skip(info, schedule, "busy", str(busy))
+            except OSError as exc:
+                log.error("gpu %d: cannot take the power-cap lock in %s (%s); not sweeping",
+                          device.index, self.journal.state_dir, exc.strerror or exc)
+                self.metrics.count(info, schedule.probe, preset, "failed", "state_dir")
+                return RunOutcome("failed", "state_dir")
+        try:
+            if gpu_lock is not None:
+                restored = restore_pending(self.journal, [device], only=[info.uuid], lock=False)
+                if restored:
+                    log.warning("gpu %d: took over from an owner that died: restored %s", device.index, "; ".join(restored))
+            return self._sweep_owned(device, info, schedule, preset)
+        finally:
+            if gpu_lock is not None:
+                gpu_lock.release()
+
+    def _sweep_owned(self, device: Device, info: GpuInfo, schedule: ScheduleConfig, preset: str) -> RunOutcome:
         try:
             limits = device.power_limits()
         except DeviceError as exc:
@@ -262,6 +293,10 @@ class ProbeService:
             log.error("gpu %d: sweep failed: %s", device.index, exc)
             self.metrics.count(info, schedule.probe, preset, "failed", exc.reason)
             return RunOutcome("failed", exc.reason, tuple(published))
+        except OSError as exc:  # the journal could not be written: no cap was changed
+            log.error("gpu %d: sweep not run: %s", device.index, exc.strerror or exc)
+            self.metrics.count(info, schedule.probe, preset, "failed", "state_dir")
+            return RunOutcome("failed", "state_dir", tuple(published))
         except Exception:  # a bug must be counted and logged, never kill the scheduler's job
             log.exception("gpu %d: %s sweep failed", device.index, schedule.probe)
             self.metrics.count(info, schedule.probe, preset, "failed", "exception")

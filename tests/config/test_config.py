@@ -97,3 +97,43 @@ def test_help_and_version_on_every_command():
         out = subprocess.run([sys.executable, "-m", "gpuperfd", *args], capture_output=True, text=True)
         assert out.returncode == 0, (args, out.stderr)
         assert "usage: gpuperfd" in out.stdout or out.stdout.startswith("gpuperfd "), args
+
+
+# --- issue 19, case 5: safe by default --------------------------------------------------------
+
+
+def test_case5_read_only_is_the_default_so_a_half_written_file_never_sweeps(tmp_path):
+    from gpuperfd.config import Config, load_config
+
+    assert Config().probes.read_only is True
+    full = "probes:\n  read_only: false\n  schedules:\n    - {probe: llm, interval_seconds: 60, caps: [max, 300]}\n"
+    path = tmp_path / "gpuperfd.yaml"
+    path.write_text(full)
+    assert load_config(path).probes.read_only is False
+    # the file cut before its read_only line (a writer caught mid-way by SIGHUP): caps are never changed
+    path.write_text("probes:\n  schedules:\n    - {probe: llm, interval_seconds: 60, caps: [max, 300]}\n")
+    assert load_config(path).probes.read_only is True
+
+
+def test_case3_restart_only_table_is_documented_and_applied():
+    from pathlib import Path
+
+    from gpuperfd.config import (
+        RESTART_ONLY,
+        Config,
+        keep_restart_only,
+        restart_only_changes,
+    )
+
+    docs = (Path(__file__).resolve().parents[2] / "docs/configuration.md").read_text()
+    for path, _ in RESTART_ONLY:
+        assert f"| `{path}` |" in docs, f"{path} missing from the restart-only table in docs/configuration.md"
+    running = Config()
+    new = Config.model_validate({"probes": {"state_dir": "/elsewhere", "timeout_seconds": 5, "idle_seconds": 1,
+                                            "history": {"path": None}}, "log_level": "debug"})
+    assert restart_only_changes(running, new) == ["probes.state_dir", "probes.timeout_seconds", "probes.history"]
+    kept = keep_restart_only(running, new)
+    assert kept.probes.state_dir == running.probes.state_dir
+    assert kept.probes.timeout_seconds == running.probes.timeout_seconds
+    assert kept.probes.history == running.probes.history
+    assert kept.probes.idle_seconds == 1 and kept.log_level == "debug"  # reloadable settings do reload

@@ -65,7 +65,7 @@ def record(model: str, node: str, target: Path, seed: int) -> None:
         raw = Path(tmp) / "history.jsonl"
         history = HistoryWriter(raw)
         history.node = node
-        config = ProbesConfig(state_dir=Path(tmp) / "state", idle_seconds=0)
+        config = ProbesConfig(state_dir=Path(tmp) / "state", idle_seconds=0, read_only=False)
         service = ProbeService(
             config, devices, simulated_executor(0.2, seed=seed), ProbeMetrics(CollectorRegistry()), tracker, history
         )

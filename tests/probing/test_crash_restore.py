@@ -41,6 +41,7 @@ simulation:
   initial_power_limits: {{0: 650, 1: 640}}
   state_file: {state}/sim-limits.json
 probes:
+  read_only: false
   state_dir: {state}
   history: {{path: {state}/history.jsonl}}
   idle_seconds: 0
@@ -361,7 +362,7 @@ def test_set_power_limit_failing_mid_sweep_never_leaves_a_cap_changed(tmp_path, 
     tracker = IdleTracker(0.05)
     tracker.observe(0, "utilization", Reading((Point("gpuperf_gpu_utilization_ratio", 0.0),), True, None, 0, 0))
     registry = CollectorRegistry()
-    service = ProbeService(ProbesConfig(state_dir=state, idle_seconds=0), [gpu], simulated_executor(0.01, seed=1),
+    service = ProbeService(ProbesConfig(state_dir=state, idle_seconds=0, read_only=False), [gpu], simulated_executor(0.01, seed=1),
                            ProbeMetrics(registry), tracker)
     schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=["max", 500, 400, 300], settle_seconds=0)
     outcome = service.run(schedule, 0)

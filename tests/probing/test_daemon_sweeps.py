@@ -17,6 +17,7 @@ simulation:
   initial_power_limits: {{0: 650, 1: 640}}
   state_file: {state}/sim-limits.json
 probes:
+  read_only: false
   state_dir: {state}
   history: {{path: {state}/history.jsonl}}
   idle_seconds: 0

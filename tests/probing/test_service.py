@@ -27,7 +27,7 @@ def make(tmp_path, idle_seconds=0.0, **probes):
     tracker = IdleTracker(0.05)
     for d in devices:  # the sampler has seen every GPU idle
         tracker.observe(d.index, "utilization", Reading((Point("gpuperf_gpu_utilization_ratio", 0.0),), True, None, 0, 0))
-    config = ProbesConfig(state_dir=tmp_path / "state", idle_seconds=idle_seconds, **probes)
+    config = ProbesConfig(**{"read_only": False, **probes}, state_dir=tmp_path / "state", idle_seconds=idle_seconds)
     history = HistoryWriter(tmp_path / "history.jsonl")
     service = ProbeService(config, devices, simulated_executor(0.05, seed=1), metrics, tracker, history)
     return backend, devices, registry, service

@@ -382,6 +382,7 @@ DAEMON_CONFIG = """
 device: {{backend: simulated}}
 simulation: {{gpus: 1, seed: 4}}
 probes:
+  read_only: false
   state_dir: {state}
   history: {{path: {state}/history.jsonl}}
   idle_seconds: 0

@@ -32,6 +32,7 @@ simulation:
   gpus: 2
   seed: 3
 probes:
+  read_only: false
   state_dir: {state}
   history: {{path: {state}/history.jsonl}}
   idle_seconds: 0

@@ -96,21 +96,38 @@ class CapGuard:
         self.current_watts = watts
 
     def restore(self) -> None:
-        """Put the original limit back and clear the journal; on failure the journal stays."""
+        """Put the original limit back, read it back, then clear the journal.
+
+        The log says what really happened: a limit that does not read back keeps the journal
+        (DeviceError); a journal entry that cannot be removed is reported as such, not as a
+        failed restore.
+        """
         if self.original_watts is None:
             return
+        original = self.original_watts
         uuid = self.device.info().uuid
-        if self.current_watts is None and self._enforced_is(self.original_watts):
+        if self.current_watts is None and self._enforced_is(original):
             # No change went through (e.g. no permission to set limits): nothing to put back, and
             # the journal entry must not outlive us, or every later start would try again.
-            self.journal.clear(uuid)
-            log.info("gpu %d: power cap was never changed; still %.0f W", self.device.index, self.original_watts)
+            message = f"gpu {self.device.index}: power cap was never changed; still {original:.0f} W"
         else:
-            self.device.set_power_limit(self.original_watts)
-            self.journal.clear(uuid)
-            log.info("gpu %d: power cap restored to %.0f W", self.device.index, self.original_watts)
+            self.device.set_power_limit(original)
+            back = self.device.power_limits().enforced_watts
+            if round(back) != round(original):
+                raise DeviceError(f"power cap set to {original:.0f} W but reads back {back:.0f} W")
+            message = f"gpu {self.device.index}: power cap restored to {original:.0f} W (read back {back:.0f} W)"
         self.original_watts = None
         self.current_watts = None
+        try:
+            self.journal.clear(uuid)
+        except OSError as exc:
+            log.error(
+                "%s, but its journal entry %s could not be removed (%s); remove it by hand, "
+                "or a later start applies %.0f W again",
+                message, self.journal.path_for(uuid), exc.strerror or exc, original,
+            )
+            return
+        log.info("%s", message)
 
     def _enforced_is(self, watts: float) -> bool:
         try:

@@ -41,6 +41,8 @@ def register(subparsers: Any) -> None:
     sweep.add_argument("--caps", required=True, metavar="LIST",
                        help="comma-separated caps: watts (450), fractions of the maximum (0.8), min, max, default, current")
     sweep.add_argument("--gpu", type=int, default=0, metavar="I", help="GPU index (default 0)")
+    sweep.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                       help="when another process owns the GPU's cap, wait this long for it (default: refuse at once)")
     sweep.add_argument("--preset", help="probe preset (default: the probe's default)")
     sweep.add_argument("--option", action="append", type=_parse_option, default=[], metavar="KEY=VALUE",
                        help="probe option, repeatable (e.g. batch_size=8)")
@@ -80,28 +82,42 @@ def _write_output(path: str, rows: list[dict[str, Any]]) -> None:
             writer.writerows(rows)
 
 
+def _read_only(args: argparse.Namespace, config: Config) -> bool:
+    """--read-only, or ``probes.read_only`` when the config file sets it. Its default (true) guards the
+    daemon against a half-written file; ``gpuperfd sweep --caps ...`` typed by hand is explicit consent."""
+    return bool(args.read_only or ("read_only" in config.probes.model_fields_set and config.probes.read_only))
+
+
+def _cap_report(device: Any, original: float | None, journal: Any) -> str:
+    """What the cap really is now (read back from the GPU), for the last line of a stopped sweep."""
+    from gpuperfd.device.errors import DeviceError
+
+    try:
+        back = device.power_limits().enforced_watts
+    except DeviceError as exc:
+        return f"gpu {device.index}: cannot read the power cap back ({exc}); run `gpuperfd restore-caps`"
+    pending = os.path.lexists(journal.path_for(device.info().uuid))
+    if original is not None and round(back) == round(original) and not pending:
+        return f"gpu {device.index}: power cap restored, reads back {back:.0f} W (the original)"
+    kept = f"; the journal keeps the original {original:.0f} W" if pending and original is not None else ""
+    return f"gpu {device.index}: power cap NOT restored, reads back {back:.0f} W{kept}; run `gpuperfd restore-caps`"
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from gpuperfd.console import ProgressBar, format_table
     from gpuperfd.device.errors import DeviceError
     from gpuperfd.device.factory import open_backend
-    from gpuperfd.probing.executors import child_process_executor, simulated_executor
-    from gpuperfd.probing.idle import busy_reason
-    from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
-    from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
-    from gpuperfd.probing.sweep.sweeper import (
-        SweepAborted,
-        SweepPoint,
-        recommend,
-        run_sweep,
-        work_rate,
-    )
+    from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list
     from gpuperfd.system.logs import setup_logging
+    from gpuperfd.system.stopsignals import StopSignals, say
 
     if args.output and Path(args.output).suffix not in (".csv", ".jsonl"):
         print(f"gpuperfd: --output {args.output}: use a .csv or .jsonl file name", file=sys.stderr)
         return 2
     if not 0 <= args.max_slowdown < 1:
         print("gpuperfd: --max-slowdown must be in [0, 1)", file=sys.stderr)
+        return 2
+    if not args.wait >= 0:
+        print("gpuperfd: --wait must be >= 0 seconds", file=sys.stderr)
         return 2
     try:
         caps_spec = parse_cap_list(args.caps)
@@ -114,45 +130,125 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 2
     config = _load(args)
     setup_logging(config.log_level)
-    try:
-        backend = open_backend(config)
-        devices = {d.index: d for d in backend.devices()}
-    except DeviceError as exc:
-        print(f"gpuperfd: {exc}", file=sys.stderr)
-        return 3
-    if args.gpu not in devices:
-        print(f"gpuperfd: --gpu {args.gpu}: no such GPU (have {sorted(devices)})", file=sys.stderr)
-        return 2
-    device = devices[args.gpu]
-    journal = CapJournal(config.probes.state_dir)
-    restore_pending(journal, devices.values())
-    reason = busy_reason(device, config.probes.idle_utilization_threshold, own_pids=(os.getpid(),))
-    if reason is not None:
-        print(f"gpuperfd: gpu {args.gpu} is busy ({reason}); not sweeping", file=sys.stderr)
-        return 1
-    caps = resolve_caps(caps_spec, device.power_limits())
-    read_only = args.read_only or config.probes.read_only
-    if backend.name == "simulated":
-        executor = simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed)
-    else:
-        executor = child_process_executor(config.probes.timeout_seconds, config.probes.torch_device)
     abort = threading.Event()
-    points: list[SweepPoint] = []
-    bar = ProgressBar(1 if read_only else len(caps), desc=f"sweep {args.probe} gpu{args.gpu}",
-                      enabled=False if args.no_progress else None)
+    # From here on every stop signal only sets `abort`: the cap is put back before we exit.
+    with StopSignals(abort) as stop:
+        try:
+            backend = open_backend(config)
+            devices = {d.index: d for d in backend.devices()}
+        except DeviceError as exc:
+            say(f"gpuperfd: {exc}")
+            return 3
+        try:
+            if args.gpu not in devices:
+                say(f"gpuperfd: --gpu {args.gpu}: no such GPU (have {sorted(devices)})")
+                return 2
+            code = _sweep_owned(args, config, devices[args.gpu], schedule, caps_spec, abort, stop)
+        finally:
+            backend.close()
+    return code
+
+
+def _sweep_owned(args, config, device, schedule, caps_spec, abort, stop) -> int:  # type: ignore[no-untyped-def]
+    """Own GPU ``device``'s cap (cross-process lock), restore what a dead owner left, sweep, report."""
+    from gpuperfd.device.errors import DeviceError
+    from gpuperfd.probing.executors import child_process_executor, simulated_executor
+    from gpuperfd.probing.idle import busy_reason
+    from gpuperfd.probing.sweep.caps import resolve_caps
+    from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
+    from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
+    from gpuperfd.probing.sweep.sweeper import SweepAborted, SweepPoint
+    from gpuperfd.system.stopsignals import say
+
+    journal = CapJournal(config.probes.state_dir)
+    read_only = _read_only(args, config)
+    name = safe_name(device.info().uuid)
+    lock: GpuLock | None = GpuLock(journal.state_dir, name)
     try:
-        with bar:
-            run_sweep(
-                device, journal, caps, lambda cap: executor(device, schedule, abort),
-                settle_seconds=args.settle, read_only=read_only, abort=abort,
-                on_cap=lambda watts: bar.set_message(f"{watts:.0f} W" if watts else "restored"),
-                on_point=lambda point: (points.append(point), bar.update(1)),
-            )
-    except (KeyboardInterrupt, SweepAborted):
-        print("gpuperfd: sweep interrupted; original cap restored", file=sys.stderr)
+        lock.acquire(wait_seconds=args.wait, cancel=abort.is_set)
+    except GpuBusy as busy:
+        if stop.received is not None:
+            say(f"gpuperfd: stopped by {stop.name} while waiting for gpu {device.index}; nothing was changed")
+            return stop.exit_code
+        say(f"gpuperfd: gpu {device.index}: its power cap is owned by "
+            f"{'pid %d' % busy.owner_pid if busy.owner_pid else 'another process'} (a sweep or probe is running); "
+            "not sweeping")
+        return 1
+    except OSError as exc:
+        if not read_only:
+            say(f"gpuperfd: cannot use the state directory {journal.state_dir} ({exc.strerror or exc}); not sweeping")
+            return 1
+        if (owner := is_owned(journal.state_dir, name)) is not None:
+            say(f"gpuperfd: gpu {device.index}: its power cap is owned by pid {owner}; not probing")
+            return 1
+        lock = None
+    original: float | None = None
+    points: list[SweepPoint] = []
+    try:
+        if lock is not None:  # a leftover of this GPU only: its owner is dead (we hold its lock)
+            restore_pending(journal, [device], only=[device.info().uuid], lock=False)
+        original = device.power_limits().enforced_watts
+        if abort.is_set():
+            raise SweepAborted("stopped before the sweep started")
+        reason = busy_reason(device, config.probes.idle_utilization_threshold, own_pids=(os.getpid(),))
+        if reason is not None:
+            say(f"gpuperfd: gpu {args.gpu} is busy ({reason}); not sweeping")
+            return 1
+        caps = resolve_caps(caps_spec, device.power_limits())
+        if config.device.backend == "simulated":
+            executor = simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed)
+        else:
+            executor = child_process_executor(config.probes.timeout_seconds, config.probes.torch_device,
+                                              state_dir=journal.state_dir)
+        _run_with_bar(args, device, journal, caps, schedule, executor, abort, read_only, points)
+    except SweepAborted:
+        pass  # reported below, with the cap read back
+    except DeviceError as exc:
+        say(f"gpuperfd: gpu {device.index}: {exc}")
+        say(f"gpuperfd: {_cap_report(device, original, journal)}")
+        return 1
+    except OSError as exc:  # the journal could not be written (read-only or full state directory)
+        say(f"gpuperfd: {exc.strerror or exc}")
+        say(f"gpuperfd: {_cap_report(device, original, journal)}")
         return 1
     finally:
-        backend.close()
+        if lock is not None:
+            lock.release()
+    if stop.received is not None:
+        say(f"gpuperfd: sweep stopped by {stop.name}; {_cap_report(device, original, journal)}")
+        return stop.exit_code
+    return _print_results(args, points)
+
+
+def _run_with_bar(args, device, journal, caps, schedule, executor, abort, read_only, points) -> None:  # type: ignore[no-untyped-def]
+    from gpuperfd.console import ProgressBar
+    from gpuperfd.probing.sweep.sweeper import run_sweep
+
+    bar = ProgressBar(1 if read_only else len(caps), desc=f"sweep {args.probe} gpu{args.gpu}",
+                      enabled=False if args.no_progress else None)
+
+    def quietly(action) -> None:  # type: ignore[no-untyped-def]
+        try:  # a closed terminal (EIO) must not cut the sweep short of its restore
+            action()
+        except (OSError, ValueError):
+            pass
+
+    quietly(bar.__enter__)
+    try:
+        run_sweep(
+            device, journal, caps, lambda cap: executor(device, schedule, abort),
+            settle_seconds=args.settle, read_only=read_only, abort=abort,
+            on_cap=lambda watts: quietly(lambda: bar.set_message(f"{watts:.0f} W" if watts else "restored")),
+            on_point=lambda point: (points.append(point), quietly(lambda: bar.update(1))),
+        )
+    finally:
+        quietly(lambda: bar.__exit__(None, None, None))
+
+
+def _print_results(args: argparse.Namespace, points: list) -> int:  # type: ignore[type-arg]
+    from gpuperfd.console import format_table
+    from gpuperfd.probing.sweep.sweeper import recommend, work_rate
+
     rows = []
     for point in points:
         r = point.result
@@ -185,6 +281,7 @@ def cmd_restore_caps(args: argparse.Namespace) -> int:
     from gpuperfd.device.errors import DeviceError
     from gpuperfd.device.factory import open_backend
     from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
+    from gpuperfd.probing.sweep.ownership import is_owned
     from gpuperfd.system.logs import setup_logging
 
     config = _load(args)
@@ -198,11 +295,16 @@ def cmd_restore_caps(args: argparse.Namespace) -> int:
         print(f"gpuperfd: {exc}", file=sys.stderr)
         return 3
     try:
-        restore_pending(journal, backend.devices())
+        restore_pending(journal, backend.devices())  # only entries whose owner is gone
     finally:
         backend.close()
-    left = journal.entries()
-    for path, _ in left:
-        print(f"gpuperfd: still changed: {path}", file=sys.stderr)
+    left = 0
+    for path, _ in journal.entries():
+        owner = is_owned(journal.state_dir, path.name[: -len(CapJournal.SUFFIX)])
+        if owner is not None:
+            print(f"gpuperfd: {path}: a running sweep (pid {owner}) owns this GPU and restores it; not touched",
+                  file=sys.stderr)
+        else:
+            left += 1
+            print(f"gpuperfd: still changed: {path}", file=sys.stderr)
     return 1 if left else 0
-

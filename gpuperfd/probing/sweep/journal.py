@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import os
-import re
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -22,10 +22,12 @@ from pathlib import Path
 
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError, InvalidArgument
+from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 
 log = logging.getLogger(__name__)
 
-_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+#: A journal entry is ~200 bytes; anything much larger is not one (and is not read whole).
+MAX_ENTRY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,10 @@ class CorruptJournal(Exception):
         self.path = path
 
 
+class JournalWriteError(OSError):
+    """The journal entry could not be made durable; nothing was changed and no temp file is left."""
+
+
 class CapJournal:
     """Records and clears original power limits in ``state_dir``."""
 
@@ -55,38 +61,72 @@ class CapJournal:
         self.state_dir = Path(state_dir)
 
     def _path(self, uuid: str) -> Path:
-        return self.state_dir / (_SAFE.sub("_", uuid) + self.SUFFIX)
+        return self.state_dir / (safe_name(uuid) + self.SUFFIX)
+
+    def path_for(self, uuid: str) -> Path:
+        return self._path(uuid)
 
     def record(self, device: Device, original_watts: float, default_watts: float) -> CapRecord:
-        """Persist the original limit; raises OSError if it cannot be made durable."""
+        """Persist the original limit; JournalWriteError (one clear line) if it cannot be made durable."""
         info = device.info()
         record = CapRecord(info.uuid, device.index, original_watts, default_watts, time.time(), os.getpid())
-        self.state_dir.mkdir(parents=True, exist_ok=True)
         path = self._path(info.uuid)
-        if path.exists():  # an earlier, unrestored change: its original is the true one
+        if os.path.lexists(path):  # an earlier, unrestored change: its original is the true one
             try:
                 return self._read(path)
             except CorruptJournal:
                 log.warning("replacing unreadable journal entry %s", path)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(asdict(record), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(self.state_dir, os.O_RDONLY)
+        tmp = self.state_dir / f".{path.name}.{os.getpid()}.tmp"
         try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, json.dumps(asdict(record)).encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            dir_fd = os.open(self.state_dir, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            raise JournalWriteError(
+                exc.errno, f"cannot write the power-cap journal in {self.state_dir} ({exc.strerror or exc}); "
+                "the cap was not changed"
+            ) from None
         return record
 
     def clear(self, uuid: str) -> None:
         self._path(uuid).unlink(missing_ok=True)
 
     def _read(self, path: Path) -> CapRecord:
+        """Parse one entry; CorruptJournal for anything that is not a small regular file of valid JSON."""
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            why = "a symbolic link" if os.path.islink(path) else f"{type(exc).__name__}: {exc}"
+            raise CorruptJournal(path, why) from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise CorruptJournal(path, "not a regular file")
+            if info.st_size > MAX_ENTRY_BYTES:
+                raise CorruptJournal(path, f"{info.st_size} bytes, larger than any journal entry")
+            raw = os.read(fd, MAX_ENTRY_BYTES + 1)
+        except OSError as exc:
+            raise CorruptJournal(path, f"{type(exc).__name__}: {exc}") from None
+        finally:
+            os.close(fd)
+        if len(raw) > MAX_ENTRY_BYTES:
+            raise CorruptJournal(path, "larger than any journal entry")
+        try:
+            data = json.loads(raw.decode("utf-8"))
             record = CapRecord(
                 uuid=str(data["uuid"]),
                 gpu_index=int(data["gpu_index"]),
@@ -95,10 +135,14 @@ class CapJournal:
                 recorded_at=float(data.get("recorded_at", 0.0)),
                 pid=int(data.get("pid", 0)),
             )
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-            raise CorruptJournal(path, f"{type(exc).__name__}: {exc}") from None
+        except RecursionError:
+            raise CorruptJournal(path, "nested too deeply") from None
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptJournal(path, f"{type(exc).__name__}: {str(exc)[:200]}") from None
         if not 0 < record.original_watts < math.inf:  # NaN, inf, 0 or negative: not a cap anyone set
             raise CorruptJournal(path, f"original_watts {record.original_watts!r} is not a usable power limit")
+        if safe_name(record.uuid) != _uuid_from_filename(path):  # the file name says which GPU, not the content
+            raise CorruptJournal(path, f"it names GPU {record.uuid[:80]!r}, not the GPU of its file name")
         return record
 
     def entries(self) -> list[tuple[Path, CapRecord | CorruptJournal]]:
@@ -111,6 +155,8 @@ class CapJournal:
                 found.append((path, self._read(path)))
             except CorruptJournal as exc:
                 found.append((path, exc))
+            except Exception as exc:  # noqa: BLE001 - one entry's failure is that entry's alone
+                found.append((path, CorruptJournal(path, f"{type(exc).__name__}: {str(exc)[:200]}")))
         return found
 
 
@@ -127,63 +173,106 @@ def _uuid_from_filename(path: Path) -> str:
     return path.name[: -len(CapJournal.SUFFIX)]
 
 
-def restore_pending(journal: CapJournal, devices: Iterable[Device]) -> list[str]:
+def restore_pending(
+    journal: CapJournal,
+    devices: Iterable[Device],
+    *,
+    only: Iterable[str] | None = None,
+    lock: bool = True,
+) -> list[str]:
     """Put back every original limit the journal holds; returns what was done, for logs.
 
-    A corrupt entry cannot say what the operator had, so the safe action is the
-    board's default limit (logged as such). Entries for GPUs not present stay on
-    disk for a later start. Never raises for a single GPU's failure.
+    Only entries whose GPU lock is free are touched (a live sweeper restores its own;
+    ``lock=False``: the caller holds the lock). ``only``: GPU UUIDs to consider (None:
+    all). A corrupt entry cannot say what the operator had, so the safe action is the
+    board's default limit (logged as such). Entries for GPUs not present stay on disk
+    for a later start. Never raises for a single entry's failure.
     """
-    by_uuid: dict[str, Device] = {}
+    by_name: dict[str, Device] = {}
     for device in devices:
         try:
-            by_uuid[device.info().uuid] = device
+            by_name[safe_name(device.info().uuid)] = device
         except DeviceError as exc:
             log.warning("gpu %d: cannot read identity to check the cap journal: %s", device.index, exc)
+    wanted = None if only is None else {safe_name(u) for u in only}
     actions: list[str] = []
     for path, entry in journal.entries():
-        if isinstance(entry, CorruptJournal):
-            uuid_guess = _uuid_from_filename(path)
-            device = next((d for u, d in by_uuid.items() if _SAFE.sub("_", u) == uuid_guess), None)
-            if device is None:
-                log.error("%s; no matching GPU, leaving it for inspection", entry)
-                continue
-            try:
-                default = device.power_limits().default_watts
-                device.set_power_limit(default)
-            except DeviceError as exc:
-                log.error("%s; restoring the default limit failed: %s", entry, exc)
-                continue
-            log.error("%s; restored gpu %d to its default limit %.0f W as the safe choice", entry, device.index, default)
-            _remove(path)
-            actions.append(f"gpu {device.index}: default {default:.0f} W (corrupt journal)")
+        name = _uuid_from_filename(path)
+        if wanted is not None and name not in wanted:
             continue
-        device = by_uuid.get(entry.uuid)
+        device = by_name.get(name)
         if device is None:
-            log.warning("journal holds a cap for %s, which is not on this node now; kept", entry.uuid)
+            if isinstance(entry, CorruptJournal):
+                log.error("%s; no matching GPU, leaving it for inspection", entry)
+            else:
+                log.warning("journal holds a cap for %s, which is not on this node now; kept", entry.uuid)
+            continue
+        gpu_lock = _lock_entry(journal, name, path) if lock else None
+        if gpu_lock is False:
             continue
         try:
-            device.set_power_limit(entry.original_watts)
-        except InvalidArgument as exc:  # the board refuses the recorded value: the default is the safe choice
-            try:
-                default = device.power_limits().default_watts
-                device.set_power_limit(default)
-            except DeviceError as exc2:
-                log.error("gpu %d: restoring the default limit failed: %s", device.index, exc2)
-                continue
-            log.error(
-                "gpu %d: the board refused the journal's original cap %.0f W (%s); restored its default limit %.0f W",
-                device.index, entry.original_watts, exc, default,
-            )
-            _remove(path)
-            actions.append(f"gpu {device.index}: default {default:.0f} W (journal cap refused)")
-            continue
-        except DeviceError as exc:
-            log.error("gpu %d: restoring original cap %.0f W failed: %s", device.index, entry.original_watts, exc)
-            continue
-        _remove(path)
-        log.warning(
-            "gpu %d: restored original power cap %.0f W left changed by pid %d", device.index, entry.original_watts, entry.pid
-        )
-        actions.append(f"gpu {device.index}: {entry.original_watts:.0f} W")
+            done = _restore_one(device, path, entry)
+        except Exception:  # noqa: BLE001 - one entry's failure must not stop the others
+            log.exception("gpu %d: restoring the journal entry %s failed", device.index, path)
+            done = None
+        finally:
+            if isinstance(gpu_lock, GpuLock):
+                gpu_lock.release()
+        if done:
+            actions.append(done)
     return actions
+
+
+def _lock_entry(journal: CapJournal, name: str, path: Path) -> GpuLock | None | bool:
+    """The entry's lock (held), None (no lock needed or possible), or False: a live owner has it."""
+    gpu_lock = GpuLock(journal.state_dir, name)
+    try:
+        gpu_lock.acquire()
+        return gpu_lock
+    except GpuBusy as busy:
+        if busy.owner_pid == os.getpid():  # our own sweep, at daemon stop: we restore it ourselves
+            return None
+        log.warning("%s: GPU %s; left to its owner, which restores it", path, busy)
+        return False
+    except OSError as exc:  # e.g. a read-only state directory: no one can hold a lock we cannot see
+        if is_owned(journal.state_dir, name) is not None:
+            log.warning("%s: GPU is owned by a running process; left to it", path)
+            return False
+        log.debug("cannot lock %s (%s); nobody holds it", path, exc)
+        return None
+
+
+def _restore_one(device: Device, path: Path, entry: CapRecord | CorruptJournal) -> str | None:
+    if isinstance(entry, CorruptJournal):
+        try:
+            default = device.power_limits().default_watts
+            device.set_power_limit(default)
+        except DeviceError as exc:
+            log.error("%s; restoring the default limit failed: %s", entry, exc)
+            return None
+        log.error("%s; restored gpu %d to its default limit %.0f W as the safe choice", entry, device.index, default)
+        _remove(path)
+        return f"gpu {device.index}: default {default:.0f} W (corrupt journal)"
+    try:
+        device.set_power_limit(entry.original_watts)
+    except InvalidArgument as exc:  # the board refuses the recorded value: the default is the safe choice
+        try:
+            default = device.power_limits().default_watts
+            device.set_power_limit(default)
+        except DeviceError as exc2:
+            log.error("gpu %d: restoring the default limit failed: %s", device.index, exc2)
+            return None
+        log.error(
+            "gpu %d: the board refused the journal's original cap %.0f W (%s); restored its default limit %.0f W",
+            device.index, entry.original_watts, exc, default,
+        )
+        _remove(path)
+        return f"gpu {device.index}: default {default:.0f} W (journal cap refused)"
+    except DeviceError as exc:
+        log.error("gpu %d: restoring original cap %.0f W failed: %s", device.index, entry.original_watts, exc)
+        return None
+    _remove(path)
+    log.warning(
+        "gpu %d: restored original power cap %.0f W left changed by pid %d", device.index, entry.original_watts, entry.pid
+    )
+    return f"gpu {device.index}: {entry.original_watts:.0f} W"
