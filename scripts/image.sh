@@ -110,14 +110,20 @@ else
 fi
 
 build() {  # build TARGET NAME
-  local t0=$(date +%s)
-  "$ENGINE" "${ENGINE_ARGS[@]}" build --network host --target "$1" -t "$2:$VERSION" \
+  local t0=$(date +%s) previous
+  previous=$("$ENGINE" image inspect --format '{{.Id}}' "$2:$VERSION" 2>/dev/null || true)
+  # No layer cache: the wheels change with every commit, so it would rarely hit, and each
+  # build would leave GBs of intermediate images behind.
+  "$ENGINE" "${ENGINE_ARGS[@]}" build --layers=false --network host --target "$1" -t "$2:$VERSION" \
     --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg PIP_ARGS="$PIP_ARGS" --build-arg TORCH="$TORCH" \
     --build-arg GPUPERFD_VERSION="$VERSION" \
     --build-arg VCS_REF="$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
     --build-arg CREATED="$(date -u -d @"${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}" +%Y-%m-%dT%H:%M:%SZ)" \
     -f "$CTX/Containerfile" "$CTX" >"$CTX/build-$1.log" 2>&1 || { tail -30 "$CTX/build-$1.log" >&2; die "build of $1 failed"; }
-  local size
+  local size now
+  now=$("$ENGINE" image inspect --format '{{.Id}}' "$2:$VERSION")
+  # The image this build replaced, if nothing else uses it.
+  [ -n "$previous" ] && [ "$previous" != "$now" ] && "$ENGINE" rmi "$previous" >/dev/null 2>&1 || true
   size=$("$ENGINE" image inspect --format '{{.Size}}' "$2:$VERSION")
   echo "image.sh: built $2:$VERSION ($1) in $(( $(date +%s) - t0 )) s, $(( size / 1000000 )) MB"
 }

@@ -4,8 +4,7 @@ The build test runs scripts/image.sh in local mode (debootstrap base, wheels fro
 this host's pip: no registry) and scripts/image-smoke.sh, which starts both images
 as uid 65534 on a read-only root file system and checks what they do and write.
 It needs root, podman, runc and debootstrap (scripts/test.sh installs them); about
-3.5 minutes from nothing cached on the dev VM, well under a minute when podman's
-layer cache and the base image are there.
+4 to 5 minutes on the dev VM (docs/benchmarks.md).
 """
 
 from __future__ import annotations
