@@ -5,12 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the tests drive for real: Prometheus/promtool, systemd-analyze, curl, headless Chromium.
+# Debian packages the tests drive for real: Prometheus/promtool, systemd-analyze, curl, headless Chromium,
+# and podman/runc/debootstrap for the container image build and smoke test (tests/test_image.py).
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v podman >/dev/null 2>&1 || need+=(podman buildah)
+command -v runc >/dev/null 2>&1 || need+=(runc)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
 BASE = K8S / "base"
 OVERLAY = K8S / "overlays" / "power-caps"
+TELEMETRY = K8S / "overlays" / "telemetry-only"
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 #: oldest Kubernetes we claim (sidecar-free, runtimeClassName GA since 1.20) and the newest bundled
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version())
 
@@ -61,6 +64,11 @@ def base() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def overlay() -> list[dict[str, Any]]:
     return _kustomize(OVERLAY)
+
+
+@pytest.fixture(scope="module")
+def telemetry() -> list[dict[str, Any]]:
+    return _kustomize(TELEMETRY)
 
 
 def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -234,7 +242,7 @@ def _validate(doc: dict[str, Any]) -> None:
         kubernetes_validate.validate(doc, version, strict=True)
 
 
-@pytest.mark.parametrize("variant", ["base", "overlay"])
+@pytest.mark.parametrize("variant", ["base", "overlay", "telemetry"])
 def test_every_manifest_is_valid(variant: str, request: pytest.FixtureRequest) -> None:
     docs = request.getfixturevalue(variant)
     kinds = sorted({d["kind"] for d in docs})
@@ -338,3 +346,79 @@ def test_power_caps_overlay_adds_only_what_sweeps_need(base: list[dict[str, Any]
     # everything else is the base, unchanged
     strip = {"DaemonSet", "ConfigMap", "Namespace"}
     assert [d for d in overlay if d["kind"] not in strip] == [d for d in base if d["kind"] not in strip]
+
+
+# --- images and memory limits (docs/benchmarks.md, "Memory of the daemon and its probe child") --
+
+
+def _quantity_bytes(text: str) -> float:
+    """A Kubernetes memory quantity (128Mi, 2Gi, 500M, 1e9) in bytes."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
+
+
+def _measured_bytes(text: str) -> dict[str, float]:
+    """The figures marked <!-- mem:NAME --> VALUE UNIT in docs/benchmarks.md, in bytes."""
+    factors = {"MB": 1e6, "MiB": 2**20, "GB": 1e9, "GiB": 2**30}
+    found = re.findall(r"<!-- mem:([a-z:]+) --> ([0-9][0-9,.]*) (MB|MiB|GB|GiB)\b", text)
+    return {name: float(value.replace(",", "")) * factors[unit] for name, value, unit in found}
+
+
+def test_measured_figures_are_read() -> None:
+    figures = _measured_bytes(BENCHMARKS.read_text())
+    assert set(figures) == {"daemon", "probe:llm", "probe:vit", "probe:attention", "probe:train"}
+    assert figures["probe:llm"] == 1595 * 2**20 and figures["daemon"] == 67.7e6
+    assert _quantity_bytes("2560Mi") == 2560 * 2**20 and _quantity_bytes("1G") == 1e9
+
+
+def _container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return _pod(docs)["containers"][0]
+
+
+def _tmpfs_bytes(docs: list[dict[str, Any]]) -> float:
+    """Memory-backed emptyDirs count against the container's memory limit."""
+    return sum(_quantity_bytes(v["emptyDir"]["sizeLimit"]) for v in _pod(docs)["volumes"]
+               if (v.get("emptyDir") or {}).get("medium") == "Memory")
+
+
+def test_probe_limit_covers_daemon_and_largest_probe(base: list[dict[str, Any]], overlay: list[dict[str, Any]]) -> None:
+    figures = _measured_bytes(BENCHMARKS.read_text())
+    largest_probe = max(v for k, v in figures.items() if k.startswith("probe:"))
+    needed = 1.25 * (figures["daemon"] + largest_probe) + _tmpfs_bytes(base)
+    for docs in (base, overlay):  # the power-caps overlay runs the same probes
+        resources = _container(docs)["resources"]
+        limit = _quantity_bytes(resources["limits"]["memory"])
+        assert limit >= needed, f"memory limit {resources['limits']['memory']} < {needed / 2**20:.0f}Mi needed"
+        assert _quantity_bytes(resources["requests"]["memory"]) >= 1.5 * figures["daemon"]
+
+
+def test_telemetry_only_limit_is_small_and_covers_the_daemon(base: list[dict[str, Any]],
+                                                             telemetry: list[dict[str, Any]]) -> None:
+    figures = _measured_bytes(BENCHMARKS.read_text())
+    resources = _container(telemetry)["resources"]
+    limit = _quantity_bytes(resources["limits"]["memory"])
+    assert limit >= 2 * figures["daemon"] + _tmpfs_bytes(telemetry)
+    assert _quantity_bytes(resources["requests"]["memory"]) >= 1.25 * figures["daemon"]
+    largest_probe = max(v for k, v in figures.items() if k.startswith("probe:"))
+    assert limit < largest_probe < _quantity_bytes(_container(base)["resources"]["limits"]["memory"])
+    config = _daemon_config(telemetry)
+    assert config.probes.enabled is False  # the gpuperfd image has no torch
+    # everything else is the base, unchanged
+    strip = {"DaemonSet", "ConfigMap"}
+    assert [d for d in telemetry if d["kind"] not in strip] == [d for d in base if d["kind"] not in strip]
+    assert _pod(telemetry)["securityContext"] == _pod(base)["securityContext"]
+    assert _container(telemetry)["securityContext"] == _container(base)["securityContext"]
+
+
+def test_manifests_name_the_images_scripts_image_sh_builds(base: list[dict[str, Any]], overlay: list[dict[str, Any]],
+                                                           telemetry: list[dict[str, Any]]) -> None:
+    version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    script = (ROOT / "scripts" / "image.sh").read_text()
+    assert "build telemetry gpuperfd\n" in script and "build probes gpuperfd-probes\n" in script
+    assert _container(base)["image"] == _container(overlay)["image"] == f"gpuperfd-probes:{version}"
+    assert _container(telemetry)["image"] == f"gpuperfd:{version}"
+    # the image's ENTRYPOINT is the gpuperfd console script: args start with the subcommand
+    assert _container(base)["args"][0] == "run" and "command" not in _container(base)
