@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests drive for real: Prometheus/promtool, systemd-analyze, curl, headless Chromium,
-# and podman/runc/debootstrap for the container image build and smoke test (tests/test_image.py).
+# and podman/runc/debootstrap for the container image build and smoke test (tests/deploy/test_image.py).
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)

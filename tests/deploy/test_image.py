@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONTAINERFILE = ROOT / "deploy" / "container" / "Containerfile"
 CONSTRAINTS = ROOT / "deploy" / "container" / "constraints.txt"
 VERSION = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
