@@ -77,14 +77,16 @@ def test_run_at_operator_cap_fills_latency_histograms(tmp_path):
     assert sample(registry, "gpuperf_probe_batch_latency_seconds_count", **vit) == 32
 
 
-def test_busy_gpu_is_skipped_with_its_reason(tmp_path):
+def test_gpu_with_a_foreign_process_is_skipped_as_allocated(tmp_path):
+    """Any process but ours makes the GPU someone's (issue 14): reason allocated, not busy."""
     backend, devices, registry, service = make(tmp_path)
     devices[1].add_foreign_process(pid=999_999, memory_bytes=1 << 30)
     outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60, caps=[500]), 1)
-    assert outcome.result == "skipped" and outcome.reason == "busy"
+    assert outcome.result == "skipped" and outcome.reason == "allocated"
     assert devices[1].power_limits().enforced_watts == 700.0  # never touched
     labels = {"gpu": "1", "uuid": devices[1].info().uuid, "probe": "vit", "preset": "vit-b16"}
-    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="skipped", reason="busy") == 1
+    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="skipped", reason="allocated") == 1
+    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="skipped", reason="busy") is None
 
 
 def test_gpu_not_idle_long_enough_is_skipped(tmp_path):
