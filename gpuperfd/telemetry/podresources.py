@@ -225,6 +225,8 @@ def list_pod_resources(socket_path: str, timeout_seconds: float) -> list[PodReso
         sock.close()
     if status.get(":status") != "200":
         raise PodResourcesError("malformed", f"HTTP status {status.get(':status')!r}, not 200")
+    if status.get("grpc-status") == "4":  # DEADLINE_EXCEEDED: the kubelet honoured our grpc-timeout
+        raise PodResourcesError("timeout", f"List did not answer within {timeout_seconds:g} s (server deadline)")
     if status.get("grpc-status", "") != "0":
         message = status.get("grpc-message", "")
         raise PodResourcesError("rpc_error", f"grpc-status {status.get('grpc-status')!r}: {message}"[:200])
