@@ -159,3 +159,65 @@ def test_executor_bug_is_counted_and_the_cap_restored(tmp_path):
     assert devices[0].power_limits().enforced_watts == 680.0
     labels = {"gpu": "0", "uuid": devices[0].info().uuid, "probe": "vit", "preset": "vit-b16"}
     assert sample(registry, "gpuperf_probe_runs_total", **labels, result="failed", reason="exception") == 1
+
+
+def _pods(*held):
+    from gpuperfd.telemetry.podresources import ContainerDevices, ContainerResources, PodResources
+
+    return [PodResources(pod, ns, (ContainerResources("c", (ContainerDevices(resource, (device,)),)),))
+            for ns, pod, resource, device in held]
+
+
+def test_allocated_but_idle_gpu_is_never_probed_and_a_free_one_is(tmp_path):
+    from gpuperfd.telemetry.allocations import PodResourcesWatcher
+
+    backend, devices, registry, service = make(tmp_path)
+    watcher = PodResourcesWatcher(str(tmp_path / "kubelet.sock"))
+    watcher.apply(_pods(("ml", "trainer-0", "nvidia.com/gpu", devices[0].info().uuid)))
+    service.allocations = watcher.state
+    assert devices[0].utilization().gpu_ratio == 0.0  # idle: utilization alone would let it run
+    schedule = ScheduleConfig(probe="vit", interval_seconds=60, caps=["max", 500], settle_seconds=0)
+    outcome = service.run(schedule, 0)
+    assert (outcome.result, outcome.reason) == ("skipped", "allocated")
+    assert devices[0].power_limits().enforced_watts == 680.0 and not outcome.points
+    labels = {"gpu": "0", "uuid": devices[0].info().uuid, "probe": "vit", "preset": "vit-b16"}
+    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="skipped", reason="allocated") == 1
+    assert service.run(schedule, 1).result == "ok"  # the unallocated idle GPU runs
+
+
+def test_mig_device_of_a_gpu_held_by_a_pod_makes_the_gpu_allocated(tmp_path):
+    from gpuperfd.telemetry.allocations import PodResourcesWatcher
+
+    backend, devices, registry, service = make(tmp_path)
+    migs = devices[1].set_mig_devices(3)
+    watcher = PodResourcesWatcher(str(tmp_path / "kubelet.sock"))
+    watcher.apply(_pods(("ml", "infer", "nvidia.com/mig-1g.10gb", migs[2])))
+    service.allocations = watcher.state
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1).reason == "allocated"
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
+
+
+def test_operator_marked_pods_are_ours_to_probe(tmp_path):
+    from gpuperfd.telemetry.allocations import PodResourcesWatcher
+
+    backend, devices, registry, service = make(tmp_path, ours={"namespaces": ["gpuperfd"], "pods": ["probe-hold-*"]})
+    watcher = PodResourcesWatcher(str(tmp_path / "kubelet.sock"))
+    watcher.apply(_pods(("gpuperfd", "reserve", "nvidia.com/gpu", devices[0].info().uuid),
+                        ("default", "probe-hold-1", "nvidia.com/gpu", devices[1].info().uuid)))
+    service.allocations = watcher.state
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1).result == "ok"
+    # ...but a foreign pod sharing the GPU (time-slicing) makes it someone's again
+    watcher.apply(_pods(("gpuperfd", "reserve", "nvidia.com/gpu", devices[0].info().uuid),
+                        ("ml", "sneaky", "nvidia.com/gpu", devices[0].info().uuid + "::1")))
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).reason == "allocated"
+
+
+def test_kubelet_that_never_answered_leaves_every_gpu_allocated(tmp_path):
+    from gpuperfd.telemetry.allocations import AllocationState
+
+    backend, devices, registry, service = make(tmp_path)
+    service.allocations = lambda: AllocationState(seen=True, answered=False, ok=False, reason="timeout")
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).reason == "allocated"
+    service.allocations = lambda: AllocationState()  # no kubelet on this node: processes decide
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"

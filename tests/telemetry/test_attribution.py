@@ -261,3 +261,25 @@ def test_decoder_agrees_with_protobuf_on_any_message(pods):
     got = decode_list_response(to_message(pods).SerializeToString())
     assert [(p.namespace, p.name, [(c.name, [(d.resource_name, list(d.device_ids)) for d in c.devices])
                                     for c in p.containers]) for p in got] == pods
+
+
+def test_daemon_never_probes_the_gpu_a_pod_holds_even_idle(sock_dir, tmp_path):
+    """Through the real gRPC server: GPU 0 held by a pod is skipped (allocated), GPU 1 free runs."""
+    from gpuperfd.config import ScheduleConfig
+
+    path = sock_dir / "kubelet.sock"
+    daemon = make_daemon(path, tmp_path, gpus=2)
+    uuid = daemon.devices[0].info().uuid
+    server = FakeKubelet(path, [("ml", "idle-notebook", [("lab", [("nvidia.com/gpu", [uuid])])])]).start()
+    try:
+        daemon.pod_resources.poll_once()
+        daemon.sampler.sample_once()
+        schedule = ScheduleConfig(probe="attention", interval_seconds=60)
+        held, free = daemon.probes.run(schedule, 0), daemon.probes.run(schedule, 1)
+        samples = scrape(daemon)
+    finally:
+        server.stop()
+        daemon.web.stop()
+    assert (held.result, held.reason) == ("skipped", "allocated")
+    assert free.result == "ok"
+    assert value(samples, "gpuperf_probe_runs_total", gpu="0", result="skipped", reason="allocated") == 1.0
