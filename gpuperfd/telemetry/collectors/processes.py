@@ -41,11 +41,9 @@ class ProcessesCollector(Collector):
         self._lock = threading.Lock()
         self._identities: dict[int, dict[int, ProcessIdentity]] = {}  # gpu -> pid -> identity
 
-    def _identity(self, gpu: int, pid: int, known: dict[int, ProcessIdentity]) -> ProcessIdentity:
+    def _identity(self, pid: int, known: dict[int, ProcessIdentity]) -> ProcessIdentity:
         identity = known.get(pid)
-        if identity is None:
-            identity = identify(pid, self.proc_root, self.expose_names)
-        return identity
+        return identity if identity is not None else identify(pid, self.proc_root, self.expose_names)
 
     def read(self, device: Device) -> list[Point]:
         processes = device.compute_processes()
@@ -57,7 +55,7 @@ class ProcessesCollector(Collector):
         top = sorted(processes, key=lambda p: (-(p.used_memory_bytes or 0), p.pid))[: self.top_n]
         with self._lock:
             known = self._identities.get(device.index, {})
-        current = {p.pid: self._identity(device.index, p.pid, known) for p in top}
+        current = {p.pid: self._identity(p.pid, known) for p in top}
         with self._lock:
             self._identities[device.index] = current  # PIDs that left are forgotten (PID reuse)
         for process in top:
