@@ -110,6 +110,7 @@ class PodResourcesWatcher:
         try:
             pods = list_pod_resources(self.socket_path, self.timeout_seconds)
         except PodResourcesError as exc:
+            seen = seen or exc.reason == "no_permission"  # exists() is False when we may not look
             self._log_failure(exc, seen)
             with self._lock:
                 self._state = AllocationState(self._state.by_device, seen, self._state.answered, False, exc.reason, self.clock())

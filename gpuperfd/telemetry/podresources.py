@@ -9,7 +9,7 @@ deploy/kubernetes/proto/podresources_v1.proto). Unknown fields are skipped, as
 any protobuf decoder does, so a newer kubelet stays compatible.
 
 Every failure becomes :class:`PodResourcesError` with a short, bounded reason
-(``unavailable``, ``timeout``, ``malformed``, ``rpc_error``), the label value the
+(``unavailable``, ``no_permission``, ``timeout``, ``malformed``, ``rpc_error``), the label value the
 collector reports. The whole call has one deadline; it runs on a background
 thread, never during a scrape.
 """
@@ -174,6 +174,8 @@ def list_pod_resources(socket_path: str, timeout_seconds: float) -> list[PodReso
         sock.settimeout(timeout_seconds)
         try:
             sock.connect(socket_path)
+        except PermissionError as exc:
+            raise PodResourcesError("no_permission", f"{socket_path}: {exc.strerror} (run as root or grant access)") from exc
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise PodResourcesError("unavailable", f"{socket_path}: {exc.strerror}") from exc
         except socket.timeout as exc:

@@ -8,7 +8,7 @@ series carrying pod labels that churn with each pod.
 
 No socket ever seen (bare metal): nothing to report, not a failure. A socket
 that answered once and now fails, or a poller that stopped: the collector
-fails with the call's reason (``unavailable``, ``timeout``, ``malformed``,
+fails with the call's reason (``unavailable``, ``no_permission``, ``timeout``, ``malformed``,
 ``rpc_error``, ``stale``) and the series are absent until it answers again.
 """
 
