@@ -84,6 +84,7 @@ def daemon_config(port: int, state: Path) -> str:
 web: {{listen_address: "127.0.0.1:{port}"}}
 probes:
   state_dir: {state}
+  read_only: false  # the sweeps change simulated caps
   executor: simulated
   idle_seconds: 0
   jitter_seconds: 0

@@ -18,6 +18,7 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
+from gpuperfd.attribution.allocations import PodResourcesWatcher
 from gpuperfd.config import (
     RESTART_ONLY,
     Config,
@@ -36,7 +37,7 @@ from gpuperfd.probing.scheduling import ProbeScheduler
 from gpuperfd.probing.service import ProbeService
 from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
 from gpuperfd.system import sdnotify
-from gpuperfd.telemetry.collectors import COLLECTORS
+from gpuperfd.telemetry.collectors import COLLECTORS, Collector
 from gpuperfd.telemetry.exporter import Exporter, process_registry
 from gpuperfd.telemetry.sampler import Sampler
 from gpuperfd.web.landing import landing_page
@@ -55,6 +56,16 @@ def enabled_collectors(config: Config) -> list[str]:
         if (toggle.enabled if toggle is not None else cls.enabled_by_default):
             names.append(name)
     return names
+
+
+def build_collectors(config: Config, names: list[str], watcher: PodResourcesWatcher | None) -> list[Collector]:
+    """Instances of the named collectors, with the settings the attribution ones need."""
+    processes = config.attribution.processes
+    options: dict[str, dict] = {
+        "allocation": {"watcher": watcher},
+        "processes": {"top_n": processes.top_n, "expose_names": processes.expose_names, "proc_root": processes.proc_root},
+    }
+    return [COLLECTORS[name](**options.get(name, {})) for name in names]  # type: ignore[call-arg]
 
 
 def open_backend_waiting(config: Config, sleep: Callable[[float], None] = time.sleep) -> Backend:
@@ -103,10 +114,22 @@ class Daemon:
             for name, toggle in config.sampler.collectors.items()
             if toggle.interval_seconds is not None
         }
+        kubernetes = config.attribution.kubernetes
+        #: Polls the kubelet's PodResources API on its own thread (None when the allocation collector is off).
+        self.pod_resources = (
+            PodResourcesWatcher(
+                kubernetes.socket,
+                interval_seconds=kubernetes.interval_seconds,
+                timeout_seconds=kubernetes.timeout_seconds,
+                resource_prefixes=tuple(kubernetes.resource_prefixes),
+            )
+            if "allocation" in names
+            else None
+        )
         self.sampler = Sampler(
             self.backend,
             self.devices,
-            [COLLECTORS[name]() for name in names],  # event-driven xid is fed by the watcher, not read
+            build_collectors(config, names, self.pod_resources),  # event-driven xid is fed by the watcher, not read
             interval_seconds=config.sampler.interval_seconds,
             intervals=intervals,
             call_timeout_seconds=config.device.call_timeout_seconds,
@@ -131,6 +154,7 @@ class Daemon:
             if config.probes.history.path is not None
             else None,
             on_cap_change=lambda gpu: self.sampler.refresh(gpu, "power"),
+            allocations=self.pod_resources.state if self.pod_resources is not None else None,
         )
         self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices])
         host, port = parse_listen_address(config.web.listen_address)
@@ -196,6 +220,9 @@ class Daemon:
         if restored:
             log.warning("restored power caps left by an earlier run: %s", "; ".join(restored))
         self.probes.publish_original_caps()
+        if self.pod_resources is not None:
+            self.pod_resources.poll_once()  # the first scrape and probe gate see the allocations
+            self.pod_resources.start()
         self.sampler.sample_once()
         self.sampler.start()
         self.web.start()
@@ -214,6 +241,8 @@ class Daemon:
         self.restore_caps()  # a sweep that could not restore in time is restored here
         self.web.stop()
         self.sampler.stop()
+        if self.pod_resources is not None:
+            self.pod_resources.stop()
         self.backend.close()
         log.info("stopped")
 

@@ -32,6 +32,7 @@ DEFAULT_LISTEN_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
 DeviceCall = Literal[
     "*",
     "info",
+    "mig_uuids",
     "utilization",
     "memory",
     "temperature_celsius",
@@ -171,6 +172,44 @@ class SamplerConfig(_Strict):
     collectors: dict[str, CollectorToggle] = {}
 
 
+class KubernetesAttributionConfig(_Strict):
+    """The kubelet PodResources API: which pod holds which GPU."""
+
+    #: The kubelet's PodResources socket; a node where it never exists reports nothing (bare metal).
+    socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    #: Seconds between List calls (on the daemon's own thread, never during a scrape).
+    interval_seconds: Annotated[float, Field(ge=1, le=3600)] = 10.0
+    #: One List call's deadline.
+    timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 2.0
+    #: Resources that are GPUs or MIG devices (nvidia.com/gpu, nvidia.com/mig-1g.10gb, ...).
+    resource_prefixes: list[str] = ["nvidia.com/"]
+
+
+class ProcessAttributionConfig(_Strict):
+    """Per-process series of the processes collector."""
+
+    #: Processes published per GPU (those holding the most memory); 0: none, only the totals.
+    top_n: Annotated[int, Field(ge=0, le=64)] = 5
+    #: Publish process name, user and systemd unit; off by default (operators may consider them private).
+    expose_names: bool = False
+    #: Where process identities are read (a fixture tree in tests).
+    proc_root: Path = Path("/proc")
+
+
+class AttributionConfig(_Strict):
+    kubernetes: KubernetesAttributionConfig = KubernetesAttributionConfig()
+    processes: ProcessAttributionConfig = ProcessAttributionConfig()
+
+
+class OursConfig(_Strict):
+    """Pods whose GPUs are ours to probe even though the kubelet lists them as allocated."""
+
+    #: Namespaces whose pods hold GPUs for gpuperfd (e.g. a placeholder pod that reserves the GPU).
+    namespaces: list[str] = []
+    #: Pod name patterns (shell-style, e.g. "gpuperfd-probe-*"); the kubelet lists no pod labels.
+    pods: list[str] = []
+
+
 ProbeName = Literal["llm", "vit", "attention", "train"]
 CapEntry = Annotated[float, Field(gt=0)] | Literal["min", "max", "default", "current"]
 
@@ -257,6 +296,8 @@ class ProbesConfig(_Strict):
     #: Measured seconds of a simulated probe (simulated backend only).
     simulated_measure_seconds: Annotated[float, Field(gt=0, le=600)] = 3.0
     history: HistoryConfig = HistoryConfig()
+    #: A GPU allocated to a pod is never probed, unless every pod holding it matches this.
+    ours: OursConfig = OursConfig()
     schedules: list[ScheduleConfig] = []
 
 
@@ -266,6 +307,7 @@ class Config(_Strict):
     device: DeviceConfig = DeviceConfig()
     simulation: SimulationConfig = SimulationConfig()
     sampler: SamplerConfig = SamplerConfig()
+    attribution: AttributionConfig = AttributionConfig()
     probes: ProbesConfig = ProbesConfig()
 
     @model_validator(mode="after")

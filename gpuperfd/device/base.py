@@ -172,6 +172,15 @@ class Device(abc.ABC):
     @abc.abstractmethod
     def compute_processes(self) -> list[ComputeProcess]: ...
 
+    def mig_uuids(self) -> list[str]:
+        """UUIDs of this GPU's MIG devices (``MIG-...``): the ids the kubelet lists for MIG pods.
+
+        Empty when MIG is off; NotSupported on GPUs without MIG (the default here).
+        """
+        from gpuperfd.device.errors import NotSupported
+
+        raise NotSupported(f"GPU {self.index}: MIG is not supported")
+
 
 class Backend(abc.ABC):
     """A set of GPUs behind one library (NVML, or the simulator)."""

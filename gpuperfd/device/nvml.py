@@ -372,6 +372,22 @@ class NvmlDevice(Device):
             result.append(ComputeProcess(pid=int(process.pid), used_memory_bytes=memory))
         return result
 
+    def mig_uuids(self) -> list[str]:
+        """MIG device UUIDs while MIG mode is on; [] when off; NotSupported without MIG."""
+        current, _pending = self._read("mig_mode", pynvml.nvmlDeviceGetMigMode)
+        if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return []
+        uuids = []
+        for slot in range(int(self._read("mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount))):
+            try:
+                handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(self._handle, slot)
+            except pynvml.NVMLError as error:
+                if error.value == pynvml.NVML_ERROR_NOT_FOUND:
+                    continue  # an empty MIG slot
+                raise _translate(error, f"GPU {self.index} MIG {slot}") from error
+            uuids.append(_text(_call(f"GPU {self.index} MIG {slot}", pynvml.nvmlDeviceGetUUID, handle)))
+        return uuids
+
 
 class NvmlBackend(Backend):
     """All (or the selected) GPUs of this node through NVML.

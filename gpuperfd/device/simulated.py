@@ -645,6 +645,7 @@ class SimulatedGpu(Device):
         self._load: WorkloadProfile | None = None
         self._load_pid: int | None = None
         self._foreign: dict[int, int] = {}
+        self._mig_uuids: list[str] | None = None  # None: MIG not supported
         self._energy_joules = 0.0
         self._last_time = clock()
         self._power_watts = model.idle_watts
@@ -682,6 +683,16 @@ class SimulatedGpu(Device):
             self._advance()
             self._foreign.pop(pid, None)
             self._update_power()
+
+    def set_mig_devices(self, count: int | None) -> list[str]:
+        """Partition into ``count`` MIG devices (0: MIG off, None: no MIG support); returns their UUIDs.
+
+        Identity only: the physics (power, clocks) stays that of the whole GPU.
+        """
+        base = self.info().uuid.removeprefix("GPU-")
+        with self._lock:
+            self._mig_uuids = None if count is None else [f"MIG-{base[:-2]}{slot:02x}" for slot in range(count)]
+            return list(self._mig_uuids or [])
 
     def inject(self, fault: FaultConfig) -> None:
         """Add a fault aimed at this GPU (its ``gpu`` field is replaced by this index)."""
@@ -946,6 +957,13 @@ class SimulatedGpu(Device):
                 processes.append(ComputeProcess(self._load_pid, self._load.memory_bytes))
             processes.extend(ComputeProcess(pid, memory) for pid, memory in self._foreign.items())
             return processes
+
+    def mig_uuids(self) -> list[str]:
+        self._check_faults("mig_uuids")
+        with self._lock:
+            if self._mig_uuids is None:
+                raise NotSupported(f"GPU {self.index}: MIG is not supported")
+            return list(self._mig_uuids)
 
 
 class SimulatedBackend(Backend):

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The rule files Prometheus loads (a timing-accelerated copy of them by default).
 RULES_DIR = REPO_ROOT / "deploy" / "prometheus" / "rules"
-RULE_FILES = ("recording.yml", "alerts.yml")
+RULE_FILES = ("recording.yml", "alerts.yml", "attribution.yml")
 
 #: Scrape job name; it must match .*gpuperfd.* for the GpuperfdDown alert and the dashboards.
 JOB = "gpuperfd"

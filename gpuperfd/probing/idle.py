@@ -1,16 +1,22 @@
-"""Idle gating: has this GPU been idle (no foreign process, low utilization) long enough?
+"""Idle gating: is this GPU someone else's, and has it been idle long enough?
 
-The tracker listens to the sampler's readings (utilization and processes), so
-gating costs no device call of its own. Our own probe processes do not count
-as load: the caller passes their PIDs.
+A GPU allocated to a pod (kubelet PodResources) or running any compute process
+but ours belongs to someone, even at zero utilization: :func:`allocated_reason`
+says so before any idle check, unless the operator marked the pods holding it
+as ours (``probes.ours``). The tracker listens to the sampler's readings
+(utilization and processes), so idle gating costs no device call of its own.
+Our own probe processes do not count as load: the caller passes their PIDs.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import threading
 import time
 from collections.abc import Callable, Iterable
 
+from gpuperfd.attribution.allocations import Allocation, AllocationState
+from gpuperfd.config import OursConfig
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.telemetry.sampler import Reading
@@ -78,4 +84,40 @@ def busy_reason(device: Device, utilization_threshold: float, own_pids: Iterable
         return f"cannot check the GPU is idle: {exc.reason}"
     if utilization > utilization_threshold:
         return f"utilization {utilization:.0%} above {utilization_threshold:.0%}"
+    return None
+
+
+def is_ours(allocation: Allocation, ours: OursConfig) -> bool:
+    """True if the operator marked this pod's GPUs as ours to probe (namespace or pod name pattern)."""
+    return allocation.namespace in ours.namespaces or any(fnmatch.fnmatchcase(allocation.pod, p) for p in ours.pods)
+
+
+def allocated_reason(
+    device: Device, state: AllocationState | None, ours: OursConfig, own_pids: Iterable[int] = ()
+) -> str | None:
+    """Why this GPU belongs to someone else (a pod, a foreign process), or None if it is free.
+
+    A kubelet that exists but never answered leaves the allocation unknown: the
+    GPU counts as allocated. After one answer the last good map is used while
+    the kubelet is away (a restart does not free GPUs).
+    """
+    try:
+        uuid = device.info().uuid
+        try:
+            ids = [uuid, *device.mig_uuids()]
+        except DeviceError:
+            ids = [uuid]
+        if state is not None and state.seen:
+            if not state.answered:
+                return f"kubelet PodResources never answered ({state.reason}): allocation unknown"
+            foreign = [a for a in state.for_devices(ids) if not is_ours(a, ours)]
+            if foreign:
+                first = foreign[0]
+                return f"allocated to pod {first.namespace}/{first.pod} container {first.container} ({first.resource})"
+        own = set(own_pids)
+        pids = [p.pid for p in device.compute_processes() if p.pid not in own]
+    except DeviceError as exc:
+        return f"cannot check who holds the GPU: {exc.reason}"
+    if pids:
+        return f"compute process(es) {', '.join(map(str, pids[:5]))} running"
     return None

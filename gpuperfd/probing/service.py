@@ -18,13 +18,14 @@ import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from gpuperfd.attribution.allocations import AllocationState
 from gpuperfd.config import ProbesConfig, ScheduleConfig
 from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probes.result import ProbeResult
 from gpuperfd.probes.spec import DEFAULT_PRESET
 from gpuperfd.probing.history import HistoryWriter
-from gpuperfd.probing.idle import IdleTracker, busy_reason
+from gpuperfd.probing.idle import IdleTracker, allocated_reason, busy_reason
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
@@ -65,8 +66,11 @@ class ProbeService:
         tracker: IdleTracker,
         history: HistoryWriter | None = None,
         on_cap_change: Callable[[int], None] | None = None,
+        allocations: Callable[[], AllocationState] | None = None,
     ) -> None:
         self.config = config
+        #: The kubelet's latest pod allocations (None: not on Kubernetes, processes only).
+        self.allocations = allocations
         #: Told the GPU index after every cap change (the daemon re-reads its power collector).
         self.on_cap_change = on_cap_change
         self.devices = {d.index: d for d in devices}
@@ -165,6 +169,10 @@ class ProbeService:
                 device.info()  # a lost GPU is skipped with its reason, not raised into the scheduler
             except DeviceError as exc:
                 return self._skip(info, schedule, exc.reason, str(exc))
+            state = self.allocations() if self.allocations is not None else None
+            held = allocated_reason(device, state, self.config.ours, own_pids=(os.getpid(),))
+            if held is not None:  # someone's GPU, even at zero utilization
+                return self._skip(info, schedule, "allocated", held)
             idle_for = self.tracker.idle_for(gpu)
             if idle_for < self.config.idle_seconds:
                 return self._skip(info, schedule, "not_idle", f"idle {idle_for:.0f} s < {self.config.idle_seconds:.0f} s")

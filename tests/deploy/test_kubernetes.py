@@ -342,6 +342,15 @@ def test_power_caps_overlay_adds_only_what_sweeps_need(base: list[dict[str, Any]
     assert pod["securityContext"]["runAsUser"] == 0  # Kubernetes gives added capabilities to root only
     state = next(v for v in pod["volumes"] if v["name"] == "state")
     assert state == {"name": "state", "hostPath": {"path": "/var/lib/gpuperfd", "type": "DirectoryOrCreate"}}
+    # the kubelet's PodResources socket, read-only, where the daemon's config looks for it (issue 14)
+    kubelet = next(v for v in pod["volumes"] if v["name"] == "pod-resources")
+    assert kubelet == {"name": "pod-resources", "hostPath": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "pod-resources")
+    assert mount == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}
+    from gpuperfd.config import Config
+
+    assert Config().attribution.kubernetes.socket.startswith(mount["mountPath"] + "/")
+    assert {m["name"] for m in container["volumeMounts"]} >= {"config", "state", "cache", "tmp", "pod-resources"}
     assert _one(overlay, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     # everything else is the base, unchanged
     strip = {"DaemonSet", "ConfigMap", "Namespace"}

@@ -57,7 +57,7 @@ def recorded_names() -> set[str]:
 
 
 def test_there_are_rule_and_test_files():
-    assert [p.name for p in RULE_FILES] == ["alerts.yml", "recording.yml"]
+    assert [p.name for p in RULE_FILES] == ["alerts.yml", "attribution.yml", "recording.yml"]
     assert [p.name for p in GLOBAL_RULE_FILES] == ["recording.yml"]
     assert len(TEST_FILES) >= 4
 
@@ -81,7 +81,7 @@ def test_example_prometheus_config_is_valid():
     config = yaml.safe_load((PROM / "prometheus.example.yml").read_text())
     job = next(j for j in config["scrape_configs"] if j["job_name"] == "gpuperfd")
     assert job["scrape_interval"] == "15s"
-    assert sorted(config["rule_files"]) == ["rules/alerts.yml", "rules/recording.yml"]
+    assert sorted(config["rule_files"]) == ["rules/alerts.yml", "rules/attribution.yml", "rules/recording.yml"]
 
 
 def test_every_expected_alert_exists():

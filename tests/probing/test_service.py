@@ -78,14 +78,16 @@ def test_run_at_operator_cap_fills_latency_histograms(tmp_path):
     assert sample(registry, "gpuperf_probe_batch_latency_seconds_count", **vit) == 32
 
 
-def test_busy_gpu_is_skipped_with_its_reason(tmp_path):
+def test_gpu_with_a_foreign_process_is_skipped_as_allocated(tmp_path):
+    """Any process but ours makes the GPU someone's (issue 14): reason allocated, not busy."""
     backend, devices, registry, service = make(tmp_path)
     devices[1].add_foreign_process(pid=999_999, memory_bytes=1 << 30)
     outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60, caps=[500]), 1)
-    assert outcome.result == "skipped" and outcome.reason == "busy"
+    assert outcome.result == "skipped" and outcome.reason == "allocated"
     assert devices[1].power_limits().enforced_watts == 700.0  # never touched
     labels = {"gpu": "1", "uuid": devices[1].info().uuid, "probe": "vit", "preset": "vit-b16"}
-    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="skipped", reason="busy") == 1
+    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="skipped", reason="allocated") == 1
+    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="skipped", reason="busy") is None
 
 
 def test_gpu_not_idle_long_enough_is_skipped(tmp_path):
@@ -211,3 +213,69 @@ def test_reload_withdraws_caps_and_schedules_no_longer_run(tmp_path):
     assert set(service.latest()) == {(0, "llm", "gpt2"), (1, "llm", "gpt2"), (0, "vit", "vit-b16"), (1, "vit", "vit-b16")}
     assert service.latest()[(0, "vit", "vit-b16")] == []
     assert [round(p.cap_watts) for p in service.latest()[(0, "llm", "gpt2")]] == [680, 500]
+
+
+def _pods(*held):
+    from gpuperfd.attribution.podresources import (
+        ContainerDevices,
+        ContainerResources,
+        PodResources,
+    )
+
+    return [PodResources(pod, ns, (ContainerResources("c", (ContainerDevices(resource, (device,)),)),))
+            for ns, pod, resource, device in held]
+
+
+def test_allocated_but_idle_gpu_is_never_probed_and_a_free_one_is(tmp_path):
+    from gpuperfd.attribution.allocations import PodResourcesWatcher
+
+    backend, devices, registry, service = make(tmp_path)
+    watcher = PodResourcesWatcher(str(tmp_path / "kubelet.sock"))
+    watcher.apply(_pods(("ml", "trainer-0", "nvidia.com/gpu", devices[0].info().uuid)))
+    service.allocations = watcher.state
+    assert devices[0].utilization().gpu_ratio == 0.0  # idle: utilization alone would let it run
+    schedule = ScheduleConfig(probe="vit", interval_seconds=60, caps=["max", 500], settle_seconds=0)
+    outcome = service.run(schedule, 0)
+    assert (outcome.result, outcome.reason) == ("skipped", "allocated")
+    assert devices[0].power_limits().enforced_watts == 680.0 and not outcome.points
+    labels = {"gpu": "0", "uuid": devices[0].info().uuid, "probe": "vit", "preset": "vit-b16"}
+    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="skipped", reason="allocated") == 1
+    assert service.run(schedule, 1).result == "ok"  # the unallocated idle GPU runs
+
+
+def test_mig_device_of_a_gpu_held_by_a_pod_makes_the_gpu_allocated(tmp_path):
+    from gpuperfd.attribution.allocations import PodResourcesWatcher
+
+    backend, devices, registry, service = make(tmp_path)
+    migs = devices[1].set_mig_devices(3)
+    watcher = PodResourcesWatcher(str(tmp_path / "kubelet.sock"))
+    watcher.apply(_pods(("ml", "infer", "nvidia.com/mig-1g.10gb", migs[2])))
+    service.allocations = watcher.state
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1).reason == "allocated"
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
+
+
+def test_operator_marked_pods_are_ours_to_probe(tmp_path):
+    from gpuperfd.attribution.allocations import PodResourcesWatcher
+
+    backend, devices, registry, service = make(tmp_path, ours={"namespaces": ["gpuperfd"], "pods": ["probe-hold-*"]})
+    watcher = PodResourcesWatcher(str(tmp_path / "kubelet.sock"))
+    watcher.apply(_pods(("gpuperfd", "reserve", "nvidia.com/gpu", devices[0].info().uuid),
+                        ("default", "probe-hold-1", "nvidia.com/gpu", devices[1].info().uuid)))
+    service.allocations = watcher.state
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1).result == "ok"
+    # ...but a foreign pod sharing the GPU (time-slicing) makes it someone's again
+    watcher.apply(_pods(("gpuperfd", "reserve", "nvidia.com/gpu", devices[0].info().uuid),
+                        ("ml", "sneaky", "nvidia.com/gpu", devices[0].info().uuid + "::1")))
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).reason == "allocated"
+
+
+def test_kubelet_that_never_answered_leaves_every_gpu_allocated(tmp_path):
+    from gpuperfd.attribution.allocations import AllocationState
+
+    backend, devices, registry, service = make(tmp_path)
+    service.allocations = lambda: AllocationState(seen=True, answered=False, ok=False, reason="timeout")
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).reason == "allocated"
+    service.allocations = lambda: AllocationState()  # no kubelet on this node: processes decide
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"

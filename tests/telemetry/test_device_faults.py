@@ -22,6 +22,12 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuperfd.attribution.allocations import PodResourcesWatcher
+from gpuperfd.attribution.podresources import (
+    ContainerDevices,
+    ContainerResources,
+    PodResources,
+)
 from gpuperfd.config import FaultConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.telemetry.collectors import COLLECTORS
@@ -42,9 +48,11 @@ CALLS = {
     "pcie_throughput": "pcie",
     "ecc_errors": "ecc",
     "compute_processes": "processes",
+    "mig_uuids": "allocation",
 }
 #: Where a collector makes several calls, the series each call feeds.
 SERIES_OF_CALL = {
+    "mig_uuids": set(),  # no MIG: the whole GPU's allocation is still listed
     "power_watts": {"gpuperf_power_draw_watts"},
     "power_limits": {
         "gpuperf_power_limit_watts",
@@ -119,7 +127,17 @@ class Scrape:
 
 def make(clock, gpus: int = 3):
     backend = SimulatedBackend(SimulationConfig(gpus=gpus, seed=7), clock=clock, sleep=time.sleep)
-    collectors = [cls() for name, cls in sorted(COLLECTORS.items()) if name != "xid"]
+    # Every GPU runs a process held by a pod, so the processes and allocation collectors have series to lose.
+    for d in backend.devices():
+        d.add_foreign_process(pid=4000 + d.index, memory_bytes=1 << 30)
+    watcher = PodResourcesWatcher("/nonexistent/kubelet.sock", clock=clock)
+    watcher.apply([
+        PodResources(f"job-{d.index}", "team", (ContainerResources("main", (ContainerDevices("nvidia.com/gpu", (d.info().uuid,)),)),))
+        for d in backend.devices()
+    ])
+    collectors = [
+        cls(watcher) if name == "allocation" else cls() for name, cls in sorted(COLLECTORS.items()) if name != "xid"
+    ]
     sampler = Sampler(
         backend, backend.devices(), collectors, interval_seconds=1.0, call_timeout_seconds=CALL_TIMEOUT, clock=clock
     )

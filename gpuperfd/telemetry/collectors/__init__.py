@@ -1,6 +1,7 @@
 """Telemetry collectors, one module each; importing this package registers them all."""
 
 from gpuperfd.telemetry.collectors import (  # noqa: F401  (imported to register)
+    allocation,
     clock_events,
     clocks,
     ecc,
