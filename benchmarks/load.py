@@ -203,7 +203,7 @@ def run_idle(args: argparse.Namespace) -> int:
             except OSError as exc:
                 failures[f"attack_connect_{type(exc).__name__}"] += 1
         open_seconds = time.monotonic() - opened_at
-        threads_max, rss_max = before["threads"], before["rss_bytes"]
+        threads_max, rss_max, fds_max = before["threads"], before["rss_bytes"], before["fds"]
         stop_at = time.monotonic() + args.duration
         while time.monotonic() < stop_at:
             try:
@@ -222,6 +222,7 @@ def run_idle(args: argparse.Namespace) -> int:
                         pass
             stats = proc_stats(pid)
             threads_max, rss_max = max(threads_max, stats["threads"]), max(rss_max, stats["rss_bytes"])
+            fds_max = max(fds_max, stats["fds"])  # open fds ~ connections the daemon holds
             time.sleep(1.0)
         during = proc_stats(pid)
         closed_by_daemon = 0
@@ -256,7 +257,7 @@ def run_idle(args: argparse.Namespace) -> int:
             "rss_mb_before": round(before["rss_bytes"] / 2**20, 1), "rss_mb_max": round(rss_max / 2**20, 1),
             "rss_mb_during_end": round(during["rss_bytes"] / 2**20, 1), "rss_mb_after": round(after["rss_bytes"] / 2**20, 1),
             "rss_growth_mb": round((rss_max - before["rss_bytes"]) / 2**20, 1),
-            "fds_during_end": during["fds"], "fds_after": after["fds"],
+            "fds_max": fds_max, "fds_during_end": during["fds"], "fds_after": after["fds"],
             "alive": alive, "exit_code": code,
         },
     }
