@@ -244,7 +244,7 @@ def run_idle(args: argparse.Namespace) -> int:
     ordered = sorted(latencies)
     result = {
         "scenario": f"{args.idle} {args.idle_kind} connections{' over TLS' if args.tls else ''}",
-        "max_connections": args.max_connections or "default (1024)",
+        "max_connections": args.max_connections or "default (512)",
         "seconds_to_open": round(open_seconds, 1),
         "held_seconds": args.duration,
         "attack_connections_closed_by_daemon": closed_by_daemon,

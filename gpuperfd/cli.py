@@ -51,7 +51,7 @@ def _add_run(subparsers: Any) -> None:
         "--web.config.file", dest="web_config_file", metavar="FILE", help="exporter-toolkit web config (TLS, basic auth)"
     )
     for flag, dest, kind, text in (
-        ("--web.max-connections", "max_connections", int, "open connections at most (default 1024)"),
+        ("--web.max-connections", "max_connections", int, "open connections at most (default 512)"),
         ("--web.max-requests", "max_requests", int, "requests served or queued at once; more get 503 (default 256)"),
         ("--web.workers", "workers", int, "request worker threads (default 4)"),
         ("--web.header-timeout", "header_timeout_seconds", float, "seconds for a request head (default 10)"),

@@ -74,7 +74,7 @@ class WebConfig(_Strict):
     config_file: Path | None = None
     #: open connections at most (lowered to the open-files limit); at the cap the longest-waiting
     #: connection without a request in progress is closed to make room.
-    max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 512
     #: requests being served or waiting for a worker at most (node_exporter's --web.max-requests); more get 503.
     max_requests: Annotated[int, Field(ge=1, le=100_000)] = 256
     #: request worker threads (fixed; scrapes hold the GIL, so a few are enough).

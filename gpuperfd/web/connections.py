@@ -64,7 +64,7 @@ Problem = tuple[int, str]
 class Limits:
     """How much the HTTP server takes on at once; defaults are documented in docs/configuration.md."""
 
-    max_connections: int = 1024
+    max_connections: int = 512
     max_requests: int = 256
     workers: int = 4
     header_timeout: float = 10.0
