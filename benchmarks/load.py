@@ -18,7 +18,17 @@ Prints one JSON object (and writes it to --json if given):
 requests, errors, throughput, latency p50/p90/p99/p999/max in ms, CPU of the
 client and the daemon, the daemon's RSS and thread count before and after.
 
+With --idle N it runs the attack scenario instead: N connections that are
+silent (connect, send nothing; over --tls never a ClientHello) or slowloris
+(half a request head, a byte now and then; over --tls after the handshake)
+held for --duration seconds, while one legitimate scraper scrapes once a
+second on a new connection each time. Reports the daemon's thread count
+(before, max during, after), RSS growth, the scrape latencies and failures,
+and how many attack connections the daemon closed (deadlines, the cap).
+
 Usage:
+  python benchmarks/load.py --idle 3000 --idle-kind slowloris --duration 30
+  python benchmarks/load.py --idle 3000 --idle-kind silent --tls --duration 30
   python benchmarks/load.py --clients 200 --duration 60 --simulate 8
   python benchmarks/load.py --clients 50 --duration 5 --rate 5
   python benchmarks/load.py --url http://127.0.0.1:10187/metrics --clients 20
@@ -84,9 +94,13 @@ def proc_stats(pid: int) -> dict[str, float]:
 class Daemon:
     """A `gpuperfd run --simulate N` child on a free loopback port."""
 
-    def __init__(self, gpus: int, extra_config: str = "") -> None:
+    def __init__(self, gpus: int, extra_config: str = "", tls: bool = False, extra_args: list[str] | None = None) -> None:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="gpuperfd-load-"))
+        self.cert = make_certificate(self.dir) if tls else None
+        if self.cert:
+            (self.dir / "web.yml").write_text(f"tls_server_config: {{cert_file: {self.cert[0]}, key_file: {self.cert[1]}}}\n")
+            extra_args = [*(extra_args or []), "--web.config.file", str(self.dir / "web.yml")]
         config = self.dir / "gpuperfd.yaml"
         config.write_text(
             "log_level: warning\n"
@@ -98,7 +112,7 @@ class Daemon:
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuperfd", "run", "--config", str(config),
-             "--web.listen-address", f"127.0.0.1:{self.port}"],
+             "--web.listen-address", f"127.0.0.1:{self.port}", *(extra_args or [])],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=self.dir, env=dict(os.environ, PYTHONPATH=str(ROOT)),
             preexec_fn=die_with_parent,
         )
@@ -108,10 +122,8 @@ class Daemon:
             if self.proc.poll() is not None:
                 raise SystemExit(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
-                    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                    if sock.recv(64).startswith(b"HTTP/1.1 200"):
-                        break
+                if scrape_once(self.port, self.cert, "/healthz")[0] == 200:
+                    break
             except OSError:
                 pass
             if time.monotonic() > deadline:
@@ -134,6 +146,132 @@ class Daemon:
         if self.proc.returncode == 0:  # keep the log of a daemon that failed
             shutil.rmtree(self.dir, ignore_errors=True)
         return self.proc.returncode
+
+
+def make_certificate(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate and key for localhost (openssl), for the --tls runs."""
+    crt, key = directory / "server.crt", directory / "server.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(crt), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost"], check=True, capture_output=True)
+    return crt, key
+
+
+def connect(port: int, cert: tuple[Path, Path] | None, timeout: float = 10.0) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    if cert is None:
+        return sock
+    import ssl
+
+    return ssl.create_default_context(cafile=str(cert[0])).wrap_socket(sock, server_hostname="localhost")
+
+
+def scrape_once(port: int, cert: tuple[Path, Path] | None, path: str = "/metrics") -> tuple[int, float]:
+    """One GET on a new connection (TLS handshake included): (status, seconds)."""
+    start = time.monotonic()
+    with connect(port, cert) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return int(data.split(b" ", 2)[1]), time.monotonic() - start
+
+
+def run_idle(args: argparse.Namespace) -> int:
+    """The attack scenario: --idle silent or slowloris connections, one legitimate scraper."""
+    extra = ["--web.max-connections", str(args.max_connections)] if args.max_connections else []
+    daemon = Daemon(args.simulate, tls=args.tls, extra_args=extra)
+    pid, cert = daemon.proc.pid, daemon.cert
+    held: list[socket.socket] = []
+    latencies: list[float] = []
+    failures: Counter[str] = Counter()
+    try:
+        for _ in range(5):  # warm: first scrapes fill caches
+            scrape_once(daemon.port, cert)
+        time.sleep(1.0)
+        before = proc_stats(pid)
+        opened_at = time.monotonic()
+        for i in range(args.idle):
+            try:
+                if args.idle_kind == "silent":
+                    sock = socket.create_connection(("127.0.0.1", daemon.port), timeout=10)
+                else:  # slowloris: over TLS the handshake completes first, then half a head
+                    sock = connect(daemon.port, cert)
+                    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                sock.setblocking(False)
+                held.append(sock)
+            except OSError as exc:
+                failures[f"attack_connect_{type(exc).__name__}"] += 1
+        open_seconds = time.monotonic() - opened_at
+        threads_max, rss_max, fds_max = before["threads"], before["rss_bytes"], before["fds"]
+        stop_at = time.monotonic() + args.duration
+        while time.monotonic() < stop_at:
+            try:
+                status, seconds = scrape_once(daemon.port, cert)
+                if status == 200:
+                    latencies.append(seconds)
+                else:
+                    failures[f"status_{status}"] += 1
+            except OSError as exc:
+                failures[type(exc).__name__] += 1
+            if args.idle_kind == "slowloris":
+                for sock in held:
+                    try:
+                        sock.send(b"a")
+                    except (OSError, ValueError):
+                        pass
+            stats = proc_stats(pid)
+            threads_max, rss_max = max(threads_max, stats["threads"]), max(rss_max, stats["rss_bytes"])
+            fds_max = max(fds_max, stats["fds"])  # open fds ~ connections the daemon holds
+            time.sleep(1.0)
+        during = proc_stats(pid)
+        closed_by_daemon = 0
+        for sock in held:
+            try:
+                if sock.recv(1) == b"":
+                    closed_by_daemon += 1
+            except (BlockingIOError, OSError):
+                pass  # ssl.SSLWantReadError is an OSError: still open
+        for sock in held:
+            sock.close()
+        time.sleep(2.0)
+        after = proc_stats(pid)
+        alive = daemon.proc.poll() is None
+    finally:
+        for sock in held:
+            sock.close()
+        code = daemon.stop()
+    ordered = sorted(latencies)
+    result = {
+        "scenario": f"{args.idle} {args.idle_kind} connections{' over TLS' if args.tls else ''}",
+        "max_connections": args.max_connections or "default (512)",
+        "seconds_to_open": round(open_seconds, 1),
+        "held_seconds": args.duration,
+        "attack_connections_closed_by_daemon": closed_by_daemon,
+        "scrapes_ok": len(ordered),
+        "scrape_failures": dict(failures),
+        "scrape_latency_ms": {name: round(1000 * percentile(ordered, q), 1)
+                              for name, q in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))},
+        "daemon": {
+            "threads_before": before["threads"], "threads_max": threads_max, "threads_after": after["threads"],
+            "rss_mb_before": round(before["rss_bytes"] / 2**20, 1), "rss_mb_max": round(rss_max / 2**20, 1),
+            "rss_mb_during_end": round(during["rss_bytes"] / 2**20, 1), "rss_mb_after": round(after["rss_bytes"] / 2**20, 1),
+            "rss_growth_mb": round((rss_max - before["rss_bytes"]) / 2**20, 1),
+            "fds_max": fds_max, "fds_during_end": during["fds"], "fds_after": after["fds"],
+            "alive": alive, "exit_code": code,
+        },
+    }
+    result["targets_met"] = {
+        "threads_constant": threads_max == before["threads"],
+        "rss_growth_under_10_mb": result["daemon"]["rss_growth_mb"] < 10,
+        "scrape_p99_under_100_ms": bool(ordered) and result["scrape_latency_ms"]["p99"] < 100,
+        "no_scrape_failures": not any(k for k in failures if not k.startswith("attack_")),
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0 if all(result["targets_met"].values()) and alive else 1
 
 
 class Stats:
@@ -238,7 +376,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds before a request counts as an error")
     parser.add_argument("--ramp", type=float, default=1.0, help="seconds over which clients start")
     parser.add_argument("--json", metavar="OUT", help="also write the result here")
+    parser.add_argument("--idle", type=int, default=0, metavar="N", help="run the attack scenario with N connections")
+    parser.add_argument("--idle-kind", choices=["silent", "slowloris"], default="slowloris")
+    parser.add_argument("--tls", action="store_true", help="serve TLS (self-signed) in the attack scenario")
+    parser.add_argument("--max-connections", type=int, default=0, help="the daemon's --web.max-connections")
     args = parser.parse_args(argv)
+    if args.idle:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < args.idle + 256:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, args.idle + 256), hard))
+        return run_idle(args)
 
     # 200 keep-alive sockets plus the daemon's: make sure the client may hold them.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

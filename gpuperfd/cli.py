@@ -50,6 +50,15 @@ def _add_run(subparsers: Any) -> None:
     run.add_argument(
         "--web.config.file", dest="web_config_file", metavar="FILE", help="exporter-toolkit web config (TLS, basic auth)"
     )
+    for flag, dest, kind, text in (
+        ("--web.max-connections", "max_connections", int, "open connections at most (default 512)"),
+        ("--web.max-requests", "max_requests", int, "requests served or queued at once; more get 503 (default 256)"),
+        ("--web.workers", "workers", int, "request worker threads (default 4)"),
+        ("--web.header-timeout", "header_timeout_seconds", float, "seconds for a request head (default 10)"),
+        ("--web.tls-handshake-timeout", "tls_handshake_timeout_seconds", float, "seconds for a TLS handshake (default 10)"),
+        ("--web.idle-timeout", "idle_timeout_seconds", float, "seconds a keep-alive connection may idle (default 120)"),
+    ):
+        run.add_argument(flag, dest=dest, type=kind, metavar="N", help=text)
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log verbosity")
     run.set_defaults(func=cmd_run)
 
@@ -100,6 +109,9 @@ def _config_for_run(args: argparse.Namespace) -> Config:
         "web.listen_address": args.listen_address,
         "web.telemetry_path": args.telemetry_path,
         "web.config_file": args.web_config_file,
+        **{f"web.{name}": getattr(args, name) for name in (
+            "max_connections", "max_requests", "workers", "header_timeout_seconds", "tls_handshake_timeout_seconds",
+            "idle_timeout_seconds")},
         "log_level": args.log_level,
     }
     return config_with_flags(path, flags, simulate=args.simulate)

@@ -40,6 +40,7 @@ from gpuperfd.system import sdnotify
 from gpuperfd.telemetry.collectors import COLLECTORS, Collector
 from gpuperfd.telemetry.exporter import Exporter, process_registry
 from gpuperfd.telemetry.sampler import Sampler
+from gpuperfd.web.connections import Limits, raise_fd_limit
 from gpuperfd.web.landing import landing_page
 from gpuperfd.web.security import secure_web_server
 from gpuperfd.web.server import Response, WebServer, metrics_route
@@ -158,7 +159,15 @@ class Daemon:
         )
         self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices])
         host, port = parse_listen_address(config.web.listen_address)
-        self.web = WebServer(host, port, self._routes())
+        raise_fd_limit()  # connections are capped below the open-files limit; take what the hard limit allows
+        self.web = WebServer(host, port, self._routes(), limits=Limits(
+            max_connections=config.web.max_connections,
+            max_requests=config.web.max_requests,
+            workers=config.web.workers,
+            header_timeout=config.web.header_timeout_seconds,
+            tls_handshake_timeout=config.web.tls_handshake_timeout_seconds,
+            idle_timeout=config.web.idle_timeout_seconds,
+        ))
         if self.web_config is not None:
             secure_web_server(self.web, self.web_config)
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)

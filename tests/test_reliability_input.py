@@ -290,17 +290,21 @@ MALFORMED = {
     "bad_version": (b"GET /metrics HTTP/1.x\r\n\r\n", 400),
     "http_2_preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),
     "unknown_method": (b"FOO /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 501),  # RFC 9110: unrecognized method
-    "trace_method": (b"TRACE /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 501),
+    "trace_method": (b"TRACE /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 405),  # defined by HTTP, not allowed here
     "post": (b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", 405),
     "header_line_over_64k": (b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n", 431),
     "headers_over_64k_in_total": (
         b"GET /metrics HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"b" * 4000) for i in range(20)) + b"\r\n", 431),
     "too_many_headers": (b"GET /metrics HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(150)) + b"\r\n", 431),
     "url_over_64k": (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n", 414),
-    "url_60k": (b"GET /" + b"a" * 60000 + b" HTTP/1.1\r\nConnection: close\r\n\r\n", 404),
+    "url_60k": (b"GET /" + b"a" * 60000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404),
     "non_utf8_path": (b"GET /\xff\xfe\xc3(%ff HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404),
-    "control_chars_in_path": (b"GET /metrics\x1b[31m\x7f HTTP/1.1\r\nConnection: close\r\n\r\n", 404),
-    "absolute_uri": (b"GET http://evil/x HTTP/1.1\r\nConnection: close\r\n\r\n", 404),
+    "control_chars_in_path": (b"GET /metrics\x1b[31m\x7f HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404),
+    "absolute_uri": (b"GET http://evil/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404),
+    "no_host_on_http_1_1": (b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n", 400),
+    "two_hosts": (b"GET /metrics HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+    "relative_target": (b"GET metrics HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    "ftp_absolute_target": (b"GET ftp://x/metrics HTTP/1.1\r\nHost: x\r\n\r\n", 400),
 }
 
 
@@ -315,7 +319,7 @@ def test_malformed_request_gets_an_error_status_and_the_daemon_keeps_serving(dae
 
 
 def test_lf_only_and_pipelined_requests_are_served(daemon):
-    received, closed, _ = exchange(daemon.port, b"GET /healthz HTTP/1.1\nConnection: close\n\n")
+    received, closed, _ = exchange(daemon.port, b"GET /healthz HTTP/1.1\nHost: x\nConnection: close\n\n")
     assert received.startswith(b"HTTP/1.1 200") and closed
     two = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     received, closed, _ = exchange(daemon.port, two)

@@ -75,6 +75,19 @@ class WebConfig(_Strict):
     telemetry_path: str = "/metrics"
     #: exporter-toolkit compatible web config (TLS, basic auth); None serves plain HTTP.
     config_file: Path | None = None
+    #: open connections at most (lowered to the open-files limit); at the cap the longest-waiting
+    #: connection without a request in progress is closed to make room.
+    max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 512
+    #: requests being served or waiting for a worker at most (node_exporter's --web.max-requests); more get 503.
+    max_requests: Annotated[int, Field(ge=1, le=100_000)] = 256
+    #: request worker threads (fixed; scrapes hold the GIL, so a few are enough).
+    workers: Annotated[int, Field(ge=1, le=256)] = 4
+    #: seconds for a whole request head (and small body) from its first byte (slowloris bound).
+    header_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    #: seconds for a TLS handshake from the client's first byte.
+    tls_handshake_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    #: seconds a keep-alive connection may wait for its next request (and a new one for its first byte).
+    idle_timeout_seconds: Annotated[float, Field(gt=0, le=86400)] = 120.0
 
     @field_validator("listen_address")
     @classmethod

@@ -130,6 +130,8 @@ class WebSecurity:
     files: tuple[Path, ...] = ()
     #: hash of those files' contents when loaded (see :func:`files_fingerprint`).
     fingerprint: str = ""
+    #: the file says ``basic_auth_users: {}`` in so many words: the only way a reload may turn auth off.
+    auth_off_stated: bool = False
     _context: ssl.SSLContext | None = field(default=None, repr=False)
 
     @property
@@ -151,13 +153,18 @@ class WebSecurity:
         return ", ".join(parts)
 
 
-def files_fingerprint(files: tuple[Path, ...]) -> str:
-    """SHA-256 over the contents of ``files``; an unreadable file counts by its error, never raises."""
+def files_fingerprint(files: tuple[Path, ...], read: Mapping[Path, bytes] | None = None) -> str:
+    """SHA-256 over the contents of ``files``; an unreadable file counts by its error, never raises.
+
+    ``read`` gives contents already read (the config file as parsed), so the
+    fingerprint is of what was loaded even if the file changed just after.
+    """
     digest = hashlib.sha256()
     for path in files:
         digest.update(str(path).encode() + b"\0")
         try:
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
+            content = read[path] if read and path in read else path.read_bytes()
+            digest.update(hashlib.sha256(content).digest())
         except OSError as exc:
             digest.update(f"error:{type(exc).__name__}:{exc.errno}".encode())
     return digest.hexdigest()
@@ -357,7 +364,8 @@ def load_web_config(path: Path | str) -> WebSecurity:
     that would not work: unknown fields, a missing or mismatched certificate or
     key, an unknown client_auth_type or TLS version, a password that is not a
     bcrypt hash, a header exporter-toolkit does not allow. An empty file is
-    valid and turns nothing on.
+    valid and turns nothing on (at start; on reload :class:`WebConfigWatcher`
+    keeps basic auth on unless the file says ``basic_auth_users: {}``).
     """
     path = Path(path)
     try:
@@ -391,7 +399,8 @@ def load_web_config(path: Path | str) -> WebSecurity:
         users=MappingProxyType(users),
         headers=MappingProxyType(headers),
         files=files,
-        fingerprint=files_fingerprint(files),
+        fingerprint=files_fingerprint(files, {path: raw}),
+        auth_off_stated=isinstance(data.get("basic_auth_users"), dict) and not data["basic_auth_users"],
         _context=context,
     )
 

@@ -3,8 +3,6 @@ headers, and TLS when configured."""
 
 from __future__ import annotations
 
-import socketserver
-
 from gpuperfd.web.auth import BasicAuthGate
 from gpuperfd.web.config import WebSecurity
 from gpuperfd.web.server import WebServer
@@ -13,7 +11,7 @@ from gpuperfd.web.watcher import SecurityProvider, WebConfigWatcher, as_provider
 
 
 def add_response_headers(
-    server: socketserver.BaseServer, security: WebConfigWatcher | WebSecurity | SecurityProvider
+    server: WebServer, security: WebConfigWatcher | WebSecurity | SecurityProvider
 ) -> None:
     """Add ``http_server_config.headers`` (as current per request) to every response the server sends."""
     provider = as_provider(security)
@@ -43,7 +41,7 @@ def secure_web_server(
     """
     gate = BasicAuthGate(watcher, open_paths=open_paths)
     web.gate = gate
-    add_response_headers(web.server, watcher)
+    add_response_headers(web, watcher)
     if watcher.tls_enabled:
-        wrap_server_for_tls(web.server, watcher)
+        wrap_server_for_tls(web, watcher)
     return gate

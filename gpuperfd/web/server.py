@@ -1,8 +1,11 @@
 """The HTTP endpoint: /metrics, /healthz and the landing page at /.
 
-A small threaded server on the standard library, so the exporter has no web
-framework to carry. TLS and basic auth (exporter-toolkit web config) plug in
-through :class:`RequestGate`; everything else here is plain routing.
+A small server on the standard library, so the exporter has no web framework
+to carry: :mod:`gpuperfd.web.connections` holds the connections (bounded, with
+deadlines, TLS handshakes in its loop) and hands each complete request to a
+fixed pool of workers, which run the :class:`http.server.BaseHTTPRequestHandler`
+here. TLS and basic auth (exporter-toolkit web config) plug in through
+:class:`RequestGate` and ``WebServer.tls``; everything else here is plain routing.
 """
 
 from __future__ import annotations
@@ -11,18 +14,19 @@ import gzip
 import io
 import logging
 import socket
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import urlsplit
 
 from gpuperfd.telemetry.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
+from gpuperfd.web.connections import Conn, ConnectionLoop, Limits, Problem
 
 log = logging.getLogger(__name__)
 
 #: Seconds a client may take to send a whole request line and header block (slowloris bound).
-REQUEST_TIMEOUT_SECONDS = 30.0
+REQUEST_TIMEOUT_SECONDS = Limits.header_timeout
 #: Largest header block accepted; larger gets 431 (the standard library alone allows 100 x 64 KiB).
 MAX_HEADER_BYTES = 64 * 1024
 
@@ -46,48 +50,18 @@ class RequestGate:
 Route = Callable[[BaseHTTPRequestHandler], Response]
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 256
+class _SocketWriter(io.BufferedIOBase):
+    """The handler's wfile: every write goes out whole (socket timeout: the limits' write_timeout)."""
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], family: int) -> None:
-        self.address_family = family
-        super().__init__(address, handler)
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        """A client that went away mid-response is routine; anything else is logged, not printed raw."""
-        import sys
-
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionError, TimeoutError)):
-            log.debug("http client %s went away: %r", client_address, exc)
-        else:
-            log.exception("error handling a request from %s", client_address)
-
-
-class _DeadlineReader(io.RawIOBase):
-    """Socket reads bounded by the handler's deadline for the request line and headers.
-
-    A per-read timeout alone lets a client that sends one byte every few seconds
-    hold a connection and a thread forever (slowloris); this bounds the whole head.
-    """
-
-    def __init__(self, sock: socket.socket, handler: "BaseHTTPRequestHandler") -> None:
+    def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        self._handler = handler
 
-    def readable(self) -> bool:
+    def writable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
-        deadline = getattr(self._handler, "_head_deadline", None)
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError("request head not received in time")
-            self._sock.settimeout(remaining)
-        return self._sock.recv_into(buffer)
+    def write(self, data) -> int:  # type: ignore[no-untyped-def, override]
+        self._sock.sendall(data)
+        return len(data)
 
 
 def _weighted(header: str) -> list[tuple[str, dict[str, str], float]]:
@@ -152,7 +126,7 @@ def metrics_route(render: Callable[[bool], bytes]) -> Route:
 
 
 class WebServer:
-    """Routes GET/HEAD requests by path; runs in a background thread."""
+    """Routes GET/HEAD requests by path; a connection loop and worker threads run in the background."""
 
     def __init__(
         self,
@@ -160,22 +134,52 @@ class WebServer:
         port: int,
         routes: dict[str, Route],
         gate: RequestGate | None = None,
-        request_timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
+        request_timeout_seconds: float | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.routes = routes
         self.gate = gate or RequestGate()
-        self.request_timeout_seconds = request_timeout_seconds
+        limits = limits or Limits()
+        if request_timeout_seconds is not None:
+            limits = Limits(**{**limits.__dict__, "header_timeout": request_timeout_seconds})
+        self.limits = limits
+        #: Handler class for each request; :func:`gpuperfd.web.security.add_response_headers` subclasses it.
+        self.RequestHandlerClass: type[BaseHTTPRequestHandler] = self._handler_class()
+        #: TLS for every connection when set (see :func:`gpuperfd.web.tls.wrap_server_for_tls`).
+        self.tls: Any = None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._server = _Server((host, port), self._handler_class(), family)
-        self._thread: threading.Thread | None = None
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind((host, port))
+            self._listener.listen(512)
+        except OSError:
+            self._listener.close()
+            raise
+        self._loop: ConnectionLoop | None = None
 
     @property
     def port(self) -> int:
-        return self._server.server_address[1]
+        return self._listener.getsockname()[1]
 
     @property
-    def server(self) -> ThreadingHTTPServer:
-        return self._server
+    def loop(self) -> ConnectionLoop | None:
+        """The running connection loop (its counters are handy in tests); None before start()."""
+        return self._loop
+
+    def _handle(self, conn: Conn, head: bytes, problem: Problem | None, close_after: bool) -> bool:
+        """Run one request (in a worker thread); True to keep the connection for the next one."""
+        handler = self.RequestHandlerClass.__new__(self.RequestHandlerClass)
+        handler.server = self  # type: ignore[assignment]
+        handler.request = handler.connection = conn.sock  # type: ignore[attr-defined]
+        handler.client_address = conn.address
+        handler.rfile = io.BytesIO(head)  # the loop read the whole head; a body never reaches the handler
+        handler.wfile = _SocketWriter(conn.sock)
+        handler.framing_problem = problem  # type: ignore[attr-defined]
+        handler.force_close = close_after  # type: ignore[attr-defined]
+        handler.close_connection = True
+        handler.handle_one_request()
+        return not handler.close_connection and not close_after
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         web = self
@@ -184,21 +188,10 @@ class WebServer:
             server_version = "gpuperfd"
             sys_version = ""
             protocol_version = "HTTP/1.1"
-            # Headers and body go out as separate writes: without TCP_NODELAY, Nagle's
-            # algorithm and the client's delayed ACK add ~40 ms to every keep-alive scrape.
-            disable_nagle_algorithm = True
-            timeout = web.request_timeout_seconds  # seconds a client may take to send its request
             # Errors found before the version is parsed (garbage, HTTP/0.9) still get a status line.
             default_request_version = "HTTP/1.0"
-
-            def setup(self) -> None:
-                super().setup()
-                self.rfile.close()
-                self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self))
-
-            def handle_one_request(self) -> None:
-                self._head_deadline = time.monotonic() + self.timeout
-                super().handle_one_request()
+            framing_problem: Problem | None = None
+            force_close = False
 
             def parse_request(self) -> bool:
                 self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
@@ -207,14 +200,33 @@ class WebServer:
                     self.close_connection = True
                     self.send_error(400, "HTTP/0.9 requests are not supported")
                     return False
-                ok = super().parse_request()
-                self._head_deadline = None
-                self.connection.settimeout(self.timeout)
-                if ok and sum(len(k) + len(v) + 4 for k, v in self.headers.items()) > MAX_HEADER_BYTES:
-                    self.close_connection = True
-                    self.send_error(431, "Request header fields too large")
+                if not super().parse_request():
                     return False
-                return ok
+                failure = self.framing_problem or self._check_head()
+                if failure is not None:
+                    self.close_connection = True
+                    self.send_error(*failure)
+                    return False
+                return True
+
+            def _check_head(self) -> Problem | None:
+                """Header size, Host, and the request target (origin or absolute form)."""
+                if sum(len(k) + len(v) + 4 for k, v in self.headers.items()) > MAX_HEADER_BYTES:
+                    return 431, "Request header fields too large"
+                hosts = self.headers.get_all("Host") or []
+                if len(hosts) > 1 or (not hosts and self.request_version != "HTTP/1.0"):
+                    return 400, "An HTTP/1.1 request needs exactly one Host header"
+                if not self.path.startswith("/"):
+                    target = urlsplit(self.path)
+                    if target.scheme.lower() not in ("http", "https") or not target.netloc:
+                        if self.command == "OPTIONS" and self.path == "*":
+                            return None  # asterisk form: 405 below
+                        return 400, "Request target must be a path or an absolute http(s) URL"
+                    self.path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+                return None
+
+            def handle_expect_100(self) -> bool:
+                return True  # bodies are never wanted: the loop closes such a connection after the response
 
             def _send(self, response: Response, head: bool = False) -> None:
                 self.send_response(response.status)
@@ -222,6 +234,8 @@ class WebServer:
                 self.send_header("Content-Length", str(len(response.body)))
                 for key, value in (response.headers or {}).items():
                     self.send_header(key, value)
+                if self.force_close:
+                    self.send_header("Connection", "close")  # also sets close_connection
                 self.end_headers()
                 if not head:
                     self.wfile.write(response.body)
@@ -250,9 +264,11 @@ class WebServer:
                 self._dispatch(head=True)
 
             def _not_allowed(self) -> None:
+                self.force_close = True  # whatever body it carries is never read: end the connection
                 self._send(Response(405, b"method not allowed\n", headers={"Allow": "GET, HEAD"}))
 
-            do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815
+            # Methods HTTP defines get 405 with Allow; a method nobody defines gets 501 (RFC 9110).
+            do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed  # noqa: N815
 
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 log.debug("http %s %s", self.address_string(), format % args)
@@ -260,12 +276,12 @@ class WebServer:
         return Handler
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
-        self._thread.start()
+        self._loop = ConnectionLoop(self._listener, self._handle, self.limits, self.tls)
+        self._loop.start()
 
     def stop(self) -> None:
-        if self._thread is not None:  # shutdown() waits for serve_forever: only if it runs
-            self._server.shutdown()
-            self._thread.join(5)
-            self._thread = None
-        self._server.server_close()
+        if self._loop is not None:
+            self._loop.stop()
+            self._loop.close()
+            self._loop = None
+        self._listener.close()

@@ -1,12 +1,11 @@
-"""TLS for the HTTP endpoint: the SSLContext from a web config, and per-connection handshakes
-in the connection's own thread so a slow client never holds up the accept loop."""
+"""TLS for the HTTP endpoint: the SSLContext from a web config for each new connection, client
+SAN checks, and logging of failed handshakes (which run non-blocking in the connection loop)."""
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-import socket
-import socketserver
+import ssl
 import threading
 import time
 from typing import Any
@@ -59,59 +58,38 @@ class _RateLimitedLog:
             log.debug(message, *args)
 
 
-class TlsServerMixin:
-    """For a threading socketserver: TLS on each accepted connection, handshake in the connection's thread.
+class TlsHandshakes:
+    """TLS for :class:`gpuperfd.web.connections.ConnectionLoop`: the SSLContext current when a
+    client's first bytes arrive (so renewed certificates and CAs apply to new connections), the
+    ``client_allowed_sans`` check after the handshake, and rate-limited logging of failures.
 
-    The accept loop only accepts; the new connection's thread takes the
-    SSLContext current at that moment (so renewed certificates and CAs apply to
-    new connections), does the handshake with a timeout, checks
-    ``client_allowed_sans``, and only then builds the request handler. A client
-    that stalls or fails the handshake holds up nobody else.
+    The handshake itself runs non-blocking in the connection loop under its own
+    deadline, so a client that stalls or fails it holds up nobody and costs no thread.
     """
 
-    tls_handshake_timeout: float = 10.0
-    web_security: SecurityProvider
-    _tls_failure_log = _RateLimitedLog()
+    _failure_log = _RateLimitedLog()
 
-    def process_request_thread(self, request: socket.socket, client_address: Any) -> None:
-        security = self.web_security()
-        context = security.ssl_context()
-        if context is None:  # cannot happen while TLS on/off is fixed; serve plain rather than crash
-            super().process_request_thread(request, client_address)  # type: ignore[misc]
-            return
-        try:
-            request.settimeout(self.tls_handshake_timeout)
-            tls_socket = context.wrap_socket(request, server_side=True)  # handshake happens here
-        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError; timeouts too
-            self._tls_failure_log("TLS handshake with %s failed: %s", client_address[0], exc)
-            self.shutdown_request(request)  # type: ignore[attr-defined]
-            return
-        allowed = security.tls.client_allowed_sans if security.tls else ()
-        if allowed:
-            sans = peer_sans(tls_socket.getpeercert() or {})
-            if not _san_allowed(sans, allowed):
-                self._tls_failure_log(
-                    "client %s rejected: certificate SANs %s not in client_allowed_sans", client_address[0], sans
-                )
-                self.shutdown_request(tls_socket)  # type: ignore[attr-defined]
-                return
-        super().process_request_thread(tls_socket, client_address)  # type: ignore[misc]
+    def __init__(self, security: SecurityProvider) -> None:
+        self.security = security
+
+    def context(self) -> tuple[ssl.SSLContext | None, WebSecurity]:
+        settings = self.security()
+        return settings.ssl_context(), settings
+
+    def allowed(self, settings: WebSecurity, sock: ssl.SSLSocket, address: Any) -> bool:
+        allowed = settings.tls.client_allowed_sans if settings.tls else ()
+        if not allowed:
+            return True
+        sans = peer_sans(sock.getpeercert() or {})
+        if _san_allowed(sans, allowed):
+            return True
+        self._failure_log("client %s rejected: certificate SANs %s not in client_allowed_sans", address[0], sans)
+        return False
+
+    def failed(self, address: Any, exc: BaseException) -> None:
+        self._failure_log("TLS handshake with %s failed: %s", address[0], exc)
 
 
-def wrap_server_for_tls(
-    server: socketserver.TCPServer, security: WebConfigWatcher | WebSecurity | SecurityProvider
-) -> None:
-    """Make a running-or-not threading TCP server speak TLS per connection (see :class:`TlsServerMixin`).
-
-    Works on the server instance (its class is swapped for a subclass with the
-    mixin), so :class:`gpuperfd.web.WebServer` needs no change. Call it before
-    ``start()``.
-    """
-    if not isinstance(server, socketserver.ThreadingMixIn):
-        raise TypeError("TLS handshakes run in per-connection threads: the server must use ThreadingMixIn")
-    if not isinstance(server, TlsServerMixin):
-        cls = type(server)
-        server.__class__ = type(f"Tls{cls.__name__}", (TlsServerMixin, cls), {})
-    server.web_security = as_provider(security)  # type: ignore[attr-defined]
-
-
+def wrap_server_for_tls(server: Any, security: WebConfigWatcher | WebSecurity | SecurityProvider) -> None:
+    """Make a :class:`gpuperfd.web.server.WebServer` speak TLS on every connection; call before ``start()``."""
+    server.tls = TlsHandshakes(as_provider(security))

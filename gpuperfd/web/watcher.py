@@ -1,5 +1,6 @@
 """Re-reads the web config file (and the files it names) on change or SIGHUP; a file that does
-not load is logged and the previous settings stay."""
+not load is logged and the previous settings stay, and basic auth is never turned off by a file
+that does not say so (an empty, half-written or ``basic_auth_users: null`` file keeps it on)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ class WebConfigWatcher:
     ``check_interval`` seconds it hashes the files (a few KiB) and, if anything
     changed, loads them anew. A file that fails to load is logged once (per
     content) and the previous settings stay in force.
+
+    Authentication never falls open by accident: while basic auth is on, a
+    file without users (empty, cut short mid-write, ``basic_auth_users: null``
+    or missing the key) is refused like an invalid one. Turning it off takes a
+    complete, valid file with ``basic_auth_users: {}``, and is logged at warning.
     """
 
     def __init__(
@@ -84,6 +90,17 @@ class WebConfigWatcher:
                 self.path, "on" if new.tls else "off",
             )
             return False
+        if old.auth_required and not new.auth_required:
+            if not new.auth_off_stated:
+                self._rejected = fingerprint
+                log.error(
+                    "web config %s not reloaded, keeping the previous settings: it lists no basic_auth_users "
+                    "(empty, half written or null), which would turn basic auth off; "
+                    "to turn it off on purpose, write `basic_auth_users: {}`", self.path,
+                )
+                return False
+            log.warning("web config %s turns basic auth OFF (basic_auth_users: {}): requests need no password now",
+                        self.path)
         self._rejected = None
         self._security = new
         if new.fingerprint != old.fingerprint:

@@ -650,7 +650,7 @@ def test_watcher_checks_at_most_once_per_interval(tmp_path: Path, password_hash:
     watcher = WebConfigWatcher(path, check_interval=1.0, clock=clock)
     hashed, loads = [], []
     real_fingerprint, real_load = webconfig.files_fingerprint, webconfig.load_web_config
-    counting_fingerprint = lambda files: hashed.append(1) or real_fingerprint(files)  # noqa: E731
+    counting_fingerprint = lambda files, read=None: hashed.append(1) or real_fingerprint(files, read)  # noqa: E731
     for module in (webconfig, webwatcher):  # load_web_config hashes too; the watcher calls both
         monkeypatch.setattr(module, "files_fingerprint", counting_fingerprint, raising=False)
     monkeypatch.setattr(webwatcher, "load_web_config", lambda p: loads.append(1) or real_load(p))
