@@ -379,7 +379,8 @@ def _measured_bytes(text: str) -> dict[str, float]:
 def test_measured_figures_are_read() -> None:
     figures = _measured_bytes(BENCHMARKS.read_text())
     assert set(figures) == {"daemon", "probe:llm", "probe:vit", "probe:attention", "probe:train"}
-    assert figures["probe:llm"] == 1595 * 2**20 and figures["daemon"] == 67.7e6
+    sample = "| a | <!-- mem:daemon --> 67.7 MB | b |\n| c | <!-- mem:probe:llm --> 1,595 MiB | d |"
+    assert _measured_bytes(sample) == {"daemon": 67.7e6, "probe:llm": 1595 * 2**20}
     assert _quantity_bytes("2560Mi") == 2560 * 2**20 and _quantity_bytes("1G") == 1e9
 
 
