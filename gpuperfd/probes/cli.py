@@ -345,7 +345,7 @@ def main(args: argparse.Namespace) -> int:
     total = sum(spec.repeats for spec in specs)
     devices: dict[str, Any] = {}
     estimate = sum(spec.warmup_seconds + spec.repeats * (spec.measure_seconds or 0) + spec.busy_profile_seconds
-                   + (20.0 if spec.is_cuda else 4.0) for spec in specs)
+                   + (20.0 if spec.is_cuda else 8.0) for spec in specs)
     if len(specs) > 1:
         print(f"gpuperfd probe: {len(specs)} points, about {format_duration(estimate)} (the bar refines it)",
               file=sys.stderr)
