@@ -53,10 +53,14 @@ class HistoryWriter:
         original_cap_watts: float | None = None,
         sweep_id: str | None = None,
     ) -> None:
-        record = build_record(
-            result, "daemon", gpu={k: v for k, v in asdict(gpu).items() if k != "serial"}, host=self.node,
-            power_cap_watts=power_cap_watts, original_cap_watts=original_cap_watts, sweep_id=sweep_id,
-        )
+        try:
+            record = build_record(
+                result, "daemon", gpu={k: v for k, v in asdict(gpu).items() if k != "serial"}, host=self.node,
+                power_cap_watts=power_cap_watts, original_cap_watts=original_cap_watts, sweep_id=sweep_id,
+            )
+        except (TypeError, ValueError) as exc:  # history is best effort; metrics still publish
+            log.error("cannot record a probe result in the history: %s", exc)
+            return
         line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
         with self._lock:
             try:
