@@ -87,13 +87,13 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"gpuperfd: cannot write the report: {exc}", file=sys.stderr)
         return 1
-    print(report.rule_text)
     print(f"{len(report.gpus)} GPU(s), {len(report.series)} series, {report.runs_total} runs "
           f"({len(report.dropped)} outliers removed, {len(report.failed)} failed)")
+    print(report.rule_text)
     for s in report.series:
         rec = s.recommendation
         if rec is not None:
-            print(f"  {s.label} {s.probe}/{s.variant} {s.preset} b={s.batch_size}: {rec.cap_watts:.0f} W "
+            print(f"  {s.label} {s.probe}/{s.preset} b={s.batch_size} [{s.variant}]: {rec.cap_watts:.0f} W "
                   f"({100 * rec.energy_saving_ratio:.1f}% less energy, {100 * rec.slowdown_ratio:.1f}% slower than "
                   f"{rec.baseline_cap_watts:.0f} W)")
     for path in (files.html, files.png, files.summary_csv, files.points_csv):
