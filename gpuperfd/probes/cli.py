@@ -323,10 +323,9 @@ def _describe_point(spec: ProbeSpec) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Run the points ``args`` describe; returns the exit code."""
+    from gpuperfd.probes.record import RecordError, check_output
     from gpuperfd.probes.runner import run_probe
     from gpuperfd.probes.spec import default_timeout
-
-    from gpuperfd.probes.record import RecordError, check_output
 
     try:
         specs = build_specs(args)

@@ -435,7 +435,7 @@ def read_file(path: Path) -> Iterator[tuple[dict[str, Any] | None, str | None]]:
         if is_csv:
             reader = csv.DictReader(handle)
             if reader.fieldnames is None or "schema" not in reader.fieldnames or "probe" not in reader.fieldnames:
-                raise RecordError(not_runs + f"; its CSV header is not the run columns (docs/reports.md)")
+                raise RecordError(not_runs + "; its CSV header is not the run columns (docs/reports.md)")
             for number, row in enumerate(reader, 2):
                 try:
                     yield record_from_row(row), None

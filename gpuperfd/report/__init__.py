@@ -41,7 +41,13 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 def write_report(report: Report, out_dir: str | Path) -> ReportFiles:
     """Write report.html (self-contained), report.png (one page), summary.csv and points.csv into ``out_dir``."""
-    from gpuperfd.report.figures import axes_figure, bar_figure, cap_figure, overview_figure, png_bytes
+    from gpuperfd.report.figures import (
+        axes_figure,
+        bar_figure,
+        cap_figure,
+        overview_figure,
+        png_bytes,
+    )
     from gpuperfd.report.html import render_html
 
     out = Path(out_dir)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuperfd.probes.result import ProbeResult
 from gpuperfd.probes.record import RecordError, normalize, read_records
+from gpuperfd.probes.result import ProbeResult
 from gpuperfd.probing.sweep.sweeper import work_rate
 
 log = logging.getLogger(__name__)

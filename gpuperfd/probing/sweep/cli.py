@@ -88,6 +88,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from gpuperfd.console import ProgressBar, format_table
     from gpuperfd.device.errors import DeviceError
     from gpuperfd.device.factory import open_backend
+    from gpuperfd.probes.record import (
+        RecordError,
+        append_records,
+        build_record,
+        check_output,
+    )
     from gpuperfd.probing.executors import child_process_executor, simulated_executor
     from gpuperfd.probing.idle import busy_reason
     from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
@@ -100,8 +106,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         work_rate,
     )
     from gpuperfd.system.logs import setup_logging
-
-    from gpuperfd.probes.record import RecordError, append_records, build_record, check_output
 
     if args.output:
         try:
