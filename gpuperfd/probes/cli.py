@@ -1,10 +1,12 @@
 """``gpuperfd probe {llm,vit,attention,train}``: run probe points and print a results table.
 
-Each point (one batch size, one n_groups value, one variant) runs in its own
-child process through :func:`~gpuperfd.probes.runner.run_probe`; a failed point
-is reported and the sweep goes on. Lists after ``--batch-size`` and
-``--n-groups`` sweep; ``--variant both`` runs the GPU-bound path and the eager
-comparison in the same invocation.
+A run matrix: ``--preset``, ``--variant``, ``--batch-size``, ``--prompt-tokens``,
+``--output-tokens``, ``--seq-len``, ``--image-size``, ``--n-groups`` and ``--dtype``
+each take several values and the product of them runs, one point per child process
+(:func:`~gpuperfd.probes.runner.run_probe`), under one progress bar with a time
+estimate; a failed point is reported and the matrix goes on. ``--config FILE``
+(YAML or JSON) describes the same matrix plus warmup and repeats; flags override it.
+``--output`` appends one run record per point (:mod:`gpuperfd.probes.record`).
 
 Exit codes: 0 every point ok; 1 some point failed or was aborted; 2 bad input
 (the message names the field).
@@ -15,7 +17,6 @@ Also runnable without the main CLI: ``python -m gpuperfd.probes.cli llm --preset
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import json
 import os
@@ -23,11 +24,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gpuperfd.console import ProgressBar, format_table
+from gpuperfd.console import ProgressBar, format_duration, format_table
 from gpuperfd.probes.result import PRIMARY_METRIC, ProbeResult, summarize
 from gpuperfd.probes.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec
 
-__all__ = ["register", "main", "build_specs", "result_row", "write_results", "results_table"]
+__all__ = ["register", "main", "build_specs", "load_config_file", "write_results", "results_table"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -51,23 +52,36 @@ def _number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from exc
 
 
+#: Matrix axes: option name -> spec field. Each takes several values; the product runs.
+MATRIX = ("preset", "variant", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size", "n_groups",
+          "dtype")
+#: Scalar settings a --config file may hold (besides the matrix axes and "probe", "output").
+CONFIG_SCALARS = ("heads", "head_dim", "causal", "warmup", "warmup_seconds", "repeats", "iterations",
+                  "measure_seconds", "device", "timeout", "weights", "dataset", "seed", "gpu_busy_threshold")
+
+
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     presets = "; ".join(f"{p}: {', '.join(PRESETS[p])} (default {DEFAULT_PRESET[p]})" for p in PROBES)
-    parser.add_argument("probe", choices=PROBES, help="which workload to run")
-    parser.add_argument("--preset", help=f"named defaults ({presets}); 'tiny' runs on a CPU in seconds")
+    parser.add_argument("probe", nargs="?", choices=PROBES, help="which workload to run (or 'probe' in --config)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="YAML or JSON run matrix: probe, the list options below, warmup, repeats, ... "
+                             "(docs/probes.md); flags given too override it")
+    parser.add_argument("--preset", nargs="+", help=f"named defaults ({presets}); 'tiny' runs on a CPU in seconds; "
+                                                    "several make a model-size axis")
     variants = "; ".join(f"{p}: {'|'.join(v)}" for p, v in VARIANTS.items())
-    parser.add_argument("--variant", help=f"workload variant ({variants}); 'both' runs every variant")
-    parser.add_argument("--batch-size", type=_int_arg, nargs="+", metavar="N", help="batch size(s); several sweep")
-    parser.add_argument("--prompt-tokens", type=_int_arg, metavar="N", help="llm: prompt length")
-    parser.add_argument("--output-tokens", type=_int_arg, metavar="N", help="llm: generated tokens per request")
-    parser.add_argument("--seq-len", type=_int_arg, metavar="N", help="attention/train: sequence length")
-    parser.add_argument("--image-size", type=_int_arg, metavar="N", help="vit: image resolution")
+    parser.add_argument("--variant", nargs="+", help=f"workload variant(s) ({variants}); 'both' runs every variant")
+    parser.add_argument("--batch-size", type=_int_arg, nargs="+", metavar="N", help="batch size(s)")
+    parser.add_argument("--prompt-tokens", type=_int_arg, nargs="+", metavar="N", help="llm: prompt length(s)")
+    parser.add_argument("--output-tokens", type=_int_arg, nargs="+", metavar="N",
+                        help="llm: generated tokens per request")
+    parser.add_argument("--seq-len", type=_int_arg, nargs="+", metavar="N", help="attention/train: sequence length(s)")
+    parser.add_argument("--image-size", type=_int_arg, nargs="+", metavar="N", help="vit: image resolution(s)")
     parser.add_argument("--heads", type=_int_arg, metavar="N", help="attention: query heads")
     parser.add_argument("--head-dim", type=_int_arg, metavar="N", help="attention: head dimension")
     parser.add_argument("--n-groups", type=_int_arg, nargs="+", metavar="N",
-                        help="attention: query heads per key/value head (1 = MHA); several sweep")
+                        help="attention, llm (graph variant): query heads per key/value head (1 = MHA)")
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None, help="attention: causal mask")
-    parser.add_argument("--dtype", help="float32|float16|bfloat16 (fp32/fp16/bf16)")
+    parser.add_argument("--dtype", nargs="+", help="float32|float16|bfloat16 (fp32/fp16/bf16)")
     parser.add_argument("--warmup", type=_int_arg, metavar="N", help="warmup iterations (at least)")
     parser.add_argument("--warmup-seconds", type=_number, metavar="S", help="warmup duration (at least)")
     parser.add_argument("--repeats", type=_int_arg, metavar="N", help="measured windows (for mean/stdev/CV)")
@@ -82,7 +96,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-threshold", type=_number, default=0.1, metavar="R",
                         help="GPU utilization above which the GPU counts as busy before a start (default 0.1)")
     parser.add_argument("--no-idle-check", action="store_true", help="skip the idle-GPU check and process watch")
-    parser.add_argument("--output", metavar="FILE", help="write results to FILE.csv or FILE.jsonl")
+    parser.add_argument("--output", metavar="FILE",
+                        help="append one run record per point to FILE.csv or FILE.jsonl (gpuperfd report reads it); "
+                             "an existing file of another format is refused, never overwritten")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print results as JSON instead of a table")
 
@@ -104,29 +120,71 @@ class UsageError(ValueError):
     """Bad command-line input; the message names the field."""
 
 
+def load_config_file(path: str) -> dict[str, Any]:
+    """A run-matrix file (YAML or JSON) as a mapping; UsageError naming the file and the key."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)  # JSON is YAML
+    except OSError as exc:
+        raise UsageError(f"config: cannot read {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"config: {path}{where} is not valid YAML or JSON") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"config: {path} must hold a mapping of options (probe, batch_size, ...)")
+    known = {"probe", "output", *MATRIX, *CONFIG_SCALARS}
+    for key in data:
+        name = str(key).replace("-", "_")
+        if name not in known:
+            raise UsageError(f"config: {path}: unknown key {key!r}; use {', '.join(sorted(known))}")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def _merge_config(args: argparse.Namespace) -> argparse.Namespace:
+    """Flags over the --config file's values; the file's single values become one-element lists."""
+    merged = argparse.Namespace(**vars(args))
+    if not getattr(args, "config", None):
+        return merged
+    data = load_config_file(args.config)
+    for key, value in data.items():
+        if getattr(merged, key, None) not in (None, False):
+            continue  # a flag given on the command line wins
+        if key in MATRIX:
+            value = value if isinstance(value, list) else [value]
+            if not value:
+                raise UsageError(f"config: {key}: give at least one value")
+        elif isinstance(value, list):
+            raise UsageError(f"config: {key}: takes one value, got a list")
+        setattr(merged, key, value)
+    return merged
+
+
+def _values(args: argparse.Namespace, name: str) -> list[Any]:
+    values = getattr(args, name, None)
+    return list(values) if values else [None]
+
+
 def build_specs(args: argparse.Namespace) -> list[ProbeSpec]:
-    """Every point the arguments ask for, validated (UsageError names the bad field)."""
+    """Every point of the matrix the arguments ask for, validated (UsageError names the bad field)."""
+    args = _merge_config(args)
     probe = args.probe
-    if args.variant in (None, ""):
-        variants: list[str | None] = [None]
-    elif args.variant == "both" or args.variant == "all":
-        variants = list(VARIANTS[probe])
-    else:
-        variants = [args.variant]
-    batch_sizes: list[int | None] = list(args.batch_size) if args.batch_size else [None]
-    groups: list[int | None] = list(args.n_groups) if args.n_groups else [None]
-    if args.n_groups and probe != "attention":
-        raise UsageError(f"n_groups: not used by probe {probe!r}")
+    if probe is None:
+        raise UsageError("probe: name a probe (llm, vit, attention, train) or give 'probe' in --config")
+    if probe not in PROBES:
+        raise UsageError(f"probe: unknown probe {probe!r}; use one of {', '.join(PROBES)}")
+    variants: list[Any] = []
+    for variant in _values(args, "variant"):
+        if variant in ("both", "all"):
+            variants.extend(v for v in VARIANTS[probe] if v not in variants)
+        elif variant not in variants:
+            variants.append(variant)
     common: dict[str, Any] = {
-        "preset": args.preset,
-        "prompt_tokens": args.prompt_tokens,
-        "output_tokens": args.output_tokens,
-        "seq_len": args.seq_len,
-        "image_size": args.image_size,
         "heads": args.heads,
         "head_dim": args.head_dim,
         "causal": args.causal,
-        "dtype": args.dtype,
         "warmup": args.warmup,
         "warmup_seconds": args.warmup_seconds,
         "repeats": args.repeats,
@@ -140,83 +198,25 @@ def build_specs(args: argparse.Namespace) -> list[ProbeSpec]:
         common["seed"] = args.seed
     if args.gpu_busy_threshold is not None:
         common["gpu_busy_threshold"] = args.gpu_busy_threshold
+    axes = {name: _values(args, name) for name in MATRIX if name != "variant"}
     specs = []
-    for variant, batch, group in itertools.product(variants, batch_sizes, groups):
-        fields = dict(common, variant=variant, batch_size=batch, n_groups=group)
+    for combo in itertools.product(variants, *axes.values()):
+        fields = dict(common, variant=combo[0], **dict(zip(axes, combo[1:])))
         try:
             specs.append(ProbeSpec(probe=probe, **fields))
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from exc
     return specs
-
-
-def _output_format(path: str | None) -> str | None:
-    if path is None:
-        return None
-    lower = path.lower()
-    if lower.endswith(".csv"):
-        return "csv"
-    if lower.endswith(".jsonl"):
-        return "jsonl"
-    raise UsageError(f"output: {path!r} must end in .csv or .jsonl")
 
 
 # --- flattening and output --------------------------------------------------------------
 
 
-def result_row(result: ProbeResult) -> dict[str, Any]:
-    """One flat row (CSV): identity, params, pooled figures, per-repeat statistics, latency percentiles."""
-    row: dict[str, Any] = {}
-    for key in ("probe", "variant", "preset", "status", "failure_reason", "device", "gpu_name",
-                "compute_capability", "gpu_uuid", "started_at", "wall_seconds", "measured_seconds", "work_unit",
-                "units_of_work", "energy_joules", "average_power_watts", "energy_per_unit_joules",
-                "peak_memory_bytes", "allocated_memory_bytes", "sm_clock_hertz_mean", "memory_clock_hertz_mean",
-                "temperature_celsius_max", "gpu_utilization_mean_ratio", "memory_utilization_mean_ratio",
-                "gpu_busy_ratio", "low_gpu_busy", "power_limit_watts"):
-        row[key] = getattr(result, key)
-    row["clock_events_seen"] = "|".join(result.clock_events_seen)
-    row["error_message"] = (result.error_message or "").splitlines()[0] if result.error_message else None
-    for key, value in result.params.items():
-        row[f"param.{key}"] = value
-    for key, value in result.throughput.items():
-        row[f"throughput.{key}"] = value
-    summary = summarize(result)
-    for key, stats in summary["throughput"].items():
-        for stat in ("mean", "median", "stdev", "cv"):
-            row[f"throughput.{key}.{stat}"] = stats[stat]
-    for key in ("energy_per_unit_joules", "average_power_watts"):
-        stats = summary.get(key)
-        if stats:
-            for stat in ("mean", "median", "stdev", "cv"):
-                row[f"{key}.{stat}"] = stats[stat]
-    for key, lat in summary["latencies"].items():
-        for stat in ("mean", "p50", "p95", "p99"):
-            row[f"latency.{key}.{stat}"] = lat[stat]
-    for key, value in result.extra.items():
-        if isinstance(value, (int, float, str, bool)) or value is None:
-            if key not in ("traceback", "log_tail"):
-                row[f"extra.{key}"] = value
-    return row
+def write_results(path: str, results: list[ProbeResult], host: str | None = None) -> None:
+    """Append ``results`` to ``path`` as run records (:func:`gpuperfd.probes.record.append_records`)."""
+    from gpuperfd.probes.record import append_records, build_record
 
-
-def write_results(path: str, results: list[ProbeResult]) -> None:
-    """Write every result so far to ``path`` (.csv: one row each; .jsonl: one full result per line)."""
-    fmt = _output_format(path)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", newline="") as fh:
-        if fmt == "jsonl":
-            for result in results:
-                fh.write(json.dumps(result.to_dict(), sort_keys=False) + "\n")
-        else:
-            rows = [result_row(r) for r in results]
-            header: list[str] = []
-            for row in rows:
-                header.extend(k for k in row if k not in header)
-            writer = csv.DictWriter(fh, fieldnames=header, extrasaction="ignore")
-            writer.writeheader()
-            for row in rows:
-                writer.writerow(row)
-    os.replace(tmp, path)
+    append_records(path, [build_record(r, "probe", host=host) for r in results])
 
 
 def _params_text(result: ProbeResult) -> str:
@@ -242,7 +242,8 @@ def _params_text(result: ProbeResult) -> str:
 def results_table(results: list[ProbeResult]) -> str:
     """The summary table: headline rate over repeats, energy, busy fraction, latency percentiles."""
     headers = ["probe", "params", "status", "metric", "mean", "median", "stdev", "CV%", "J/unit", "busy",
-               "latency", "p50 ms", "p95 ms", "p99 ms", "wall s"]
+               "latency", "mean ms", "p50 ms", "p95 ms", "p99 ms", "TTFT ms", "req/s", "peak MiB", "alloc MiB",
+               "wall s"]
     rows = []
     for r in results:
         metric = PRIMARY_METRIC.get(r.probe, "")
@@ -250,6 +251,7 @@ def results_table(results: list[ProbeResult]) -> str:
         stats = summary["throughput"].get(metric)
         lat_name = _MAIN_LATENCY.get(r.probe, "")
         lat = summary["latencies"].get(lat_name)
+        ttft = summary["latencies"].get("ttft_seconds")
         status = r.status if r.ok else f"{r.status}:{r.failure_reason}"
         if r.ok and r.low_gpu_busy:
             status = "ok LOW-BUSY"
@@ -266,12 +268,17 @@ def results_table(results: list[ProbeResult]) -> str:
             f"{r.energy_per_unit_joules:.4g}/{unit}" if r.energy_per_unit_joules is not None else None,
             r.gpu_busy_ratio,
             lat_name.replace("_seconds", "") if lat else None,
+            lat["mean"] * 1e3 if lat else None,
             lat["p50"] * 1e3 if lat else None,
             lat["p95"] * 1e3 if lat else None,
             lat["p99"] * 1e3 if lat else None,
+            ttft["mean"] * 1e3 if ttft else None,
+            r.throughput.get("requests_per_second") if r.ok else None,
+            r.peak_memory_bytes / 2**20 if r.peak_memory_bytes else None,
+            r.allocated_memory_bytes / 2**20 if r.allocated_memory_bytes else None,
             r.wall_seconds,
         ])
-    align = ["l", "l", "l", "l", "r", "r", "r", "r", "r", "r", "l", "r", "r", "r", "r"]
+    align = ["l", "l", "l", "l", "r", "r", "r", "r", "r", "r", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r"]
     return format_table(headers, rows, align=align)
 
 
@@ -307,26 +314,29 @@ def _describe_point(spec: ProbeSpec) -> str:
     parts = [f"{spec.probe}/{spec.variant}", str(params.get("model", spec.preset))]
     if "batch_size" in params:
         parts.append(f"b={params['batch_size']}")
-    if spec.probe == "attention":
-        parts.append(f"g={spec.n_groups}")
+    for key, short in (("prompt_tokens", "in"), ("output_tokens", "out"), ("seq_len", "s"), ("image_size", "px"),
+                       ("n_groups", "g")):
+        if key in params:
+            parts.append(f"{short}={params[key]}")
     return " ".join(parts)
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the points ``args`` describe; returns the exit code."""
+    from gpuperfd.probes.record import RecordError, check_output
 
     try:
-        fmt = _output_format(args.output)
         specs = build_specs(args)
+        args = _merge_config(args)
+        if args.output:
+            check_output(args.output)
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"timeout: must be > 0, got {args.timeout}")
         if not 0 <= args.idle_threshold <= 1:
             raise UsageError(f"idle_threshold: must be between 0 and 1, got {args.idle_threshold}")
-    except UsageError as exc:
+    except (UsageError, RecordError) as exc:
         print(f"gpuperfd probe: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    del fmt
-
     import threading
 
     from gpuperfd.system.stopsignals import StopSignals, say
@@ -345,14 +355,20 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) -> int:
+    from gpuperfd.probes.record import RecordError
     from gpuperfd.probes.runner import run_probe
     from gpuperfd.probes.spec import default_timeout
 
     results: list[ProbeResult] = []
     total = sum(spec.repeats for spec in specs)
     devices: dict[str, Any] = {}
-    with ProgressBar(total, desc="probe", enabled=None if not args.no_progress else False) as bar:
-        for spec in specs:
+    estimate = sum(spec.warmup_seconds + spec.repeats * (spec.measure_seconds or 0) + spec.busy_profile_seconds
+                   + (20.0 if spec.is_cuda else 8.0) for spec in specs)
+    if len(specs) > 1:
+        print(f"gpuperfd probe: {len(specs)} points, about {format_duration(estimate)} (the bar refines it)",
+              file=sys.stderr)
+    with ProgressBar(total, desc=f"probe {len(specs)} points", enabled=None if not args.no_progress else False) as bar:
+        for number, spec in enumerate(specs, 1):
             if abort.is_set():
                 break
             device = None
@@ -364,7 +380,7 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                         bar.write(f"gpuperfd probe: warning: no idle check for {spec.device}: {exc}")
                         devices[spec.device] = None
                 device = devices[spec.device]
-            label = _describe_point(spec)
+            label = f"[{number}/{len(specs)}] {_describe_point(spec)}"
             bar.set_message(label)
             done = 0
 
@@ -386,8 +402,11 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                 first_line = (result.error_message or "").splitlines()[0] if result.error_message else ""
                 bar.write(f"gpuperfd probe: {label}: {result.status} ({result.failure_reason}): {first_line}")
             results.append(result)
-            if args.output:
-                write_results(args.output, results)
+            if args.output:  # one record per point as it lands: an interrupted matrix keeps what it measured
+                try:
+                    write_results(args.output, [result])
+                except (RecordError, OSError) as exc:
+                    bar.write(f"gpuperfd probe: output: {exc}")
 
     if args.json:
         json.dump([r.to_dict() for r in results], sys.stdout, indent=2)

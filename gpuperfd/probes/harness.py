@@ -154,11 +154,17 @@ def execute(
         "torch_version": torch.__version__,
         "iterations": sum(r.iterations for r in repeats),
         "power_samples_mean_watts": mean(all_telemetry.power),
+        "temperature_celsius_mean": mean(all_telemetry.temperature),
         "telemetry_samples": all_telemetry.samples,
     })
     if extras and "loss" in extras[-1]:
         extra["loss"] = extras[-1]["loss"]
         extra["loss_first"] = extras[0].get("loss_first")
+    if ctx.nvml is not None:
+        try:
+            extra["driver_version"] = ctx.nvml.info().driver_version
+        except Exception:  # noqa: BLE001 - identity only; the record says "-" without it
+            pass
     if ctx.telemetry_error:
         extra["telemetry_error"] = ctx.telemetry_error
     if not ctx.is_cuda:

@@ -67,6 +67,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 #: GPT-2 family architectures (built from GPT2Config; random weights unless weights_path).
 GPT2_MODELS: dict[str, dict[str, int]] = {
     "tiny": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 128},
+    # A second CPU-sized model, so a model-size axis can be tried without a GPU (docs, tests).
+    "tiny-x2": {"n_layer": 4, "n_embd": 128, "n_head": 8, "vocab_size": 512, "n_positions": 128},
     "gpt2": {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024},
     "gpt2-medium": {"n_layer": 24, "n_embd": 1024, "n_head": 16, "vocab_size": 50257, "n_positions": 1024},
     "gpt2-large": {"n_layer": 36, "n_embd": 1280, "n_head": 20, "vocab_size": 50257, "n_positions": 1024},
@@ -110,7 +112,7 @@ _TINY_TIMING: dict[str, Any] = {
 
 def _llm(model: str, batch: int) -> dict[str, Any]:
     return {"model": model, "variant": "graph", "batch_size": batch, "prompt_tokens": 128, "output_tokens": 128,
-            "dtype": "float16", **_GPU_TIMING}
+            "n_groups": 1, "dtype": "float16", **_GPU_TIMING}
 
 
 def _train(model: str, batch: int) -> dict[str, Any]:
@@ -126,7 +128,9 @@ def _vit(model: str, batch: int) -> dict[str, Any]:
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "llm": {
         "tiny": {"model": "tiny", "variant": "graph", "batch_size": 2, "prompt_tokens": 16, "output_tokens": 8,
-                 "dtype": "float32", **_TINY_TIMING},
+                 "n_groups": 1, "dtype": "float32", **_TINY_TIMING},
+        "tiny-x2": {"model": "tiny-x2", "variant": "graph", "batch_size": 2, "prompt_tokens": 16, "output_tokens": 8,
+                    "n_groups": 1, "dtype": "float32", **_TINY_TIMING},
         "gpt2": _llm("gpt2", 128),
         "gpt2-medium": _llm("gpt2-medium", 128),
         "gpt2-large": _llm("gpt2-large", 64),
@@ -164,7 +168,7 @@ DEFAULT_PRESET: dict[str, str] = {"llm": "gpt2", "vit": "vit-b16", "attention": 
 
 #: Which workload parameters each probe uses (the rest must stay None).
 _PROBE_PARAMS: dict[str, tuple[str, ...]] = {
-    "llm": ("model", "batch_size", "prompt_tokens", "output_tokens", "dtype"),
+    "llm": ("model", "batch_size", "prompt_tokens", "output_tokens", "n_groups", "dtype"),
     "vit": ("model", "batch_size", "image_size", "dtype"),
     "attention": ("batch_size", "heads", "head_dim", "seq_len", "n_groups", "causal", "dtype"),
     "train": ("model", "batch_size", "seq_len", "dtype"),
@@ -295,6 +299,14 @@ class ProbeSpec:
         if probe == "llm":
             _int("prompt_tokens", self.prompt_tokens, 1)
             _int("output_tokens", self.output_tokens, 1)
+            _int("n_groups", self.n_groups, 1)
+            heads = GPT2_MODELS[self.model]["n_head"]
+            if heads % self.n_groups:
+                raise ValueError(f"n_groups: {self.n_groups} does not divide the model's {heads} heads; "
+                                 f"use a divisor of {heads}")
+            if self.n_groups > 1 and self.variant != "graph":
+                raise ValueError("n_groups: grouped key/value heads run in the graph variant only; "
+                                 "use --variant graph (or n_groups 1)")
             limit = GPT2_MODELS[self.model]["n_positions"]
             if self.weights_path is None and self.prompt_tokens + self.output_tokens > limit:
                 raise ValueError(

@@ -106,6 +106,10 @@ def simulated_executor(  # type: ignore[no-untyped-def]
                 elif foreign := [p.pid for p in device.compute_processes() if p.pid != own]:
                     why = f"compute process {foreign[0]} appeared on the GPU"
             energy_end = device.energy_joules()
+            try:  # what the GPU shows at the end of the loaded window
+                temperature, utilization = device.temperature_celsius(), device.utilization().gpu_ratio
+            except Exception:  # noqa: BLE001 - a faulty simulated part: leave the telemetry out
+                temperature = utilization = None
         finally:
             device.end_load()
         measured = time.monotonic() - wall_start
@@ -146,6 +150,8 @@ def simulated_executor(  # type: ignore[no-untyped-def]
             sm_clock_hertz_mean=point.sm_hertz,
             clock_events_seen=sorted(point.clock_events),
             gpu_busy_ratio=profile.activity,
+            temperature_celsius_max=temperature,
+            gpu_utilization_mean_ratio=utilization,
             power_limit_watts=device.power_limits().enforced_watts,
         )
 

@@ -1,9 +1,9 @@
 """Local probe history: every result appended to a JSON-lines file, with rotation.
 
 A node keeps its own record without Prometheus; `gpuperfd report` reads these
-files. Each line is one probe run at one cap:
-``{"time", "node", "gpu": {index, uuid, name, driver_version, compute_capability, backend},
-"power_cap_watts", "original_cap_watts", "sweep_id", "result": ProbeResult.to_dict()}``.
+files. Each line is one probe run at one cap, a ``gpuperfd.run/1`` record
+(:func:`gpuperfd.probes.record.build_record`, the same format ``probe --output`` and
+``sweep --output`` write).
 Rotation renames history.jsonl -> history.jsonl.1 -> ... up to ``backups``.
 """
 
@@ -14,13 +14,13 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from gpuperfd.device.base import GpuInfo
+from gpuperfd.probes.record import build_record
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +53,14 @@ class HistoryWriter:
         original_cap_watts: float | None = None,
         sweep_id: str | None = None,
     ) -> None:
-        record = {
-            "time": time.time(),
-            "node": self.node,
-            "gpu": {k: v for k, v in asdict(gpu).items() if k != "serial"},
-            "power_cap_watts": power_cap_watts,
-            "original_cap_watts": original_cap_watts,
-            "sweep_id": sweep_id,
-            "result": result,
-        }
+        try:
+            record = build_record(
+                result, "daemon", gpu={k: v for k, v in asdict(gpu).items() if k != "serial"}, host=self.node,
+                power_cap_watts=power_cap_watts, original_cap_watts=original_cap_watts, sweep_id=sweep_id,
+            )
+        except (TypeError, ValueError) as exc:  # history is best effort; metrics still publish
+            log.error("cannot record a probe result in the history: %s", exc)
+            return
         line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
         with self._lock:
             try:

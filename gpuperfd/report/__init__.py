@@ -42,7 +42,8 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 def write_report(report: Report, out_dir: str | Path) -> ReportFiles:
     """Write report.html (self-contained), report.png (one page), summary.csv and points.csv into ``out_dir``."""
     from gpuperfd.report.figures import (
-        batch_figure,
+        axes_figure,
+        bar_figure,
         cap_figure,
         overview_figure,
         png_bytes,
@@ -50,15 +51,19 @@ def write_report(report: Report, out_dir: str | Path) -> ReportFiles:
     from gpuperfd.report.html import render_html
 
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"--out {out}: is a file; give a folder for the report")
     out.mkdir(parents=True, exist_ok=True)
     files = ReportFiles(out / "report.html", out / "report.png", out / "summary.csv", out / "points.csv")
     _write_csv(files.summary_csv, summary_rows(report))
     _write_csv(files.points_csv, point_rows(report))
     files.png.write_bytes(png_bytes(overview_figure(report)))
-    cap_png = png_bytes(cap_figure(report))
-    batch = batch_figure(report)
-    batch_png = png_bytes(batch) if batch is not None else None
+    figures = {}
+    for name, make in (("cap", cap_figure), ("axes", axes_figure), ("bars", bar_figure)):
+        fig = make(report)
+        figures[name] = png_bytes(fig) if fig is not None else None
     links = {"one-page PNG": files.png.name, "summary CSV (recommendations)": files.summary_csv.name,
-             "points CSV (every cap)": files.points_csv.name}
-    files.html.write_text(render_html(report, cap_png, batch_png, links), encoding="utf-8")
+             "points CSV (every point)": files.points_csv.name}
+    files.html.write_text(render_html(report, figures["cap"], figures["axes"], figures["bars"], links),
+                          encoding="utf-8")
     return files

@@ -35,9 +35,9 @@ PERCENTILES = (50, 95, 99)
 
 @dataclass
 class CapPoint:
-    """The kept runs of one group, summarised."""
+    """The kept runs of one group, summarised (``cap_watts`` None: no cap known, e.g. a CPU run)."""
 
-    cap_watts: float
+    cap_watts: float | None
     runs: int
     dropped: int
     rate: float
@@ -48,14 +48,21 @@ class CapPoint:
     latencies: dict[str, dict[str, float]] = field(default_factory=dict)
     peak_memory_bytes: int | None = None
     gpu_busy_ratio: float | None = None
+    temperature: float | None = None
+    utilization: float | None = None
+    loss: float | None = None
+    #: Means of the other rates (requests/s, prompt tokens/s, ...).
+    throughput: dict[str, float] = field(default_factory=dict)
 
-    def latency(self, name: str, q: int) -> float | None:
-        return self.latencies.get(name, {}).get(f"p{q}")
+    def latency(self, name: str, q: int | str) -> float | None:
+        """p50/p95/p99 (q = 50, 95, 99) or the mean (q = "mean") of one latency, seconds."""
+        key = q if isinstance(q, str) else f"p{q}"
+        return self.latencies.get(name, {}).get(key)
 
 
 @dataclass
 class Series:
-    """One (GPU, probe, preset, batch size) over the caps it ran at, lowest cap first."""
+    """One (GPU, probe, preset, variant, parameters) over the caps it ran at, lowest cap first."""
 
     gpu: GpuId
     probe: str
@@ -65,6 +72,14 @@ class Series:
     points: list[CapPoint]
     recommendation: Recommendation | None = None
     label: str = ""
+    variant: str = ""
+    #: The workload parameters (batch_size, prompt_tokens, seq_len, n_groups, dtype, ...).
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def capped(self) -> list[CapPoint]:
+        """The points measured at a known cap."""
+        return [p for p in self.points if p.cap_watts is not None]
 
     @property
     def kind(self) -> str:
@@ -81,7 +96,7 @@ class Series:
     def at(self, cap_watts: float | None) -> CapPoint | None:
         if cap_watts is None:
             return None
-        return next((p for p in self.points if round(p.cap_watts) == round(cap_watts)), None)
+        return next((p for p in self.capped if round(p.cap_watts) == round(cap_watts)), None)
 
     @property
     def baseline(self) -> CapPoint | None:
@@ -116,6 +131,16 @@ class Report:
     last_time: float | None
     notes: list[str] = field(default_factory=list)
     outliers_removed: bool = True
+    #: "within-slowdown" (lowest energy within max_slowdown of the highest cap) or "min-energy".
+    rule: str = "within-slowdown"
+
+    @property
+    def rule_text(self) -> str:
+        """The recommendation rule in words, as the header prints it."""
+        if self.rule == "min-energy":
+            return "recommended cap: lowest energy per unit of work of all caps tested (any slowdown)"
+        return (f"recommended cap: lowest energy per unit of work among caps at most {self.max_slowdown:.0%} "
+                "slower than the highest cap tested")
 
     @property
     def nodes(self) -> list[str]:
@@ -161,13 +186,20 @@ def _mean(values: list[float]) -> float | None:
 def summarize_group(runs: list[Run], dropped: int) -> CapPoint:
     rates = [r.rate for r in runs if r.rate is not None]
     latencies: dict[str, dict[str, float]] = {}
-    names = sorted({name for r in runs for name in r.latencies})
+    names = sorted({name for r in runs for name in r.latencies} | {name for r in runs for name in r.latency_stats})
     for name in names:
         pooled = [v for r in runs for v in r.latencies.get(name, [])]
         if pooled:
             latencies[name] = {f"p{q}": percentile(pooled, q) for q in PERCENTILES}
+            latencies[name]["mean"] = statistics.fmean(pooled)
             latencies[name]["n"] = len(pooled)
+            continue
+        # CSV input keeps statistics, not samples: average them over the runs.
+        stats = [r.latency_stats[name] for r in runs if name in r.latency_stats]
+        merged = {key: _mean([s[key] for s in stats if s.get(key) is not None]) for key in ("p50", "p95", "p99", "mean")}
+        latencies[name] = {k: v for k, v in merged.items() if v is not None}
     memory = [r.peak_memory_bytes for r in runs if r.peak_memory_bytes is not None]
+    rate_names = sorted({k for r in runs for k in r.throughput})
     return CapPoint(
         cap_watts=runs[0].cap_watts,
         runs=len(runs),
@@ -179,13 +211,23 @@ def summarize_group(runs: list[Run], dropped: int) -> CapPoint:
         latencies=latencies,
         peak_memory_bytes=max(memory) if memory else None,
         gpu_busy_ratio=_mean([r.gpu_busy_ratio for r in runs if r.gpu_busy_ratio is not None]),
+        temperature=_mean([r.temperature for r in runs if r.temperature is not None]),
+        utilization=_mean([r.utilization for r in runs if r.utilization is not None]),
+        loss=_mean([r.loss for r in runs if r.loss is not None]),
+        throughput={k: v for k in rate_names
+                    if (v := _mean([r.throughput[k] for r in runs if k in r.throughput])) is not None},
     )
 
 
-def recommend_points(points: list[CapPoint], probe: str, preset: str, max_slowdown: float) -> Recommendation | None:
-    """The sweeper's rule on the per-cap means (needs two caps or more)."""
+def recommend_points(
+    points: list[CapPoint], probe: str, preset: str, max_slowdown: float, rule: str = "within-slowdown"
+) -> Recommendation | None:
+    """The sweeper's rule on the per-cap means (needs two caps or more); min-energy allows any slowdown."""
+    points = [p for p in points if p.cap_watts is not None]
     if len(points) < 2:
         return None
+    if rule == "min-energy":
+        max_slowdown = 1.0
     sweep = [
         SweepPoint(p.cap_watts, ProbeResult(probe=probe, variant="report", preset=preset, measured_seconds=1.0,
                                             units_of_work=p.rate, energy_per_unit_joules=p.energy_per_unit))
@@ -194,12 +236,18 @@ def recommend_points(points: list[CapPoint], probe: str, preset: str, max_slowdo
     return recommend(sweep, max_slowdown)
 
 
+RULES = ("within-slowdown", "min-energy")
+
+
 def build_report(
-    loaded: Loaded, max_slowdown: float = 0.10, remove_outliers: bool = True, now: float | None = None
+    loaded: Loaded, max_slowdown: float = 0.10, remove_outliers: bool = True, now: float | None = None,
+    rule: str = "within-slowdown",
 ) -> Report:
     """Everything the figures, HTML and CSV show. ReportError when no run is usable."""
     if not 0 <= max_slowdown < 1:
         raise ReportError(f"max slowdown must be in [0, 1), got {max_slowdown}")
+    if rule not in RULES:
+        raise ReportError(f"rule: {rule!r} is not one of {', '.join(RULES)}")
     runs = loaded.runs
     if not runs:
         raise ReportError("no probe runs in the input" + (f" ({'; '.join(loaded.notes)})" if loaded.notes else ""))
@@ -229,25 +277,27 @@ def build_report(
         groups[run.group].append(run)
     by_series: dict[tuple, list[CapPoint]] = defaultdict(list)
     units: dict[tuple, str] = {}
+    params: dict[tuple, dict[str, Any]] = {}
     for group, members in groups.items():
-        gpu_key, probe, preset, batch, _cap = group
-        key = (gpu_key, probe, preset, batch)
+        gpu_key, probe, preset, batch, _cap, variant, params_key = group
+        key = (gpu_key, probe, preset, batch, variant, params_key)
         by_series[key].append(summarize_group(members, dropped_per_group.get(group, 0)))
         units.setdefault(key, members[0].work_unit or "unit")
+        params.setdefault(key, dict(members[0].params))
     # A group whose every run was dropped cannot be: the median run is always kept.
 
     order = {gpu_key: i for i, gpu_key in enumerate(sorted(identities, key=lambda k: (identities[k].model, k)))}
     series = []
     for key, points in by_series.items():
-        gpu_key, probe, preset, batch = key
-        points.sort(key=lambda p: p.cap_watts)
+        gpu_key, probe, preset, batch, variant, _params = key
+        points.sort(key=lambda p: (p.cap_watts is not None, p.cap_watts or 0.0))
         series.append(Series(
             gpu=identities[gpu_key], probe=probe, preset=preset, batch_size=batch, work_unit=units[key],
-            points=points, recommendation=recommend_points(points, probe, preset, max_slowdown),
-            label=labels[gpu_key],
+            points=points, recommendation=recommend_points(points, probe, preset, max_slowdown, rule),
+            label=labels[gpu_key], variant=variant, params=params[key],
         ))
     series.sort(key=lambda s: (PROBE_ORDER.index(s.probe) if s.probe in PROBE_ORDER else 99, s.preset,
-                               order[s.gpu.key], s.batch_size or 0))
+                               order[s.gpu.key], s.variant, sorted((k, str(v)) for k, v in s.params.items())))
     gpus = [GpuSummary(identities[k], labels[k], sorted(drivers[k]), counts[k]) for k in sorted(identities, key=order.get)]
     times = [r.time for r in runs if r.time]
     return Report(
@@ -264,6 +314,7 @@ def build_report(
         last_time=max(times) if times else None,
         notes=list(loaded.notes),
         outliers_removed=remove_outliers,
+        rule=rule,
     )
 
 
@@ -283,7 +334,9 @@ def summary_rows(report: Report) -> list[dict[str, Any]]:
             "preset": s.preset,
             "batch_size": s.batch_size if s.batch_size is not None else "",
             "work_unit": s.work_unit,
-            "caps_tested_watts": " ".join(f"{p.cap_watts:g}" for p in s.points),
+            "variant": s.variant,
+            "params": _params_text(s.params),
+            "caps_tested_watts": " ".join(f"{p.cap_watts:g}" for p in s.capped),
             "baseline_cap_watts": rec.baseline_cap_watts if rec else "",
             "baseline_units_per_second": base.rate if rec and base else "",
             "baseline_energy_per_unit_joules": base.energy_per_unit if rec and base else "",
@@ -293,6 +346,7 @@ def summary_rows(report: Report) -> list[dict[str, Any]]:
             "energy_saving_ratio": rec.energy_saving_ratio if rec else "",
             "slowdown_ratio": rec.slowdown_ratio if rec else "",
             "max_slowdown": report.max_slowdown,
+            "rule": report.rule,
         })
     return rows
 
@@ -312,7 +366,9 @@ def point_rows(report: Report) -> list[dict[str, Any]]:
                 "probe": s.probe,
                 "preset": s.preset,
                 "batch_size": s.batch_size if s.batch_size is not None else "",
-                "cap_watts": p.cap_watts,
+                "variant": s.variant,
+                "params": _params_text(s.params),
+                "cap_watts": _blank(p.cap_watts),
                 "runs": p.runs,
                 "outliers_dropped": p.dropped,
                 "work_unit": s.work_unit,
@@ -326,13 +382,30 @@ def point_rows(report: Report) -> list[dict[str, Any]]:
                 "latency_p99_seconds": _blank(p.latency(name, 99)),
                 "ttft_p50_seconds": _blank(p.latency("ttft_seconds", 50)),
                 "ttft_p99_seconds": _blank(p.latency("ttft_seconds", 99)),
+                "latency_mean_seconds": _blank(p.latency(name, "mean")),
+                "requests_per_second": _blank(p.throughput.get("requests_per_second")),
                 "peak_memory_bytes": _blank(p.peak_memory_bytes),
                 "gpu_busy_ratio": _blank(p.gpu_busy_ratio),
-                "recommended": int(bool(s.recommendation and round(s.recommendation.cap_watts) == round(p.cap_watts))),
-                "baseline": int(bool(s.recommendation and round(s.recommendation.baseline_cap_watts) == round(p.cap_watts))),
+                "temperature_celsius": _blank(p.temperature),
+                "gpu_utilization_ratio": _blank(p.utilization),
+                "loss": _blank(p.loss),
+                "recommended": int(bool(s.recommendation and p is s.recommended)),
+                "baseline": int(bool(s.recommendation and p is s.baseline)),
             })
     return rows
 
 
 def _blank(value: Any) -> Any:
     return "" if value is None else value
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    """``b=8 in=128 out=128 g=1 float16``: the parameters that tell a series apart."""
+    short = {"batch_size": "b", "prompt_tokens": "in", "output_tokens": "out", "seq_len": "s", "image_size": "px",
+             "heads": "h", "head_dim": "d", "n_groups": "g"}
+    parts = [f"{short[k]}={params[k]}" for k in short if k in params]
+    if params.get("causal"):
+        parts.append("causal")
+    if params.get("dtype"):
+        parts.append(str(params["dtype"]))
+    return " ".join(parts)

@@ -19,15 +19,18 @@ def register(subparsers: Any) -> None:
         "report",
         help="write a PNG/HTML/CSV report from probe history files or Prometheus",
         description=(
-            "Plot throughput, latency percentiles, power and energy per unit of work against power cap and batch "
-            "size, inference and training side by side, with the recommended cap, its energy saving and slowdown. "
-            "Several history files make one comparative report (series labelled by GPU model and probe). Outliers "
+            "Plot throughput, latency, power, energy per unit, temperature, utilization and loss against power cap; "
+            "throughput, latency (TTFT, TPOT, per batch) and peak memory against every parameter that varies "
+            "(model size, batch size, sequence length, n_groups); grouped bars comparing variants, GPUs and hosts; "
+            "the recommended cap with its energy saving and slowdown. Several inputs make one comparative report. "
+            "Outliers "
             "are removed per (GPU, probe, preset, batch size, cap): median +- 3 x 1.4826 x MAD (docs/reports.md)."
         ),
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--history", nargs="+", metavar="FILE",
-                        help="history JSON-lines file(s) (rotated backups FILE.1, FILE.2... are read too)")
+    source.add_argument("--history", "--input", nargs="+", metavar="PATH",
+                        help="run files or folders: what probe --output, sweep --output and the daemon's history "
+                             "write (.jsonl or .csv; rotated backups FILE.1, FILE.2... are read too)")
     source.add_argument("--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://prometheus:9090")
     parser.add_argument("--start", metavar="TIME",
                         help="start of the range: unix seconds, RFC 3339, now-7d (required with --prometheus)")
@@ -35,7 +38,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--step", metavar="DURATION", help="Prometheus query resolution, e.g. 30s (default: range/10000, >= 15s)")
     parser.add_argument("--out", metavar="DIR", default="gpuperfd-report", help="output folder (default: gpuperfd-report)")
     parser.add_argument("--max-slowdown", type=float, default=0.10, metavar="RATIO",
-                        help="slowdown allowed for the recommended cap, 0..1 (default 0.10)")
+                        help="with --rule within-slowdown: slowdown allowed for the recommended cap, 0..1 (default 0.10)")
+    parser.add_argument("--rule", choices=("within-slowdown", "min-energy"), default="within-slowdown",
+                        help="recommended cap: lowest energy per unit among caps at most --max-slowdown slower than "
+                             "the highest cap (within-slowdown, default), or lowest energy outright (min-energy)")
     parser.add_argument("--keep-outliers", action="store_true", help="do not remove outliers")
     parser.add_argument("--no-rotated", action="store_true", help="read only the named history files, not FILE.1...")
     parser.set_defaults(func=main)
@@ -73,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
             loaded = load_prometheus(args.prometheus, start, end if end is not None else time.time(), step)
         else:
             loaded = load_history(args.history, start, end, include_rotated=not args.no_rotated)
-        report = build_report(loaded, args.max_slowdown, remove_outliers=not args.keep_outliers)
+        report = build_report(loaded, args.max_slowdown, remove_outliers=not args.keep_outliers, rule=args.rule)
         files = write_report(report, args.out)
     except ReportError as exc:
         print(f"gpuperfd: {exc}", file=sys.stderr)
@@ -83,10 +89,11 @@ def main(args: argparse.Namespace) -> int:
         return 1
     print(f"{len(report.gpus)} GPU(s), {len(report.series)} series, {report.runs_total} runs "
           f"({len(report.dropped)} outliers removed, {len(report.failed)} failed)")
+    print(report.rule_text)
     for s in report.series:
         rec = s.recommendation
         if rec is not None:
-            print(f"  {s.label} {s.probe}/{s.preset} b={s.batch_size}: {rec.cap_watts:.0f} W "
+            print(f"  {s.label} {s.probe}/{s.preset} b={s.batch_size} [{s.variant}]: {rec.cap_watts:.0f} W "
                   f"({100 * rec.energy_saving_ratio:.1f}% less energy, {100 * rec.slowdown_ratio:.1f}% slower than "
                   f"{rec.baseline_cap_watts:.0f} W)")
     for path in (files.html, files.png, files.summary_csv, files.points_csv):

@@ -4,8 +4,10 @@
   (p50 line, band to p99) against the power cap; one column per workload
   (probe, preset), inference on the left and training on the right; one line per
   GPU (colour) and batch size (line style); the recommended cap is a star.
-* :func:`batch_figure`: throughput, latency and energy per unit against batch
-  size, for workloads run at two batch sizes or more.
+* :func:`axes_figure`: throughput, latency (TTFT and TPOT for llm) and peak memory
+  against each parameter that varies (model size, batch size, sequence length,
+  n_groups, ...), one line per combination of the other factors (seed 002).
+* :func:`bar_figure`: grouped bars comparing variants, GPUs or hosts (seed 004).
 * :func:`overview_figure`: the one-page PNG: header, both grids, recommendations.
 """
 
@@ -34,8 +36,7 @@ STYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D"]
 STAR = dict(marker="*", markersize=15, markeredgecolor="black", markeredgewidth=0.8, zorder=5, linestyle="none")
 
-CAP_ROWS = ("rate", "energy", "power", "latency")
-BATCH_ROWS = ("rate", "latency", "energy")
+CAP_ROWS = ("rate", "energy", "power", "latency", "temperature", "utilization", "loss")
 
 
 def utc(stamp: float | None, fmt: str = "%Y-%m-%d %H:%M UTC") -> str:
@@ -56,13 +57,13 @@ class _Style:
         }
 
     def of(self, s: Series) -> dict[str, Any]:
-        order = self.batches[s.workload].index(s.batch_size or 0)
+        order = self.batches[s.workload].index(s.batch_size or 0) if s.workload in self.batches else 0
         return {"color": self.colors[s.gpu.key], "linestyle": STYLES[order % len(STYLES)],
                 "marker": MARKERS[order % len(MARKERS)]}
 
     def label(self, s: Series) -> str:
-        text = f"{s.label} \u00b7 {s.probe}"
-        if len(self.batches[s.workload]) > 1 and s.batch_size is not None:
+        text = f"{s.label} \u00b7 {s.probe}/{s.variant}" if s.variant else f"{s.label} \u00b7 {s.probe}"
+        if len(self.batches.get(s.workload, [])) > 1 and s.batch_size is not None:
             text += f" b={s.batch_size}"
         return text
 
@@ -76,38 +77,69 @@ def _workload_title(workload: tuple[str, str]) -> str:
     return f"{workload[0]} \u00b7 {workload[1]}"
 
 
+def cap_series(report: Report, workload: tuple[str, str]) -> list[Series]:
+    """The series of a workload that ran at two caps or more (the rest have no cap curve)."""
+    return [s for s in report.series_of(workload) if len(s.capped) > 1]
+
+
+def cap_workloads(report: Report) -> list[tuple[str, str]]:
+    return [w for w in report.workloads if cap_series(report, w)]
+
+
+_EMPTY_WHY = {
+    "temperature": "no GPU temperature in the input\n(CPU run, simulated probe or no NVML)",
+    "utilization": "no GPU utilization in the input\n(CPU run, simulated probe or no NVML)",
+    "loss": "no loss: only the train probe\nreports one (not simulated runs)",
+    "latency": "no latency samples\n(Prometheus input)",
+    "energy": "no energy readings\n(CPU run: no energy counter)",
+    "power": "no power readings\n(CPU run: no energy counter)",
+}
+
+
+def _empty(ax: Any, why: str) -> None:
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, fontsize=8, color="grey")
+
+
 def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], style: _Style) -> None:
-    series = report.series_of(workload)
+    series = cap_series(report, workload)
     unit = series[0].work_unit
     latency_name = series[0].latency_name
     scale, energy_unit = _energy_scale([p.energy_per_unit for s in series for p in s.points if p.energy_per_unit])
+    nan = float("nan")
     for s in series:
         look = style.of(s)
-        caps = [p.cap_watts for p in s.points]
+        points = s.capped
+        caps = [p.cap_watts for p in points]
         rec = s.recommended
         values = {
-            "rate": [p.rate for p in s.points],
-            "energy": [p.energy_per_unit * scale if p.energy_per_unit is not None else float("nan") for p in s.points],
-            "power": [p.power if p.power is not None else float("nan") for p in s.points],
+            "rate": [p.rate for p in points],
+            "energy": [p.energy_per_unit * scale if p.energy_per_unit is not None else nan for p in points],
+            "power": [p.power if p.power is not None else nan for p in points],
+            "temperature": [p.temperature if p.temperature is not None else nan for p in points],
+            "utilization": [100 * p.utilization if p.utilization is not None else nan for p in points],
+            "loss": [p.loss if p.loss is not None else nan for p in points],
         }
         for row, ax in zip(CAP_ROWS, axes):
             if row == "latency":
-                p50 = [_ms(p.latency(latency_name, 50)) for p in s.points]
-                p99 = [_ms(p.latency(latency_name, 99)) for p in s.points]
+                p50 = [_ms(p.latency(latency_name, 50)) for p in points]
+                p99 = [_ms(p.latency(latency_name, 99)) for p in points]
                 ax.plot(caps, p50, color=look["color"], linestyle=look["linestyle"], marker=look["marker"], markersize=3.5)
                 ax.fill_between(caps, p50, p99, color=look["color"], alpha=0.15, linewidth=0)
                 if rec is not None and rec.latency(latency_name, 50) is not None:
                     ax.plot([rec.cap_watts], [_ms(rec.latency(latency_name, 50))], color=look["color"], **STAR)
                 continue
             ax.plot(caps, values[row], label=style.label(s) if row == "rate" else None, markersize=3.5, **look)
-            if rec is not None:
-                index = s.points.index(rec)
+            if rec is not None and rec in points:
+                index = points.index(rec)
                 ax.plot([rec.cap_watts], [values[row][index]], color=look["color"], **STAR)
     labels = {
         "rate": f"{unit}s/s",
         "energy": f"{energy_unit} per {unit}",
         "power": "average power (W)",
         "latency": f"{LATENCY_TITLES.get(latency_name, latency_name)} (ms)\nline p50, band to p99",
+        "temperature": "GPU temperature (\u00b0C)",
+        "utilization": "GPU utilization (%)",
+        "loss": "training loss",
     }
     for row, ax in zip(CAP_ROWS, axes):
         _tidy(ax)
@@ -121,11 +153,10 @@ def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], styl
             handles.append(Line2D([], [], color="grey", **STAR))
             names.append("recommended cap")
             ax.legend(handles, names, fontsize=6.5, loc="lower right", framealpha=0.8)
-        if row == "latency":
-            has_latency = any(p.latency(latency_name, 50) is not None for s in series for p in s.points)
-            if not has_latency:
-                ax.text(0.5, 0.5, "no latency samples\n(Prometheus input)", ha="center", va="center",
-                        transform=ax.transAxes, fontsize=8, color="grey")
+        has = any(y == y for line in ax.get_lines() for y in line.get_ydata())
+        if not has and row in _EMPTY_WHY:
+            _empty(ax, _EMPTY_WHY[row])
+        if row == CAP_ROWS[-1]:
             ax.set_xlabel("power cap (W)", fontsize=8)
 
 
@@ -150,53 +181,224 @@ def _ms(seconds: float | None) -> float:
     return seconds * 1000 if seconds is not None else float("nan")
 
 
-def _draw_batch_column(axes: list, report: Report, workload: tuple[str, str], style: _Style) -> None:
-    series = report.series_of(workload)
-    unit = series[0].work_unit
-    latency_name = series[0].latency_name
-    scale, energy_unit = _energy_scale([p.energy_per_unit for s in series for p in s.points if p.energy_per_unit])
-    by_gpu: dict[tuple[str, str], list[Series]] = {}
+# --- against the parameters that vary (seed 002) and grouped bars (seed 004) ---------------
+
+#: Candidate x axes, in the order their rows appear: (factor, axis title).
+AXES: tuple[tuple[str, str], ...] = (
+    ("model", "model size (smallest to largest)"),
+    ("batch_size", "batch size"),
+    ("prompt_tokens", "prompt length (tokens)"),
+    ("seq_len", "sequence length (tokens)"),
+    ("image_size", "image size (px)"),
+    ("output_tokens", "output tokens per request"),
+    ("n_groups", "query heads per KV head (n_groups)"),
+)
+_SHORT = {"batch_size": "b=", "prompt_tokens": "in=", "output_tokens": "out=", "seq_len": "s=", "image_size": "px=",
+          "n_groups": "g=", "heads": "h=", "head_dim": "d=", "dtype": "", "variant": "", "gpu": "", "model": "",
+          "causal": "causal="}
+
+
+def _base_point(s: Series) -> Any:
+    """The point a parameter chart uses: the highest cap tested, or the only (uncapped) point."""
+    return s.baseline if s.baseline is not None else s.points[-1]
+
+
+def _factors(s: Series) -> dict[str, Any]:
+    return {"model": s.preset, "variant": s.variant, "gpu": s.label, **s.params}
+
+
+def _varying(series: list[Series]) -> dict[str, list[Any]]:
+    values: dict[str, list[Any]] = {}
     for s in series:
-        if s.batch_size is not None and s.baseline is not None:
-            by_gpu.setdefault(s.gpu.key, []).append(s)
-    batches = sorted({s.batch_size for group in by_gpu.values() for s in group})
-    for members in by_gpu.values():
-        members.sort(key=lambda s: s.batch_size)
-        color = style.colors[members[0].gpu.key]
-        name = f"{members[0].label} \u00b7 {members[0].probe}"
-        xs = [s.batch_size for s in members]
-        base = [s.baseline for s in members]
-        caps = sorted({round(b.cap_watts) for b in base})
-        cap_text = f"{caps[0]} W" if len(caps) == 1 else "highest cap"
-        axes[0].plot(xs, [b.rate for b in base], color=color, marker="o", markersize=3.5, label=f"{name} at {cap_text}")
-        axes[1].plot(xs, [_ms(b.latency(latency_name, 50)) for b in base], color=color, marker="o", markersize=3.5,
-                     label=f"{name} p50")
-        axes[1].plot(xs, [_ms(b.latency(latency_name, 99)) for b in base], color=color, marker="v", markersize=3.5,
-                     linestyle=":", label=f"{name} p99")
-        axes[2].plot(xs, [b.energy_per_unit * scale if b.energy_per_unit else float("nan") for b in base],
-                     color=color, marker="o", markersize=3.5, label=f"{name} at {cap_text}")
-        rec = [(s.batch_size, s.recommended) for s in members if s.recommended is not None]
-        if rec:
-            axes[2].plot([b for b, _ in rec], [p.energy_per_unit * scale if p.energy_per_unit else float("nan") for _, p in rec],
-                         color=color, marker="*", markersize=8, linestyle="--", label=f"{name} at recommended cap")
-    labels = (f"{unit}s/s", f"{LATENCY_TITLES.get(latency_name, latency_name)} (ms)", f"{energy_unit} per {unit}")
-    for ax, label in zip(axes, labels):
+        for key, value in _factors(s).items():
+            values.setdefault(key, [])
+            if value not in values[key]:
+                values[key].append(value)
+    return {k: v for k, v in values.items() if len(v) > 1}
+
+
+def _metrics(probe: str, unit: str) -> list[tuple[str, str]]:
+    """(metric key, y label) columns of the parameter and bar charts for one probe."""
+    from gpuperfd.report.records import PRIMARY_LATENCY
+
+    cols = [("rate", f"throughput ({unit}s/s)")]
+    if probe == "llm":
+        cols += [("lat:ttft_seconds", "time to first token,\nmean (ms)"),
+                 ("lat:tpot_seconds", "time per output token,\nmean (ms)")]
+    else:
+        name = PRIMARY_LATENCY.get(probe, "")
+        cols.append((f"lat:{name}", f"{LATENCY_TITLES.get(name, name)},\nmean (ms)"))
+    cols.append(("memory", "peak memory (MiB)"))
+    return cols
+
+
+def _value(point: Any, metric: str) -> float:
+    if metric == "rate":
+        return point.rate
+    if metric == "memory":
+        return point.peak_memory_bytes / 2**20 if point.peak_memory_bytes else float("nan")
+    name = metric.split(":", 1)[1]
+    value = point.latency(name, "mean")
+    if value is None:
+        value = point.latency(name, 50)
+    return _ms(value)
+
+
+def _line_name(factors: dict[str, Any], keys: list[str]) -> str:
+    parts = []
+    for key in keys:
+        value = factors.get(key)
+        if value is None:
+            continue
+        prefix = _SHORT.get(key, f"{key}=")
+        parts.append(f"{prefix}{value}")
+    return " ".join(parts) or "all runs"
+
+
+def _model_order(probe: str, models: list[str]) -> list[str]:
+    from gpuperfd.probes.spec import PRESETS
+
+    known = list(PRESETS.get(probe, {}))
+    return sorted(models, key=lambda m: (known.index(m) if m in known else len(known), m))
+
+
+def axis_rows(report: Report) -> list[tuple[str, str, str, list[Series]]]:
+    """(probe, factor, axis title, series) for every parameter that varies within a probe's runs."""
+    rows = []
+    for probe in dict.fromkeys(s.probe for s in report.series):
+        series = [s for s in report.series if s.probe == probe]
+        varying = _varying(series)
+        for factor, title in AXES:
+            if factor in varying:
+                rows.append((probe, factor, title, series))
+    return rows
+
+
+def _draw_axis_row(axes: list, probe: str, factor: str, title: str, series: list[Series]) -> None:
+    varying = _varying(series)
+    others = [k for k in varying if k != factor]
+    metrics = _metrics(probe, series[0].work_unit)
+    xs_all = [_factors(s).get(factor) for s in series]
+    categorical = factor == "model"
+    order = _model_order(probe, list(dict.fromkeys(xs_all))) if categorical else []
+    lines: dict[str, list[tuple[Any, Series]]] = {}
+    for s in series:
+        f = _factors(s)
+        if f.get(factor) is not None:
+            lines.setdefault(_line_name(f, others), []).append((f[factor], s))
+    for index, (name, members) in enumerate(sorted(lines.items())):
+        members.sort(key=lambda m: order.index(m[0]) if categorical else m[0])
+        xs = [order.index(x) if categorical else x for x, _ in members]
+        look = {"color": COLORS[index % len(COLORS)], "marker": MARKERS[index % len(MARKERS)],
+                "linestyle": STYLES[(index // len(COLORS)) % len(STYLES)], "markersize": 4}
+        for ax, (metric, _label) in zip(axes, metrics):
+            ax.plot(xs, [_value(_base_point(s), metric) for _, s in members], label=name, **look)
+    capped = {round(_base_point(s).cap_watts) for s in series if _base_point(s).cap_watts is not None}
+    at = f" at {min(capped)} W" if len(capped) == 1 else (" at each line's highest cap" if capped else "")
+    for col, (ax, (metric, label)) in enumerate(zip(axes, metrics)):
+        if not any(y == y for line in ax.get_lines() for y in line.get_ydata()):
+            _empty(ax, "no peak memory in the input\n(Prometheus input has none)" if metric == "memory"
+                   else "no latency samples in the input")
         _tidy(ax)
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(batches))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticklabels([str(b) for b in batches])
         ax.set_ylabel(label, fontsize=8)
+        ax.set_xlabel(title, fontsize=8)
         ax.grid(True, alpha=0.3)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6.5, framealpha=0.8)
-    axes[0].yaxis.set_major_formatter(EngFormatter(sep=""))
-    axes[0].set_title(_workload_title(workload), fontsize=10, fontweight="bold")
-    axes[-1].set_xlabel("batch size", fontsize=8)
+        if categorical:
+            ax.xaxis.set_major_locator(FixedLocator(list(range(len(order)))))
+            ax.set_xticklabels(order)
+            ax.set_xlim(-0.3, len(order) - 0.7)
+        else:
+            values = sorted({x for x in xs_all if x is not None})
+            if values and min(values) > 0 and max(values) / min(values) >= 8:
+                ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(FixedLocator(values))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xticklabels([str(v) for v in values])
+        if metric == "rate":
+            ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+        if col == 0:
+            ax.set_title(f"{probe}: against {title}{at}", fontsize=9, fontweight="bold", loc="left")
+            if ax.get_lines():
+                ax.legend(fontsize=6.5, framealpha=0.8, title=", ".join(others) or None, title_fontsize=6.5)
 
 
-def batch_workloads(report: Report) -> list[tuple[str, str]]:
-    return [w for w in report.workloads if len({s.batch_size for s in report.series_of(w) if s.batch_size}) > 1]
+def _draw_rows(container: Any, rows: list, draw: Any) -> None:
+    width = max(len(_metrics(row[0], "unit")) for row in rows)
+    grid = container.subplots(len(rows), width, squeeze=False)
+    for r, row in enumerate(rows):
+        n = len(_metrics(row[0], "unit"))
+        draw(list(grid[r][:n]), *row)
+        for ax in grid[r][n:]:
+            ax.axis("off")
+
+
+def _rows_size(rows: list) -> tuple[float, float]:
+    return 4 * COLUMN_INCHES, ROW_INCHES * 1.3 * len(rows) + 0.4
+
+
+def axes_figure(report: Report) -> Figure | None:
+    """Throughput, latency and peak memory against each parameter that varies (None if none varies)."""
+    rows = axis_rows(report)
+    if not rows:
+        return None
+    fig = Figure(figsize=_rows_size(rows), dpi=DPI, layout="constrained")
+    _draw_rows(fig, rows, _draw_axis_row)
+    return fig
+
+
+def bar_groups(report: Report) -> list[tuple[str, list[str], list[str], list[Series]]]:
+    """(probe, what the bars compare, what the groups are, series) where variants, GPUs or hosts differ."""
+    out = []
+    for probe in dict.fromkeys(s.probe for s in report.series):
+        series = [s for s in report.series if s.probe == probe]
+        varying = _varying(series)
+        compare = [k for k in ("variant", "gpu") if k in varying]
+        if compare:
+            out.append((probe, compare, [k for k in varying if k not in compare], series))
+    return out
+
+
+def _draw_bar_row(axes: list, probe: str, compare: list[str], groups: list[str], series: list[Series]) -> None:
+    metrics = _metrics(probe, series[0].work_unit)
+
+    def key(s: Series, keys: list[str]) -> str:
+        return _line_name(_factors(s), keys)
+
+    bars = sorted({key(s, compare) for s in series})
+    categories = sorted({key(s, groups) for s in series}, key=lambda c: (len(c), c))
+    width = 0.8 / len(bars)
+    for ax, (metric, label) in zip(axes, metrics):
+        for b, bar in enumerate(bars):
+            xs, ys = [], []
+            for c, category in enumerate(categories):
+                match = [s for s in series if key(s, compare) == bar and key(s, groups) == category]
+                if match:
+                    xs.append(c - 0.4 + width * (b + 0.5))
+                    ys.append(_value(_base_point(match[0]), metric))
+            ax.bar(xs, ys, width=width * 0.95, color=COLORS[b % len(COLORS)], label=bar)
+        if not any(p.get_height() == p.get_height() for p in ax.patches):
+            _empty(ax, "no values in the input")
+        ax.set_xticks(list(range(len(categories))))
+        ax.set_xticklabels(categories, fontsize=7, rotation=20 if len(categories) > 3 else 0)
+        ax.set_ylabel(label, fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.tick_params(labelsize=7)
+        if metric == "rate":
+            ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+    what = " and ".join("GPUs/hosts" if c == "gpu" else "variants" for c in compare)
+    axes[0].set_title(f"{probe}: {what} compared", fontsize=9, fontweight="bold", loc="left")
+    axes[0].legend(fontsize=6.5, framealpha=0.8)
+
+
+def bar_figure(report: Report) -> Figure | None:
+    """Grouped bars comparing variants, GPUs or hosts per configuration (None when nothing to compare)."""
+    rows = bar_groups(report)
+    if not rows:
+        return None
+    fig = Figure(figsize=_rows_size(rows), dpi=DPI, layout="constrained")
+    _draw_rows(fig, rows, _draw_bar_row)
+    return fig
 
 
 def _kind_columns(workloads: list[tuple[str, str]]) -> list[tuple[str, list[tuple[str, str]]]]:
@@ -219,11 +421,7 @@ def _draw_grid(container: Any, report: Report, workloads: list[tuple[str, str]],
             continue
         axes = half.subplots(len(rows), len(ws), squeeze=False, sharex="col")
         for column, workload in enumerate(ws):
-            column_axes = [axes[r][column] for r in range(len(rows))]
-            if rows is CAP_ROWS:
-                _draw_cap_column(column_axes, report, workload, style)
-            else:
-                _draw_batch_column(column_axes, report, workload, style)
+            _draw_cap_column([axes[r][column] for r in range(len(rows))], report, workload, style)
 
 
 def _grid_size(workloads: list[tuple[str, str]], rows: int) -> tuple[float, float]:
@@ -231,33 +429,30 @@ def _grid_size(workloads: list[tuple[str, str]], rows: int) -> tuple[float, floa
     return max(9.0, COLUMN_INCHES * columns), ROW_INCHES * rows + 0.5
 
 
-def cap_figure(report: Report) -> Figure:
-    width, height = _grid_size(report.workloads, len(CAP_ROWS))
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    _draw_grid(fig, report, report.workloads, CAP_ROWS, "runs")
-    return fig
-
-
-def batch_figure(report: Report) -> Figure | None:
-    workloads = batch_workloads(report)
+def cap_figure(report: Report) -> Figure | None:
+    """The power-cap grid (None when no workload ran at two caps or more)."""
+    workloads = cap_workloads(report)
     if not workloads:
         return None
-    width, height = _grid_size(workloads, len(BATCH_ROWS))
+    width, height = _grid_size(workloads, len(CAP_ROWS))
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    _draw_grid(fig, report, workloads, BATCH_ROWS, "batch-size sweep")
+    _draw_grid(fig, report, workloads, CAP_ROWS, "power-cap sweep")
     return fig
 
 
 def header_lines(report: Report) -> list[str]:
     gpus = []
     for g in report.gpus[:8]:
+        if g.gpu.uuid == "cpu":
+            gpus.append(f"cpu @ {g.gpu.node} (no GPU: tensors ran on the CPU)")
+            continue
         gpus.append(f"{g.gpu.name} (gpu{g.gpu.index} @ {g.gpu.node}, driver {', '.join(g.drivers)}, "
                     f"CC {g.gpu.compute_capability}, {g.gpu.backend})")
     if len(report.gpus) > 8:
         gpus.append(f"... and {len(report.gpus) - 8} more")
     lines = [
-        f"Generated {utc(report.generated_at)} \u00b7 data {utc(report.first_time)} to {utc(report.last_time)} \u00b7 "
-        f"recommended cap: lowest energy per unit within {report.max_slowdown:.0%} of the highest cap's throughput",
+        f"Generated {utc(report.generated_at)} \u00b7 data {utc(report.first_time)} to {utc(report.last_time)}",
+        report.rule_text,
         f"Nodes: {', '.join(report.nodes)} \u00b7 drivers: {', '.join(report.drivers)}",
         *[("GPUs: " if i == 0 else "      ") + text for i, text in enumerate(gpus)],
         f"Runs: {report.runs_total} ({report.runs_kept} kept, {len(report.dropped)} outliers removed, "
@@ -274,6 +469,8 @@ def summary_table(report: Report) -> tuple[list[str], list[list[str]]]:
     rows = []
     for s in report.series:
         rec, best, base = s.recommendation, s.recommended, s.baseline
+        if len(s.capped) < 2:
+            continue  # no sweep: nothing to recommend (the parameter charts show these)
         if rec is None or best is None or base is None:
             rows.append([s.label, s.probe, s.preset, str(s.batch_size or "-"), "-", "-", "-", "-", "-", "-"])
             continue
@@ -299,47 +496,76 @@ def _short(value: float | None) -> str:
 
 
 def overview_figure(report: Report) -> Figure:
-    """The one-page report: header, the cap grid, the batch grid (if any), the recommendations."""
-    cap_w, cap_h = _grid_size(report.workloads, len(CAP_ROWS))
-    batch_ws = batch_workloads(report)
-    batch_w, batch_h = _grid_size(batch_ws, len(BATCH_ROWS)) if batch_ws else (0.0, 0.0)
+    """The one-page report: header, the cap grid, the parameter charts, the bar charts, the recommendations."""
+    cap_ws = cap_workloads(report)
+    axis = axis_rows(report)
+    bars = bar_groups(report)
     header_h = 0.55 + 0.19 * len(header_lines(report))
     head, rows = summary_table(report)
     summary_h = 0.6 + 0.2 * (len(rows) + 1)
-    width = max(cap_w, batch_w, 14.0)
-    heights = [header_h, cap_h, batch_h, summary_h] if batch_ws else [header_h, cap_h, summary_h]
+    parts_spec: list[tuple[str, float, float]] = [("header", 14.0, header_h)]
+    if cap_ws:
+        w, h = _grid_size(cap_ws, len(CAP_ROWS))
+        parts_spec.append(("cap", w, h))
+    if axis:
+        w, h = _rows_size(axis)
+        parts_spec.append(("axes", w, h + 0.3))
+    if bars:
+        w, h = _rows_size(bars)
+        parts_spec.append(("bars", w, h + 0.3))
+    if not (cap_ws or axis or bars):
+        parts_spec.append(("none", 14.0, 1.0))
+    parts_spec.append(("summary", 14.0, summary_h))
+    width = max(w for _, w, _ in parts_spec)
+    heights = [h for _, _, h in parts_spec]
     fig = Figure(figsize=(width, sum(heights)), dpi=DPI, layout="constrained")
     parts = fig.subfigures(len(heights), 1, height_ratios=heights, hspace=0.01)
-    header = parts[0]
-    header.set_facecolor("#f3f5f8")
-    header.text(0.01, 0.93, "gpuperfd report: power caps, throughput, latency and energy", fontsize=15,
-                fontweight="bold", va="top")
-    header.text(0.01, 0.93 - 0.42 / header_h, "\n".join(header_lines(report)), fontsize=9, va="top", family="monospace",
-                linespacing=1.35)
-    if any(g.gpu.backend == "simulated" for g in report.gpus):
-        header.text(0.99, 0.93, "SIMULATED GPUs: numbers from the simulator, not hardware", fontsize=9, color="#b00",
-                    ha="right", va="top", fontweight="bold")
-    parts[1].suptitle("Against power cap", fontsize=13, x=0.01, ha="left")
-    _draw_grid(parts[1], report, report.workloads, CAP_ROWS, "runs")
-    if batch_ws:
-        parts[2].suptitle("Against batch size (at the highest cap; energy also at each batch's recommended cap)",
-                          fontsize=13, x=0.01, ha="left")
-        _draw_grid(parts[2], report, batch_ws, BATCH_ROWS, "batch-size sweep")
-    summary = parts[-1]
-    summary.suptitle("Recommended power caps", fontsize=13, x=0.01, ha="left")
-    ax = summary.add_subplot()
-    ax.axis("off")
-    if rows:
-        table = ax.table(cellText=rows, colLabels=head, loc="upper center", cellLoc="left", colLoc="left")
-        table.auto_set_font_size(False)
-        table.set_fontsize(8)
-        table.auto_set_column_width(list(range(len(head))))
-        for (row, _col), cell in table.get_celld().items():
-            cell.set_linewidth(0.3)
-            if row == 0:
-                cell.set_facecolor("#e4e8ee")
-                cell.set_text_props(fontweight="bold")
+    for (name, _w, _h), part in zip(parts_spec, parts):
+        if name == "header":
+            part.set_facecolor("#f3f5f8")
+            part.text(0.01, 0.93, "gpuperfd report: throughput, latency, memory, power and energy", fontsize=15,
+                      fontweight="bold", va="top")
+            part.text(0.01, 0.93 - 0.42 / header_h, "\n".join(header_lines(report)), fontsize=9, va="top",
+                      family="monospace", linespacing=1.35)
+            if any(g.gpu.backend == "simulated" for g in report.gpus):
+                part.text(0.99, 0.93, "SIMULATED GPUs: numbers from the simulator, not hardware", fontsize=9,
+                          color="#b00", ha="right", va="top", fontweight="bold")
+        elif name == "cap":
+            part.suptitle("Against power cap", fontsize=13, x=0.01, ha="left")
+            _draw_grid(part, report, cap_ws, CAP_ROWS, "power-cap sweep")
+        elif name == "axes":
+            part.suptitle("Against the parameters that vary (one line per combination of the others)", fontsize=13,
+                          x=0.01, ha="left")
+            _draw_rows(part, axis, _draw_axis_row)
+        elif name == "bars":
+            part.suptitle("Variants, GPUs and hosts compared", fontsize=13, x=0.01, ha="left")
+            _draw_rows(part, bars, _draw_bar_row)
+        elif name == "none":
+            ax = part.add_subplot()
+            ax.axis("off")
+            _empty(ax, "nothing to plot: no workload ran at two power caps, no parameter varied, and no variants, "
+                       "GPUs or hosts differ (see the tables)")
+        else:
+            _draw_summary(part, head, rows)
     return fig
+
+
+def _draw_summary(part: Any, head: list[str], rows: list[list[str]]) -> None:
+    part.suptitle("Recommended power caps", fontsize=13, x=0.01, ha="left")
+    ax = part.add_subplot()
+    ax.axis("off")
+    if not rows:
+        _empty(ax, "no workload ran at two power caps or more: no cap to recommend")
+        return
+    table = ax.table(cellText=rows, colLabels=head, loc="upper center", cellLoc="left", colLoc="left")
+    table.auto_set_font_size(False)
+    table.set_fontsize(8)
+    table.auto_set_column_width(list(range(len(head))))
+    for (row, _col), cell in table.get_celld().items():
+        cell.set_linewidth(0.3)
+        if row == 0:
+            cell.set_facecolor("#e4e8ee")
+            cell.set_text_props(fontweight="bold")
 
 
 def png_bytes(fig: Figure) -> bytes:

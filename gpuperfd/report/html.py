@@ -14,7 +14,7 @@ from html import escape
 from typing import Any
 
 import gpuperfd
-from gpuperfd.report.aggregate import Report
+from gpuperfd.report.aggregate import Report, _params_text
 from gpuperfd.report.figures import energy_text, percent, utc
 from gpuperfd.report.outliers import RULE
 from gpuperfd.report.records import LATENCY_TITLES
@@ -35,6 +35,10 @@ def _num(value: Any, text: str | None = None, cls: str = "num") -> str:
         return f'<td class="{cls}">-</td>'
     shown = text if text is not None else f"{value:.4g}"
     return f'<td class="{cls}" data-value="{escape(repr(float(value)))}">{escape(shown)}</td>'
+
+
+def _cap(watts: float | None) -> str:
+    return "-" if watts is None else f"{watts:g}"
 
 
 def _cell(text: Any) -> str:
@@ -69,8 +73,7 @@ data from <b>{escape(utc(report.first_time))}</b> to <b>{escape(utc(report.last_
 </table>
 <p>Sources: {escape('; '.join(report.sources))}</p>
 <p>Runs: <b>{report.runs_total}</b> ({report.runs_kept} kept, {len(report.dropped)} outliers removed, {len(report.failed)} failed).
-Recommended cap: the lowest energy per unit of work among caps whose throughput is within
-<b>{report.max_slowdown:.0%}</b> of the highest cap's (the rule of <code>gpuperfd sweep</code> and the daemon).</p>
+<span id="rule">{escape(report.rule_text[0].upper() + report.rule_text[1:])}</span>.</p>
 {notes}
 </header>"""
 
@@ -79,10 +82,12 @@ def _recommendations(report: Report) -> str:
     rows = []
     for s in report.series:
         rec, best, base = s.recommendation, s.recommended, s.baseline
+        if len(s.capped) < 2:
+            continue
         attrs = (f'data-gpu="{escape(s.gpu.uuid)}" data-node="{escape(s.gpu.node)}" data-probe="{escape(s.probe)}" '
                  f'data-preset="{escape(s.preset)}" data-batch="{s.batch_size if s.batch_size is not None else ""}"')
         cells = [_cell(s.label), _cell(s.probe), _cell(s.kind), _cell(s.preset), _cell(s.batch_size or "-"),
-                 _cell(" ".join(f"{p.cap_watts:g}" for p in s.points))]
+                 _cell(" ".join(f"{p.cap_watts:g}" for p in s.capped))]
         if rec is None or best is None or base is None:
             cells.append('<td colspan="7" class="muted">one cap only: no recommendation</td>')
         else:
@@ -113,32 +118,43 @@ def _points(report: Report) -> str:
         name = s.latency_name
         for p in s.points:
             cls = ""
-            if rec and round(rec.cap_watts) == round(p.cap_watts):
+            if rec and p is s.recommended:
                 cls = ' class="rec"'
-            elif rec and round(rec.baseline_cap_watts) == round(p.cap_watts):
+            elif rec and p is s.baseline:
                 cls = ' class="base"'
+            cap = "" if p.cap_watts is None else f"{p.cap_watts:g}"
             attrs = (f'data-gpu="{escape(s.gpu.uuid)}" data-node="{escape(s.gpu.node)}" data-probe="{escape(s.probe)}" '
                      f'data-preset="{escape(s.preset)}" data-batch="{s.batch_size if s.batch_size is not None else ""}" '
-                     f'data-cap="{p.cap_watts:g}"')
+                     f'data-variant="{escape(s.variant)}" data-cap="{cap}"')
             latency = [_num(p.latency(name, q), f"{p.latency(name, q) * 1000:.4g}" if p.latency(name, q) is not None else None)
                        for q in (50, 95, 99)]
             cells = [
-                _cell(s.label), _cell(s.probe), _cell(s.preset), _cell(s.batch_size or "-"),
-                _num(p.cap_watts, f"{p.cap_watts:.0f}"), _num(p.runs, str(p.runs)), _num(p.dropped, str(p.dropped)),
+                _cell(s.label), _cell(s.probe), _cell(s.variant or "-"), _cell(s.preset), _cell(s.batch_size or "-"),
+                _cell(_params_text(s.params)),
+                _num(p.cap_watts, f"{p.cap_watts:.0f}" if p.cap_watts is not None else None), _num(p.runs, str(p.runs)),
+                _num(p.dropped, str(p.dropped)),
                 _num(p.rate, f"{p.rate:,.1f}"), _cell(f"{s.work_unit}s/s"),
                 _num(p.energy_per_unit, energy_text(p.energy_per_unit) if p.energy_per_unit is not None else None),
                 _num(p.power, f"{p.power:.1f}" if p.power is not None else None),
                 _cell(LATENCY_TITLES.get(name, name)), *latency,
-                _num(p.peak_memory_bytes, f"{p.peak_memory_bytes / 2**30:.1f}" if p.peak_memory_bytes else None),
+                _num(p.latency(name, "mean"), f"{p.latency(name, 'mean') * 1000:.4g}" if p.latency(name, "mean") is not None else None),
+                _num(p.latency("ttft_seconds", "mean"), f"{p.latency('ttft_seconds', 'mean') * 1000:.4g}"
+                     if p.latency("ttft_seconds", "mean") is not None else None),
+                _num(p.throughput.get("requests_per_second")),
+                _num(p.peak_memory_bytes, f"{p.peak_memory_bytes / 2**20:.1f}" if p.peak_memory_bytes else None),
+                _num(p.temperature, f"{p.temperature:.0f}" if p.temperature is not None else None),
+                _num(p.utilization, f"{100 * p.utilization:.0f}%" if p.utilization is not None else None),
+                _num(p.loss),
             ]
             rows.append(f"<tr{cls} {attrs}>{''.join(cells)}</tr>")
     return f"""<section id="points">
-<h2>Every cap: means of the kept runs</h2>
+<h2>Every point: means of the kept runs</h2>
 <p class="muted">Highlighted: the recommended cap (green) and the baseline, the highest cap tested (grey).
 Latency percentiles pool every sample of the kept runs.</p>
-<table><tr><th>GPU</th><th>probe</th><th>preset</th><th>batch</th><th>cap (W)</th><th>runs</th><th>outliers</th>
-<th>throughput</th><th>unit</th><th>energy per unit</th><th>average power (W)</th><th>latency</th>
-<th>p50 (ms)</th><th>p95 (ms)</th><th>p99 (ms)</th><th>peak memory (GiB)</th></tr>
+<table><tr><th>GPU</th><th>probe</th><th>variant</th><th>preset</th><th>batch</th><th>parameters</th><th>cap (W)</th>
+<th>runs</th><th>outliers</th><th>throughput</th><th>unit</th><th>energy per unit</th><th>average power (W)</th>
+<th>latency</th><th>p50 (ms)</th><th>p95 (ms)</th><th>p99 (ms)</th><th>mean (ms)</th><th>TTFT mean (ms)</th>
+<th>requests/s</th><th>peak memory (MiB)</th><th>temperature (&deg;C)</th><th>GPU utilization</th><th>loss</th></tr>
 {''.join(rows)}
 </table>
 </section>"""
@@ -147,13 +163,13 @@ Latency percentiles pool every sample of the kept runs.</p>
 def _outliers(report: Report) -> str:
     dropped = "".join(
         "<tr>" + "".join(_cell(v) for v in (utc(d.run.time, "%Y-%m-%d %H:%M:%S"), d.run.gpu.node, d.run.gpu.index,
-                                          d.run.probe, d.run.preset, d.run.batch_size or "-", f"{d.run.cap_watts:g}",
+                                          d.run.probe, d.run.preset, d.run.batch_size or "-", _cap(d.run.cap_watts),
                                           d.reason, d.run.source)) + "</tr>"
         for d in report.dropped
     )
     failed = "".join(
         "<tr>" + "".join(_cell(v) for v in (utc(r.time, "%Y-%m-%d %H:%M:%S"), r.gpu.node, r.gpu.index, r.probe,
-                                          r.preset, r.batch_size or "-", f"{r.cap_watts:g}", r.status,
+                                          r.preset, r.batch_size or "-", _cap(r.cap_watts), r.status,
                                           r.failure_reason or "-")) + "</tr>"
         for r in report.failed
     )
@@ -169,10 +185,17 @@ of normal data. A group with a MAD of 0 or fewer than 3 runs drops nothing. See 
 </section>"""
 
 
-def render_html(report: Report, cap_png: bytes, batch_png: bytes | None, files: dict[str, str]) -> str:
+def render_html(
+    report: Report, cap_png: bytes | None, axes_png: bytes | None, bars_png: bytes | None, files: dict[str, str]
+) -> str:
     links = " &middot; ".join(f'<a href="{escape(name)}">{escape(label)}</a>' for label, name in files.items())
-    batch = (_img(batch_png, "throughput, latency and energy per unit against batch size") if batch_png
-             else '<p class="muted">No workload ran at more than one batch size in this data.</p>')
+    cap = (_img(cap_png, "throughput, energy per unit, power, latency, temperature, utilization and loss against "
+                         "power cap") if cap_png
+           else '<p class="muted">No workload ran at two power caps or more in this data.</p>')
+    batch = (_img(axes_png, "throughput, latency and peak memory against the parameters that vary") if axes_png
+             else '<p class="muted">No parameter (model, batch size, sequence length, n_groups, ...) varied in this data.</p>')
+    bars = (_img(bars_png, "grouped bars comparing variants, GPUs or hosts") if bars_png
+            else '<p class="muted">One variant on one GPU of one host: nothing to compare side by side.</p>')
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpuperfd report {escape(utc(report.generated_at))}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -183,11 +206,17 @@ def render_html(report: Report, cap_png: bytes, batch_png: bytes | None, files: 
 <h2>Against power cap</h2>
 <p class="muted">Inference probes on the left, training on the right. One line per GPU (colour) and batch size
 (line style); the star marks each line's recommended cap. Latency: line at p50, band up to p99.</p>
-{_img(cap_png, "throughput, energy per unit, power and latency against power cap")}
+{cap}
 </section>
 <section id="batch-size">
-<h2>Against batch size</h2>
+<h2>Against the parameters that vary</h2>
+<p class="muted">Throughput, latency and peak memory against model size, batch size, sequence length and n_groups,
+wherever the data varies them; one line per combination of the other factors.</p>
 {batch}
+</section>
+<section id="compare">
+<h2>Variants, GPUs and hosts compared</h2>
+{bars}
 </section>
 {_points(report)}
 {_outliers(report)}

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuperfd.probes.record import RecordError, normalize, read_records
 from gpuperfd.probes.result import ProbeResult
-from gpuperfd.probing.history import read_history
 from gpuperfd.probing.sweep.sweeper import work_rate
 
 log = logging.getLogger(__name__)
@@ -77,13 +77,18 @@ class GpuId:
         return name[len("NVIDIA "):] if name.startswith("NVIDIA ") else name
 
 
+#: Workload parameters that tell points apart (and can be a chart's x axis).
+PARAM_KEYS: tuple[str, ...] = ("batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size", "heads",
+                               "head_dim", "n_groups", "causal", "dtype")
+
+
 @dataclass
 class Run:
-    """One probe run at one power cap (ok or not)."""
+    """One probe run at one power cap (ok or not); ``cap_watts`` is None where no cap was known (a CPU run)."""
 
     time: float
     gpu: GpuId
-    cap_watts: float
+    cap_watts: float | None
     probe: str
     preset: str
     batch_size: int | None
@@ -95,15 +100,31 @@ class Run:
     energy_per_unit: float | None = None
     power: float | None = None
     latencies: dict[str, list[float]] = field(default_factory=dict)
+    #: Latency statistics where the samples are not in the input (CSV): {name: {"mean","p50","p95","p99"}}.
+    latency_stats: dict[str, dict[str, float | None]] = field(default_factory=dict)
     peak_memory_bytes: int | None = None
     gpu_busy_ratio: float | None = None
     sweep_id: str | None = None
     source: str = ""
+    variant: str = ""
+    model: str = ""
+    #: The workload parameters of :data:`PARAM_KEYS` this run had (absent ones left out).
+    params: dict[str, Any] = field(default_factory=dict)
+    #: Other rates (requests/s, prompt tokens/s, ...).
+    throughput: dict[str, float] = field(default_factory=dict)
+    temperature: float | None = None
+    utilization: float | None = None
+    loss: float | None = None
+
+    @property
+    def params_key(self) -> tuple[tuple[str, Any], ...]:
+        return tuple(sorted((k, v) for k, v in self.params.items() if k != "batch_size"))
 
     @property
     def group(self) -> tuple[Any, ...]:
-        """Runs that measure the same thing: (GPU, probe, preset, batch size, cap)."""
-        return (self.gpu.key, self.probe, self.preset, self.batch_size, round(self.cap_watts))
+        """Runs that measure the same thing: (GPU, probe, preset, batch size, cap, variant, other params)."""
+        cap = round(self.cap_watts) if self.cap_watts is not None else None
+        return (self.gpu.key, self.probe, self.preset, self.batch_size, cap, self.variant, self.params_key)
 
 
 def _finite(value: Any) -> float | None:
@@ -122,35 +143,44 @@ def default_batch_size(probe: str, preset: str) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def run_from_history(record: dict[str, Any], source: str = "") -> Run:
-    """A history line as a :class:`Run`; ValueError/TypeError/KeyError on a line that is not one."""
+def run_from_record(record: dict[str, Any], source: str = "") -> Run:
+    """A ``gpuperfd.run/1`` record as a :class:`Run`; ValueError/TypeError/KeyError on one that is not."""
     result = ProbeResult.from_dict(record["result"])
     gpu = record.get("gpu") or {}
+    index = gpu.get("index")
     identity = GpuId(
-        node=str(record.get("node") or "?"),
-        index=int(gpu.get("index", -1)),
+        node=str(record.get("host") or record.get("node") or "?"),
+        index=int(index) if isinstance(index, (int, float)) and not isinstance(index, bool) else -1,
         uuid=str(gpu.get("uuid") or result.gpu_uuid or "?"),
         name=str(gpu.get("name") or result.gpu_name or "?"),
-        driver_version=str(gpu.get("driver_version") or "?"),
-        compute_capability=str(gpu.get("compute_capability") or result.compute_capability or "?"),
+        driver_version=str(gpu.get("driver_version") or "-"),
+        compute_capability=str(gpu.get("compute_capability") or result.compute_capability or "-"),
         memory_total_bytes=gpu.get("memory_total_bytes"),
         backend=str(gpu.get("backend") or "?"),
-        pci_bus_id=str(gpu.get("pci_bus_id") or "?"),
+        pci_bus_id=str(gpu.get("pci_bus_id") or "-"),
     )
     cap = _finite(record.get("power_cap_watts"))
     if cap is None:
         cap = _finite(result.power_limit_watts)
-    if cap is None:
-        raise ValueError("no power cap")
-    batch = result.params.get("batch_size") if isinstance(result.params, dict) else None
+    params = result.params if isinstance(result.params, dict) else {}
+    batch = params.get("batch_size")
     if not isinstance(batch, int) or isinstance(batch, bool):
         batch = default_batch_size(result.probe, result.preset)
+    kept = {k: params[k] for k in PARAM_KEYS if params.get(k) is not None}
+    if batch is not None:
+        kept["batch_size"] = batch
     latencies = {
         name: [float(v) for v in values if _finite(v) is not None]
         for name, values in (result.latencies or {}).items()
         if isinstance(values, list)
     }
+    extra = result.extra or {}
+    stats = extra.get("latency_stats") if isinstance(extra.get("latency_stats"), dict) else {}
+    tele = record.get("telemetry") or {}
     ok = result.status == "ok"
+    temperature = _finite(tele.get("temperature_celsius_mean"))
+    if temperature is None:
+        temperature = _finite(tele.get("temperature_celsius_max", result.temperature_celsius_max))
     return Run(
         time=float(record.get("time") or result.started_at or 0.0),
         gpu=identity,
@@ -165,11 +195,27 @@ def run_from_history(record: dict[str, Any], source: str = "") -> Run:
         energy_per_unit=_finite(result.energy_per_unit_joules) if ok else None,
         power=_finite(result.average_power_watts) if ok else None,
         latencies=latencies if ok else {},
+        latency_stats=stats if ok else {},
         peak_memory_bytes=result.peak_memory_bytes if ok else None,
         gpu_busy_ratio=_finite(result.gpu_busy_ratio) if ok else None,
         sweep_id=record.get("sweep_id"),
         source=source,
+        variant=str(result.variant or ""),
+        model=str(params.get("model") or result.preset),
+        params=kept,
+        throughput={k: v for k, v in (result.throughput or {}).items() if _finite(v) is not None} if ok else {},
+        temperature=temperature if ok else None,
+        utilization=_finite(tele.get("gpu_utilization_ratio", result.gpu_utilization_mean_ratio)) if ok else None,
+        loss=_finite(extra.get("loss")) if ok else None,
     )
+
+
+def run_from_history(record: dict[str, Any], source: str = "") -> Run:
+    """Any run line this project wrote (record, older history line, bare result) as a :class:`Run`."""
+    try:
+        return run_from_record(normalize(record), source)
+    except RecordError as exc:
+        raise ValueError(str(exc)) from None
 
 
 @dataclass
@@ -185,24 +231,30 @@ class Loaded:
 def load_history(
     paths: Iterable[str | Path], start: float | None = None, end: float | None = None, include_rotated: bool = True
 ) -> Loaded:
-    """Runs from JSON-lines history files (and their rotated backups), optionally within [start, end]."""
+    """Runs from run files and folders (JSON lines or CSV, rotated backups too), optionally within [start, end].
+
+    ReportError, once, for a path that is missing or not a run file; bad lines inside a run file
+    are counted and summarised in one note.
+    """
+    paths = list(paths)
+    try:
+        records, bad = read_records(paths, include_rotated=include_rotated)
+    except RecordError as exc:
+        raise ReportError(str(exc)) from None
     runs: list[Run] = []
-    sources: list[str] = []
-    skipped = 0
-    for path in paths:
-        path = Path(path)
-        if not path.exists():
-            raise ReportError(f"{path}: no such history file")
-        sources.append(str(path))
-        for record in read_history(path, include_rotated=include_rotated):
-            try:
-                run = run_from_history(record, str(path))
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                skipped += 1
-                log.warning("%s: skipped a history record that is not a probe run: %s", path, exc)
-                continue
-            if (start is not None and run.time < start) or (end is not None and run.time > end):
-                continue
-            runs.append(run)
-    notes = [f"{skipped} history line(s) skipped: not a probe run"] if skipped else []
-    return Loaded(runs, sources, skipped, notes)
+    skipped = len(bad)
+    for record, file in records:
+        try:
+            run = run_from_record(record, file)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            skipped += 1
+            bad.append(f"{file}: {exc}")
+            continue
+        if (start is not None and run.time < start) or (end is not None and run.time > end):
+            continue
+        runs.append(run)
+    notes = []
+    if skipped:
+        notes.append(f"{skipped} line(s) skipped as not runs (first: {bad[0]})")
+        log.warning("%s", notes[0])
+    return Loaded(runs, [str(p) for p in paths], skipped, notes)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuperfd.probes import cli
+from gpuperfd.probes.record import CSV_COLUMNS, build_record, record_row
 from gpuperfd.probes.result import ProbeResult
 
 FAST = ["--preset", "tiny", "--repeats", "2", "--measure-seconds", "0.1", "--no-progress"]
@@ -38,7 +39,10 @@ def test_jsonl_output_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[st
     code = cli.main(parse(["attention", *FAST, "--n-groups", "1", "2", "--output", str(out)]))
     assert code == 0
     lines = out.read_text().splitlines()
-    results = [ProbeResult.from_dict(json.loads(line)) for line in lines]
+    records = [json.loads(line) for line in lines]
+    assert all(r["schema"] == "gpuperfd.run/1" and r["source"] == "probe" and r["gpu"]["name"] == "cpu"
+               and r["host"] for r in records)
+    results = [ProbeResult.from_dict(r["result"]) for r in records]
     assert [r.params["n_groups"] for r in results] == [1, 2]
     assert all(r.ok and len(r.repeats) == 2 for r in results)
     table = capsys.readouterr().out
@@ -53,13 +57,23 @@ def test_csv_output(tmp_path: Path) -> None:
     with out.open() as fh:
         rows = list(csv.DictReader(fh))
     assert [r["variant"] for r in rows] == ["graph", "eager"]
+    assert list(rows[0]) == list(CSV_COLUMNS)
     for row in rows:
         assert row["status"] == "ok" and row["work_unit"] == "token"
-        assert float(row["throughput.output_tokens_per_second"]) > 0
-        assert float(row["throughput.output_tokens_per_second.cv"]) >= 0
-        assert float(row["latency.ttft_seconds.p99"]) >= float(row["latency.ttft_seconds.p50"]) > 0
-        assert row["param.batch_size"] == "2"
+        assert float(row["output_tokens_per_second"]) > 0 and float(row["requests_per_second"]) > 0
+        assert float(row["units_per_second_cv"]) >= 0
+        assert float(row["ttft_p99_seconds"]) >= float(row["ttft_p50_seconds"]) > 0
+        assert float(row["tpot_mean_seconds"]) > 0 and int(row["peak_memory_bytes"]) > 0
+        assert row["batch_size"] == "2" and row["gpu_name"] == "cpu" and row["host"]
         assert row["energy_joules"] == ""  # CPU: no energy counter
+    # A second run appends under the same header; a file of another format is refused, untouched.
+    assert cli.main(parse(["llm", *FAST, "--output", str(out)])) == 0
+    with out.open() as fh:
+        assert len(list(csv.DictReader(fh))) == 3
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    assert cli.main(parse(["llm", *FAST, "--output", str(other)])) == 2
+    assert other.read_text() == "a,b\n1,2\n"
 
 
 def test_json_stdout(capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,7 +89,9 @@ def test_json_stdout(capsys: pytest.CaptureFixture[str]) -> None:
         (["vit", "--preset", "tiny", "--prompt-tokens", "5"], "prompt_tokens"),
         (["llm", "--preset", "tiny", "--batch-size", "0"], "batch_size"),
         (["llm", "--preset", "nope"], "preset"),
-        (["llm", "--preset", "tiny", "--n-groups", "2"], "n_groups"),
+        (["llm", "--preset", "tiny", "--n-groups", "3"], "n_groups"),
+        (["llm", "--preset", "tiny", "--variant", "eager", "--n-groups", "2"], "n_groups"),
+        (["llm", "--preset", "tiny", "tiny-x2", "--prompt-tokens", "64", "128"], "output_tokens"),
         (["attention", "--preset", "tiny", "--n-groups", "3"], "n_groups"),
         (["llm", "--preset", "tiny", "--variant", "warp"], "variant"),
         (["llm", "--preset", "tiny", "--dtype", "int4"], "dtype"),
@@ -90,10 +106,37 @@ def test_bad_input_exits_2_naming_the_field(argv: list[str], field: str, tmp_pat
     assert f"gpuperfd probe: {field}:" in err, err
 
 
-def test_result_row_flattens_failures() -> None:
+def test_failure_row_and_table() -> None:
     failed = ProbeResult.failure("llm", "graph", "tiny", reason="timeout", message="took too long\nmore")
-    row = cli.result_row(failed)
-    assert row["status"] == "failed" and row["failure_reason"] == "timeout"
-    assert row["error_message"] == "took too long"
+    row = record_row(build_record(failed, "probe", host="h"))
+    assert set(row) == set(CSV_COLUMNS)
+    assert row["status"] == "failed" and row["failure_reason"] == "timeout" and row["error"] == "took too long"
     table = cli.results_table([failed])
     assert "failed:timeout" in table
+
+
+def test_matrix_is_the_product_of_every_list() -> None:
+    specs = cli.build_specs(parse(["llm", "--preset", "tiny", "tiny-x2", "--batch-size", "1", "2",
+                                   "--prompt-tokens", "8", "16", "--n-groups", "1", "2"]))
+    assert len(specs) == 16
+    assert {(s.model, s.batch_size, s.prompt_tokens, s.n_groups) for s in specs} == {
+        (m, b, t, g) for m in ("tiny", "tiny-x2") for b in (1, 2) for t in (8, 16) for g in (1, 2)}
+
+
+def test_config_file_describes_the_matrix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bench.json"
+    config.write_text(json.dumps({"probe": "llm", "preset": "tiny", "variant": ["graph", "eager"],
+                                  "prompt_tokens": 8, "output_tokens": [4, 8], "warmup": 2, "repeats": 3}))
+    specs = cli.build_specs(parse(["--config", str(config)]))
+    assert [(s.variant, s.output_tokens, s.warmup, s.repeats) for s in specs] == [
+        ("graph", 4, 2, 3), ("graph", 8, 2, 3), ("eager", 4, 2, 3), ("eager", 8, 2, 3)]
+    # flags override the file
+    specs = cli.build_specs(parse(["--config", str(config), "--repeats", "1", "--variant", "graph"]))
+    assert [(s.variant, s.repeats) for s in specs] == [("graph", 1), ("graph", 1)]
+    config.write_text(json.dumps({"probe": "llm", "batchsize": 4}))
+    assert cli.main(parse(["--config", str(config)])) == 2
+    err = capsys.readouterr().err
+    assert "config:" in err and "'batchsize'" in err
+    config.write_text("probe: llm\nbatch_size: [1, 0]\n")
+    assert cli.main(parse(["--config", str(config)])) == 2
+    assert "gpuperfd probe: batch_size:" in capsys.readouterr().err

@@ -57,6 +57,38 @@ def test_static_gpt2_logits_match_hugging_face(gpt2: torch.nn.Module) -> None:
     assert len(set(tokens[0].tolist())) > 1  # a real sequence, not one repeated token
 
 
+def test_static_gpt2_grouped_kv_heads(gpt2: torch.nn.Module) -> None:
+    """GQA: a model whose K/V heads already agree within each group gives the same tokens with
+    n_groups=2 as with full MHA, from a cache half the size; other models differ (the groups are used)."""
+    import copy
+
+    shared = copy.deepcopy(gpt2)
+    D, H = shared.config.n_embd, shared.config.n_head
+    Dh = D // H
+    with torch.no_grad():
+        for block in shared.transformer.h:
+            w, b = block.attn.c_attn.weight, block.attn.c_attn.bias
+            for part in (1, 2):  # K and V: copy head 2i onto head 2i + 1
+                cols = w[:, part * D:(part + 1) * D].view(D, H, Dh)
+                cols[:, 1::2] = cols[:, 0::2]
+                bias = b[part * D:(part + 1) * D].view(H, Dh)
+                bias[1::2] = bias[0::2]
+    B, T, O = 2, 10, 5
+    prompts = torch.randint(0, gpt2.config.vocab_size, (B, T), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        mha = StaticGPT2(shared, B, T, O)
+        gqa = StaticGPT2(shared, B, T, O, n_groups=2)
+        assert torch.equal(mha.generate(prompts), gqa.generate(prompts))
+        assert gqa.kv_cache_bytes * 2 == mha.kv_cache_bytes and gqa.n_kv == H // 2
+        other = StaticGPT2(gpt2, B, T, O, n_groups=2)
+        other.seq[:, :T].copy_(prompts)
+        base = StaticGPT2(gpt2, B, T, O)
+        base.seq[:, :T].copy_(prompts)
+        assert _rel(other.prefill(), base.prefill()) > 1e-3
+    with pytest.raises(ValueError, match="n_groups"):
+        StaticGPT2(gpt2, B, T, O, n_groups=3)
+
+
 def test_static_gpt2_rejects_too_long_requests(gpt2: torch.nn.Module) -> None:
     with pytest.raises(ValueError, match="output_tokens"):
         StaticGPT2(gpt2, 1, 100, 100)

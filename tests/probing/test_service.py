@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
+from gpuperfd.probes.result import ProbeResult
 from gpuperfd.probing.executors import simulated_executor
 from gpuperfd.probing.history import HistoryWriter, read_history
 from gpuperfd.probing.idle import IdleTracker
@@ -123,10 +124,13 @@ def test_history_rotates(tmp_path):
     backend = SimulatedBackend(SimulationConfig(gpus=1))
     info = backend.devices()[0].info()
     for n in range(60):
-        writer.append(info, {"n": n, "pad": "x" * 200}, 700.0)
+        result = ProbeResult(probe="vit", variant="simulated", preset="vit-b16", extra={"n": n, "pad": "x" * 200})
+        writer.append(info, result.to_dict(), 700.0)
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["h.jsonl", "h.jsonl.1", "h.jsonl.2"]
-    kept = [r["result"]["n"] for r in read_history(tmp_path / "h.jsonl")]
+    records = list(read_history(tmp_path / "h.jsonl"))
+    assert all(r["schema"] == "gpuperfd.run/1" and r["source"] == "daemon" for r in records)
+    kept = [r["result"]["extra"]["n"] for r in records]
     assert kept == sorted(kept) and kept[-1] == 59  # oldest dropped, order kept
 
 

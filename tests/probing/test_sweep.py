@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import threading
@@ -188,8 +189,40 @@ def test_sweep_cli_on_simulated_gpu(tmp_path):
                  "--state-dir", str(tmp_path / "state"), "--output", str(out), "--no-progress"])
     assert code == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["cap_watts"] for r in rows] == [700, 500, 300]
-    assert all(r["status"] == "ok" and r["units_per_second"] > 0 for r in rows)
+    assert [r["power_cap_watts"] for r in rows] == [700, 500, 300]
+    assert all(r["schema"] == "gpuperfd.run/1" and r["source"] == "sweep" for r in rows)
+    assert all(r["result"]["status"] == "ok" and r["result"]["units_of_work"] > 0 for r in rows)
+    assert len({r["sweep_id"] for r in rows}) == 1 and all(r["gpu"]["uuid"].startswith("GPU-") for r in rows)
+    # a second sweep appends to the same file; it never overwrites
+    assert main(["sweep", "--simulate", "1", "--probe", "attention", "--caps", "300", "--settle", "0",
+                 "--state-dir", str(tmp_path / "state"), "--output", str(out), "--no-progress"]) == 0
+    assert len(out.read_text().splitlines()) == 4
+
+
+def test_sweep_cli_caps_out_of_range_are_errors_unless_clamp(tmp_path, capsys):
+    from gpuperfd.cli import main
+
+    base = ["sweep", "--simulate", "1", "--probe", "vit", "--state-dir", str(tmp_path), "--settle", "0",
+            "--no-progress"]
+    for caps in ("9999", "1.5", "700W,100W"):
+        assert main([*base, "--caps", caps]) == 2
+        err = capsys.readouterr().err
+        assert "outside this GPU's range 200-700 W" in err and "--clamp" in err and len(err.splitlines()) == 1
+    out = tmp_path / "clamped.csv"
+    assert main([*base, "--caps", "9999,700W", "--clamp", "--output", str(out)]) == 0
+    with out.open() as handle:
+        assert [float(r["power_cap_watts"]) for r in csv.DictReader(handle)] == [700.0]
+
+
+def test_sweep_cli_option_errors_are_one_line(tmp_path, capsys):
+    from gpuperfd.cli import main
+
+    code = main(["sweep", "--simulate", "1", "--probe", "llm", "--caps", "700", "--state-dir", str(tmp_path),
+                 "--option", "batch_size=0"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "batch_size: must be between 1 and 65536, got 0" in err
+    assert "pydantic" not in err and "http" not in err and "ScheduleConfig" not in err
 
 
 @pytest.mark.parametrize("args,words", [

@@ -36,7 +36,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 H100 = DATA / "history-h100-sim.jsonl"
 A100 = DATA / "history-a100-sim.jsonl"
 LATENCY = {"llm": "tpot_seconds", "vit": "batch_seconds", "attention": "iteration_seconds", "train": "step_seconds"}
-SECTIONS = ("header", "recommendations", "power-cap", "batch-size", "points", "outliers", "files")
+SECTIONS = ("header", "recommendations", "power-cap", "batch-size", "compare", "points", "outliers", "files")
 
 
 def run_cli(*argv: str) -> int:
@@ -168,7 +168,7 @@ def test_report_from_recorded_history_has_every_section_and_its_numbers(tmp_path
 
     html, tables = parse_html(out / "report.html")
     assert tables.ids == list(SECTIONS)
-    assert tables.images == 2  # power-cap and batch-size figures, embedded
+    assert tables.images == 2  # power-cap and parameter (batch size) figures, embedded; one variant: no bars
     assert "<script" not in html.lower()
     # header: date, nodes, GPUs, driver
     today = time.strftime("%Y-%m-%d", time.gmtime())
@@ -178,7 +178,7 @@ def test_report_from_recorded_history_has_every_section_and_its_numbers(tmp_path
     assert gpu_rows == [["sim-h100-node", "0", "NVIDIA H100 80GB HBM3", "H100 80GB HBM3",
                          "GPU-92ad249e-166b-f163-0ec2-ffa375741149", "580.159.04-sim", "9.0", "80 GiB", "simulated", "90"]]
     assert "Simulated GPUs" in html
-    assert "against power cap" in html.lower() and "against batch size" in html.lower()
+    assert "against power cap" in html.lower() and "against the parameters that vary" in html.lower()
     width, height = png_size(out / "report.png")
     assert width >= 1200 and height >= 1500
 
@@ -203,8 +203,8 @@ def test_report_from_recorded_history_has_every_section_and_its_numbers(tmp_path
             assert float(row[column]) == pytest.approx(want[name], rel=1e-9), (key, column)
         assert row["latency"] == LATENCY[key[1]]
         cells = html_points[key]
-        assert float(cells[4]) == key[4] and int(float(cells[5])) == want["runs"]
-        for index, name in ((7, "rate"), (9, "energy"), (10, "power"), (12, "p50"), (13, "p95"), (14, "p99")):
+        assert float(cells[6]) == key[4] and int(float(cells[7])) == want["runs"]
+        for index, name in ((9, "rate"), (11, "energy"), (12, "power"), (14, "p50"), (15, "p95"), (16, "p99")):
             assert float(cells[index]) == pytest.approx(want[name], rel=1e-9), (key, name)
         assert int(row["recommended"]) == (recs[key[:4]]["cap"] == key[4])
         assert int(row["baseline"]) == (recs[key[:4]]["baseline"] == key[4])
@@ -283,7 +283,7 @@ def test_outliers_are_removed_by_the_documented_rule(tmp_path):
     assert dropped[0][3:7] == ["llm", "gpt2", "8", "700"] and dropped[0][7].startswith("throughput ")
     assert dropped[1][3:] == ["llm", "gpt2", "8", "700", "failed", "oom"]
     assert "Runs: <b>92</b> (90 kept, 1 outliers removed, 1 failed)" in html
-    assert "1 history line(s) skipped" in html  # the record that is not a probe run
+    assert "2 line(s) skipped as not runs" in html  # the malformed line and the record that is not a run  # the record that is not a probe run
 
     kept = tmp_path / "kept"
     assert run_cli("--history", str(history), "--out", str(kept), "--keep-outliers") == 0
@@ -318,7 +318,7 @@ def test_cli_usage_and_input_errors(tmp_path, capsys):
     assert "needs --start" in capsys.readouterr().err
     assert run_cli("--history", str(H100), "--max-slowdown", "1.5") == 2
     assert run_cli("--history", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path)) == 1
-    assert "no such history file" in capsys.readouterr().err
+    assert "no such file or folder" in capsys.readouterr().err
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     assert run_cli("--history", str(empty), "--out", str(tmp_path)) == 1

@@ -14,6 +14,12 @@ with a CUDA-graph overwrite error. This module takes the weights of a
 * ``torch.nn.functional.scaled_dot_product_attention`` (flash/efficient kernels;
   causal for prefill, an additive mask over the cache for decode).
 
+Grouped-query attention (``n_groups`` > 1, as seed 002 measured it): every
+``n_groups`` query heads share one key/value head. The shared K/V projections are
+the mean of the group's original ones (the usual conversion of a multi-head
+checkpoint), so the cache and the K/V matmuls shrink by ``n_groups``; SDPA runs
+with ``enable_gqa``. With ``n_groups == 1`` the math is GPT-2's own.
+
 Prefill (the whole prompt) and the decode step are separate functions, each
 capturable into its own graph; time to first token is the prefill replay, time
 per output token the decode replays. The math matches ``GPT2LMHeadModel`` (tests
@@ -59,7 +65,9 @@ class StaticGPT2:
     sampled from.
     """
 
-    def __init__(self, model: torch.nn.Module, batch_size: int, prompt_tokens: int, output_tokens: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, batch_size: int, prompt_tokens: int, output_tokens: int, n_groups: int = 1
+    ) -> None:
         cfg = model.config
         if cfg.activation_function not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
             raise ValueError(f"unsupported GPT-2 activation {cfg.activation_function!r}")
@@ -78,6 +86,10 @@ class StaticGPT2:
         self.n_head = cfg.n_head
         self.d_model = cfg.n_embd
         self.head_dim = cfg.n_embd // cfg.n_head
+        if n_groups < 1 or cfg.n_head % n_groups:
+            raise ValueError(f"n_groups: {n_groups} does not divide the model's {cfg.n_head} heads")
+        self.n_groups = n_groups
+        self.n_kv = cfg.n_head // n_groups
         self.eps = cfg.layer_norm_epsilon
         if prompt_tokens + output_tokens > cfg.n_positions:
             raise ValueError(
@@ -92,7 +104,7 @@ class StaticGPT2:
         self.blocks = [
             _Block(
                 h.ln_1.weight, h.ln_1.bias,
-                h.attn.c_attn.weight, h.attn.c_attn.bias,
+                *self._grouped_qkv(h.attn.c_attn.weight, h.attn.c_attn.bias),
                 h.attn.c_proj.weight, h.attn.c_proj.bias,
                 h.ln_2.weight, h.ln_2.bias,
                 h.mlp.c_fc.weight, h.mlp.c_fc.bias,
@@ -100,13 +112,35 @@ class StaticGPT2:
             )
             for h in tr.h
         ]
-        shape = (self.n_layer, batch_size, self.n_head, self.max_seq, self.head_dim)
+        shape = (self.n_layer, batch_size, self.n_kv, self.max_seq, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.seq = torch.zeros(batch_size, self.max_seq, dtype=torch.long, device=self.device)
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
         self.positions = torch.arange(self.max_seq, device=self.device)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+
+    def _grouped_qkv(self, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused QKV projection with K and V averaged over each group of heads ([D, D + 2 * D / g])."""
+        if self.n_groups == 1:
+            return weight, bias
+        D, H, g, Dh = self.d_model, self.n_head, self.n_groups, self.head_dim
+        q_w, k_w, v_w = weight.split(D, dim=1)
+        q_b, k_b, v_b = bias.split(D)
+
+        def pool_w(w: torch.Tensor) -> torch.Tensor:
+            return w.reshape(D, H // g, g, Dh).mean(2).reshape(D, D // g)
+
+        def pool_b(b: torch.Tensor) -> torch.Tensor:
+            return b.reshape(H // g, g, Dh).mean(1).reshape(D // g)
+
+        return (torch.cat([q_w, pool_w(k_w), pool_w(v_w)], dim=1).contiguous(),
+                torch.cat([q_b, pool_b(k_b), pool_b(v_b)]).contiguous())
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        if self.n_groups > 1:
+            kwargs["enable_gqa"] = True
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -131,11 +165,14 @@ class StaticGPT2:
         x = x.reshape(B * T, D)
         for layer, blk in enumerate(self.blocks):
             h = self._ln(x, blk.ln1_w, blk.ln1_b)
-            qkv = torch.addmm(blk.attn_b, h, blk.attn_w).view(B, T, 3, H, Dh)
-            q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # [B, H, T, Dh]
+            qkv = torch.addmm(blk.attn_b, h, blk.attn_w)
+            Dkv = self.n_kv * Dh
+            q = qkv[:, :D].view(B, T, H, Dh).transpose(1, 2)  # [B, H, T, Dh]
+            k = qkv[:, D:D + Dkv].view(B, T, self.n_kv, Dh).transpose(1, 2)  # [B, H/g, T, Dh]
+            v = qkv[:, D + Dkv:].view(B, T, self.n_kv, Dh).transpose(1, 2)
             self.k_cache[layer, :, :, :T].copy_(k)
             self.v_cache[layer, :, :, :T].copy_(v)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            a = self._attend(q, k, v, is_causal=True)
             a = a.transpose(1, 2).reshape(B * T, D)
             x = x + torch.addmm(blk.proj_b, a, blk.proj_w)
             x = x + self._mlp(blk, x)
@@ -156,12 +193,15 @@ class StaticGPT2:
         mask = mask.view(1, 1, 1, self.max_seq)
         for layer, blk in enumerate(self.blocks):
             h = self._ln(x, blk.ln1_w, blk.ln1_b)
-            qkv = torch.addmm(blk.attn_b, h, blk.attn_w).view(B, 3, H, Dh)
-            q, k, v = qkv.unbind(1)  # [B, H, Dh]
+            qkv = torch.addmm(blk.attn_b, h, blk.attn_w)
+            Dkv = self.n_kv * Dh
+            q = qkv[:, :D].view(B, H, Dh)
+            k = qkv[:, D:D + Dkv].view(B, self.n_kv, Dh)
+            v = qkv[:, D + Dkv:].view(B, self.n_kv, Dh)
             k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
             k_cache.index_copy_(2, self.pos, k.unsqueeze(2))
             v_cache.index_copy_(2, self.pos, v.unsqueeze(2))
-            a = F.scaled_dot_product_attention(q.unsqueeze(2), k_cache, v_cache, attn_mask=mask)
+            a = self._attend(q.unsqueeze(2), k_cache, v_cache, attn_mask=mask)
             x = x + torch.addmm(blk.proj_b, a.reshape(B, D), blk.proj_w)
             x = x + self._mlp(blk, x)
         logits, nxt = self._logits_and_sample(x)

@@ -10,6 +10,7 @@ Variants:
   KV cache, SDPA, prefill and the decode step each one CUDA graph replay. Timing
   marks are CUDA events, so no synchronize sits inside a window. On a CPU the
   same code runs without graphs.
+  ``n_groups`` > 1 shares each key/value head among that many query heads (GQA).
 * ``eager``: Hugging Face ``generate()`` (greedy, dynamic cache), the seeds'
   method, kept as the comparison; a streamer marks the first token. It
   synchronizes every step by itself, so its marks are host clock reads.
@@ -88,7 +89,8 @@ class GraphLLM(_LLMBase):
         super().__init__(spec, ctx, model)
         self.graph_error: str | None = None
         with torch.inference_mode():
-            self.static = StaticGPT2(model, spec.batch_size, spec.prompt_tokens, spec.output_tokens)
+            self.static = StaticGPT2(model, spec.batch_size, spec.prompt_tokens, spec.output_tokens,
+                                     n_groups=spec.n_groups or 1)
             if ctx.is_cuda:
                 try:
                     self.static.capture()
@@ -118,6 +120,7 @@ class GraphLLM(_LLMBase):
             "model_parameters": self.n_params,
             "kv_cache": "static",
             "kv_cache_bytes": self.static.kv_cache_bytes,
+            "kv_heads": self.static.n_kv,
             "cuda_graph": bool(self.static.graphs),
             "attention": "sdpa",
             "decode_sdpa_backend": self.decode_sdpa_backend,

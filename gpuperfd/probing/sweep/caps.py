@@ -52,8 +52,12 @@ def parse_cap_list(text: str | Sequence[str | float]) -> list[str | float]:
     return caps
 
 
-def resolve_caps(caps: Sequence[str | float], limits: PowerLimits) -> list[float]:
-    """Watts for each entry, clamped to [min, max] with a warning, deduplicated, highest first."""
+def resolve_caps(caps: Sequence[str | float], limits: PowerLimits, strict: bool = False) -> list[float]:
+    """Watts for each entry, clamped to [min, max] with a warning, deduplicated, highest first.
+
+    ``strict`` (the CLI without ``--clamp``): an entry outside the board's range is a CapSpecError
+    instead, so a typo (``--caps 9999``, ``--caps 1.5``) never runs at a cap nobody asked for.
+    """
     resolved: list[float] = []
     for cap in caps:
         if cap == "min":
@@ -69,6 +73,11 @@ def resolve_caps(caps: Sequence[str | float], limits: PowerLimits) -> list[float
         else:
             watts = float(cap)
         clamped = limits.clamp(watts)
+        if clamped != watts and strict:
+            raise CapSpecError(
+                f"cap {cap!r} is {watts:g} W, outside this GPU's range {limits.min_watts:.0f}-{limits.max_watts:.0f} W; "
+                "give caps in that range (watts, or a fraction of the maximum such as 0.8), or add --clamp"
+            )
         if clamped != watts:
             log.warning(
                 "power cap %.0f W is outside the board's range %.0f-%.0f W; using %.0f W",

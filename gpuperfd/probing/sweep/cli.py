@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import csv
+import dataclasses
 import json
 import logging
 import os
 import sys
 import threading
-from pathlib import Path
+import time
 from typing import Any
 
 from gpuperfd.config import Config, ScheduleConfig, config_with_flags
@@ -52,7 +52,11 @@ def register(subparsers: Any) -> None:
     sweep.add_argument("--simulate", type=int, metavar="N", help="run on N simulated GPUs")
     sweep.add_argument("--config", metavar="FILE", help="config file (device, simulation, state_dir)")
     sweep.add_argument("--state-dir", metavar="DIR", help="power-cap journal directory (default from config)")
-    sweep.add_argument("--output", metavar="FILE", help="write points to FILE.csv or FILE.jsonl")
+    sweep.add_argument("--clamp", action="store_true",
+                       help="clamp caps outside the board's range to it (default: such a cap is an error)")
+    sweep.add_argument("--output", metavar="FILE",
+                       help="append each point as a run record to FILE.csv or FILE.jsonl (docs/reports.md); "
+                            "an existing file of another format is refused, never overwritten")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
     sweep.set_defaults(func=cmd_sweep)
 
@@ -71,15 +75,15 @@ def _load(args: argparse.Namespace) -> Config:
     return config_with_flags(args.config, {"probes.state_dir": args.state_dir}, simulate=args.simulate)
 
 
-def _write_output(path: str, rows: list[dict[str, Any]]) -> None:
-    target = Path(path)
-    if target.suffix == ".jsonl":
-        target.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
-    else:
-        with open(target, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["cap_watts"])
-            writer.writeheader()
-            writer.writerows(rows)
+def _one_line(exc: Exception) -> str:
+    """A validation error as one line naming the field (no pydantic class names or URLs)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        message = str(first.get("msg", exc)).removeprefix("Value error, ")
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return f"{where}: {message}" if where and not message.startswith(("options", "caps")) else message
+    return str(exc)
 
 
 def _read_only(args: argparse.Namespace, config: Config) -> bool:
@@ -106,13 +110,17 @@ def _cap_report(device: Any, original: float | None, journal: Any) -> str:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from gpuperfd.device.errors import DeviceError
     from gpuperfd.device.factory import open_backend
+    from gpuperfd.probes.record import RecordError, check_output
     from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list
     from gpuperfd.system.logs import setup_logging
     from gpuperfd.system.stopsignals import StopSignals, say
 
-    if args.output and Path(args.output).suffix not in (".csv", ".jsonl"):
-        print(f"gpuperfd: --output {args.output}: use a .csv or .jsonl file name", file=sys.stderr)
-        return 2
+    if args.output:
+        try:
+            check_output(args.output)
+        except RecordError as exc:
+            print(f"gpuperfd: --{exc}", file=sys.stderr)
+            return 2
     if not 0 <= args.max_slowdown < 1:
         print("gpuperfd: --max-slowdown must be in [0, 1)", file=sys.stderr)
         return 2
@@ -126,7 +134,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             settle_seconds=args.settle, options=dict(args.option),
         )
     except (CapSpecError, ValueError) as exc:
-        print(f"gpuperfd: --caps/--option: {exc}", file=sys.stderr)
+        print(f"gpuperfd: --caps/--option: {_one_line(exc)}", file=sys.stderr)
         return 2
     config = _load(args)
     setup_logging(config.log_level)
@@ -154,7 +162,7 @@ def _sweep_owned(args, config, device, schedule, caps_spec, abort, stop) -> int:
     from gpuperfd.device.errors import DeviceError
     from gpuperfd.probing.executors import child_process_executor, simulated_executor
     from gpuperfd.probing.idle import busy_reason
-    from gpuperfd.probing.sweep.caps import resolve_caps
+    from gpuperfd.probing.sweep.caps import CapSpecError, resolve_caps
     from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
     from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
     from gpuperfd.probing.sweep.sweeper import SweepAborted, SweepPoint
@@ -194,7 +202,11 @@ def _sweep_owned(args, config, device, schedule, caps_spec, abort, stop) -> int:
         if reason is not None:
             say(f"gpuperfd: gpu {args.gpu} is busy ({reason}); not sweeping")
             return 1
-        caps = resolve_caps(caps_spec, device.power_limits())
+        try:
+            caps = resolve_caps(caps_spec, device.power_limits(), strict=not args.clamp)
+        except CapSpecError as exc:
+            say(f"gpuperfd: --caps: {exc}")
+            return 2
         if config.device.backend == "simulated":
             executor = simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed)
         else:
@@ -222,6 +234,7 @@ def _sweep_owned(args, config, device, schedule, caps_spec, abort, stop) -> int:
 
 def _run_with_bar(args, device, journal, caps, schedule, executor, abort, read_only, points) -> None:  # type: ignore[no-untyped-def]
     from gpuperfd.console import ProgressBar
+    from gpuperfd.probes.record import RecordError, append_records, build_record
     from gpuperfd.probing.sweep.sweeper import run_sweep
 
     bar = ProgressBar(1 if read_only else len(caps), desc=f"sweep {args.probe} gpu{args.gpu}",
@@ -233,13 +246,27 @@ def _run_with_bar(args, device, journal, caps, schedule, executor, abort, read_o
         except (OSError, ValueError):
             pass
 
+    gpu = {k: v for k, v in dataclasses.asdict(device.info()).items() if k != "serial"}
+    sweep_id = f"cli-{os.getpid()}-{int(time.time())}"
+
+    def on_point(point) -> None:  # type: ignore[no-untyped-def]
+        points.append(point)
+        quietly(lambda: bar.update(1))
+        if args.output:  # one record per point as it lands: an interrupted sweep keeps what it measured
+            try:
+                append_records(args.output, [build_record(point.result, "sweep", gpu=gpu,
+                                                          power_cap_watts=point.cap_watts, sweep_id=sweep_id)])
+            except (RecordError, OSError) as exc:
+                message = f"gpuperfd: --output: {exc}"
+                quietly(lambda: bar.write(message))
+
     quietly(bar.__enter__)
     try:
         run_sweep(
             device, journal, caps, lambda cap: executor(device, schedule, abort),
             settle_seconds=args.settle, read_only=read_only, abort=abort,
             on_cap=lambda watts: quietly(lambda: bar.set_message(f"{watts:.0f} W" if watts else "restored")),
-            on_point=lambda point: (points.append(point), quietly(lambda: bar.update(1))),
+            on_point=on_point,
         )
     finally:
         quietly(lambda: bar.__exit__(None, None, None))
@@ -270,10 +297,8 @@ def _print_results(args: argparse.Namespace, points: list) -> int:  # type: igno
         print(
             f"\nrecommended cap: {best.cap_watts:.0f} W: {100 * best.energy_saving_ratio:.1f}% less energy per "
             f"{points[0].result.work_unit}, {100 * best.slowdown_ratio:.1f}% slower than {best.baseline_cap_watts:.0f} W "
-            f"(rule: lowest energy within {100 * args.max_slowdown:.0f}% slowdown)"
+            f"(rule: lowest energy among caps at most {100 * args.max_slowdown:.0f}% slower than the highest)"
         )
-    if args.output:
-        _write_output(args.output, rows)
     return 0 if all(p.result.status == "ok" for p in points) else 1
 
 

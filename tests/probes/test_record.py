@@ -1,0 +1,107 @@
+"""The run record: one format for probe, sweep and history; fixed CSV columns; append or refuse; reading."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuperfd.probes.record import (
+    CSV_COLUMNS,
+    SCHEMA,
+    RecordError,
+    append_records,
+    build_record,
+    normalize,
+    read_records,
+    record_from_row,
+    record_row,
+)
+from gpuperfd.probes.result import ProbeResult, RepeatResult
+
+GPU = {"index": 1, "uuid": "GPU-abc", "name": "NVIDIA H100 80GB HBM3", "driver_version": "580.1",
+       "compute_capability": "9.0", "memory_total_bytes": 80 << 30, "backend": "nvml", "pci_bus_id": "0:1", "serial": "s"}
+
+
+def _result(device: str = "cuda:0", **extra: object) -> ProbeResult:
+    return ProbeResult(
+        probe="llm", variant="graph", preset="gpt2", device=device, gpu_name="NVIDIA H100 80GB HBM3",
+        gpu_uuid="GPU-abc", started_at=1_700_000_000.0, measured_seconds=2.0, units_of_work=400.0,
+        work_unit="token", params={"model": "gpt2", "batch_size": 8, "prompt_tokens": 128, "n_groups": 2},
+        throughput={"output_tokens_per_second": 200.0, "requests_per_second": 3.0},
+        latencies={"ttft_seconds": [0.01, 0.02, 0.03], "tpot_seconds": [0.001] * 4},
+        energy_joules=800.0, average_power_watts=400.0, energy_per_unit_joules=2.0,
+        peak_memory_bytes=3 << 30, allocated_memory_bytes=2 << 30, temperature_celsius_max=70.0,
+        gpu_utilization_mean_ratio=0.97,
+        repeats=[RepeatResult(0, 1.0, 190.0), RepeatResult(1, 1.0, 210.0)],
+        extra={"torch_version": "2.13.0", "temperature_celsius_mean": 66.0, "loss": None, **extra},
+    )
+
+
+def test_record_has_who_where_when_and_every_metric() -> None:
+    record = build_record(_result(), "sweep", gpu=GPU, host="node-a", power_cap_watts=500.0, sweep_id="s1")
+    assert record["schema"] == SCHEMA and record["host"] == "node-a" and record["source"] == "sweep"
+    assert record["gpu"]["uuid"] == "GPU-abc" and record["gpu"]["driver_version"] == "580.1"
+    assert "serial" not in record["gpu"] and record["torch_version"] == "2.13.0"
+    assert record["telemetry"]["temperature_celsius_mean"] == 66.0
+    assert record["telemetry"]["gpu_utilization_ratio"] == 0.97 and record["power_cap_watts"] == 500.0
+    json.dumps(record)  # plain data only
+
+
+def test_a_cpu_run_is_labelled_cpu_not_the_gpu_it_was_scheduled_on() -> None:
+    record = build_record(_result(device="cpu"), "daemon", gpu=GPU, host="h", power_cap_watts=700.0)
+    assert record["gpu"]["name"] == "cpu" and record["gpu"]["uuid"] == "cpu" and record["gpu"]["driver_version"] is None
+
+
+def test_csv_row_is_the_fixed_columns_and_reads_back() -> None:
+    record = build_record(_result(), "probe", gpu=GPU, host="node-a")
+    row = record_row(record)
+    assert list(row) == list(CSV_COLUMNS)
+    assert row["units_per_second"] == 200.0 and row["units_per_second_cv"] == pytest.approx(0.0707, abs=1e-4)
+    assert row["ttft_p50_seconds"] == pytest.approx(0.02) and row["n_groups"] == 2 and row["step_mean_seconds"] is None
+    back = record_from_row({k: "" if v is None else str(v) for k, v in row.items()})
+    result = ProbeResult.from_dict(back["result"])
+    assert result.params["batch_size"] == 8 and result.units_of_work / result.measured_seconds == pytest.approx(200.0)
+    assert back["result"]["extra"]["latency_stats"]["ttft_seconds"]["p50"] == pytest.approx(0.02)
+    assert back["host"] == "node-a" and back["gpu"]["uuid"] == "GPU-abc"
+
+
+def test_append_never_overwrites_and_refuses_other_formats(tmp_path: Path) -> None:
+    out = tmp_path / "runs.csv"
+    record = build_record(_result(), "probe", host="h")
+    append_records(out, [record])
+    append_records(out, [record, record])
+    with out.open() as handle:
+        assert len(list(csv.DictReader(handle))) == 3
+    for name, text in (("old.csv", "cap_watts,status\n700,ok\n"), ("old.jsonl", '{"probe": "llm"}\n'),
+                       ("notes.jsonl", "hello\n")):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(RecordError, match="nothing was overwritten"):
+            append_records(path, [record])
+        assert path.read_text() == text
+    with pytest.raises(RecordError, match="must end in .csv or .jsonl"):
+        append_records(tmp_path / "x.txt", [record])
+
+
+def test_reading_files_folders_and_older_shapes(tmp_path: Path) -> None:
+    new = build_record(_result(), "daemon", gpu=GPU, host="node-a", power_cap_watts=600.0)
+    old_history = {"time": 5.0, "node": "node-b", "gpu": GPU, "power_cap_watts": 500.0, "result": _result().to_dict()}
+    bare = _result().to_dict()
+    (tmp_path / "history.jsonl").write_text(json.dumps(new) + "\n" + json.dumps(old_history) + "\n")
+    (tmp_path / "history.jsonl.1").write_text(json.dumps(bare) + "\n{broken\n")
+    append_records(tmp_path / "probe.csv", [new])
+    (tmp_path / "report.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (tmp_path / "summary.csv").write_text("node,gpu\na,b\n")  # a report's CSV, not runs
+    records, skipped = read_records([tmp_path])
+    hosts = sorted(r["host"] for r, _ in records)
+    assert hosts == ["?", "node-a", "node-a", "node-b"]
+    assert any("broken" in s or "line 2" in s or ":2:" in s for s in skipped)
+    assert any("summary.csv" in s for s in skipped)
+    assert normalize(old_history)["power_cap_watts"] == 500.0 and normalize(old_history)["time"] == 5.0
+    with pytest.raises(RecordError, match="not a gpuperfd run file"):
+        read_records([tmp_path / "summary.csv"])
+    with pytest.raises(RecordError, match="no such file or folder"):
+        read_records([tmp_path / "missing.jsonl"])
