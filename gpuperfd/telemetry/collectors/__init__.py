@@ -3,15 +3,21 @@
 from gpuperfd.telemetry.collectors import (  # noqa: F401  (imported to register)
     clock_events,
     clocks,
+    codec,
     ecc,
     energy,
+    gpm,
+    health,
     info,
     memory,
+    mig,
+    nvlink,
     pcie,
     power,
     processes,
     temperature,
     utilization,
+    violations,
     xid,
 )
 from gpuperfd.telemetry.collectors.base import COLLECTORS, Collector, MetricSpec, Point
