@@ -8,7 +8,7 @@ instances on Hopper, so bounded). GPM per instance is read for its GPU instance.
 from __future__ import annotations
 
 from gpuperfd.device.base import Device
-from gpuperfd.telemetry.collectors.base import Collector, MetricSpec, Point, register
+from gpuperfd.telemetry.collectors.base import Collector, MetricSpec, Point, optional, register
 
 _INSTANCE = ("gpu_instance", "compute_instance")
 #: GPM field key -> per-instance metric.
@@ -43,7 +43,7 @@ class MigCollector(Collector):
         points = [Point("gpuperf_mig_enabled", float(enabled))]
         if not enabled:
             return points
-        for instance in device.mig_instances():
+        for instance in optional(device.mig_instances) or []:
             ids = (str(instance.gpu_instance), str(instance.compute_instance))
             if instance.memory_used_bytes is not None:
                 points.append(Point("gpuperf_mig_memory_used_bytes", instance.memory_used_bytes, ids))
