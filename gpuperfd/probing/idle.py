@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from gpuperfd.device.base import Device
-from gpuperfd.device.errors import DeviceError
+from gpuperfd.device.errors import DeviceError, NotSupported
 from gpuperfd.telemetry.sampler import Reading
 
 
@@ -79,3 +79,19 @@ def busy_reason(device: Device, utilization_threshold: float, own_pids: Iterable
     if utilization > utilization_threshold:
         return f"utilization {utilization:.0%} above {utilization_threshold:.0%}"
     return None
+
+
+def mig_reason(device: Device, allow_mig: bool) -> str | None:
+    """Why a probe must not run on a GPU in MIG mode (its instances are other tenants'), or None.
+
+    ``allow_mig`` (probes.allow_mig) lets it run. A GPU that cannot report MIG mode has none.
+    """
+    if allow_mig:
+        return None
+    try:
+        enabled = device.mig_enabled()
+    except NotSupported:
+        return None
+    except DeviceError as exc:
+        return f"cannot check MIG mode: {exc.reason}"
+    return "MIG mode is on (set probes.allow_mig to probe it)" if enabled else None

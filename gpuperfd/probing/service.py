@@ -24,7 +24,7 @@ from gpuperfd.device.errors import DeviceError
 from gpuperfd.probes.result import ProbeResult
 from gpuperfd.probes.spec import DEFAULT_PRESET
 from gpuperfd.probing.history import HistoryWriter
-from gpuperfd.probing.idle import IdleTracker, busy_reason
+from gpuperfd.probing.idle import IdleTracker, busy_reason, mig_reason
 from gpuperfd.probing.metrics import ProbeMetrics
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal
@@ -127,6 +127,8 @@ class ProbeService:
                 device.info()  # a lost GPU is skipped with its reason, not raised into the scheduler
             except DeviceError as exc:
                 return self._skip(info, schedule, exc.reason, str(exc))
+            if (why := mig_reason(device, self.config.allow_mig)) is not None:
+                return self._skip(info, schedule, "mig", why)
             idle_for = self.tracker.idle_for(gpu)
             if idle_for < self.config.idle_seconds:
                 return self._skip(info, schedule, "not_idle", f"idle {idle_for:.0f} s < {self.config.idle_seconds:.0f} s")
