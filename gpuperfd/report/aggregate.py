@@ -48,6 +48,8 @@ class CapPoint:
     latencies: dict[str, dict[str, float]] = field(default_factory=dict)
     peak_memory_bytes: int | None = None
     gpu_busy_ratio: float | None = None
+    gpm_tensor_active_ratio: float | None = None
+    gpm_dram_active_ratio: float | None = None
 
     def latency(self, name: str, q: int) -> float | None:
         return self.latencies.get(name, {}).get(f"p{q}")
@@ -179,6 +181,8 @@ def summarize_group(runs: list[Run], dropped: int) -> CapPoint:
         latencies=latencies,
         peak_memory_bytes=max(memory) if memory else None,
         gpu_busy_ratio=_mean([r.gpu_busy_ratio for r in runs if r.gpu_busy_ratio is not None]),
+        gpm_tensor_active_ratio=_mean([r.gpm_tensor_active_ratio for r in runs if r.gpm_tensor_active_ratio is not None]),
+        gpm_dram_active_ratio=_mean([r.gpm_dram_active_ratio for r in runs if r.gpm_dram_active_ratio is not None]),
     )
 
 
@@ -328,6 +332,8 @@ def point_rows(report: Report) -> list[dict[str, Any]]:
                 "ttft_p99_seconds": _blank(p.latency("ttft_seconds", 99)),
                 "peak_memory_bytes": _blank(p.peak_memory_bytes),
                 "gpu_busy_ratio": _blank(p.gpu_busy_ratio),
+                "gpm_tensor_active_ratio": _blank(p.gpm_tensor_active_ratio),
+                "gpm_dram_active_ratio": _blank(p.gpm_dram_active_ratio),
                 "recommended": int(bool(s.recommendation and round(s.recommendation.cap_watts) == round(p.cap_watts))),
                 "baseline": int(bool(s.recommendation and round(s.recommendation.baseline_cap_watts) == round(p.cap_watts))),
             })

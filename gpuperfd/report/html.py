@@ -130,6 +130,7 @@ def _points(report: Report) -> str:
                 _num(p.power, f"{p.power:.1f}" if p.power is not None else None),
                 _cell(LATENCY_TITLES.get(name, name)), *latency,
                 _num(p.peak_memory_bytes, f"{p.peak_memory_bytes / 2**30:.1f}" if p.peak_memory_bytes else None),
+                *(_num(v, f"{v:.0%}" if v is not None else None) for v in (p.gpm_tensor_active_ratio, p.gpm_dram_active_ratio)),
             ]
             rows.append(f"<tr{cls} {attrs}>{''.join(cells)}</tr>")
     return f"""<section id="points">
@@ -138,7 +139,9 @@ def _points(report: Report) -> str:
 Latency percentiles pool every sample of the kept runs.</p>
 <table><tr><th>GPU</th><th>probe</th><th>preset</th><th>batch</th><th>cap (W)</th><th>runs</th><th>outliers</th>
 <th>throughput</th><th>unit</th><th>energy per unit</th><th>average power (W)</th><th>latency</th>
-<th>p50 (ms)</th><th>p95 (ms)</th><th>p99 (ms)</th><th>peak memory (GiB)</th></tr>
+<th>p50 (ms)</th><th>p95 (ms)</th><th>p99 (ms)</th><th>peak memory (GiB)</th>
+<th title="GPM tensor-pipe active, mean over the measured windows">tensor active</th>
+<th title="GPM DRAM bandwidth active, mean over the measured windows">DRAM active</th></tr>
 {''.join(rows)}
 </table>
 </section>"""

@@ -97,6 +97,9 @@ class Run:
     latencies: dict[str, list[float]] = field(default_factory=dict)
     peak_memory_bytes: int | None = None
     gpu_busy_ratio: float | None = None
+    #: GPM means over the measured windows: tensor active (any precision), DRAM bandwidth active.
+    gpm_tensor_active_ratio: float | None = None
+    gpm_dram_active_ratio: float | None = None
     sweep_id: str | None = None
     source: str = ""
 
@@ -167,6 +170,8 @@ def run_from_history(record: dict[str, Any], source: str = "") -> Run:
         latencies=latencies if ok else {},
         peak_memory_bytes=result.peak_memory_bytes if ok else None,
         gpu_busy_ratio=_finite(result.gpu_busy_ratio) if ok else None,
+        gpm_tensor_active_ratio=_finite(result.gpm_tensor_active_mean_ratio) if ok else None,
+        gpm_dram_active_ratio=_finite(result.gpm_dram_active_mean_ratio) if ok else None,
         sweep_id=record.get("sweep_id"),
         source=source,
     )
