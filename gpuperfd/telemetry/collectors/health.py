@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import NotSupported
-from gpuperfd.telemetry.collectors.base import Collector, MetricSpec, Point, optional, register
+from gpuperfd.telemetry.collectors.base import (
+    Collector,
+    MetricSpec,
+    Point,
+    optional,
+    register,
+)
 
 
 @register

@@ -8,7 +8,13 @@ instances on Hopper, so bounded). GPM per instance is read for its GPU instance.
 from __future__ import annotations
 
 from gpuperfd.device.base import Device
-from gpuperfd.telemetry.collectors.base import Collector, MetricSpec, Point, optional, register
+from gpuperfd.telemetry.collectors.base import (
+    Collector,
+    MetricSpec,
+    Point,
+    optional,
+    register,
+)
 
 _INSTANCE = ("gpu_instance", "compute_instance")
 #: GPM field key -> per-instance metric.
