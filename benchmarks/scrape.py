@@ -6,11 +6,17 @@ Starts the real daemon (`gpuperfd run`) as a child process, on simulated GPUs
   2. where `nvidia-smi` exists, times `nvidia-smi --query-gpu=<18 fields> --format=csv`
      (the per-scrape cost of exporters that shell out to it) in the same run, and
      prints the ratio;
-  3. measures the daemon's RSS and CPU share over an idle window with 1 s sampling.
+  3. measures the daemon's RSS and CPU share over an idle window with 1 s sampling;
+  4. reports how many GPM series the scrape carried (GPM is on by default on Hopper; the
+     figures above are then "with GPM on"), and with --save-probe-scrape writes one scrape
+     taken while a probe runs (after --gpm-wait seconds, so GPM covers the probe) to a file,
+     checked with `promtool check metrics` where promtool exists.
 
 Usage:
   python benchmarks/scrape.py --simulate 8 [--scrapes 2000] [--idle-seconds 60] [--json OUT]
   python benchmarks/scrape.py --nvml ...
+  python benchmarks/scrape.py --nvml --during-probe --probe vit --probe-preset vit-b16 \
+      --save-probe-scrape docs/data/scrape-gpm-vit-h100.prom --json OUT
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import http.client
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -79,7 +86,7 @@ def proc_rss_bytes(pid: int) -> int:
 PROBE_LOAD = (
     "probes: {{state_dir: {workdir}, history: {{path: null}}, read_only: true, idle_seconds: 0, jitter_seconds: 0,"
     " first_run_delay_seconds: 0, executor: child, torch_device: {device}, timeout_seconds: 600,"
-    " schedules: [{{probe: {probe}, preset: {preset}, interval_seconds: 10, gpus: [0], options: {{repeats: 20, measure_seconds: 1.0}}}}]}}\n"
+    " schedules: [{{probe: {probe}, preset: {preset}, interval_seconds: 10, gpus: [0], options: {{repeats: 40, measure_seconds: 1.0}}}}]}}\n"
 )
 
 
@@ -161,13 +168,47 @@ def bench_during_probe(args: argparse.Namespace, workdir: Path) -> dict:
         while not has_child(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(3)  # past the child's start-up: torch import, model build
+        saved = None
+        if args.save_probe_scrape:
+            time.sleep(args.gpm_wait)  # two GPM reads inside the probe's measured windows
+            if not has_child(proc.pid):
+                raise SystemExit("the probe ended before the scrape could be saved: raise its repeats or lower --gpm-wait")
+            saved = save_scrape(url, Path(args.save_probe_scrape))
         times, _ = bench_scrapes(url, args.scrapes, while_alive=lambda: has_child(proc.pid))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     if not times:
         raise SystemExit(f"no scrape while the probe ran: {(workdir / 'daemon.log').read_text()[-3000:]}")
-    return summary_ms(times)
+    result: dict = summary_ms(times)
+    if saved is not None:
+        result["saved_scrape"] = saved
+    return result
+
+
+def gpm_values(text: str) -> dict[str, float]:
+    """GPU 0's GPM series of one scrape, by name (+ label), for the record."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("gpuperf_gpm_") and 'gpu="0"' in line:
+            series, _, value = line.rpartition(" ")
+            name = series.split("{")[0]
+            extra = [v for k, v in re.findall(r'(\w+)="([^"]*)"', series) if k not in ("gpu", "uuid")]
+            out[name + "".join(f"[{v}]" for v in extra)] = float(value)
+    return out
+
+
+def save_scrape(url: str, path: Path) -> dict:
+    """Write one /metrics text to ``path``; lint it with promtool (if installed); return what it showed."""
+    text = requests.get(url + "/metrics", timeout=5).text
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    lint = None
+    promtool = shutil.which("promtool")
+    if promtool:
+        check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+        lint = "clean" if check.returncode == 0 and not check.stdout.strip() else (check.stdout + check.stderr).strip()
+    return {"path": str(path), "promtool_check_metrics": lint, "gpm_gpu0": gpm_values(text)}
 
 
 def bench_nvidia_smi(n: int) -> list[float] | None:
@@ -196,9 +237,15 @@ def main() -> int:
     parser.add_argument("--probe", default="vit", help="probe for --during-probe")
     parser.add_argument("--probe-preset", default="vit-b16", help="preset for --during-probe (tiny on CPU)")
     parser.add_argument("--malloc-arena-max", type=int, default=2, help="MALLOC_ARENA_MAX for the daemon (0: unset)")
+    parser.add_argument("--save-probe-scrape", metavar="FILE",
+                        help="with --during-probe: write one scrape taken while the probe runs to FILE (docs/data/)")
+    parser.add_argument("--gpm-wait", type=float, default=25.0,
+                        help="seconds into the probe before that scrape (GPM reads every 10 s)")
     parser.add_argument("--collectors", default="", metavar="YAML",
                         help="sampler.collectors flow mapping, e.g. 'xid: {enabled: false}, pcie: {interval_seconds: 30}'")
     args = parser.parse_args()
+    if args.save_probe_scrape and not args.during_probe:
+        parser.error("--save-probe-scrape needs --during-probe")
 
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_daemon(args, Path(tmp))
@@ -212,8 +259,10 @@ def main() -> int:
                 rss_samples.append(proc_rss_bytes(proc.pid))
                 time.sleep(1.0)
             cpu_share = (proc_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
-            series = sum(1 for line in requests.get(url + "/metrics", timeout=5).text.splitlines()
-                         if line and not line.startswith("#"))
+            lines = [line for line in requests.get(url + "/metrics", timeout=5).text.splitlines()
+                     if line and not line.startswith("#")]
+            series = len(lines)
+            gpm_series = sum(1 for line in lines if line.startswith("gpuperf_gpm_"))
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(20)
@@ -227,6 +276,7 @@ def main() -> int:
         "scrape": summary_ms(scrape_times),
         "scrape_bytes": size,
         "series": series,
+        "gpm_series": gpm_series,
         "idle_rss_mb_max": max(rss_samples) / 2**20,
         "idle_cpu_percent_of_core": 100 * cpu_share,
         "idle_seconds": args.idle_seconds,

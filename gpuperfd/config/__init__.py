@@ -45,7 +45,17 @@ DeviceCall = Literal[
     "pcie_throughput",
     "ecc_errors",
     "compute_processes",
-    "gpm_activity",  # simulated GPUs only, until GPM is part of the device interface
+    "gpm_activity",  # simulated GPUs only: the noise-carrying activity behind gpm_metrics
+    "gpm_metrics",
+    "memory_temperature_celsius",
+    "remapped_rows",
+    "retired_pages",
+    "violation_seconds",
+    "pcie_replays",
+    "codec_utilization",
+    "nvlink",
+    "mig_enabled",
+    "mig_instances",
 ]
 FaultKind = Literal["not_supported", "no_permission", "gpu_lost", "timeout", "unknown", "slow"]
 
@@ -142,6 +152,13 @@ class DegradeConfig(_Strict):
     thermal_throttle: bool = False
 
 
+class MigConfig(_Strict):
+    """Put one simulated GPU in MIG mode with ``instances`` equal GPU instances (one compute instance each)."""
+
+    gpu: Annotated[int, Field(ge=0)]
+    instances: Annotated[int, Field(ge=1, le=7)] = 7
+
+
 class SimulationConfig(_Strict):
     gpus: Annotated[int, Field(ge=1, le=64)] = 2
     model: Literal["H100", "H200", "A100"] = "H100"
@@ -155,6 +172,11 @@ class SimulationConfig(_Strict):
     xid_events: list[XidConfig] = []
     ecc_errors: list[EccInjectConfig] = []
     degrade: list[DegradeConfig] = []
+    #: NVLink links per simulated GPU (None: the model's SXM count, 18 on H100/H200, 12 on A100;
+    #: 0: no NVLink, as on a PCIe card or a VM).
+    nvlink_links: Annotated[int, Field(ge=0, le=18)] | None = None
+    #: Simulated GPUs in MIG mode.
+    mig: list[MigConfig] = []
     #: Power limits the simulated GPUs start with (watts, by index), e.g. an operator's own cap.
     initial_power_limits: dict[int, Annotated[float, Field(gt=0)]] = {}
     #: A file that keeps the simulated power limits across daemon restarts, as a real board
@@ -291,6 +313,8 @@ class ProbesConfig(_Strict):
     idle_utilization_threshold: Annotated[float, Field(ge=0, le=1)] = 0.05
     #: Random delay added to each run so a fleet does not probe at once.
     jitter_seconds: Annotated[float, Field(ge=0)] = 60.0
+    #: Run probes on a GPU in MIG mode (off: such runs are skipped with reason "mig").
+    allow_mig: bool = False
     #: Seconds before the first run of each interval schedule.
     first_run_delay_seconds: Annotated[float, Field(ge=0)] = 60.0
     #: Probe different GPUs of the node at the same time.

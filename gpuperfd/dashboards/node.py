@@ -191,6 +191,95 @@ def build() -> g.Dashboard:
         w=8,
     )
 
+    lay.row("GPM profiling (Hopper and newer)")
+    lay.add(_ts("SM active (GPM)", "gpuperf_gpm_sm_active_ratio", "percentunit", valueMin=0, valueMax=1), w=8)
+    lay.add(
+        _ts("Tensor active (GPM)", "gpuperf_gpm_tensor_active_ratio", "percentunit", legend=f"{GPU} {{{{precision}}}}",
+            valueMin=0, valueMax=1),
+        w=8,
+    )
+    lay.add(
+        _ts("DRAM bandwidth active (GPM)", "gpuperf_gpm_dram_bandwidth_active_ratio", "percentunit", valueMin=0, valueMax=1),
+        w=8,
+    )
+    lay.add(_ts("SM occupancy (GPM)", "gpuperf_gpm_sm_occupancy_ratio", "percentunit", valueMin=0, valueMax=1), w=8)
+    lay.add(
+        _ts("FP pipes active (GPM)", "gpuperf_gpm_pipe_active_ratio", "percentunit", legend=f"{GPU} {{{{pipe}}}}",
+            valueMin=0, valueMax=1),
+        w=8,
+    )
+    lay.add(
+        timeseries(
+            "PCIe and NVLink bytes (GPM)",
+            targets(
+                (f"gpuperf_gpm_pcie_rx_bytes_per_second{{{SEL}}}", f"{GPU} PCIe rx"),
+                (f"gpuperf_gpm_pcie_tx_bytes_per_second{{{SEL}}}", f"{GPU} PCIe tx"),
+                (f"gpuperf_gpm_nvlink_rx_bytes_per_second{{{SEL}}}", f"{GPU} NVLink rx"),
+                (f"gpuperf_gpm_nvlink_tx_bytes_per_second{{{SEL}}}", f"{GPU} NVLink tx"),
+            ),
+            unit="Bps",
+        ),
+        w=8,
+    )
+
+    lay.row("Memory health, throttling, NVLink, MIG")
+    lay.add(_ts("HBM temperature", "gpuperf_memory_temperature_celsius", "celsius"), w=8)
+    lay.add(
+        timeseries(
+            "Remapped rows",
+            targets(
+                (f"gpuperf_remapped_rows{{{SEL}}}", f"{GPU} {{{{cause}}}}"),
+                (f"gpuperf_remapped_rows_pending{{{SEL}}}", f"{GPU} pending (reset needed)"),
+                (f"gpuperf_remapped_rows_failure{{{SEL}}}", f"{GPU} failure"),
+            ),
+        ),
+        w=8,
+    )
+    lay.add(
+        timeseries("PCIe replays per hour", targets((f"increase(gpuperf_pcie_replays_total{{{SEL}}}[1h])", GPU))),
+        w=8,
+    )
+    lay.add(
+        timeseries(
+            "Time held back, by reason",
+            targets((f"rate(gpuperf_violation_seconds_total{{{SEL}}}[$__rate_interval])", f"{GPU} {{{{reason}}}}")),
+            unit="percentunit",
+            description="Share of time the clock was held back (violation counters; sw power cap is the cap at work).",
+        ),
+        w=8,
+    )
+    lay.add(_ts("Video encoder / decoder", "gpuperf_codec_utilization_ratio", "percentunit", legend=f"{GPU} {{{{engine}}}}"), w=8)
+    lay.add(
+        timeseries(
+            "NVLink links up, errors",
+            targets(
+                (f"sum by (instance, gpu) (gpuperf_nvlink_up{{{SEL}}})", f"{GPU} links up"),
+                (f"sum by (instance, gpu) (increase(gpuperf_nvlink_errors_total{{{SEL}}}[1h]))", f"{GPU} errors/h"),
+            ),
+        ),
+        w=8,
+    )
+    lay.add(
+        timeseries(
+            "MIG instances: memory used",
+            targets((f"gpuperf_mig_memory_used_bytes{{{SEL}}}", f"{GPU} GI {{{{gpu_instance}}}} CI {{{{compute_instance}}}}")),
+            unit="bytes",
+        ),
+        w=8,
+    )
+    lay.add(
+        timeseries(
+            "MIG instances: tensor and DRAM active (GPM)",
+            targets(
+                (f"gpuperf_mig_gpm_tensor_active_ratio{{{SEL}}}", f"{GPU} GI {{{{gpu_instance}}}} tensor"),
+                (f"gpuperf_mig_gpm_dram_bandwidth_active_ratio{{{SEL}}}", f"{GPU} GI {{{{gpu_instance}}}} DRAM"),
+            ),
+            unit="percentunit",
+        ),
+        w=8,
+    )
+    lay.add(_ts("MIG mode", "gpuperf_mig_enabled", valueMin=0, valueMax=1), w=8)
+
     lay.row("Collectors and daemon")
     lay.add(
         _ts("Collector success", "gpuperf_collector_success", legend=f"{GPU} {{{{collector}}}}", valueMin=0, valueMax=1),

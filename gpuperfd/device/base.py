@@ -14,7 +14,11 @@ GPU does not have; callers leave that sample out. Other failures raise the other
 from __future__ import annotations
 
 import abc
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from gpuperfd.device.errors import NotSupported
 
 #: Clock-event (throttle) reasons, as stable label values, in NVML bit order.
 CLOCK_EVENT_REASONS: tuple[str, ...] = (
@@ -123,6 +127,146 @@ class ClockEvents:
     active: frozenset[str] = field(default_factory=frozenset)
 
 
+@dataclass(frozen=True)
+class GpmActivity:
+    """GPM-style activity ratios (0..1), as NVML's GPM metrics report them (percent / 100).
+
+    ``sm_active``: SMs with a warp resident; ``sm_occupancy``: resident warps
+    over the maximum; ``tensor_active``, ``fp16/fp32/fp64_active``: cycles the
+    pipe is busy; ``dram_active``: DRAM bandwidth used over the peak.
+    """
+
+    sm_active: float
+    sm_occupancy: float
+    tensor_active: float
+    dram_active: float
+    fp16_active: float
+    fp32_active: float
+    fp64_active: float
+
+    @staticmethod
+    def mix(parts: Sequence[tuple[float, GpmActivity]]) -> GpmActivity:
+        """Sum of ``weight * activity`` per field (weights are time shares)."""
+        return GpmActivity(
+            **{f.name: sum(w * getattr(a, f.name) for w, a in parts) for f in dataclasses.fields(GpmActivity)}
+        )
+
+
+#: GPM fields the device layer reports, by key: ratios (0..1) and rates (bytes/s).
+#: ``tensor_*``: tensor pipes by precision (any; hmma: fp16/bf16/tf32/fp8 matrix ops;
+#: imma: integer; dfma: fp64); ``fp16/fp32/fp64``: the non-tensor pipes.
+GPM_FIELDS: tuple[str, ...] = (
+    "sm_active",
+    "sm_occupancy",
+    "tensor_any",
+    "tensor_hmma",
+    "tensor_imma",
+    "tensor_dfma",
+    "dram_active",
+    "fp16",
+    "fp32",
+    "fp64",
+    "pcie_tx_bytes_per_second",
+    "pcie_rx_bytes_per_second",
+    "nvlink_tx_bytes_per_second",
+    "nvlink_rx_bytes_per_second",
+)
+
+
+@dataclass(frozen=True)
+class GpmMetrics:
+    """GPM rates over the interval between two GPM samples.
+
+    ``values`` maps keys of GPM_FIELDS to ratios (0..1) or bytes/s; a metric the
+    GPU did not give is absent (never NaN). ``interval_seconds``: time between the samples.
+    """
+
+    values: Mapping[str, float]
+    interval_seconds: float
+
+    def activity(self) -> GpmActivity | None:
+        """The ratios as a GpmActivity (None unless every ratio it needs is present)."""
+        keys = {
+            "sm_active": "sm_active", "sm_occupancy": "sm_occupancy", "tensor_active": "tensor_any",
+            "dram_active": "dram_active", "fp16_active": "fp16", "fp32_active": "fp32", "fp64_active": "fp64",
+        }
+        if not all(key in self.values for key in keys.values()):
+            return None
+        return GpmActivity(**{name: self.values[key] for name, key in keys.items()})
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    """HBM row remapping: rows remapped for correctable and uncorrectable errors (since
+    manufacture), a remap waiting for a GPU reset, and a failed remap (the GPU needs service)."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True)
+class RetiredPages:
+    """Pages retired (pre-Ampere page retirement) by cause."""
+
+    multiple_single_bit_ecc: int
+    double_bit_ecc: int
+
+
+#: Violation (clock held back) policies, as label values, in NVML's NVML_PERF_POLICY_* order.
+VIOLATION_REASONS: tuple[str, ...] = (
+    "power",
+    "thermal",
+    "sync_boost",
+    "board_limit",
+    "low_utilization",
+    "reliability",
+)
+
+
+@dataclass(frozen=True)
+class CodecUtilization:
+    """Video encoder and decoder busy ratio (0..1); None where the GPU lacks one."""
+
+    encoder_ratio: float | None
+    decoder_ratio: float | None
+
+
+#: NVLink error counter types, as label values, in NVML_NVLINK_ERROR_DL_* order.
+NVLINK_ERROR_TYPES: tuple[str, ...] = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")
+
+
+@dataclass(frozen=True)
+class NvLinkStatus:
+    """NVLink state of one GPU.
+
+    ``links``: (link number, up) for every link the GPU has; ``errors``: error
+    counts by NVLINK_ERROR_TYPES summed over the links (monotonic); ``tx/rx_bytes_total``:
+    data bytes sent and received over every link since the driver loaded (None if unsupported).
+    """
+
+    links: tuple[tuple[int, bool], ...]
+    errors: Mapping[str, int]
+    tx_bytes_total: float | None = None
+    rx_bytes_total: float | None = None
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """One MIG device: its GPU instance and compute instance ids, memory, and GPM of its GPU instance."""
+
+    gpu_instance: int
+    compute_instance: int
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    gpm: GpmMetrics | None = None
+
+
+def _unsupported(device: object, what: str) -> NotSupported:
+    return NotSupported(f"GPU {getattr(device, 'index', '?')}: {what} is not supported by this backend")
+
+
 class Device(abc.ABC):
     """One GPU. Methods are thread-safe; each may raise a DeviceError."""
 
@@ -180,6 +324,54 @@ class Device(abc.ABC):
         from gpuperfd.device.errors import NotSupported
 
         raise NotSupported(f"GPU {self.index}: MIG is not supported")
+
+    # --- deeper telemetry: slow-lane reads; NotSupported unless a backend has them ---
+
+    def gpm_metrics(self) -> GpmMetrics:
+        """GPM rates since this device's previous call (Hopper and newer).
+
+        Each call takes one GPM sample and keeps it for the next; the first call takes
+        two samples a short interval apart. NVML: ~0.7 ms a sample and ~4 ms for the
+        metrics (H200), so slow lane only. NotSupported on GPUs without GPM.
+        """
+        raise _unsupported(self, "GPM")
+
+    def memory_temperature_celsius(self) -> float:
+        """HBM (memory) temperature in degrees Celsius (NVML field value, ~1.1 ms)."""
+        raise _unsupported(self, "memory temperature")
+
+    def remapped_rows(self) -> RemappedRows:
+        """Row-remapping state (Ampere and newer HBM parts)."""
+        raise _unsupported(self, "row remapping")
+
+    def retired_pages(self) -> RetiredPages:
+        """Retired pages by cause (pre-Ampere page retirement; NotSupported on Hopper)."""
+        raise _unsupported(self, "page retirement")
+
+    def violation_seconds(self) -> dict[str, float]:
+        """Seconds the clock was held back since the driver loaded, by VIOLATION_REASONS
+        (policies the GPU does not report are left out); monotonic."""
+        raise _unsupported(self, "violation status")
+
+    def pcie_replays(self) -> int:
+        """PCIe replay (link-level retransmission) count since the driver loaded; monotonic."""
+        raise _unsupported(self, "PCIe replay counter")
+
+    def codec_utilization(self) -> CodecUtilization:
+        """Video encoder and decoder utilization over the driver's sampling period."""
+        raise _unsupported(self, "encoder/decoder utilization")
+
+    def nvlink(self) -> NvLinkStatus:
+        """NVLink per-link state, errors and traffic; NotSupported without NVLink."""
+        raise _unsupported(self, "NVLink")
+
+    def mig_enabled(self) -> bool:
+        """True when MIG mode is on now (the current mode, not a pending one)."""
+        raise _unsupported(self, "MIG")
+
+    def mig_instances(self) -> list[MigInstance]:
+        """The MIG devices of this GPU ([] with MIG off), with memory and GPM per GPU instance."""
+        raise _unsupported(self, "MIG")
 
 
 class Backend(abc.ABC):

@@ -38,16 +38,25 @@ import pynvml
 
 from gpuperfd.device.base import (
     CLOCK_EVENT_REASONS,
+    GPM_FIELDS,
+    NVLINK_ERROR_TYPES,
+    VIOLATION_REASONS,
     Backend,
     ClockEvents,
     Clocks,
+    CodecUtilization,
     ComputeProcess,
     Device,
     EccErrors,
+    GpmMetrics,
     GpuInfo,
     MemoryUsage,
+    MigInstance,
+    NvLinkStatus,
     PcieThroughput,
     PowerLimits,
+    RemappedRows,
+    RetiredPages,
     Utilization,
     XidEvent,
 )
@@ -84,6 +93,54 @@ CLOCK_EVENT_BITS: dict[str, int] = {
     "display_clock_setting": 0x100,
 }
 assert tuple(CLOCK_EVENT_BITS) == CLOCK_EVENT_REASONS, "keep CLOCK_EVENT_BITS in CLOCK_EVENT_REASONS order"
+
+MIB = 1 << 20
+
+#: GPM metrics by base.GPM_FIELDS key: (NVML_GPM_METRIC_* name, factor to SI). NVML gives
+#: percent (-> ratio) and MiB/s (-> bytes/s). One table, one loop (see _gpm_values).
+GPM_METRICS: dict[str, tuple[str, float]] = {
+    "sm_active": ("NVML_GPM_METRIC_SM_UTIL", 0.01),
+    "sm_occupancy": ("NVML_GPM_METRIC_SM_OCCUPANCY", 0.01),
+    "tensor_any": ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", 0.01),
+    "tensor_hmma": ("NVML_GPM_METRIC_HMMA_TENSOR_UTIL", 0.01),
+    "tensor_imma": ("NVML_GPM_METRIC_IMMA_TENSOR_UTIL", 0.01),
+    "tensor_dfma": ("NVML_GPM_METRIC_DFMA_TENSOR_UTIL", 0.01),
+    "dram_active": ("NVML_GPM_METRIC_DRAM_BW_UTIL", 0.01),
+    "fp16": ("NVML_GPM_METRIC_FP16_UTIL", 0.01),
+    "fp32": ("NVML_GPM_METRIC_FP32_UTIL", 0.01),
+    "fp64": ("NVML_GPM_METRIC_FP64_UTIL", 0.01),
+    "pcie_tx_bytes_per_second": ("NVML_GPM_METRIC_PCIE_TX_PER_SEC", float(MIB)),
+    "pcie_rx_bytes_per_second": ("NVML_GPM_METRIC_PCIE_RX_PER_SEC", float(MIB)),
+    "nvlink_tx_bytes_per_second": ("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", float(MIB)),
+    "nvlink_rx_bytes_per_second": ("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", float(MIB)),
+}
+assert tuple(GPM_METRICS) == GPM_FIELDS, "keep GPM_METRICS in GPM_FIELDS order"
+#: The metrics per MIG GPU instance (NVML gives fewer per instance; these are the ones series use).
+MIG_GPM_FIELDS: tuple[str, ...] = ("sm_active", "tensor_any", "dram_active")
+#: Seconds between the two samples of a first GPM read.
+GPM_FIRST_INTERVAL_SECONDS = 0.1
+#: NVML_PERF_POLICY_* by base.VIOLATION_REASONS label.
+VIOLATION_POLICIES: dict[str, str] = {
+    "power": "NVML_PERF_POLICY_POWER",
+    "thermal": "NVML_PERF_POLICY_THERMAL",
+    "sync_boost": "NVML_PERF_POLICY_SYNC_BOOST",
+    "board_limit": "NVML_PERF_POLICY_BOARD_LIMIT",
+    "low_utilization": "NVML_PERF_POLICY_LOW_UTILIZATION",
+    "reliability": "NVML_PERF_POLICY_RELIABILITY",
+}
+assert tuple(VIOLATION_POLICIES) == VIOLATION_REASONS
+#: NVML_NVLINK_ERROR_DL_* by base.NVLINK_ERROR_TYPES label.
+NVLINK_ERROR_COUNTERS: dict[str, str] = {
+    "replay": "NVML_NVLINK_ERROR_DL_REPLAY",
+    "recovery": "NVML_NVLINK_ERROR_DL_RECOVERY",
+    "crc_flit": "NVML_NVLINK_ERROR_DL_CRC_FLIT",
+    "crc_data": "NVML_NVLINK_ERROR_DL_CRC_DATA",
+    "ecc_data": "NVML_NVLINK_ERROR_DL_ECC_DATA",
+}
+assert tuple(NVLINK_ERROR_COUNTERS) == NVLINK_ERROR_TYPES
+#: Field-value scope meaning "all links, summed".
+_ALL_LINKS_SCOPE = 0xFFFFFFFF
+_FIELD_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 _SIMULATE_HINT = "To try the daemon without a GPU, run it on simulated GPUs: `gpuperfd run --simulate N`."
 
@@ -152,6 +209,14 @@ def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def _field_number(value: Any) -> float:
+    """The number in one nvmlFieldValue_t, by its valueType."""
+    member = _FIELD_VALUE_MEMBERS.get(int(value.valueType))
+    if member is None:
+        raise UnknownDeviceError(f"field {value.fieldId}: unknown value type {value.valueType}")
+    return float(getattr(value.value, member))
+
+
 def _handle_address(handle: Handle) -> int | None:
     """The pointer value of a device handle, to recognize it in event data; None if not a pointer."""
     try:
@@ -176,6 +241,11 @@ class NvmlDevice(Device):
         self._info: GpuInfo | None = None
         #: (max SM, max memory) clocks in hertz, read once: board constants.
         self._max_clocks: tuple[float | None, float | None] | None = None
+        #: GPM: the previous sample and its time, per scope (None: the GPU; an int: a MIG GPU instance).
+        self._gpm_lock = threading.Lock()
+        self._gpm_samples: dict[int | None, tuple[Any, float]] = {}
+        #: NVLink link numbers that answered a state query (found once).
+        self._nvlink_links: tuple[int, ...] | None = None
 
     def __repr__(self) -> str:
         return f"NvmlDevice(index={self.index})"
@@ -208,6 +278,26 @@ class NvmlDevice(Device):
             return self._read(field, fn, *args)
         except NotSupported:
             return None
+
+    def _fields(self, field: str, ids: list[Any]) -> list[float | None]:
+        """nvmlDeviceGetFieldValues for ``ids`` (an id, or (id, scope)); None for an entry NVML does not
+        support; another per-entry error is raised translated. NotSupported if no entry is supported."""
+        values = self._read(field, pynvml.nvmlDeviceGetFieldValues, ids)
+        out: list[float | None] = []
+        for value in values:
+            code = int(value.nvmlReturn)
+            if code == pynvml.NVML_SUCCESS:
+                out.append(_field_number(value))
+                continue
+            error = _translate(pynvml.NVMLError(code), f"GPU {self.index}: field {value.fieldId}")
+            if not isinstance(error, NotSupported):
+                raise error
+            out.append(None)
+        if all(v is None for v in out):
+            with self._lock:
+                self._unsupported.add(field)
+            raise NotSupported(f"GPU {self.index}: {field} is not supported")
+        return out
 
     # --- Device interface -------------------------------------------------------------
 
@@ -389,6 +479,227 @@ class NvmlDevice(Device):
         return uuids
 
 
+    # --- deeper telemetry (slow lane) ---------------------------------------------------
+
+    def _gpm_supported(self) -> None:
+        """NotSupported (remembered) unless nvmlGpmQueryDeviceSupport says this GPU has GPM."""
+        support = self._read("gpm", pynvml.nvmlGpmQueryDeviceSupport)
+        if not support.isSupportedDevice:
+            with self._lock:
+                self._unsupported.add("gpm")
+            raise NotSupported(f"GPU {self.index}: no GPM on this GPU (Hopper and newer)")
+
+    def _gpm_sample(self, gpu_instance: int | None) -> Any:
+        """A fresh GPM sample of the GPU (or of one MIG GPU instance); freed here if taking it fails."""
+        sample = _call(f"GPU {self.index}", pynvml.nvmlGpmSampleAlloc)
+        try:
+            if gpu_instance is None:
+                self._read("gpm", pynvml.nvmlGpmSampleGet, sample)
+            else:
+                self._read("gpm_mig", pynvml.nvmlGpmMigSampleGet, gpu_instance, sample)
+        except DeviceError:
+            self._gpm_free(sample)
+            raise
+        return sample
+
+    def _gpm_free(self, sample: Any) -> None:
+        try:
+            _call(f"GPU {self.index}", pynvml.nvmlGpmSampleFree, sample)
+        except DeviceError as error:
+            log.debug("GPU %d: nvmlGpmSampleFree failed: %s", self.index, error)
+
+    def _gpm_values(self, first: Any, second: Any, keys: tuple[str, ...]) -> dict[str, float]:
+        """nvmlGpmMetricsGet over two samples; metrics NVML did not give are left out."""
+        wanted = [(key, getattr(pynvml, GPM_METRICS[key][0], None), GPM_METRICS[key][1]) for key in keys]
+        wanted = [item for item in wanted if item[1] is not None]
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(wanted)
+        request.sample1 = first
+        request.sample2 = second
+        for i, (_, metric_id, _) in enumerate(wanted):
+            request.metrics[i].metricId = metric_id
+        result = _call(f"GPU {self.index}", pynvml.nvmlGpmMetricsGet, request)
+        values: dict[str, float] = {}
+        for i, (key, _, factor) in enumerate(wanted):
+            metric = result.metrics[i]
+            if int(metric.nvmlReturn) != pynvml.NVML_SUCCESS or not math.isfinite(metric.value):
+                continue
+            value = float(metric.value) * factor
+            values[key] = min(1.0, max(0.0, value)) if factor < 1.0 else max(0.0, value)
+        return values
+
+    def _gpm_round(self, gpu_instance: int | None, keys: tuple[str, ...]) -> GpmMetrics:
+        """Take a sample, compute the metrics against the previous one, keep the new one, free the old."""
+        with self._gpm_lock:
+            previous = self._gpm_samples.pop(gpu_instance, None)
+            if previous is None:
+                previous = (self._gpm_sample(gpu_instance), time.monotonic())
+                time.sleep(GPM_FIRST_INTERVAL_SECONDS)
+            try:
+                current = (self._gpm_sample(gpu_instance), time.monotonic())
+            except DeviceError:
+                self._gpm_samples[gpu_instance] = previous  # still valid for the next round
+                raise
+            self._gpm_samples[gpu_instance] = current
+            try:
+                values = self._gpm_values(previous[0], current[0], keys)
+            finally:
+                self._gpm_free(previous[0])
+        return GpmMetrics(values=values, interval_seconds=current[1] - previous[1])
+
+    def gpm_metrics(self) -> GpmMetrics:
+        """GPM ratios (NVML: percent) and PCIe/NVLink rates (NVML: MiB/s -> bytes/s) since the last call.
+
+        The sample is kept for the next call and the older one freed (nvmlGpmSampleFree); the
+        first call takes two samples GPM_FIRST_INTERVAL_SECONDS apart. NotSupported without GPM.
+        """
+        self._gpm_supported()
+        return self._gpm_round(None, GPM_FIELDS)
+
+    def release_gpm(self) -> None:
+        """Free every kept GPM sample (at close)."""
+        with self._gpm_lock:
+            samples, self._gpm_samples = list(self._gpm_samples.values()), {}
+        for sample, _ in samples:
+            self._gpm_free(sample)
+
+    def memory_temperature_celsius(self) -> float:
+        """HBM temperature in Celsius (field NVML_FI_DEV_MEMORY_TEMP, ~1.1 ms on an H200)."""
+        (value,) = self._fields("memory_temperature", [pynvml.NVML_FI_DEV_MEMORY_TEMP])
+        assert value is not None  # _fields raises when every entry is unsupported
+        return value
+
+    def remapped_rows(self) -> RemappedRows:
+        """Rows remapped for correctable/uncorrectable errors, pending and failure flags (~1 ms)."""
+        corr, unc, pending, failure = self._read("remapped_rows", pynvml.nvmlDeviceGetRemappedRows)
+        return RemappedRows(int(corr), int(unc), bool(pending), bool(failure))
+
+    def retired_pages(self) -> RetiredPages:
+        """Retired page counts by cause; NotSupported on GPUs that remap rows instead (Hopper)."""
+        single = self._read(
+            "retired_pages", pynvml.nvmlDeviceGetRetiredPages,
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        )
+        double = self._read(
+            "retired_pages", pynvml.nvmlDeviceGetRetiredPages, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+        )
+        return RetiredPages(multiple_single_bit_ecc=len(single), double_bit_ecc=len(double))
+
+    def violation_seconds(self) -> dict[str, float]:
+        """Violation time by reason, seconds (NVML: violationTime in ns); unsupported policies left out."""
+        out: dict[str, float] = {}
+        for reason, policy in VIOLATION_POLICIES.items():
+            status = self._optional(f"violation_{reason}", pynvml.nvmlDeviceGetViolationStatus, getattr(pynvml, policy))
+            if status is not None:
+                out[reason] = int(status.violationTime) / 1e9
+        if not out:
+            raise NotSupported(f"GPU {self.index}: no violation policy is supported")
+        return out
+
+    def pcie_replays(self) -> int:
+        """PCIe replay counter since the driver loaded."""
+        return int(self._read("pcie_replays", pynvml.nvmlDeviceGetPcieReplayCounter))
+
+    def codec_utilization(self) -> CodecUtilization:
+        """Encoder and decoder utilization (NVML: percent -> ratio); NotSupported if neither is there."""
+        encoder = self._optional("encoder", pynvml.nvmlDeviceGetEncoderUtilization)
+        decoder = self._optional("decoder", pynvml.nvmlDeviceGetDecoderUtilization)
+        if encoder is None and decoder is None:
+            raise NotSupported(f"GPU {self.index}: no video encoder or decoder utilization")
+        return CodecUtilization(
+            encoder_ratio=None if encoder is None else encoder[0] / 100.0,
+            decoder_ratio=None if decoder is None else decoder[0] / 100.0,
+        )
+
+    def _nvlink_link_numbers(self) -> tuple[int, ...]:
+        """Links that answer nvmlDeviceGetNvLinkState, found once; NotSupported (remembered) if none."""
+        if self._nvlink_links is None:
+            found = []
+            for link in range(int(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18))):
+                try:
+                    _call(f"GPU {self.index}", pynvml.nvmlDeviceGetNvLinkState, self._handle, link)
+                except (NotSupported, InvalidArgument, UnknownDeviceError):
+                    continue
+                found.append(link)
+            self._nvlink_links = tuple(found)
+        if not self._nvlink_links:
+            with self._lock:
+                self._unsupported.add("nvlink")
+            raise NotSupported(f"GPU {self.index}: no NVLink")
+        return self._nvlink_links
+
+    def nvlink(self) -> NvLinkStatus:
+        """Per-link state, errors by type summed over links, and data bytes sent/received
+        (fields NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX over all links; KiB -> bytes)."""
+        with self._lock:
+            if "nvlink" in self._unsupported:
+                raise NotSupported(f"GPU {self.index}: no NVLink (checked earlier)")
+        numbers = self._nvlink_link_numbers()
+        links = tuple(
+            (link, bool(self._read("nvlink", pynvml.nvmlDeviceGetNvLinkState, link))) for link in numbers
+        )
+        errors: dict[str, int] = {}
+        for kind, counter in NVLINK_ERROR_COUNTERS.items():
+            total = None
+            for link in numbers:
+                count = self._optional(
+                    f"nvlink_error_{kind}", pynvml.nvmlDeviceGetNvLinkErrorCounter, link, getattr(pynvml, counter)
+                )
+                if count is not None:
+                    total = (total or 0) + int(count)
+            if total is not None:
+                errors[kind] = total
+        tx = rx = None
+        try:
+            tx_kib, rx_kib = self._fields("nvlink_throughput", [
+                (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS_SCOPE),
+                (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS_SCOPE),
+            ])
+            tx = None if tx_kib is None else tx_kib * 1024.0
+            rx = None if rx_kib is None else rx_kib * 1024.0
+        except NotSupported:
+            pass
+        return NvLinkStatus(links=links, errors=errors, tx_bytes_total=tx, rx_bytes_total=rx)
+
+    def mig_enabled(self) -> bool:
+        """True when MIG is on now (nvmlDeviceGetMigMode's current mode)."""
+        current, _pending = self._read("mig", pynvml.nvmlDeviceGetMigMode)
+        return int(current) == pynvml.NVML_DEVICE_MIG_ENABLE
+
+    def mig_instances(self) -> list[MigInstance]:
+        """Each MIG device: GPU/compute instance ids, its memory, and GPM of its GPU instance
+        (nvmlGpmMigSampleGet; None where GPM is unsupported). [] with MIG off."""
+        if not self.mig_enabled():
+            return []
+        count = int(self._read("mig", pynvml.nvmlDeviceGetMaxMigDeviceCount))
+        gpm_ok = True
+        try:
+            self._gpm_supported()
+        except NotSupported:
+            gpm_ok = False
+        gpm_by_instance: dict[int, GpmMetrics | None] = {}
+        instances = []
+        for slot in range(count):
+            try:
+                mig = _call(f"GPU {self.index}", pynvml.nvmlDeviceGetMigDeviceHandleByIndex, self._handle, slot)
+            except (InvalidArgument, NotSupported, UnknownDeviceError):
+                continue  # an empty slot
+            gi = int(_call(f"GPU {self.index} MIG {slot}", pynvml.nvmlDeviceGetGpuInstanceId, mig))
+            ci = int(_call(f"GPU {self.index} MIG {slot}", pynvml.nvmlDeviceGetComputeInstanceId, mig))
+            memory = _call(f"GPU {self.index} MIG {slot}", pynvml.nvmlDeviceGetMemoryInfo, mig)
+            if gpm_ok and gi not in gpm_by_instance:
+                try:
+                    gpm_by_instance[gi] = self._gpm_round(gi, MIG_GPM_FIELDS)
+                except NotSupported:
+                    gpm_by_instance[gi] = None
+            instances.append(MigInstance(
+                gpu_instance=gi, compute_instance=ci, memory_used_bytes=int(memory.used),
+                memory_total_bytes=int(memory.total), gpm=gpm_by_instance.get(gi),
+            ))
+        return instances
+
+
 class NvmlBackend(Backend):
     """All (or the selected) GPUs of this node through NVML.
 
@@ -547,6 +858,8 @@ class NvmlBackend(Backend):
             if not self._initialized:
                 return
             self._initialized = False
+            for device in self._devices or []:
+                device.release_gpm()
             self._devices = None
             self._driver_version = None
             try:

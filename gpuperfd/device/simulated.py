@@ -78,16 +78,24 @@ from typing import Callable, Sequence
 
 from gpuperfd.config import DegradeConfig, FaultConfig, SimulationConfig
 from gpuperfd.device.base import (
+    NVLINK_ERROR_TYPES,
     Backend,
     ClockEvents,
     Clocks,
+    CodecUtilization,
     ComputeProcess,
     Device,
     EccErrors,
+    GpmActivity,
+    GpmMetrics,
     GpuInfo,
     MemoryUsage,
+    MigInstance,
+    NvLinkStatus,
     PcieThroughput,
     PowerLimits,
+    RemappedRows,
+    RetiredPages,
     Utilization,
     XidEvent,
 )
@@ -124,6 +132,13 @@ THERMAL_THROTTLE_RESISTANCE_FACTOR = 2.0
 #: Longest single sleep in :meth:`SimulatedBackend.wait_xid_events`, seconds: it
 #: returns at most this late after an event becomes due.
 XID_POLL_STEP_SECONDS = 0.1
+
+#: HBM temperature relative to the die: it sits this share of the die's rise above
+#: ambient, plus an offset (the reference H200 read 41 C on HBM at idle).
+MEMORY_TEMPERATURE_RISE_RATIO = 0.8
+MEMORY_TEMPERATURE_OFFSET_CELSIUS = 5.0
+#: Nominal interval of the first GPM read (two samples taken back to back), seconds.
+GPM_FIRST_INTERVAL_SECONDS = 0.1
 
 #: Relative standard deviation of the noise on power readings.
 POWER_NOISE_RATIO = 0.005
@@ -173,6 +188,9 @@ class GpuModel:
     dynamic_watts: float
     compute_scale: float
     memory_scale: float
+    nvlink_links: int = 18
+    #: GPM (GPU performance monitoring) exists on Hopper and newer only.
+    has_gpm: bool = True
     ambient_celsius: float = 30.0
     thermal_resistance_kelvin_per_watt: float = 0.06
     thermal_time_constant_seconds: float = 20.0
@@ -238,33 +256,10 @@ GPU_MODELS: dict[str, GpuModel] = {
         dynamic_watts=300.0,
         compute_scale=312 / 989,  # dense bf16 TFLOP/s vs H100 SXM
         memory_scale=2.04 / 3.35,
+        nvlink_links=12,
+        has_gpm=False,
     ),
 }
-
-
-@dataclass(frozen=True)
-class GpmActivity:
-    """GPM-style activity ratios (0..1), as NVML's GPM metrics report them (percent / 100).
-
-    ``sm_active``: SMs with a warp resident; ``sm_occupancy``: resident warps
-    over the maximum; ``tensor_active``, ``fp16/fp32/fp64_active``: cycles the
-    pipe is busy; ``dram_active``: DRAM bandwidth used over the peak.
-    """
-
-    sm_active: float
-    sm_occupancy: float
-    tensor_active: float
-    dram_active: float
-    fp16_active: float
-    fp32_active: float
-    fp64_active: float
-
-    @staticmethod
-    def mix(parts: Sequence[tuple[float, GpmActivity]]) -> GpmActivity:
-        """Sum of ``weight * activity`` per field (weights are time shares)."""
-        return GpmActivity(
-            **{f.name: sum(w * getattr(a, f.name) for w, a in parts) for f in dataclasses.fields(GpmActivity)}
-        )
 
 
 #: GPM of the three kernel classes a profile mixes. Tensor-bound and bandwidth-bound
@@ -610,6 +605,8 @@ class SimulatedGpu(Device):
         degrade: DegradeConfig | None = None,
         ecc_schedule: Sequence[tuple[float, int, int]] = (),
         node: str = "",
+        nvlink_links: int | None = None,
+        mig_instances: int = 0,
     ) -> None:
         self.index = index
         self.model = model
@@ -650,6 +647,17 @@ class SimulatedGpu(Device):
         self._last_time = clock()
         self._power_watts = model.idle_watts
         self._temperature = self._target_temperature()
+        #: Seconds the clock was held back, by violation reason (integrated like energy).
+        self._violation: dict[str, float] = {"power": 0.0, "thermal": 0.0, "sync_boost": 0.0, "board_limit": 0.0,
+                                             "low_utilization": 0.0, "reliability": 0.0}
+        self._pcie_replays = 0
+        self._remapped = RemappedRows(0, 0, False, False)
+        self._memory_heat_celsius = 0.0
+        self._nvlink_links = model.nvlink_links if nvlink_links is None else nvlink_links
+        self._nvlink_down: set[int] = set()
+        self._nvlink_errors = dict.fromkeys(NVLINK_ERROR_TYPES, 0)
+        self._mig_instances = mig_instances
+        self._gpm_last_time: float | None = None
 
     # -- simulation control (not part of the Device interface; no faults) -------
 
@@ -708,6 +716,33 @@ class SimulatedGpu(Device):
             c, u = self._ecc_injected
             self._ecc_injected = (c + corrected, u + uncorrected)
 
+    def inject_remapped_rows(
+        self, correctable: int = 0, uncorrectable: int = 0, pending: bool = False, failure: bool = False
+    ) -> None:
+        """Add remapped rows; set the pending (reset needed) and failure flags."""
+        with self._lock:
+            r = self._remapped
+            self._remapped = RemappedRows(
+                r.correctable + correctable, r.uncorrectable + uncorrectable, r.pending or pending, r.failure or failure
+            )
+
+    def inject_pcie_replays(self, count: int) -> None:
+        """Add PCIe replays (a marginal link retransmitting)."""
+        with self._lock:
+            self._pcie_replays += count
+
+    def inject_memory_heat(self, celsius: float) -> None:
+        """Raise the HBM temperature by ``celsius`` above the model (a failing fan or cold plate)."""
+        with self._lock:
+            self._memory_heat_celsius = celsius
+
+    def inject_nvlink(self, down: Sequence[int] = (), errors: dict[str, int] | None = None) -> None:
+        """Take links down and add NVLink errors by type (NVLINK_ERROR_TYPES)."""
+        with self._lock:
+            self._nvlink_down.update(down)
+            for kind, count in (errors or {}).items():
+                self._nvlink_errors[kind] += count
+
     def operating_point(self, profile: WorkloadProfile, cap_watts: float | None = None) -> OperatingPoint:
         """This GPU's steady busy state for ``profile`` under ``cap_watts`` (default: the enforced cap).
 
@@ -761,6 +796,14 @@ class SimulatedGpu(Device):
             thermal_throttle=self._thermal_throttle,
         )
 
+    def _pcie_rates(self) -> tuple[float, float]:
+        """(tx, rx) bytes/s with noise: a trickle when idle, ~0.3 / 1.2 GB/s at full activity."""
+        workload = self._workload()
+        activity = 0.0 if workload is None else workload.activity
+        rx = 5e5 + 1.2e9 * activity
+        tx = 2e5 + 0.3e9 * activity
+        return max(0.0, self._noisy(tx, 0.05 * tx)), max(0.0, self._noisy(rx, 0.05 * rx))
+
     def _update_power(self) -> None:
         point = self._current_point()
         self._power_watts = self.model.idle_watts if point is None else point.power_watts
@@ -779,6 +822,12 @@ class SimulatedGpu(Device):
         elapsed = now - self._last_time
         if elapsed > 0:
             self._energy_joules += self._power_watts * elapsed
+            point = self._current_point()
+            if point is not None:
+                if "sw_power_cap" in point.clock_events:
+                    self._violation["power"] += elapsed
+                if "hw_thermal_slowdown" in point.clock_events:
+                    self._violation["thermal"] += elapsed
             target = self._target_temperature()
             decay = math.exp(-elapsed / self.model.thermal_time_constant_seconds)
             self._temperature = target + (self._temperature - target) * decay
@@ -836,26 +885,137 @@ class SimulatedGpu(Device):
         """
         self._check_faults("gpm_activity")
         with self._lock:
-            point = self._current_point()
-            if point is None:
-                return IDLE_GPM
-            values = dataclasses.asdict(point.gpm)
-            return GpmActivity(
-                **{k: min(1.0, max(0.0, self._noisy(v, UTILIZATION_NOISE * v))) for k, v in values.items()}
+            return self._gpm_now()
+
+    def _gpm_now(self) -> GpmActivity:
+        """GPM activity with noise (call with the lock held)."""
+        point = self._current_point()
+        if point is None:
+            return IDLE_GPM
+        values = dataclasses.asdict(point.gpm)
+        return GpmActivity(**{k: min(1.0, max(0.0, self._noisy(v, UTILIZATION_NOISE * v))) for k, v in values.items()})
+
+    def gpm_metrics(self) -> GpmMetrics:
+        """GPM over the interval since the previous call: the activity of the load now (the
+        operating point is constant between load and cap changes), tensor work all HMMA (bf16),
+        PCIe as :meth:`pcie_throughput` models it, no NVLink traffic. NotSupported before Hopper."""
+        self._check_faults("gpm_metrics")
+        if not self.model.has_gpm:
+            raise NotSupported(f"GPU {self.index}: {self.model.name} has no GPM (Hopper and newer)")
+        with self._lock:
+            now = self._clock()
+            last, self._gpm_last_time = self._gpm_last_time, now
+            activity = self._gpm_now()
+            tx, rx = self._pcie_rates()
+        interval = GPM_FIRST_INTERVAL_SECONDS if last is None or now <= last else now - last
+        values = {
+            "sm_active": activity.sm_active,
+            "sm_occupancy": activity.sm_occupancy,
+            "tensor_any": activity.tensor_active,
+            "tensor_hmma": activity.tensor_active,
+            "tensor_imma": 0.0,
+            "tensor_dfma": 0.0,
+            "dram_active": activity.dram_active,
+            "fp16": activity.fp16_active,
+            "fp32": activity.fp32_active,
+            "fp64": activity.fp64_active,
+            "pcie_tx_bytes_per_second": tx,
+            "pcie_rx_bytes_per_second": rx,
+        }
+        if self._nvlink_links:
+            values.update(nvlink_tx_bytes_per_second=0.0, nvlink_rx_bytes_per_second=0.0)
+        return GpmMetrics(values=values, interval_seconds=interval)
+
+    def memory_temperature_celsius(self) -> float:
+        """HBM temperature: MEMORY_TEMPERATURE_RISE_RATIO of the die's rise over ambient, plus an offset."""
+        self._check_faults("memory_temperature_celsius")
+        with self._lock:
+            self._advance()
+            ambient = self.model.ambient_celsius
+            value = ambient + MEMORY_TEMPERATURE_OFFSET_CELSIUS + MEMORY_TEMPERATURE_RISE_RATIO * (
+                self._temperature - ambient
             )
+            return self._noisy(value + self._memory_heat_celsius, TEMPERATURE_NOISE_CELSIUS)
+
+    def remapped_rows(self) -> RemappedRows:
+        """None remapped on a healthy part; what inject_remapped_rows added."""
+        self._check_faults("remapped_rows")
+        with self._lock:
+            return self._remapped
+
+    def retired_pages(self) -> RetiredPages:
+        """NotSupported: the simulated parts (A100, H100, H200) remap rows instead of retiring pages."""
+        self._check_faults("retired_pages")
+        raise NotSupported(f"GPU {self.index}: {self.model.name} remaps rows; page retirement is not supported")
+
+    def violation_seconds(self) -> dict[str, float]:
+        """Power violation time accrues while the cap binds, thermal while thermally throttled."""
+        self._check_faults("violation_seconds")
+        with self._lock:
+            self._advance()
+            return dict(self._violation)
+
+    def pcie_replays(self) -> int:
+        self._check_faults("pcie_replays")
+        with self._lock:
+            return self._pcie_replays
+
+    def codec_utilization(self) -> CodecUtilization:
+        """No video work is simulated: encoder and decoder idle."""
+        self._check_faults("codec_utilization")
+        return CodecUtilization(encoder_ratio=0.0, decoder_ratio=0.0)
+
+    def nvlink(self) -> NvLinkStatus:
+        """Every link up unless taken down; errors as injected; no traffic (probes use one GPU)."""
+        self._check_faults("nvlink")
+        if not self._nvlink_links:
+            raise NotSupported(f"GPU {self.index}: no NVLink")
+        with self._lock:
+            links = tuple((link, link not in self._nvlink_down) for link in range(self._nvlink_links))
+            return NvLinkStatus(links=links, errors=dict(self._nvlink_errors), tx_bytes_total=0.0, rx_bytes_total=0.0)
+
+    def mig_enabled(self) -> bool:
+        self._check_faults("mig_enabled")
+        return self._mig_instances > 0
+
+    def mig_instances(self) -> list[MigInstance]:
+        """Equal GPU instances (ids 1..n, compute instance 0), each with an equal share of memory
+        and of the GPU's load (its activity, memory used split evenly)."""
+        self._check_faults("mig_instances")
+        if not self._mig_instances:
+            return []
+        n = self._mig_instances
+        with self._lock:
+            activity = self._gpm_now()
+            used = self._used_bytes() // n
+        total = self.model.memory_total_bytes // n
+        gpm = GpmMetrics(
+            values={"sm_active": activity.sm_active, "tensor_any": activity.tensor_active,
+                    "dram_active": activity.dram_active},
+            interval_seconds=GPM_FIRST_INTERVAL_SECONDS,
+        )
+        return [
+            MigInstance(gpu_instance=i + 1, compute_instance=0, memory_used_bytes=used, memory_total_bytes=total,
+                        gpm=gpm if self.model.has_gpm else None)
+            for i in range(n)
+        ]
 
     def memory(self) -> MemoryUsage:
         """Used: the context base (when any process runs) plus each process's memory, bytes."""
         self._check_faults("memory")
         with self._lock:
-            used = sum(self._foreign.values())
-            if self._load is not None:
-                used += self._load.memory_bytes
-            if self._load is not None or self._foreign:
-                used += BASE_MEMORY_BYTES
+            used = self._used_bytes()
             total = self.model.memory_total_bytes
-            used = min(used, total)
             return MemoryUsage(used_bytes=used, total_bytes=total, free_bytes=total - used)
+
+    def _used_bytes(self) -> int:
+        """Device memory in use (call with the lock held)."""
+        used = sum(self._foreign.values())
+        if self._load is not None:
+            used += self._load.memory_bytes
+        if self._load is not None or self._foreign:
+            used += BASE_MEMORY_BYTES
+        return min(used, self.model.memory_total_bytes)
 
     def temperature_celsius(self) -> float:
         self._check_faults("temperature_celsius")
@@ -927,14 +1087,8 @@ class SimulatedGpu(Device):
         """A trickle when idle; about 1.2 GB/s in and 0.3 GB/s out at full activity, bytes/s."""
         self._check_faults("pcie_throughput")
         with self._lock:
-            workload = self._workload()
-            activity = 0.0 if workload is None else workload.activity
-            rx = 5e5 + 1.2e9 * activity
-            tx = 2e5 + 0.3e9 * activity
-            return PcieThroughput(
-                tx_bytes_per_second=max(0.0, self._noisy(tx, 0.05 * tx)),
-                rx_bytes_per_second=max(0.0, self._noisy(rx, 0.05 * rx)),
-            )
+            tx, rx = self._pcie_rates()
+            return PcieThroughput(tx_bytes_per_second=tx, rx_bytes_per_second=rx)
 
     def ecc_errors(self) -> EccErrors:
         """Scheduled injections that are due, plus those injected at runtime; monotonic."""
@@ -990,6 +1144,7 @@ class SimulatedBackend(Backend):
         self._faults = _FaultSchedule(config.faults, self._start)
         model = GPU_MODELS[config.model]
         degrade = {item.gpu: item for item in config.degrade}
+        mig = {item.gpu: item.instances for item in config.mig}
         self._gpus = [
             SimulatedGpu(
                 index,
@@ -1005,6 +1160,8 @@ class SimulatedBackend(Backend):
                     if item.gpu == index
                 ],
                 node=config.node,
+                nvlink_links=config.nvlink_links,
+                mig_instances=mig.get(index, 0),
             )
             for index in range(config.gpus)
         ]

@@ -126,12 +126,20 @@ class Telemetry:
     temperature: list[float] = field(default_factory=list)
     power: list[float] = field(default_factory=list)
     clock_events: set[str] = field(default_factory=set)
+    #: GPM over whole windows: (seconds between the window's two GPM samples, values by GPM_FIELDS key).
+    gpm: list[tuple[float, dict[str, float]]] = field(default_factory=list)
 
     def merge(self, other: Telemetry) -> None:
         self.samples += other.samples
-        for name in ("sm_clock", "mem_clock", "gpu_util", "mem_util", "temperature", "power"):
+        for name in ("sm_clock", "mem_clock", "gpu_util", "mem_util", "temperature", "power", "gpm"):
             getattr(self, name).extend(getattr(other, name))
         self.clock_events |= other.clock_events
+
+    def gpm_mean(self, key: str) -> float | None:
+        """Time-weighted mean of one GPM field over the windows that have it; None if none does."""
+        parts = [(seconds, values[key]) for seconds, values in self.gpm if key in values and seconds > 0]
+        total = sum(seconds for seconds, _ in parts)
+        return sum(seconds * value for seconds, value in parts) / total if total > 0 else None
 
 
 def mean(values: list[float]) -> float | None:
@@ -148,11 +156,27 @@ class WindowSampler:
         self._thread: threading.Thread | None = None
         self.data = Telemetry()
 
+    def prime_gpm(self) -> None:
+        """Take the device's first GPM sample pair now, outside any window (the first read waits
+        ~0.1 s for its second sample); later window bounds cost one sample each."""
+        from gpuperfd.device.errors import DeviceError
+
+        if self.device is not None:
+            with contextlib.suppress(DeviceError):
+                self.device.gpm_metrics()
+
     def start(self) -> None:
         if self.device is None:
             return
+        from gpuperfd.device.errors import DeviceError
+
         self._stop.clear()
         self.data = Telemetry()
+        # GPM: a sample at the window's start; the one at stop gives the mean over the window.
+        self._gpm_started = False
+        with contextlib.suppress(DeviceError):
+            self.device.gpm_metrics()
+            self._gpm_started = True
         self._thread = threading.Thread(target=self._run, name="gpuperfd-probe-sampler", daemon=True)
         self._thread.start()
 
@@ -184,10 +208,16 @@ class WindowSampler:
             data.power.append(dev.power_watts())
 
     def stop(self) -> Telemetry:
+        from gpuperfd.device.errors import DeviceError
+
         if self._thread is not None:
             self._stop.set()
             self._thread.join(5.0)
             self._thread = None
+        if self.device is not None and getattr(self, "_gpm_started", False):
+            with contextlib.suppress(DeviceError):
+                gpm = self.device.gpm_metrics()
+                self.data.gpm.append((gpm.interval_seconds, dict(gpm.values)))
         return self.data
 
 

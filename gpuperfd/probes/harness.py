@@ -81,6 +81,7 @@ def execute(
             n_warm, warm_seconds = 0, 0.0
 
     sampler = WindowSampler(ctx.nvml, spec.sample_interval)
+    sampler.prime_gpm()
     repeats: list[RepeatResult] = []
     latencies: dict[str, list[float]] = {}
     all_telemetry = Telemetry()
@@ -113,6 +114,9 @@ def execute(
             temperature_celsius_max=max(telemetry.temperature) if telemetry.temperature else None,
             gpu_utilization_mean_ratio=mean(telemetry.gpu_util),
             memory_utilization_mean_ratio=mean(telemetry.mem_util),
+            gpm_sm_active_mean_ratio=telemetry.gpm_mean("sm_active"),
+            gpm_tensor_active_mean_ratio=telemetry.gpm_mean("tensor_any"),
+            gpm_dram_active_mean_ratio=telemetry.gpm_mean("dram_active"),
             telemetry_samples=telemetry.samples,
             iterations=n,
             extra={**stats.extra, "counts": {k: [float(c), float(t)] for k, (c, t) in stats.counts.items()}},
@@ -205,6 +209,9 @@ def execute(
         temperature_celsius_max=max(all_telemetry.temperature) if all_telemetry.temperature else None,
         gpu_utilization_mean_ratio=mean(all_telemetry.gpu_util),
         memory_utilization_mean_ratio=mean(all_telemetry.mem_util),
+        gpm_sm_active_mean_ratio=all_telemetry.gpm_mean("sm_active"),
+        gpm_tensor_active_mean_ratio=all_telemetry.gpm_mean("tensor_any"),
+        gpm_dram_active_mean_ratio=all_telemetry.gpm_mean("dram_active"),
         gpu_busy_ratio=busy,
         low_gpu_busy=busy is not None and busy < spec.gpu_busy_threshold,
         power_limit_watts=ctx.power_limit_watts,

@@ -65,6 +65,10 @@ class RepeatResult:
     temperature_celsius_max: float | None = None
     gpu_utilization_mean_ratio: float | None = None
     memory_utilization_mean_ratio: float | None = None
+    #: GPM means over the window (between a GPM sample at its start and one at its end).
+    gpm_sm_active_mean_ratio: float | None = None
+    gpm_tensor_active_mean_ratio: float | None = None
+    gpm_dram_active_mean_ratio: float | None = None
     telemetry_samples: int = 0
     #: Iterations (requests, batches, calls, steps) in the window.
     iterations: int = 0
@@ -115,6 +119,11 @@ class ProbeResult:
     temperature_celsius_max: float | None = None
     gpu_utilization_mean_ratio: float | None = None
     memory_utilization_mean_ratio: float | None = None
+    #: GPM means over the measured windows (time-weighted): SM active, tensor active (any
+    #: precision), DRAM bandwidth active; they say whether a point was compute- or memory-bound.
+    gpm_sm_active_mean_ratio: float | None = None
+    gpm_tensor_active_mean_ratio: float | None = None
+    gpm_dram_active_mean_ratio: float | None = None
     #: Share of wall time the device was executing work (see docs/probes.md for the method).
     gpu_busy_ratio: float | None = None
     low_gpu_busy: bool = False

@@ -95,6 +95,7 @@ def simulated_executor(  # type: ignore[no-untyped-def]
         energy_start = device.energy_joules()
         own = os.getpid()
         device.begin_load(profile, pid=own)
+        gpm = _window_gpm(device)
         why = None
         try:
             # Like the child runner: a process of someone else's appearing mid-probe aborts it
@@ -153,9 +154,25 @@ def simulated_executor(  # type: ignore[no-untyped-def]
             temperature_celsius_max=temperature,
             gpu_utilization_mean_ratio=utilization,
             power_limit_watts=device.power_limits().enforced_watts,
+            gpm_sm_active_mean_ratio=None if gpm is None else gpm.sm_active,
+            gpm_tensor_active_mean_ratio=None if gpm is None else gpm.tensor_active,
+            gpm_dram_active_mean_ratio=None if gpm is None else gpm.dram_active,
         )
 
     return execute
+
+
+def _window_gpm(device: Any) -> Any:
+    """The simulated GPU's GPM activity under the probe's load (constant over the window),
+    as the child reads it between two GPM samples; None where the model has no GPM."""
+    from gpuperfd.device.errors import DeviceError
+
+    if not device.model.has_gpm:
+        return None
+    try:
+        return device.gpm_activity()
+    except DeviceError:
+        return None
 
 
 def _simulated_latencies(schedule: ScheduleConfig, rate: float, samples: list[float], device: Any, profile: Any):  # type: ignore[no-untyped-def]

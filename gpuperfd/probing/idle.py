@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from gpuperfd.attribution.allocations import Allocation, AllocationState
 from gpuperfd.config import OursConfig
 from gpuperfd.device.base import Device
-from gpuperfd.device.errors import DeviceError
+from gpuperfd.device.errors import DeviceError, NotSupported
 from gpuperfd.telemetry.sampler import Reading
 
 
@@ -121,3 +121,19 @@ def allocated_reason(
     if pids:
         return f"compute process(es) {', '.join(map(str, pids[:5]))} running"
     return None
+
+
+def mig_reason(device: Device, allow_mig: bool) -> str | None:
+    """Why a probe must not run on a GPU in MIG mode (its instances are other tenants'), or None.
+
+    ``allow_mig`` (probes.allow_mig) lets it run. A GPU that cannot report MIG mode has none.
+    """
+    if allow_mig:
+        return None
+    try:
+        enabled = device.mig_enabled()
+    except NotSupported:
+        return None
+    except DeviceError as exc:
+        return f"cannot check MIG mode: {exc.reason}"
+    return "MIG mode is on (set probes.allow_mig to probe it)" if enabled else None

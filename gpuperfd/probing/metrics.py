@@ -72,6 +72,14 @@ class ProbeMetrics:
         self.request_rate = gauge("gpuperf_probe_requests_per_second", "LLM requests completed per second.")
         self.peak_memory = gauge("gpuperf_probe_peak_memory_bytes", "Peak device memory allocated by the probe's last ok run, bytes.", RUN_LABELS)
         self.busy = gauge("gpuperf_probe_gpu_busy_ratio", "Share of the measured window the GPU was executing work.")
+        self.gpm_tensor = gauge(
+            "gpuperf_probe_gpm_tensor_active_ratio",
+            "GPM tensor-pipe active ratio (any precision), mean over the probe's measured windows.",
+        )
+        self.gpm_dram = gauge(
+            "gpuperf_probe_gpm_dram_bandwidth_active_ratio",
+            "GPM DRAM bandwidth active ratio, mean over the probe's measured windows.",
+        )
         self.last_run = gauge("gpuperf_probe_last_run_timestamp_seconds", "Unix time the probe's last ok run ended.", RUN_LABELS)
         self.duration = gauge("gpuperf_probe_run_duration_seconds", "Wall time of the last run, seconds.", RUN_LABELS)
         self.runs = Counter("gpuperf_probe_runs", "Probe runs by result (ok, skipped, failed, aborted) and reason.",
@@ -181,6 +189,10 @@ class ProbeMetrics:
             self.peak_memory.labels(*run).set(result.peak_memory_bytes)
         if result.gpu_busy_ratio is not None:
             self.busy.labels(*cap).set(result.gpu_busy_ratio)
+        if result.gpm_tensor_active_mean_ratio is not None:
+            self.gpm_tensor.labels(*cap).set(result.gpm_tensor_active_mean_ratio)
+        if result.gpm_dram_active_mean_ratio is not None:
+            self.gpm_dram.labels(*cap).set(result.gpm_dram_active_mean_ratio)
         self.last_run.labels(*run).set(result.started_at + (result.wall_seconds or 0.0))
         if at_operator_cap:
             for source, target in PROBE_LATENCIES.get(result.probe, {}).items():

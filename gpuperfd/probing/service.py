@@ -25,7 +25,7 @@ from gpuperfd.device.errors import DeviceError
 from gpuperfd.probes.result import ProbeResult
 from gpuperfd.probes.spec import DEFAULT_PRESET
 from gpuperfd.probing.history import HistoryWriter
-from gpuperfd.probing.idle import IdleTracker, allocated_reason, busy_reason
+from gpuperfd.probing.idle import IdleTracker, allocated_reason, busy_reason, mig_reason
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
@@ -173,6 +173,8 @@ class ProbeService:
             held = allocated_reason(device, state, self.config.ours, own_pids=(os.getpid(),))
             if held is not None:  # someone's GPU, even at zero utilization
                 return self._skip(info, schedule, "allocated", held)
+            if (why := mig_reason(device, self.config.allow_mig)) is not None:
+                return self._skip(info, schedule, "mig", why)
             idle_for = self.tracker.idle_for(gpu)
             if idle_for < self.config.idle_seconds:
                 return self._skip(info, schedule, "not_idle", f"idle {idle_for:.0f} s < {self.config.idle_seconds:.0f} s")

@@ -53,6 +53,8 @@ class CapPoint:
     loss: float | None = None
     #: Means of the other rates (requests/s, prompt tokens/s, ...).
     throughput: dict[str, float] = field(default_factory=dict)
+    gpm_tensor_active_ratio: float | None = None
+    gpm_dram_active_ratio: float | None = None
 
     def latency(self, name: str, q: int | str) -> float | None:
         """p50/p95/p99 (q = 50, 95, 99) or the mean (q = "mean") of one latency, seconds."""
@@ -216,6 +218,8 @@ def summarize_group(runs: list[Run], dropped: int) -> CapPoint:
         loss=_mean([r.loss for r in runs if r.loss is not None]),
         throughput={k: v for k in rate_names
                     if (v := _mean([r.throughput[k] for r in runs if k in r.throughput])) is not None},
+        gpm_tensor_active_ratio=_mean([r.gpm_tensor_active_ratio for r in runs if r.gpm_tensor_active_ratio is not None]),
+        gpm_dram_active_ratio=_mean([r.gpm_dram_active_ratio for r in runs if r.gpm_dram_active_ratio is not None]),
     )
 
 
@@ -386,6 +390,8 @@ def point_rows(report: Report) -> list[dict[str, Any]]:
                 "requests_per_second": _blank(p.throughput.get("requests_per_second")),
                 "peak_memory_bytes": _blank(p.peak_memory_bytes),
                 "gpu_busy_ratio": _blank(p.gpu_busy_ratio),
+                "gpm_tensor_active_ratio": _blank(p.gpm_tensor_active_ratio),
+                "gpm_dram_active_ratio": _blank(p.gpm_dram_active_ratio),
                 "temperature_celsius": _blank(p.temperature),
                 "gpu_utilization_ratio": _blank(p.utilization),
                 "loss": _blank(p.loss),

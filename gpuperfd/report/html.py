@@ -145,6 +145,7 @@ def _points(report: Report) -> str:
                 _num(p.temperature, f"{p.temperature:.0f}" if p.temperature is not None else None),
                 _num(p.utilization, f"{100 * p.utilization:.0f}%" if p.utilization is not None else None),
                 _num(p.loss),
+                *(_num(v, f"{v:.0%}" if v is not None else None) for v in (p.gpm_tensor_active_ratio, p.gpm_dram_active_ratio)),
             ]
             rows.append(f"<tr{cls} {attrs}>{''.join(cells)}</tr>")
     return f"""<section id="points">
@@ -154,7 +155,9 @@ Latency percentiles pool every sample of the kept runs.</p>
 <table><tr><th>GPU</th><th>probe</th><th>variant</th><th>preset</th><th>batch</th><th>parameters</th><th>cap (W)</th>
 <th>runs</th><th>outliers</th><th>throughput</th><th>unit</th><th>energy per unit</th><th>average power (W)</th>
 <th>latency</th><th>p50 (ms)</th><th>p95 (ms)</th><th>p99 (ms)</th><th>mean (ms)</th><th>TTFT mean (ms)</th>
-<th>requests/s</th><th>peak memory (MiB)</th><th>temperature (&deg;C)</th><th>GPU utilization</th><th>loss</th></tr>
+<th>requests/s</th><th>peak memory (MiB)</th><th>temperature (&deg;C)</th><th>GPU utilization</th><th>loss</th>
+<th title="GPM tensor-pipe active, mean over the measured windows">tensor active</th>
+<th title="GPM DRAM bandwidth active, mean over the measured windows">DRAM active</th></tr>
 {''.join(rows)}
 </table>
 </section>"""

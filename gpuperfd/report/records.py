@@ -104,6 +104,9 @@ class Run:
     latency_stats: dict[str, dict[str, float | None]] = field(default_factory=dict)
     peak_memory_bytes: int | None = None
     gpu_busy_ratio: float | None = None
+    #: GPM means over the measured windows: tensor active (any precision), DRAM bandwidth active.
+    gpm_tensor_active_ratio: float | None = None
+    gpm_dram_active_ratio: float | None = None
     sweep_id: str | None = None
     source: str = ""
     variant: str = ""
@@ -198,6 +201,8 @@ def run_from_record(record: dict[str, Any], source: str = "") -> Run:
         latency_stats=stats if ok else {},
         peak_memory_bytes=result.peak_memory_bytes if ok else None,
         gpu_busy_ratio=_finite(result.gpu_busy_ratio) if ok else None,
+        gpm_tensor_active_ratio=_finite(result.gpm_tensor_active_mean_ratio) if ok else None,
+        gpm_dram_active_ratio=_finite(result.gpm_dram_active_mean_ratio) if ok else None,
         sweep_id=record.get("sweep_id"),
         source=source,
         variant=str(result.variant or ""),

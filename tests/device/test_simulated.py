@@ -55,6 +55,16 @@ DEVICE_CALLS = (
     "ecc_errors",
     "compute_processes",
     "gpm_activity",
+    "gpm_metrics",
+    "memory_temperature_celsius",
+    "remapped_rows",
+    "retired_pages",
+    "violation_seconds",
+    "pcie_replays",
+    "codec_utilization",
+    "nvlink",
+    "mig_enabled",
+    "mig_instances",
 )
 
 

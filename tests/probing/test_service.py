@@ -283,3 +283,38 @@ def test_kubelet_that_never_answered_leaves_every_gpu_allocated(tmp_path):
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).reason == "allocated"
     service.allocations = lambda: AllocationState()  # no kubelet on this node: processes decide
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
+
+
+def test_gpu_in_mig_mode_is_skipped_unless_allowed(tmp_path):
+    def with_mig(allow):
+        backend = SimulatedBackend(SimulationConfig(gpus=1, seed=5, mig=[{"gpu": 0, "instances": 2}]))
+        devices = backend.devices()
+        registry = CollectorRegistry()
+        tracker = IdleTracker(0.05)
+        tracker.observe(0, "utilization", Reading((Point("gpuperf_gpu_utilization_ratio", 0.0),), True, None, 0, 0))
+        config = ProbesConfig(state_dir=tmp_path / f"state{allow}", idle_seconds=0, allow_mig=allow)
+        service = ProbeService(config, devices, simulated_executor(0.05, seed=1), ProbeMetrics(registry), tracker,
+                               HistoryWriter(tmp_path / f"history{allow}.jsonl"))
+        return devices, registry, service.run(ScheduleConfig(probe="vit", interval_seconds=60, caps=[500]), 0)
+
+    devices, registry, outcome = with_mig(False)
+    assert (outcome.result, outcome.reason) == ("skipped", "mig")
+    assert devices[0].power_limits().enforced_watts == 700.0  # never touched
+    labels = {"gpu": "0", "uuid": devices[0].info().uuid, "probe": "vit", "preset": "vit-b16"}
+    assert sample(registry, "gpuperf_probe_runs_total", **labels, result="skipped", reason="mig") == 1
+    devices, registry, outcome = with_mig(True)
+    assert outcome.result == "ok"
+
+
+def test_probe_publishes_gpm_means_that_say_compute_or_memory_bound(tmp_path):
+    backend, devices, registry, service = make(tmp_path)
+    service.run(ScheduleConfig(probe="attention", interval_seconds=60, caps=["max"], settle_seconds=0), 0)
+    service.run(ScheduleConfig(probe="llm", interval_seconds=60, caps=["max"], settle_seconds=0), 1)
+    attention = {"gpu": "0", "uuid": devices[0].info().uuid, "probe": "attention", "preset": "default",
+                 "power_cap": "700"}
+    decode = {"gpu": "1", "uuid": devices[1].info().uuid, "probe": "llm", "preset": "gpt2", "power_cap": "700"}
+    assert sample(registry, "gpuperf_probe_gpm_tensor_active_ratio", **attention) > 0.6
+    assert sample(registry, "gpuperf_probe_gpm_tensor_active_ratio", **decode) < 0.2
+    assert sample(registry, "gpuperf_probe_gpm_dram_bandwidth_active_ratio", **decode) > 0.5
+    records = list(read_history(tmp_path / "history.jsonl"))
+    assert records[0]["result"]["gpm_tensor_active_mean_ratio"] > 0.6
