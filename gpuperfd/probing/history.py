@@ -25,6 +25,26 @@ from gpuperfd.device.base import GpuInfo
 log = logging.getLogger(__name__)
 
 
+def history_record(
+    node: str,
+    gpu: GpuInfo,
+    result: dict[str, Any],
+    power_cap_watts: float | None,
+    original_cap_watts: float | None = None,
+    sweep_id: str | None = None,
+) -> dict[str, Any]:
+    """One history line's content (the daemon's file, ``gpuperfd sweep --output``, the report's input)."""
+    return {
+        "time": time.time(),
+        "node": node,
+        "gpu": {k: v for k, v in asdict(gpu).items() if k != "serial"},
+        "power_cap_watts": power_cap_watts,
+        "original_cap_watts": original_cap_watts,
+        "sweep_id": sweep_id,
+        "result": result,
+    }
+
+
 class HistoryWriter:
     """Thread-safe appender with size-based rotation."""
 
@@ -53,15 +73,7 @@ class HistoryWriter:
         original_cap_watts: float | None = None,
         sweep_id: str | None = None,
     ) -> None:
-        record = {
-            "time": time.time(),
-            "node": self.node,
-            "gpu": {k: v for k, v in asdict(gpu).items() if k != "serial"},
-            "power_cap_watts": power_cap_watts,
-            "original_cap_watts": original_cap_watts,
-            "sweep_id": sweep_id,
-            "result": result,
-        }
+        record = history_record(self.node, gpu, result, power_cap_watts, original_cap_watts, sweep_id)
         line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
         with self._lock:
             try:

@@ -185,11 +185,33 @@ def test_sweep_cli_on_simulated_gpu(tmp_path):
 
     out = tmp_path / "points.jsonl"
     code = main(["sweep", "--simulate", "1", "--probe", "attention", "--caps", "max,500,300", "--settle", "0",
+                 "--no-stop-early",
                  "--state-dir", str(tmp_path / "state"), "--output", str(out), "--no-progress"])
     assert code == 0
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["cap_watts"] for r in rows] == [700, 500, 300]
-    assert all(r["status"] == "ok" and r["units_per_second"] > 0 for r in rows)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]  # the daemon's history lines
+    assert [r["power_cap_watts"] for r in rows] == [700, 500, 300]
+    assert all(r["result"]["status"] == "ok" and r["result"]["units_of_work"] > 0 for r in rows)
+    assert len({r["sweep_id"] for r in rows}) == 1 and all(r["original_cap_watts"] == 700 for r in rows)
+
+
+def test_sweep_output_is_report_input_inference_and_training_side_by_side(tmp_path, capsys):
+    """Seed 001's workflow in two commands: sweep llm and train, then `gpuperfd report --history`."""
+    from gpuperfd.cli import main
+
+    out = tmp_path / "sweep.jsonl"
+    code = main(["sweep", "--simulate", "1", "--probe", "llm,train", "--caps", "max,500,300", "--settle", "0",
+                 "--no-stop-early", "--state-dir", str(tmp_path / "state"), "--output", str(out), "--no-progress",
+                 "--report", str(tmp_path / "direct")])
+    assert code == 0
+    assert main(["report", "--history", str(out), "--out", str(tmp_path / "report")]) == 0
+    printed = capsys.readouterr().out
+    assert "1 GPU(s), 2 series, 6 runs" in printed
+    assert "llm/gpt2" in printed and "train/gpt2" in printed
+    for folder in ("direct", "report"):
+        summary = (tmp_path / folder / "summary.csv").read_text()
+        assert "llm" in summary and "train" in summary and "training" in summary and "inference" in summary
+    assert (tmp_path / "direct" / "summary.csv").read_text().splitlines()[0] == \
+        (tmp_path / "report" / "summary.csv").read_text().splitlines()[0]
 
 
 @pytest.mark.parametrize("args,words", [
