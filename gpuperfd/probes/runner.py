@@ -320,6 +320,8 @@ class ProbeChild:
         self._log_path = ""
         self._record: Path | None = None
         self._dead = False
+        #: Whether the child has reported progress on the current request (it began measuring).
+        self.progressed = False
 
     @property
     def alive(self) -> bool:
@@ -365,6 +367,7 @@ class ProbeChild:
         """Measure one point at the cap set now (``cap_watts``, for the record); never raises for the child."""
         t0 = time.monotonic()
         started_at = time.time()
+        self.progressed = False
         if not self.alive:
             return self._failure("crash", "probe process is not running", started_at, t0)
         try:
@@ -474,6 +477,7 @@ class ProbeChild:
                     continue
                 kind, body = message
                 if kind == "progress":
+                    self.progressed = True
                     if self.on_progress is not None:
                         try:
                             self.on_progress(body)

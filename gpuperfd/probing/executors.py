@@ -17,6 +17,7 @@ simulator show real-looking curves with a known true optimum.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 
 #: Runs a probe once on a device at the cap it holds now: (device, schedule, abort) -> result.
 Executor = Callable[[Device, ScheduleConfig, threading.Event], ProbeResult]
+
+log = logging.getLogger(__name__)
 
 #: The simulator profile of each probe's default preset ("probe/preset").
 SIMULATED_PROFILE = {probe: f"{probe}/{preset}" for probe, preset in DEFAULT_PRESET.items()}
@@ -103,42 +106,54 @@ class WarmChildSession:
         self._build_failure: ProbeResult | None = None
 
     def measure(self, cap_watts: float) -> ProbeResult:
-        from gpuperfd.probes.runner import ProbeChild, check_idle
-
         t0 = time.monotonic()
         deadline = t0 + self.timeout_seconds  # the hard limit of one point, a (re)build included
         if self._build_failure is not None:
             return _copy_failure(self._build_failure, f"not run: the probe could not be built: "
                                  f"{self._build_failure.error_message}")
-        spawn_seconds = 0.0
-        if self.child is None or not self.child.alive:
-            if self.child is not None:
-                self.child.close()
-            own = (os.getpid(),)
-            if self.check_idle:
-                busy = check_idle(self.device, own_pids=own)
-                if busy is not None:
-                    return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "",
-                                               "gpu_busy", busy, device=self.spec.device, started_at=time.time())
-            self.child = ProbeChild(self.spec, device=self.device, own_pids=own, should_abort=self.abort.is_set,
-                                    record_dir=self.state_dir)
-            self.children += 1
-            failed = self.child.start(deadline)
-            if failed is not None:
-                if failed.status == "failed" and failed.failure_reason != "timeout":
-                    self._build_failure = failed
-                return failed
-            spawn_seconds = time.monotonic() - t0
-        result = self.child.measure(deadline, settle_seconds=self.settle_seconds, cap_watts=cap_watts)
+        for _attempt in range(2):
+            fresh = self.child is None or not self.child.alive
+            if fresh:
+                failed = self._start(deadline)
+                if failed is not None:
+                    return failed
+            assert self.child is not None
+            result = self.child.measure(deadline, settle_seconds=self.settle_seconds, cap_watts=cap_watts)
+            # A warm child found dead before it began this point died between points: this point
+            # did not run on it, so it gets a fresh child once instead of failing.
+            if fresh or result.failure_reason != "crash" or self.child.progressed:
+                break
+            log.warning("probe child %s died between points (%s); starting a new one",
+                        self.child.pid, result.error_message)
         ready = self.child.ready or {}
         result.extra.update({
             "warm": True,
             "child_pid": self.child.pid,
-            "child_start_seconds": spawn_seconds,
-            "child_setup_seconds": ready.get("setup_seconds") if spawn_seconds else 0.0,
+            "child_start_seconds": self.child.start_seconds if fresh else 0.0,
+            "child_setup_seconds": ready.get("setup_seconds") if fresh else 0.0,
         })
         result.wall_seconds = time.monotonic() - t0
         return result
+
+    def _start(self, deadline: float) -> ProbeResult | None:
+        """A new child (the old one closed), built and ready; a failure result if not."""
+        from gpuperfd.probes.runner import ProbeChild, check_idle
+
+        if self.child is not None:
+            self.child.close()
+        own = (os.getpid(),)
+        if self.check_idle:
+            busy = check_idle(self.device, own_pids=own)
+            if busy is not None:
+                return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "",
+                                           "gpu_busy", busy, device=self.spec.device, started_at=time.time())
+        self.child = ProbeChild(self.spec, device=self.device, own_pids=own, should_abort=self.abort.is_set,
+                                record_dir=self.state_dir)
+        self.children += 1
+        failed = self.child.start(deadline)
+        if failed is not None and failed.status == "failed" and failed.failure_reason != "timeout":
+            self._build_failure = failed
+        return failed
 
     def close(self) -> None:
         if self.child is not None:
