@@ -24,6 +24,7 @@ probes:
   jitter_seconds: 0
   first_run_delay_seconds: 0.5
   simulated_measure_seconds: 1.0
+  stop_early: false  # every cap runs: the series of all five are checked
   schedules:
     - probe: llm
       interval_seconds: 3600
