@@ -325,6 +325,9 @@ class ProbesConfig(_Strict):
     timeout_seconds: Annotated[float, Field(gt=0, le=7200)] = 600.0
     #: Recommendation rule: lowest energy among caps within this slowdown of the highest cap.
     max_slowdown: Annotated[float, Field(ge=0, lt=1)] = 0.10
+    #: Skip a sweep's lower caps once one is clearly slower than max_slowdown allows (they
+    #: cannot be recommended: throughput does not rise as the cap falls); reported as skipped.
+    stop_early: bool = True
     #: How probes run: "child" (torch in a child process), "simulated" (the simulator's physics),
     #: or "auto" (simulated on the simulated backend, child on NVML).
     executor: Literal["auto", "child", "simulated"] = "auto"

@@ -3,9 +3,13 @@
 Kept free of top-level torch imports on purpose: the parent imports this module
 to name the spawn target, and the parent must not load torch.
 
-Protocol over the one-way pipe: any number of ``("progress", {...})`` messages,
-then exactly one ``("result", ProbeResult dict)`` or ``("error", {"reason",
-"message", "traceback"})``. The child's stdout and stderr go to a log file whose
+Protocol over a two-way pipe, JSON messages only (:mod:`gpuperfd.probes.wire`): the
+child builds the workload once (model, compile, CUDA graphs) and says ``ready``;
+then for each ``measure`` request it measures one point at whatever cap the parent
+has set and answers ``result``, with ``progress`` messages in between; ``stop`` or
+the parent's end of the pipe closing ends it. Any exception is sent as ``error``
+(reason, message, traceback) and ends the child: a CUDA error can poison the
+context, so the parent starts a fresh child for the next point. The child's stdout and stderr go to a log file whose
 tail the parent attaches to crash reports (faulthandler writes the native stack
 there on SIGSEGV).
 """
@@ -15,8 +19,11 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+import time
 import traceback
 from typing import Any
+
+from gpuperfd.probes import wire
 
 __all__ = ["main", "classify_exception"]
 
@@ -83,7 +90,11 @@ def die_with_parent(parent_pid: int | None) -> None:
 
 
 def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, parent_pid: int | None = None) -> None:
-    """Run one probe and report over ``conn``; exits the process with os._exit."""
+    """Build the probe once, then measure one point per ``measure`` request; exits with os._exit.
+
+    Every message is JSON (:mod:`gpuperfd.probes.wire`): the parent never unpickles anything.
+    """
+    t_start = time.perf_counter()
     die_with_parent(parent_pid)
     try:
         os.setpgid(0, 0)  # own process group: the parent can kill us and our workers at once
@@ -112,12 +123,28 @@ def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, pare
         spec = ProbeSpec.from_dict(spec_dict)
 
         def progress(**body: Any) -> None:
-            conn.send(("progress", body))
+            wire.send(conn, "progress", body)
 
         from gpuperfd.probes import harness
 
-        result = harness.execute(spec, progress=progress, identity=identity)
-        conn.send(("result", result.to_dict()))
+        import_seconds = time.perf_counter() - t_start
+        prepared = harness.prepare(spec, progress=progress, identity=identity)
+        wire.send(conn, "ready", {"import_seconds": import_seconds, "setup_seconds": prepared.setup_seconds,
+                                  **identity})
+        while True:
+            try:
+                kind, body = wire.recv(conn)
+            except EOFError:  # the parent is gone or done with us
+                break
+            if kind == "stop":
+                break
+            if kind != "measure":
+                raise ValueError(f"unknown request {kind!r}")
+            t_point = time.perf_counter()
+            result = harness.measure(prepared, progress=progress, settle_seconds=float(body.get("settle_seconds", 0)))
+            result.wall_seconds = time.perf_counter() - t_point
+            result.extra["import_seconds"] = import_seconds if prepared.measured_points == 1 else 0.0
+            wire.send(conn, "result", result.to_dict())
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
         code = 1
         reason = classify_exception(exc)
@@ -129,7 +156,7 @@ def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, pare
         }
         try:
             traceback.print_exc()
-            conn.send(("error", body))
+            wire.send(conn, "error", body)
         except Exception:  # noqa: BLE001 - the parent will see a crash instead
             code = 3
     finally:

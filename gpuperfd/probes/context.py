@@ -294,17 +294,22 @@ class ProbeContext:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
             self.nvml, self.telemetry_error = _open_nvml_device(self.gpu_uuid)
-            if self.nvml is not None:
-                from gpuperfd.device.errors import DeviceError
-
-                try:
-                    self.power_limit_watts = self.nvml.power_limits().enforced_watts
-                except DeviceError:
-                    pass
+            self.read_power_limit()
         else:
             self.device = torch.device("cpu")
             self.memory_total_bytes = None
         self._nvtx = self.is_cuda and hasattr(torch.cuda, "nvtx")
+
+    def read_power_limit(self) -> float | None:
+        """Read the enforced cap again (a warm child measures at several caps); None without NVML."""
+        if self.nvml is not None:
+            from gpuperfd.device.errors import DeviceError
+
+            try:
+                self.power_limit_watts = self.nvml.power_limits().enforced_watts
+            except DeviceError:
+                self.power_limit_watts = None
+        return self.power_limit_watts
 
     def identity(self) -> dict[str, Any]:
         return {"gpu_name": self.gpu_name, "compute_capability": self.compute_capability, "gpu_uuid": self.gpu_uuid}

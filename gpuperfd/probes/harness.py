@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,13 +42,26 @@ from gpuperfd.probes.context import (
     ProbeContext,
     Telemetry,
     WindowSampler,
+    Workload,
     cpu_model,
     mean,
 )
 from gpuperfd.probes.faults import inject_fault
 from gpuperfd.probes.loop import run_loop
 from gpuperfd.probes.result import ProbeResult, RepeatResult
+from gpuperfd.probes.settle import wait_steady
 from gpuperfd.probes.spec import ProbeSpec
+
+
+@dataclass
+class Prepared:
+    """A built workload in this process, ready to be measured any number of times (a warm sweep)."""
+
+    spec: ProbeSpec
+    ctx: ProbeContext
+    workload: Workload
+    setup_seconds: float
+    measured_points: int = 0
 
 
 def execute(
@@ -57,7 +71,19 @@ def execute(
 ) -> ProbeResult:
     """Run one probe point in this process (the child) and return its result."""
     t_start = time.perf_counter()
-    started_at = time.time()
+    prepared = prepare(spec, progress, identity)
+    result = measure(prepared, progress)
+    result.wall_seconds = time.perf_counter() - t_start
+    return result
+
+
+def prepare(
+    spec: ProbeSpec,
+    progress: Callable[..., None] | None = None,
+    identity: dict[str, Any] | None = None,
+) -> Prepared:
+    """Build the workload once: model, buffers, ``torch.compile``, CUDA graphs."""
+    t_start = time.perf_counter()
     report = progress or (lambda **_: None)
     ctx = ProbeContext(spec)
     if identity is not None:
@@ -67,8 +93,48 @@ def execute(
     with ctx.nvtx("gpuperfd:setup"):
         workload = workloads.build(spec, ctx)
     ctx.synchronize()
-    setup_seconds = time.perf_counter() - t_start
+    return Prepared(spec, ctx, workload, time.perf_counter() - t_start)
 
+
+def _settle(prepared: Prepared, max_seconds: float) -> tuple[float, bool | None]:
+    """Keep the load running until power and SM clock are steady (at most ``max_seconds``).
+
+    The cap only shows in power and clocks while the GPU works, so this is measured
+    under the probe's own load, right before the windows. (seconds, steady); steady is
+    None without NVML telemetry (CPU), where there is nothing to wait for.
+    """
+    ctx, workload = prepared.ctx, prepared.workload
+    if max_seconds <= 0 or ctx.nvml is None:
+        return 0.0, None
+    sampler = WindowSampler(ctx.nvml, min(prepared.spec.sample_interval, 0.05))
+
+    def sample(seconds: float) -> tuple[float | None, float | None]:
+        clock = ctx.new_clock(host=workload.host_clock)
+        sampler.start()
+        n, wall = run_loop(ctx, workload, clock, seconds, None)
+        telemetry = sampler.stop()
+        workload.end(clock, n, wall)
+        return mean(telemetry.power), mean(telemetry.sm_clock)
+
+    return wait_steady(sample, max_seconds)
+
+
+def measure(
+    prepared: Prepared,
+    progress: Callable[..., None] | None = None,
+    settle_seconds: float = 0.0,
+) -> ProbeResult:
+    """Measure one point with the workload ``prepare`` built: warmup, settle, windows, busy pass.
+
+    ``settle_seconds`` bounds the wait for steady power and SM clock after a cap change.
+    """
+    spec, ctx, workload = prepared.spec, prepared.ctx, prepared.workload
+    setup_seconds = prepared.setup_seconds if prepared.measured_points == 0 else 0.0
+    prepared.measured_points += 1
+    t_start = time.perf_counter()
+    started_at = time.time()
+    report = progress or (lambda **_: None)
+    ctx.read_power_limit()
     report(phase="warmup")
     ctx.reset_peak_memory()
     warm_clock = ctx.new_clock(host=workload.host_clock)
@@ -79,6 +145,8 @@ def execute(
             workload.end(warm_clock, n_warm, warm_seconds)
         else:
             n_warm, warm_seconds = 0, 0.0
+    report(phase="settle")
+    settle_wait, steady = _settle(prepared, settle_seconds)
 
     sampler = WindowSampler(ctx.nvml, spec.sample_interval)
     sampler.prime_gpm()
@@ -92,7 +160,7 @@ def execute(
         with ctx.nvtx(f"gpuperfd:measure[{index}]"):
             e0 = ctx.energy()
             sampler.start()
-            if index == 0 and spec.inject_fault is not None:
+            if index == 0 and spec.inject_fault is not None and prepared.measured_points == 1:
                 inject_fault(spec.inject_fault, ctx)
             n, seconds = run_loop(ctx, workload, clock, spec.measure_seconds, spec.iterations)
             e1 = ctx.energy()
@@ -151,6 +219,9 @@ def execute(
     extra: dict[str, Any] = dict(workload.describe())
     extra.update({
         "setup_seconds": setup_seconds,
+        "point_index": prepared.measured_points - 1,
+        "settle_seconds": settle_wait,
+        "settle_steady": steady,
         "warmup_iterations": n_warm,
         "warmup_seconds": warm_seconds,
         "gpu_busy_method": busy_method,

@@ -32,8 +32,10 @@ __all__ = [
     "summarize",
 ]
 
-STATUSES: tuple[str, ...] = ("ok", "failed", "aborted")
-FAILURE_REASONS: tuple[str, ...] = ("exception", "timeout", "oom", "crash", "cuda_error", "gpu_busy", "aborted")
+#: "skipped": a sweep's point not run on purpose (its reason says why, e.g. ``early_stop``).
+STATUSES: tuple[str, ...] = ("ok", "failed", "aborted", "skipped")
+FAILURE_REASONS: tuple[str, ...] = ("exception", "timeout", "oom", "crash", "cuda_error", "gpu_busy", "aborted",
+                                    "early_stop")
 WORK_UNITS: tuple[str, ...] = ("token", "image", "step", "iteration")
 LATENCY_NAMES: tuple[str, ...] = ("ttft_seconds", "tpot_seconds", "request_seconds", "batch_seconds", "step_seconds")
 

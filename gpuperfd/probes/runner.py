@@ -6,7 +6,9 @@ library or hang in a kernel. None of that may take the caller (the daemon, a
 sweep, the CLI) down. The child is started with the ``spawn`` context (never
 ``fork``: a forked CUDA or NVML state is undefined), puts itself in its own process
 group so compile workers die with it, and sends back one message: a result or a
-classified error. Everything else is inferred here:
+classified error, as JSON (:mod:`gpuperfd.probes.wire`: a pickle would import torch
+here). :class:`ProbeChild` keeps one child for several points (a warm sweep: build
+once, measure per cap). Everything else is inferred here:
 
 ===========================  =====================================================
 what happened                result
@@ -50,10 +52,11 @@ from typing import Any
 
 from gpuperfd.device.base import Device
 from gpuperfd.probes import child as _child
+from gpuperfd.probes import wire
 from gpuperfd.probes.result import ProbeResult
 from gpuperfd.probes.spec import ProbeSpec, default_timeout
 
-__all__ = ["run_probe", "check_idle", "ProgressCallback", "end_leftover_children"]
+__all__ = ["run_probe", "ProbeChild", "check_idle", "ProgressCallback", "end_leftover_children"]
 
 log = logging.getLogger(__name__)
 
@@ -280,6 +283,251 @@ def _signal_name(code: int) -> str:
         return f"signal {code}"
 
 
+class ProbeChild:
+    """The parent's end of one probe child: built once, then measured at one cap per request.
+
+    A warm sweep keeps one child for all its caps (model, compile and CUDA graphs
+    once); :func:`run_probe` is a child measured once. Every wait watches the same
+    things: the deadline, ``should_abort``, a foreign process on ``device``, the child
+    dying. Any failure ends the child (a failed CUDA context is never reused), the
+    failure comes back as a :class:`ProbeResult` (nothing raises for the child's
+    faults), and :attr:`alive` turns False: the caller may start a new one.
+    """
+
+    def __init__(
+        self,
+        spec: ProbeSpec,
+        device: Device | None = None,
+        own_pids: Iterable[int] = (),
+        watch_interval: float = 0.5,
+        on_progress: ProgressCallback | None = None,
+        should_abort: Callable[[], bool] | None = None,
+        record_dir: Path | str | None = None,
+    ) -> None:
+        self.spec = spec
+        self.device = device
+        self.own = set(own_pids)
+        self.watch_interval = watch_interval
+        self.on_progress = on_progress
+        self.should_abort = should_abort
+        self.record_dir = Path(record_dir) if record_dir is not None else None
+        #: What the child said when it was built (setup_seconds, import_seconds, identity).
+        self.ready: dict[str, Any] | None = None
+        #: Parent-side seconds from spawn to ``ready``.
+        self.start_seconds: float | None = None
+        self._proc: multiprocessing.process.BaseProcess | None = None
+        self._conn: Any = None
+        self._log_path = ""
+        self._record: Path | None = None
+        self._dead = False
+        #: Whether the child has reported progress on the current request (it began measuring).
+        self.progressed = False
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and not self._dead and self._proc.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _base(self, started_at: float) -> dict[str, Any]:
+        spec = self.spec
+        return {"probe": spec.probe, "variant": spec.variant, "preset": spec.preset, "params": spec.params(),
+                "device": spec.device, "started_at": started_at}
+
+    def start(self, deadline: float) -> ProbeResult | None:
+        """Spawn the child and wait until it has built the workload; a failure result, or None when ready."""
+        t0 = time.monotonic()
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, theirs = ctx.Pipe(duplex=True)
+        fd, self._log_path = tempfile.mkstemp(prefix=f"gpuperfd-probe-{self.spec.probe}-", suffix=".log")
+        os.close(fd)
+        self._proc = ctx.Process(
+            target=_child.main,
+            args=(self.spec.to_dict(), theirs, self._log_path, os.getpid()),
+            name=f"gpuperfd-probe-{self.spec.probe}",
+            daemon=False,  # a daemonic process may not start children; torch.compile needs workers
+        )
+        try:
+            self._proc.start()
+        finally:
+            theirs.close()  # the child holds the only other end: EOF when it dies
+        with _LIVE_LOCK:
+            _LIVE[self._proc.pid or 0] = self._proc
+        self._record = _record_child(self.record_dir, self._proc.pid or 0)
+        message = self._await(deadline, time.time(), t0)
+        if isinstance(message, ProbeResult):
+            return message
+        self.ready = message
+        self.start_seconds = time.monotonic() - t0
+        return None
+
+    def measure(self, deadline: float, settle_seconds: float = 0.0, cap_watts: float | None = None) -> ProbeResult:
+        """Measure one point at the cap set now (``cap_watts``, for the record); never raises for the child."""
+        t0 = time.monotonic()
+        started_at = time.time()
+        self.progressed = False
+        if not self.alive:
+            return self._failure("crash", "probe process is not running", started_at, t0)
+        try:
+            wire.send(self._conn, "measure", {"settle_seconds": settle_seconds, "power_limit_watts": cap_watts})
+        except (OSError, ValueError):
+            pass  # it died: the wait below says how
+        message = self._await(deadline, started_at, t0)
+        if isinstance(message, ProbeResult):
+            return message
+        result = ProbeResult.from_dict(message)
+        result.started_at = started_at
+        result.extra.setdefault("child_wall_seconds", message.get("wall_seconds"))
+        result.wall_seconds = time.monotonic() - t0
+        return result
+
+    def close(self) -> None:
+        """Ask the child to stop, then make sure it and its process group are gone; clean up."""
+        proc = self._proc
+        if proc is None:
+            return
+        if self.alive:
+            try:
+                wire.send(self._conn, "stop")
+            except (OSError, ValueError):
+                pass
+            proc.join(_EXIT_GRACE_SECONDS)
+        if proc.is_alive():  # a teardown hang must not block us
+            _kill(proc)
+        else:
+            _kill(proc, grace=0)  # the leader is gone: its group (compile workers) goes too
+        self._dead = True
+        with _LIVE_LOCK:
+            _LIVE.pop(proc.pid or 0, None)
+        if self._record is not None:
+            try:
+                self._record.unlink()
+            except OSError:
+                pass
+            self._record = None
+        try:
+            self._conn.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self._log_path)
+        except OSError:
+            pass
+
+    def _failure(self, reason: str, message: str, started_at: float, t0: float, status: str = "failed",
+                 **extra: Any) -> ProbeResult:
+        result = ProbeResult.failure(reason=reason, message=message, status=status, **self._base(started_at))
+        result.wall_seconds = time.monotonic() - t0
+        result.extra.update(extra)
+        return result
+
+    def _end(self, reason: str, message: str, started_at: float, t0: float, status: str = "failed",
+             **extra: Any) -> ProbeResult:
+        """Kill the child and return the failure (the GPU is waited free first)."""
+        proc = self._proc
+        assert proc is not None
+        _kill(proc)
+        self._dead = True
+        extra.setdefault("gpu_freed", _wait_gpu_free(self.device, proc.pid))
+        return self._failure(reason, message, started_at, t0, status, **extra)
+
+    def _receive(self) -> tuple[str, dict[str, Any]] | None:
+        """One message, or None when the pipe is closed or garbled (the child is then judged by its exit)."""
+        try:
+            return wire.recv(self._conn)
+        except (EOFError, OSError, ValueError):
+            return None
+
+    def _await(self, deadline: float, started_at: float, t0: float) -> dict[str, Any] | ProbeResult:
+        """Wait for the child's next ``ready`` or ``result`` body, passing progress on; a failure result otherwise."""
+        proc = self._proc
+        assert proc is not None
+        device = self.device
+        next_watch = time.monotonic()
+        pipe_open = True
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                timeout = deadline - t0
+                return self._end("timeout", f"probe did not finish within {timeout:.0f} s; child killed",
+                                 started_at, t0, log_tail=_log_tail(self._log_path))
+            if self.should_abort is not None and self.should_abort():
+                return self._end("aborted", "probe aborted by the caller", started_at, t0, status="aborted")
+            if device is not None and now >= next_watch:
+                next_watch = now + self.watch_interval
+                pids = _compute_pids(device)
+                if pids:
+                    allowed = self.own | {proc.pid} | _descendants(proc.pid or 0)
+                    foreign = sorted(set(pids) - allowed)
+                    if foreign:
+                        return self._end(
+                            "aborted",
+                            f"another compute process appeared on the GPU (pid {', '.join(map(str, foreign))}); "
+                            "probe aborted",
+                            started_at, t0, status="aborted", foreign_pids=foreign,
+                        )
+            wait = min(deadline, next_watch if device is not None else deadline) - time.monotonic()
+            wait = min(max(wait, 0.01), 0.2)
+            if pipe_open and self._conn.poll(wait):
+                message = self._receive()
+                if message is None:
+                    pipe_open = False
+                    continue
+                kind, body = message
+                if kind == "progress":
+                    self.progressed = True
+                    if self.on_progress is not None:
+                        try:
+                            self.on_progress(body)
+                        except Exception:  # noqa: BLE001 - a UI callback must not stop the probe
+                            log.exception("progress callback failed")
+                    continue
+                if kind in ("ready", "result"):
+                    return body
+                return self._error(body, started_at, t0)
+            if not pipe_open:
+                time.sleep(wait)
+            if not proc.is_alive():
+                # Drain what it sent before dying, then judge by the exit code.
+                while pipe_open and self._conn.poll(0):
+                    message = self._receive()
+                    if message is None:
+                        break
+                    if message[0] in ("ready", "result"):
+                        self._dead = True
+                        return message[1]
+                    if message[0] == "error":
+                        return self._error(message[1], started_at, t0)
+                proc.join(1.0)
+                code = proc.exitcode
+                tail = _log_tail(self._log_path)
+                if code is not None and code < 0:
+                    text = f"probe process died with {_signal_name(-code)}"
+                else:
+                    text = f"probe process exited with code {code} without a result"
+                if tail:
+                    text += f"\n--- child log (tail) ---\n{tail}"
+                return self._end("crash", text, started_at, t0, exit_code=code)
+
+    def _error(self, body: dict[str, Any], started_at: float, t0: float) -> ProbeResult:
+        """The child reported an exception (and exits): a failure result with its traceback."""
+        proc = self._proc
+        assert proc is not None
+        proc.join(_EXIT_GRACE_SECONDS)
+        reason = body.get("reason", "exception")
+        result = self._end(
+            reason if reason in ("exception", "oom", "cuda_error") else "exception",
+            str(body.get("message", "probe failed")), started_at, t0,
+            traceback=body.get("traceback"), exit_code=proc.exitcode,
+        )
+        for key in ("gpu_name", "compute_capability", "gpu_uuid"):
+            if body.get(key):
+                setattr(result, key, body[key])
+        return result
+
+
 def run_probe(
     spec: ProbeSpec,
     timeout_seconds: float | None = None,
@@ -305,165 +553,22 @@ def run_probe(
     timeout = float(timeout_seconds) if timeout_seconds is not None else default_timeout(spec)
     started_at = time.time()
     t0 = time.monotonic()
-    own = set(own_pids)
-    base: dict[str, Any] = {
-        "probe": spec.probe,
-        "variant": spec.variant,
-        "preset": spec.preset,
-        "params": spec.params(),
-        "device": spec.device,
-        "started_at": started_at,
-    }
-
-    def finish(reason: str, message: str, status: str = "failed", **extra: Any) -> ProbeResult:
-        result = ProbeResult.failure(reason=reason, message=message, status=status, **base)
-        result.wall_seconds = time.monotonic() - t0
-        result.extra.update(extra)
-        return result
-
+    child = ProbeChild(spec, device=device, own_pids=own_pids, watch_interval=watch_interval,
+                       on_progress=on_progress, should_abort=should_abort, record_dir=record_dir)
     if device is not None:
-        busy = check_idle(device, idle_utilization_threshold, own, wait_seconds=idle_wait_seconds)
+        busy = check_idle(device, idle_utilization_threshold, set(own_pids), wait_seconds=idle_wait_seconds)
         if busy is not None:
-            return finish("gpu_busy", busy)
-
-    ctx = multiprocessing.get_context("spawn")
-    receiver, sender = ctx.Pipe(duplex=False)
-    fd, log_path = tempfile.mkstemp(prefix=f"gpuperfd-probe-{spec.probe}-", suffix=".log")
-    os.close(fd)
-    proc = ctx.Process(
-        target=_child.main,
-        args=(spec.to_dict(), sender, log_path, os.getpid()),
-        name=f"gpuperfd-probe-{spec.probe}",
-        daemon=False,  # a daemonic process may not start children; torch.compile needs workers
-    )
-    payload: tuple[str, Any] | None = None
-    outcome: ProbeResult | None = None
-    record: Path | None = None
+            return child._failure("gpu_busy", busy, started_at, t0)
     try:
-        proc.start()
-        with _LIVE_LOCK:
-            _LIVE[proc.pid or 0] = proc
-        record = _record_child(Path(record_dir) if record_dir is not None else None, proc.pid or 0)
-        sender.close()  # the child holds the only writer: EOF when it dies
         deadline = t0 + timeout
-        next_watch = time.monotonic()
-        pipe_open = True
-        while payload is None:
-            now = time.monotonic()
-            if now >= deadline:
-                _kill(proc)
-                freed = _wait_gpu_free(device, proc.pid)
-                outcome = finish(
-                    "timeout", f"probe did not finish within {timeout:.0f} s; child killed",
-                    gpu_freed=freed, log_tail=_log_tail(log_path),
-                )
-                break
-            if should_abort is not None and should_abort():
-                _kill(proc)
-                outcome = finish("aborted", "probe aborted by the caller", status="aborted",
-                                 gpu_freed=_wait_gpu_free(device, proc.pid))
-                break
-            if device is not None and now >= next_watch:
-                next_watch = now + watch_interval
-                pids = _compute_pids(device)
-                if pids:
-                    allowed = own | {proc.pid} | _descendants(proc.pid or 0)
-                    foreign = sorted(set(pids) - allowed)
-                    if foreign:
-                        _kill(proc)
-                        outcome = finish(
-                            "aborted",
-                            f"another compute process appeared on the GPU (pid {', '.join(map(str, foreign))}); "
-                            "probe aborted",
-                            status="aborted",
-                            foreign_pids=foreign,
-                            gpu_freed=_wait_gpu_free(device, proc.pid),
-                        )
-                        break
-            wait = min(deadline, next_watch if device is not None else deadline) - time.monotonic()
-            wait = min(max(wait, 0.01), 0.2)
-            if pipe_open and receiver.poll(wait):
-                try:
-                    kind, body = receiver.recv()
-                except (EOFError, OSError):
-                    pipe_open = False
-                    continue
-                if kind == "progress":
-                    if on_progress is not None:
-                        try:
-                            on_progress(body)
-                        except Exception:  # noqa: BLE001 - a UI callback must not stop the probe
-                            log.exception("progress callback failed")
-                    continue
-                payload = (kind, body)
-                break
-            if not pipe_open:
-                time.sleep(wait)
-            if not proc.is_alive():
-                # Drain what it sent before dying, then judge by the exit code.
-                while pipe_open and receiver.poll(0):
-                    try:
-                        kind, body = receiver.recv()
-                    except (EOFError, OSError):
-                        pipe_open = False
-                        break
-                    if kind != "progress":
-                        payload = (kind, body)
-                        break
-                if payload is None:
-                    proc.join(1.0)
-                    code = proc.exitcode
-                    tail = _log_tail(log_path)
-                    if code is not None and code < 0:
-                        message = f"probe process died with {_signal_name(-code)}"
-                    else:
-                        message = f"probe process exited with code {code} without a result"
-                    if tail:
-                        message += f"\n--- child log (tail) ---\n{tail}"
-                    outcome = finish("crash", message, exit_code=code, gpu_freed=_wait_gpu_free(device, proc.pid))
-                break
-
-        if payload is not None:
-            proc.join(_EXIT_GRACE_SECONDS)
-            if proc.is_alive():  # result is in hand; a teardown hang must not block us
-                _kill(proc)
-            kind, body = payload
-            if kind == "result":
-                outcome = ProbeResult.from_dict(body)
-                outcome.started_at = started_at
-                outcome.wall_seconds = time.monotonic() - t0
-                outcome.extra.setdefault("child_wall_seconds", body.get("wall_seconds"))
-            else:
-                reason = body.get("reason", "exception")
-                message = body.get("message", "probe failed")
-                outcome = finish(
-                    reason if reason in ("exception", "oom", "cuda_error") else "exception",
-                    message,
-                    traceback=body.get("traceback"),
-                    exit_code=proc.exitcode,
-                    gpu_freed=_wait_gpu_free(device, proc.pid),
-                )
-                for key in ("gpu_name", "compute_capability", "gpu_uuid"):
-                    if body.get(key):
-                        setattr(outcome, key, body[key])
+        outcome = child.start(deadline) or child.measure(deadline)
     except BaseException:
         # KeyboardInterrupt or a bug here: never leave a probe running on the GPU.
-        _kill(proc)
+        if child._proc is not None:
+            _kill(child._proc)
         raise
     finally:
-        if proc.is_alive():
-            _kill(proc)
-        with _LIVE_LOCK:
-            _LIVE.pop(proc.pid or 0, None)
-        if record is not None:
-            try:
-                record.unlink()
-            except OSError:
-                pass
-        receiver.close()
-        try:
-            os.unlink(log_path)
-        except OSError:
-            pass
-    assert outcome is not None
+        child.close()
+    outcome.started_at = started_at
+    outcome.wall_seconds = time.monotonic() - t0
     return outcome

@@ -1,8 +1,12 @@
-"""How the daemon runs one probe point: in a child process, or on the simulator.
+"""How the daemon runs probe points: in a child process, or on the simulator.
+
+An executor called as ``executor(device, schedule, abort)`` runs one point from
+scratch; ``executor.open(device, schedule, abort)`` gives a sweep a *session* that
+builds the probe once and measures one point per cap (:func:`open_session`).
 
 ``child_process_executor`` is the real path: the probe runs torch in a child
-(:func:`gpuperfd.probes.runner.run_probe`), so a crash, hang or OOM ends that
-probe and never the daemon. ``simulated_executor`` loads a simulated GPU with
+(:mod:`gpuperfd.probes.runner`), so a crash, hang or OOM ends that probe and never
+the daemon; a sweep keeps one warm child for all its caps. ``simulated_executor`` loads a simulated GPU with
 the profile of the probe and preset (calibrated from the real cards' figures at
 700 W; presets without figures of their own run their probe's default preset
 profile) for a measured window and derives the result from
@@ -13,17 +17,29 @@ simulator show real-looking curves with a known true optimum.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuperfd.config import ScheduleConfig
 from gpuperfd.device.base import Device
+from gpuperfd.probes import wire
 from gpuperfd.probes.result import ProbeResult
-from gpuperfd.probes.spec import DEFAULT_PRESET
+from gpuperfd.probes.settle import wait_steady
+from gpuperfd.probes.spec import DEFAULT_PRESET, ProbeSpec
+
+if TYPE_CHECKING:
+    from gpuperfd.probes.runner import ProbeChild
+
+#: Runs a probe once on a device at the cap it holds now: (device, schedule, abort) -> result.
+Executor = Callable[[Device, ScheduleConfig, threading.Event], ProbeResult]
+
+log = logging.getLogger(__name__)
 
 #: The simulator profile of each probe's default preset ("probe/preset").
 SIMULATED_PROFILE = {probe: f"{probe}/{preset}" for probe, preset in DEFAULT_PRESET.items()}
@@ -38,71 +54,239 @@ def simulated_profile_name(probe: str, preset: str | None) -> str:
     return name if name in WORKLOAD_PROFILES else SIMULATED_PROFILE[probe]
 
 
-def child_process_executor(  # type: ignore[no-untyped-def]
-    timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None
-):
+class Session(Protocol):
+    """One sweep's probe, built once: ``measure`` runs it at the cap set now (a warm sweep)."""
+
+    def measure(self, cap_watts: float) -> ProbeResult: ...
+
+    def close(self) -> None: ...
+
+
+class ColdSession:
+    """The per-point path: every ``measure`` is one whole run of ``execute`` (spawn, build, measure)."""
+
+    def __init__(self, execute: Executor, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> None:
+        self._run = lambda: execute(device, schedule, abort)
+
+    def measure(self, cap_watts: float) -> ProbeResult:
+        return self._run()
+
+    def close(self) -> None:
+        pass
+
+
+def open_session(executor: Executor, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> Session:
+    """The executor's warm session where it has one (``executor.open``), else a cold one."""
+    opener = getattr(executor, "open", None)
+    if opener is not None:
+        return opener(device, schedule, abort)  # type: ignore[no-any-return]
+    return ColdSession(executor, device, schedule, abort)
+
+
+class WarmChildSession:
+    """One probe child for a whole sweep: built once, then one ``measure`` request per cap.
+
+    A point whose child fails (crash, timeout, CUDA error) fails with its reason and
+    the child is gone; the next point starts a new child. A child that could not be
+    built is not built again for the next caps: they fail with the same reason.
+    """
+
+    def __init__(self, spec: ProbeSpec, device: Device, abort: threading.Event, timeout_seconds: float,
+                 settle_seconds: float, state_dir: Path | str | None, check_idle: bool = True) -> None:
+        self.spec = spec
+        self.device = device
+        self.abort = abort
+        self.timeout_seconds = timeout_seconds
+        self.settle_seconds = settle_seconds
+        self.state_dir = state_dir
+        self.check_idle = check_idle
+        self.child: ProbeChild | None = None
+        #: Children started (1 for a sweep without failures).
+        self.children = 0
+        self._build_failure: ProbeResult | None = None
+
+    def measure(self, cap_watts: float) -> ProbeResult:
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout_seconds  # the hard limit of one point, a (re)build included
+        if self._build_failure is not None:
+            return _copy_failure(self._build_failure, f"not run: the probe could not be built: "
+                                 f"{self._build_failure.error_message}")
+        for _attempt in range(2):
+            fresh = self.child is None or not self.child.alive
+            if fresh:
+                failed = self._start(deadline)
+                if failed is not None:
+                    return failed
+            assert self.child is not None
+            result = self.child.measure(deadline, settle_seconds=self.settle_seconds, cap_watts=cap_watts)
+            # A warm child found dead before it began this point died between points: this point
+            # did not run on it, so it gets a fresh child once instead of failing.
+            if fresh or result.failure_reason != "crash" or self.child.progressed:
+                break
+            log.warning("probe child %s died between points (%s); starting a new one",
+                        self.child.pid, result.error_message)
+        ready = self.child.ready or {}
+        result.extra.update({
+            "warm": True,
+            "child_pid": self.child.pid,
+            "child_start_seconds": self.child.start_seconds if fresh else 0.0,
+            "child_setup_seconds": ready.get("setup_seconds") if fresh else 0.0,
+        })
+        result.wall_seconds = time.monotonic() - t0
+        return result
+
+    def _start(self, deadline: float) -> ProbeResult | None:
+        """A new child (the old one closed), built and ready; a failure result if not."""
+        from gpuperfd.probes.runner import ProbeChild, check_idle
+
+        if self.child is not None:
+            self.child.close()
+        own = (os.getpid(),)
+        if self.check_idle:
+            busy = check_idle(self.device, own_pids=own)
+            if busy is not None:
+                return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "",
+                                           "gpu_busy", busy, device=self.spec.device, started_at=time.time())
+        self.child = ProbeChild(self.spec, device=self.device, own_pids=own, should_abort=self.abort.is_set,
+                                record_dir=self.state_dir)
+        self.children += 1
+        failed = self.child.start(deadline)
+        if failed is not None and failed.status == "failed" and failed.failure_reason != "timeout":
+            self._build_failure = failed
+        return failed
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.close()
+            self.child = None
+
+
+def _copy_failure(failure: ProbeResult, message: str) -> ProbeResult:
+    return ProbeResult.failure(failure.probe, failure.variant, failure.preset, failure.failure_reason or "exception",
+                               message, status=failure.status, params=dict(failure.params), device=failure.device,
+                               started_at=time.time())
+
+
+class ChildProcessExecutor:
     """Run the real probe in a child process on the CUDA device matching the NVML index (or the CPU).
 
-    ``state_dir``: where each running child is recorded, so a restarted daemon can end it.
+    Called, it runs one point in a child of its own (the per-point path, ``gpuperfd probe``);
+    :meth:`open` gives a sweep one warm child for all its caps.
     """
-    from gpuperfd.probes.runner import run_probe
-    from gpuperfd.probes.spec import ProbeSpec
 
-    # NVML numbers GPUs by PCI bus id; make CUDA agree so cuda:i is NVML's GPU i.
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    # Probe children yield the CPU to the exporter (see probes/child.py).
-    os.environ.setdefault("GPUPERFD_PROBE_NICE", "10")
+    def __init__(self, timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None) -> None:
+        self.timeout_seconds = timeout_seconds
+        self.torch_device = torch_device
+        #: Where each running child is recorded, so a restarted daemon can end it.
+        self.state_dir = state_dir
+        # NVML numbers GPUs by PCI bus id; make CUDA agree so cuda:i is NVML's GPU i.
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        # Probe children yield the CPU to the exporter (see probes/child.py).
+        os.environ.setdefault("GPUPERFD_PROBE_NICE", "10")
 
-    def execute(device: Device, schedule: ScheduleConfig, abort: threading.Event) -> ProbeResult:
-        spec = ProbeSpec(
+    def spec(self, device: Device, schedule: ScheduleConfig) -> ProbeSpec:
+        return ProbeSpec(
             probe=schedule.probe,
             preset=schedule.preset,
-            device=f"cuda:{device.index}" if torch_device == "cuda" else "cpu",
+            device=f"cuda:{device.index}" if self.torch_device == "cuda" else "cpu",
             **schedule.options,
         )
+
+    def __call__(self, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> ProbeResult:
+        from gpuperfd.probes.runner import run_probe
+
         return run_probe(
-            spec,
-            timeout_seconds=timeout_seconds,
+            self.spec(device, schedule),
+            timeout_seconds=self.timeout_seconds,
             device=device,
             own_pids=(os.getpid(),),
             should_abort=abort.is_set,
-            record_dir=state_dir,
+            record_dir=self.state_dir,
         )
 
-    return execute
+    def open(self, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> WarmChildSession:
+        return WarmChildSession(self.spec(device, schedule), device, abort, self.timeout_seconds,
+                                schedule.settle_seconds, self.state_dir)
+
+
+def child_process_executor(
+    timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None
+) -> ChildProcessExecutor:
+    """The real executor (see :class:`ChildProcessExecutor`)."""
+    return ChildProcessExecutor(timeout_seconds, torch_device, state_dir)
 
 
 def _noisy(rng: random.Random, value: float, sigma: float) -> float:
     return max(value * (1.0 + rng.gauss(0.0, sigma)), 0.0)
 
 
-def simulated_executor(  # type: ignore[no-untyped-def]
-    measure_seconds: float, seed: int | None = None, noise: float = 0.004, watch_interval: float = 0.1
-):
+class SimulatedSession:
+    """A warm sweep on the simulator: the same protocol as the child's (results cross as JSON),
+    settle by measurement under load, one point per ``measure``."""
+
+    def __init__(self, executor: SimulatedExecutor, device: Device, schedule: ScheduleConfig,
+                 abort: threading.Event) -> None:
+        self.executor, self.device, self.schedule, self.abort = executor, device, schedule, abort
+        #: Points measured (the simulator builds nothing: this stands for the child's reuse).
+        self.points = 0
+
+    def measure(self, cap_watts: float) -> ProbeResult:
+        result = self.executor.measure(self.device, self.schedule, self.abort, self.schedule.settle_seconds)
+        result.extra.update({"warm": True, "point_index": self.points})
+        self.points += 1
+        return ProbeResult.from_dict(wire.decode(wire.encode("result", result.to_dict()))[1])
+
+    def close(self) -> None:
+        pass
+
+
+class SimulatedExecutor:
     """Run a probe on a SimulatedGpu: load it for ``measure_seconds`` and read its physics."""
-    from gpuperfd.device.simulated import WORKLOAD_PROFILES, SimulatedGpu
 
-    rng = random.Random(seed)
-    lock = threading.Lock()
+    def __init__(self, measure_seconds: float, seed: int | None = None, noise: float = 0.004,
+                 watch_interval: float = 0.1) -> None:
+        self.measure_seconds = measure_seconds
+        self.noise = noise
+        self.watch_interval = watch_interval
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
 
-    def execute(device: Device, schedule: ScheduleConfig, abort: threading.Event) -> ProbeResult:
+    def __call__(self, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> ProbeResult:
+        return self.measure(device, schedule, abort, 0.0)
+
+    def open(self, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> SimulatedSession:
+        return SimulatedSession(self, device, schedule, abort)
+
+    def measure(self, device: Device, schedule: ScheduleConfig, abort: threading.Event,
+                settle_seconds: float) -> ProbeResult:
+        """One point at the cap set now: load, settle (at most ``settle_seconds``), measured window."""
+        from gpuperfd.device.simulated import WORKLOAD_PROFILES, SimulatedGpu
+
         if not isinstance(device, SimulatedGpu):
             raise TypeError("the simulated executor needs a simulated GPU")
+        rng, lock, noise = self._rng, self._lock, self.noise
         preset = schedule.preset or DEFAULT_PRESET[schedule.probe]
         profile = WORKLOAD_PROFILES[simulated_profile_name(schedule.probe, preset)]
         started_at = time.time()
-        wall_start = time.monotonic()
-        energy_start = device.energy_joules()
         own = os.getpid()
         device.begin_load(profile, pid=own)
         gpm = _window_gpm(device)
         why = None
+        settled: tuple[float, bool | None] = (0.0, None)
         try:
+            if settle_seconds > 0:
+                def sample(seconds: float) -> tuple[float | None, float | None]:
+                    abort.wait(seconds)
+                    return device.power_watts(), device.clocks().sm_hertz
+
+                settled = wait_steady(sample, settle_seconds, slice_seconds=min(0.25, settle_seconds / 4))
+            wall_start = time.monotonic()
+            energy_start = device.energy_joules()
             # Like the child runner: a process of someone else's appearing mid-probe aborts it
             # and gives the GPU back at once.
-            deadline = time.monotonic() + measure_seconds
+            deadline = time.monotonic() + self.measure_seconds
             while why is None and (left := deadline - time.monotonic()) > 0:
-                if abort.wait(min(left, watch_interval)):
+                if abort.wait(min(left, self.watch_interval)):
                     why = "aborted by shutdown"
                 elif foreign := [p.pid for p in device.compute_processes() if p.pid != own]:
                     why = f"compute process {foreign[0]} appeared on the GPU"
@@ -157,9 +341,14 @@ def simulated_executor(  # type: ignore[no-untyped-def]
             gpm_sm_active_mean_ratio=None if gpm is None else gpm.sm_active,
             gpm_tensor_active_mean_ratio=None if gpm is None else gpm.tensor_active,
             gpm_dram_active_mean_ratio=None if gpm is None else gpm.dram_active,
+            extra={"settle_seconds": settled[0], "settle_steady": settled[1]},
         )
 
-    return execute
+
+def simulated_executor(measure_seconds: float, seed: int | None = None, noise: float = 0.004,
+                       watch_interval: float = 0.1) -> SimulatedExecutor:
+    """The simulator's executor (see :class:`SimulatedExecutor`)."""
+    return SimulatedExecutor(measure_seconds, seed, noise, watch_interval)
 
 
 def _window_gpm(device: Any) -> Any:

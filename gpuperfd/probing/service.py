@@ -24,6 +24,7 @@ from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probes.result import ProbeResult
 from gpuperfd.probes.spec import DEFAULT_PRESET
+from gpuperfd.probing.executors import Executor, open_session
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker, allocated_reason, busy_reason, mig_reason
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
@@ -39,8 +40,6 @@ from gpuperfd.probing.sweep.sweeper import (
 
 log = logging.getLogger(__name__)
 
-#: Runs a probe once on a device at the cap it holds now: (device, schedule, abort) -> result.
-Executor = Callable[[Device, ScheduleConfig, threading.Event], ProbeResult]
 
 
 @dataclass(frozen=True)
@@ -258,10 +257,12 @@ class ProbeService:
         sweep_id = uuidlib.uuid4().hex[:12]
         published: list[SweepPoint] = []
 
+        session = open_session(self.executor, device, schedule, self.abort)  # one warm child per sweep
+
         def run_point(cap: float) -> ProbeResult:
             self.tracker.mark_ours(device.index, True)
             try:
-                return self.executor(device, schedule, self.abort)
+                return session.measure(cap)
             finally:
                 self.tracker.mark_ours(device.index, False)
 
@@ -294,6 +295,7 @@ class ProbeService:
                 abort=self.abort,
                 on_cap=lambda watts: self._cap_changed(device, info, watts),
                 on_point=on_point,
+                stop_early=self.config.max_slowdown if self.config.stop_early else None,
             )
         except SweepAborted as exc:
             log.warning("%s", exc)
@@ -311,7 +313,9 @@ class ProbeService:
             log.exception("gpu %d: %s sweep failed", device.index, schedule.probe)
             self.metrics.count(info, schedule.probe, preset, "failed", "exception")
             return RunOutcome("failed", "exception", tuple(published))
-        failed = [p for p in published if p.result.status != "ok"]
+        finally:
+            session.close()
+        failed = [p for p in published if p.result.status not in ("ok", "skipped")]
         if len(published) > 1:
             best = recommend(published, self.config.max_slowdown)
             if best is not None:

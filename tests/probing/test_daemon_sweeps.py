@@ -24,6 +24,7 @@ probes:
   jitter_seconds: 0
   first_run_delay_seconds: 0.5
   simulated_measure_seconds: 1.0
+  stop_early: false  # every cap runs: the series of all five are checked
   schedules:
     - probe: llm
       interval_seconds: 3600
@@ -89,6 +90,7 @@ def test_sigkill_mid_sweep_then_restart_restores_before_any_probe(start_daemon, 
     second = start_daemon(config_text=config.replace("first_run_delay_seconds: 0.5", "first_run_delay_seconds: 3600"))
     assert sim_limits(state) == {"0": 650.0, "1": 640.0}
     assert not list(state.glob("*.cap.json"))
+    wait_for(lambda: "listening on" in second.log(), what="the start-up log line")  # /healthz answers just before it
     log = second.log()
     restored = log.index("restored original power cap 650 W")
     assert restored < log.index("listening on")  # before the HTTP server and the scheduler started

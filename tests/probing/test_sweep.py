@@ -186,6 +186,7 @@ def test_sweep_cli_on_simulated_gpu(tmp_path):
 
     out = tmp_path / "points.jsonl"
     code = main(["sweep", "--simulate", "1", "--probe", "attention", "--caps", "max,500,300", "--settle", "0",
+                 "--no-stop-early",
                  "--state-dir", str(tmp_path / "state"), "--output", str(out), "--no-progress"])
     assert code == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -223,6 +224,26 @@ def test_sweep_cli_option_errors_are_one_line(tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1
     assert "batch_size: must be between 1 and 65536, got 0" in err
     assert "pydantic" not in err and "http" not in err and "ScheduleConfig" not in err
+
+
+def test_sweep_output_is_report_input_inference_and_training_side_by_side(tmp_path, capsys):
+    """Seed 001's workflow in two commands: sweep llm and train, then `gpuperfd report --history`."""
+    from gpuperfd.cli import main
+
+    out = tmp_path / "sweep.jsonl"
+    code = main(["sweep", "--simulate", "1", "--probe", "llm,train", "--caps", "max,500,300", "--settle", "0",
+                 "--no-stop-early", "--state-dir", str(tmp_path / "state"), "--output", str(out), "--no-progress",
+                 "--report", str(tmp_path / "direct")])
+    assert code == 0
+    assert main(["report", "--history", str(out), "--out", str(tmp_path / "report")]) == 0
+    printed = capsys.readouterr().out
+    assert "1 GPU(s), 2 series, 6 runs" in printed
+    assert "llm/gpt2" in printed and "train/gpt2" in printed
+    for folder in ("direct", "report"):
+        summary = (tmp_path / folder / "summary.csv").read_text()
+        assert "llm" in summary and "train" in summary and "training" in summary and "inference" in summary
+    assert (tmp_path / "direct" / "summary.csv").read_text().splitlines()[0] == \
+        (tmp_path / "report" / "summary.csv").read_text().splitlines()[0]
 
 
 @pytest.mark.parametrize("args,words", [

@@ -50,7 +50,7 @@ def test_seed_001_power_caps_with_temperature_utilization_and_min_energy(tmp_pat
     config = tmp_path / "sim.yaml"
     config.write_text("probes:\n  simulated_measure_seconds: 0.2\n")
     common = ["--simulate", "1", "--config", str(config), "--state-dir", str(tmp_path), "--settle", "0",
-              "--no-progress", "--caps", "700,600,500,400,300"]
+              "--no-progress", "--no-stop-early", "--caps", "700,600,500,400,300"]
     assert main(["sweep", "--probe", "train", *common, "--output", str(tmp_path / "training_stats.csv")]) == 0
     assert main(["sweep", "--probe", "llm", *common, "--output", str(tmp_path / "inference_stats.csv")]) == 0
     rows = _rows(tmp_path / "training_stats.csv")

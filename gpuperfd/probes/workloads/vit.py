@@ -22,6 +22,7 @@ Variants:
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -76,6 +77,9 @@ class ViTWorkload:
             self.fn = torch.compile(fused.__call__) if self.compiled else fused
         self.marks: list[int] = []
         self.graph_error: str | None = None
+        #: Seconds of torch.compile and CUDA-graph capture inside the build (a sweep's cost part).
+        self.compile_seconds = 0.0
+        t_compile = time.perf_counter()
         if self.fused:
             with torch.inference_mode():
                 if ctx.is_cuda:
@@ -89,6 +93,7 @@ class ViTWorkload:
                         self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
                 elif self.compiled:
                     self._forward()  # compile now, not in the warmup
+            self.compile_seconds = time.perf_counter() - t_compile
 
     def _forward(self) -> torch.Tensor:
         if self.fn is not None:
@@ -139,6 +144,7 @@ class ViTWorkload:
             "compiled": self.compiled,
             "implementation": "gpuperfd.vit_fused" if self.fused else "transformers",
             "cuda_graph": self.graph is not None,
+            "compile_seconds": self.compile_seconds,
             "attention": getattr(self.model.config, "_attn_implementation", None),
             **({"cuda_graph_error": self.graph_error} if self.graph_error else {}),
         }

@@ -8,6 +8,8 @@ original limit to the journal before the first change and restores it when the
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -103,6 +105,24 @@ class CapGuard:
             self.original_watts = record.original_watts
         self.device.set_power_limit(watts)
         self.current_watts = watts
+
+    def wait_applied(self, max_seconds: float, abort: threading.Event | None = None, poll: float = 0.02) -> float | None:
+        """Seconds until the enforced limit reads back as the cap just set (at most ``max_seconds``);
+        None if it never did (logged: the point is measured anyway, and says so)."""
+        assert self.current_watts is not None
+        start = time.monotonic()
+        while True:
+            try:
+                if round(self.device.power_limits().enforced_watts) == round(self.current_watts):
+                    return time.monotonic() - start
+            except DeviceError:
+                pass
+            left = max_seconds - (time.monotonic() - start)
+            if left <= 0 or (abort is not None and abort.is_set()):
+                log.warning("gpu %d: power cap %.0f W does not read back after %.1f s",
+                            self.device.index, self.current_watts, time.monotonic() - start)
+                return None
+            time.sleep(min(poll, left))
 
     def restore(self) -> None:
         """Put the original limit back, read it back, then clear the journal.

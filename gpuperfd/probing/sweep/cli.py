@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 import threading
-import time
 from typing import Any
 
 from gpuperfd.config import Config, ScheduleConfig, config_with_flags
@@ -27,6 +26,18 @@ def _parse_option(text: str) -> tuple[str, Any]:
         return key, value
 
 
+def _probe_list(text: str) -> list[str]:
+    from gpuperfd.probes.spec import PROBES
+
+    probes = [p.strip() for p in text.split(",")]
+    for probe in probes:
+        if probe not in PROBES:
+            raise argparse.ArgumentTypeError(f"unknown probe {probe!r}; use one or more of {', '.join(PROBES)}")
+    if len(set(probes)) != len(probes):
+        raise argparse.ArgumentTypeError(f"{text!r} names a probe twice")
+    return probes
+
+
 def register(subparsers: Any) -> None:
     sweep = subparsers.add_parser(
         "sweep",
@@ -37,7 +48,9 @@ def register(subparsers: Any) -> None:
             "the highest cap). The original cap is journaled before the first change."
         ),
     )
-    sweep.add_argument("--probe", required=True, choices=["llm", "vit", "attention", "train"])
+    sweep.add_argument("--probe", required=True, type=_probe_list, metavar="PROBE[,PROBE...]",
+                       help="llm, vit, attention, train; several (llm,train) sweep one after another, "
+                            "inference and training side by side in --report")
     sweep.add_argument("--caps", required=True, metavar="LIST",
                        help="comma-separated caps: watts (450), fractions of the maximum (0.8), min, max, default, current")
     sweep.add_argument("--gpu", type=int, default=0, metavar="I", help="GPU index (default 0)")
@@ -46,7 +59,11 @@ def register(subparsers: Any) -> None:
     sweep.add_argument("--preset", help="probe preset (default: the probe's default)")
     sweep.add_argument("--option", action="append", type=_parse_option, default=[], metavar="KEY=VALUE",
                        help="probe option, repeatable (e.g. batch_size=8)")
-    sweep.add_argument("--settle", type=float, default=5.0, metavar="SECONDS", help="wait after each cap change")
+    sweep.add_argument("--settle", type=float, default=5.0, metavar="SECONDS",
+                       help="after each cap change, wait at most this long for the limit to read back and for "
+                            "power and SM clock to be steady under load (default 5)")
+    sweep.add_argument("--no-stop-early", dest="stop_early", action="store_false",
+                       help="run every cap, even below one already clearly slower than --max-slowdown allows")
     sweep.add_argument("--max-slowdown", type=float, default=0.10, help="slowdown allowed for the recommendation")
     sweep.add_argument("--read-only", action="store_true", help="never change the cap: probe at the current cap only")
     sweep.add_argument("--simulate", type=int, metavar="N", help="run on N simulated GPUs")
@@ -57,6 +74,7 @@ def register(subparsers: Any) -> None:
     sweep.add_argument("--output", metavar="FILE",
                        help="append each point as a run record to FILE.csv or FILE.jsonl (docs/reports.md); "
                             "an existing file of another format is refused, never overwritten")
+    sweep.add_argument("--report", metavar="DIR", help="also write the report (HTML, PNG, CSV) into DIR")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
     sweep.set_defaults(func=cmd_sweep)
 
@@ -127,12 +145,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.wait >= 0:
         print("gpuperfd: --wait must be >= 0 seconds", file=sys.stderr)
         return 2
+    if args.report:
+        try:
+            import matplotlib  # noqa: F401  (checked before any GPU time is spent)
+        except ImportError:
+            print("gpuperfd: --report needs matplotlib: pip install 'gpuperfd[report]'", file=sys.stderr)
+            return 2
     try:
         caps_spec = parse_cap_list(args.caps)
-        schedule = ScheduleConfig(
-            probe=args.probe, preset=args.preset, interval_seconds=3600, caps=caps_spec,
-            settle_seconds=args.settle, options=dict(args.option),
-        )
+        schedules = [
+            ScheduleConfig(probe=probe, preset=args.preset, interval_seconds=3600, caps=caps_spec,
+                           settle_seconds=args.settle, options=dict(args.option))
+            for probe in args.probe
+        ]
     except (CapSpecError, ValueError) as exc:
         print(f"gpuperfd: --caps/--option: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -151,13 +176,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             if args.gpu not in devices:
                 say(f"gpuperfd: --gpu {args.gpu}: no such GPU (have {sorted(devices)})")
                 return 2
-            code = _sweep_owned(args, config, devices[args.gpu], schedule, caps_spec, abort, stop)
+            code = _sweep_owned(args, config, devices[args.gpu], schedules, caps_spec, abort, stop)
         finally:
             backend.close()
     return code
 
 
-def _sweep_owned(args, config, device, schedule, caps_spec, abort, stop) -> int:  # type: ignore[no-untyped-def]
+def _sweep_owned(args, config, device, schedules, caps_spec, abort, stop) -> int:  # type: ignore[no-untyped-def]
     """Own GPU ``device``'s cap (cross-process lock), restore what a dead owner left, sweep, report."""
     from gpuperfd.device.errors import DeviceError
     from gpuperfd.probing.executors import child_process_executor, simulated_executor
@@ -191,7 +216,8 @@ def _sweep_owned(args, config, device, schedule, caps_spec, abort, stop) -> int:
             return 1
         lock = None
     original: float | None = None
-    points: list[SweepPoint] = []
+    records = SweepRecords(args.output, device.info())
+    sweeps: list[tuple[str, list[SweepPoint]]] = []
     try:
         if lock is not None:  # a leftover of this GPU only: its owner is dead (we hold its lock)
             restore_pending(journal, [device], only=[device.info().uuid], lock=False)
@@ -212,7 +238,12 @@ def _sweep_owned(args, config, device, schedule, caps_spec, abort, stop) -> int:
         else:
             executor = child_process_executor(config.probes.timeout_seconds, config.probes.torch_device,
                                               state_dir=journal.state_dir)
-        _run_with_bar(args, device, journal, caps, schedule, executor, abort, read_only, points)
+        for schedule in schedules:
+            points: list[SweepPoint] = []
+            sweeps.append((schedule.probe, points))
+            records.start(original)
+            _run_with_bar(args, device, journal, caps, schedule, executor, abort, read_only,
+                          lambda point, points=points: (points.append(point), records.add(point)))
     except SweepAborted:
         pass  # reported below, with the cap read back
     except DeviceError as exc:
@@ -229,15 +260,69 @@ def _sweep_owned(args, config, device, schedule, caps_spec, abort, stop) -> int:
     if stop.received is not None:
         say(f"gpuperfd: sweep stopped by {stop.name}; {_cap_report(device, original, journal)}")
         return stop.exit_code
-    return _print_results(args, points)
+    code = 0
+    for probe, points in sweeps:
+        code = max(code, _print_results(args, probe, points))
+    if args.report:
+        code = max(code, _write_report(args, records.records))
+    return code
 
 
-def _run_with_bar(args, device, journal, caps, schedule, executor, abort, read_only, points) -> None:  # type: ignore[no-untyped-def]
+class SweepRecords:
+    """Each point as a run record (``gpuperfd.run/1``, what `gpuperfd report` reads), kept for
+    ``--report`` and appended to ``path`` as it comes (a stopped sweep keeps its points)."""
+
+    def __init__(self, path: str | None, gpu: Any) -> None:
+        self.path = path
+        self.gpu = {k: v for k, v in dataclasses.asdict(gpu).items() if k != "serial"}
+        self.records: list[dict[str, Any]] = []
+        self.original: float | None = None
+        self.sweep_id = ""
+
+    def start(self, original: float | None) -> None:
+        import uuid
+
+        self.original = original
+        self.sweep_id = f"cli-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+    def add(self, point: Any) -> None:
+        from gpuperfd.probes.record import RecordError, append_records, build_record
+        from gpuperfd.system.stopsignals import say
+
+        record = build_record(point.result, "sweep", gpu=self.gpu, power_cap_watts=point.cap_watts,
+                              original_cap_watts=self.original, sweep_id=self.sweep_id)
+        self.records.append(record)
+        if self.path is not None:
+            try:
+                append_records(self.path, [record])
+            except (RecordError, OSError) as exc:
+                say(f"gpuperfd: --output: {exc}")
+
+
+def _write_report(args: argparse.Namespace, records: list[dict[str, Any]]) -> int:
+    """The report of this command's points, written into ``--report DIR`` (inference and training side by side)."""
+    from gpuperfd.report import build_report, write_report
+    from gpuperfd.report.records import Loaded, ReportError, run_from_history
+
+    loaded = Loaded([run_from_history(r, "gpuperfd sweep") for r in records], ["gpuperfd sweep"])
+    try:
+        files = write_report(build_report(loaded, args.max_slowdown), args.report)
+    except ReportError as exc:
+        print(f"gpuperfd: --report: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"gpuperfd: --report: cannot write the report: {exc}", file=sys.stderr)
+        return 1
+    print(f"report: {files.html}")
+    return 0
+
+
+def _run_with_bar(args, device, journal, caps, schedule, executor, abort, read_only, on_point) -> None:  # type: ignore[no-untyped-def]
     from gpuperfd.console import ProgressBar
-    from gpuperfd.probes.record import RecordError, append_records, build_record
+    from gpuperfd.probing.executors import open_session
     from gpuperfd.probing.sweep.sweeper import run_sweep
 
-    bar = ProgressBar(1 if read_only else len(caps), desc=f"sweep {args.probe} gpu{args.gpu}",
+    bar = ProgressBar(1 if read_only else len(caps), desc=f"sweep {schedule.probe} gpu{args.gpu}",
                       enabled=False if args.no_progress else None)
 
     def quietly(action) -> None:  # type: ignore[no-untyped-def]
@@ -246,35 +331,24 @@ def _run_with_bar(args, device, journal, caps, schedule, executor, abort, read_o
         except (OSError, ValueError):
             pass
 
-    gpu = {k: v for k, v in dataclasses.asdict(device.info()).items() if k != "serial"}
-    sweep_id = f"cli-{os.getpid()}-{int(time.time())}"
-
-    def on_point(point) -> None:  # type: ignore[no-untyped-def]
-        points.append(point)
-        quietly(lambda: bar.update(1))
-        if args.output:  # one record per point as it lands: an interrupted sweep keeps what it measured
-            try:
-                append_records(args.output, [build_record(point.result, "sweep", gpu=gpu,
-                                                          power_cap_watts=point.cap_watts, sweep_id=sweep_id)])
-            except (RecordError, OSError) as exc:
-                message = f"gpuperfd: --output: {exc}"
-                quietly(lambda: bar.write(message))
-
     quietly(bar.__enter__)
+    session = open_session(executor, device, schedule, abort)  # one warm child for the whole sweep
     try:
         run_sweep(
-            device, journal, caps, lambda cap: executor(device, schedule, abort),
+            device, journal, caps, session.measure,
             settle_seconds=args.settle, read_only=read_only, abort=abort,
             on_cap=lambda watts: quietly(lambda: bar.set_message(f"{watts:.0f} W" if watts else "restored")),
-            on_point=on_point,
+            on_point=lambda point: (on_point(point), quietly(lambda: bar.update(1))),
+            stop_early=args.max_slowdown if args.stop_early else None,
         )
     finally:
+        session.close()
         quietly(lambda: bar.__exit__(None, None, None))
 
 
-def _print_results(args: argparse.Namespace, points: list) -> int:  # type: ignore[type-arg]
-    from gpuperfd.console import format_table
-    from gpuperfd.probing.sweep.sweeper import recommend, work_rate
+def _rows(points: list) -> list[dict[str, Any]]:  # type: ignore[type-arg]
+    """The table's rows (and the CSV's)."""
+    from gpuperfd.probing.sweep.sweeper import work_rate
 
     rows = []
     for point in points:
@@ -285,11 +359,30 @@ def _print_results(args: argparse.Namespace, points: list) -> int:  # type: igno
             "energy_per_unit_joules": r.energy_per_unit_joules, "average_power_watts": r.average_power_watts,
             "sm_clock_hertz": r.sm_clock_hertz_mean, "gpu_busy_ratio": r.gpu_busy_ratio,
             "clock_events": " ".join(r.clock_events_seen),
+            "settle_seconds": _settle_seconds(r),
         })
+    return rows
+
+
+def _settle_seconds(result: Any) -> float | None:
+    """How long the point waited for its cap: the limit's read back plus steady power and clock under load."""
+    parts = [result.extra.get("cap_read_back_seconds"), result.extra.get("settle_seconds")]
+    known = [p for p in parts if isinstance(p, int | float)]
+    return sum(known) if known else None
+
+
+def _print_results(args: argparse.Namespace, probe: str, points: list) -> int:  # type: ignore[type-arg]
+    """The table of one probe's sweep and its recommendation; 1 when a point failed."""
+    from gpuperfd.console import format_table
+    from gpuperfd.probing.sweep.sweeper import recommend
+
+    rows = _rows(points)
+    print(f"\n{probe}:")
     print(format_table(
-        ["cap W", "status", "units/s", "J/unit", "avg W", "SM MHz", "busy"],
-        [[row["cap_watts"], row["status"], row["units_per_second"], row["energy_per_unit_joules"],
-          row["average_power_watts"], (row["sm_clock_hertz"] or 0) / 1e6 or None, row["gpu_busy_ratio"]]
+        ["cap W", "status", "units/s", "J/unit", "avg W", "SM MHz", "busy", "settle s"],
+        [[row["cap_watts"], row["status"] if row["status"] == "ok" else f"{row['status']} ({row['reason']})",
+          row["units_per_second"], row["energy_per_unit_joules"], row["average_power_watts"],
+          (row["sm_clock_hertz"] or 0) / 1e6 or None, row["gpu_busy_ratio"], row["settle_seconds"]]
          for row in rows],
     ))
     best = recommend(points, args.max_slowdown)
@@ -299,7 +392,7 @@ def _print_results(args: argparse.Namespace, points: list) -> int:  # type: igno
             f"{points[0].result.work_unit}, {100 * best.slowdown_ratio:.1f}% slower than {best.baseline_cap_watts:.0f} W "
             f"(rule: lowest energy among caps at most {100 * args.max_slowdown:.0f}% slower than the highest)"
         )
-    return 0 if all(p.result.status == "ok" for p in points) else 1
+    return 0 if all(p.result.status in ("ok", "skipped") for p in points) else 1
 
 
 def cmd_restore_caps(args: argparse.Namespace) -> int:

@@ -1,20 +1,29 @@
 """A power-cap sweep: run one probe at each cap on one GPU, then restore the original cap.
 
 The sweep never imports torch or pynvml: it gets a device and a function that
-runs the probe once and returns a ProbeResult. In read-only mode it runs the
-probe once at the current cap and never touches the limit.
+measures the probe once at the cap set now (a warm child's next point, see
+:mod:`gpuperfd.probing.executors`) and returns a ProbeResult. In read-only mode it
+runs the probe once at the current cap and never touches the limit.
+
+Per cap: journal (first change only), set, read the limit back (bounded by
+``settle_seconds``), measure; the measurement itself waits for steady power and SM
+clock under load (:mod:`gpuperfd.probes.settle`). With ``stop_early`` the caps below
+one that is clearly slower than ``max_slowdown`` allows are skipped (status
+``skipped``, reason ``early_stop``): throughput does not rise as the cap falls, so
+none of them could be recommended.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuperfd.device.base import Device
-from gpuperfd.probes.result import ProbeResult
+from gpuperfd.probes.result import ProbeResult, describe
 from gpuperfd.probing.sweep.caps import CapGuard
 from gpuperfd.probing.sweep.journal import CapJournal
 
@@ -70,6 +79,38 @@ def recommend(points: Sequence[SweepPoint], max_slowdown: float = 0.10) -> Recom
     )
 
 
+#: A result without repeats (or one) is given this relative noise for the early-stop margin.
+DEFAULT_RATE_NOISE = 0.01
+#: How many standard deviations of the two points' combined noise "clearly" means.
+EARLY_STOP_SIGMAS = 3.0
+
+
+def rate_noise(result: ProbeResult) -> float:
+    """Relative spread (CV) of the work rate over the result's measured windows."""
+    rates = [r.units_of_work / r.measured_seconds for r in result.repeats if r.measured_seconds > 0]
+    stats = describe(rates)
+    if stats is None or stats.n < 2 or stats.cv is None:
+        return DEFAULT_RATE_NOISE
+    return stats.cv
+
+
+def clearly_slower(baseline: ProbeResult, point: ProbeResult, max_slowdown: float) -> bool:
+    """True when ``point`` is slower than ``baseline`` by more than ``max_slowdown`` plus three
+    standard deviations of the two measurements' noise: no lower cap can be recommended then."""
+    base, rate = work_rate(baseline), work_rate(point)
+    if not base or rate is None:
+        return False
+    margin = EARLY_STOP_SIGMAS * math.hypot(rate_noise(baseline), rate_noise(point))
+    return 1.0 - rate / base > max_slowdown + margin
+
+
+def skipped_point(cap: float, like: ProbeResult, why: str) -> SweepPoint:
+    """A point not run on purpose (reported as skipped, never as failed)."""
+    result = ProbeResult.failure(like.probe, like.variant, like.preset, "early_stop", why, status="skipped",
+                                 params=dict(like.params), device=like.device, started_at=time.time())
+    return SweepPoint(cap, result)
+
+
 class SweepAborted(Exception):
     """The sweep was stopped (daemon shutdown) before every cap ran."""
 
@@ -85,15 +126,16 @@ def run_sweep(
     abort: threading.Event | None = None,
     on_cap: Callable[[float | None], None] | None = None,
     on_point: Callable[[SweepPoint], None] | None = None,
-    sleep: Callable[[float], None] | None = None,
+    stop_early: float | None = None,
 ) -> list[SweepPoint]:
     """Run ``run_point`` at each cap (highest first); always restore the original cap.
 
     ``on_cap(watts)`` is told the cap held now (None once restored); ``on_point``
     gets each result as it comes. ``abort`` stops between points, restoring first.
+    ``stop_early``: the recommendation's max_slowdown; caps below the first one that is
+    clearly slower than that (see :func:`clearly_slower`) are skipped. None runs every cap.
     """
     abort = abort or threading.Event()
-    wait = sleep or (lambda seconds: abort.wait(seconds))
     points: list[SweepPoint] = []
     if read_only:
         current = device.power_limits().enforced_watts
@@ -102,29 +144,43 @@ def run_sweep(
         if on_point:
             on_point(point)
         return [point]
+    stopped_by: SweepPoint | None = None
     try:
         with CapGuard(device, journal) as guard:
             for cap in caps_watts:
                 if abort.is_set():
                     raise SweepAborted(f"sweep on gpu {device.index} aborted before {cap:.0f} W")
-                guard.set(cap)
-                if on_cap:
-                    on_cap(cap)
-                wait(settle_seconds)
-                if abort.is_set():
-                    raise SweepAborted(f"sweep on gpu {device.index} aborted at {cap:.0f} W")
-                started = time.monotonic()
-                point = SweepPoint(cap, run_point(cap))
-                log.info(
-                    "gpu %d: %s at %.0f W: %s in %.1f s",
-                    device.index, point.result.probe, cap, point.result.status, time.monotonic() - started,
-                )
+                if stopped_by is not None:
+                    point = skipped_point(cap, stopped_by.result,
+                                          f"{stopped_by.cap_watts:.0f} W was already more than "
+                                          f"{100 * stop_early:.0f}% slower than {points[0].cap_watts:.0f} W")
+                else:
+                    guard.set(cap)
+                    if on_cap:
+                        on_cap(cap)
+                    read_back = guard.wait_applied(settle_seconds, abort)
+                    if abort.is_set():
+                        raise SweepAborted(f"sweep on gpu {device.index} aborted at {cap:.0f} W")
+                    started = time.monotonic()
+                    point = SweepPoint(cap, run_point(cap))
+                    point.result.extra["cap_read_back_seconds"] = read_back
+                    log.info(
+                        "gpu %d: %s at %.0f W: %s in %.1f s",
+                        device.index, point.result.probe, cap, point.result.status, time.monotonic() - started,
+                    )
                 points.append(point)
                 if on_point:
                     on_point(point)
                 if point.result.status == "aborted":  # someone else wants the GPU: give it back now
                     log.warning("gpu %d: sweep stopped: %s", device.index, point.result.error_message)
                     break
+                baseline = points[0].result
+                if (stop_early is not None and stopped_by is None and len(points) > 1 and baseline.ok
+                        and point.result.ok and clearly_slower(baseline, point.result, stop_early)):
+                    stopped_by = point
+                    log.info("gpu %d: %s at %.0f W is clearly more than %.0f%% slower than at %.0f W: "
+                             "lower caps skipped", device.index, point.result.probe, cap, 100 * stop_early,
+                             points[0].cap_watts)
     finally:
         if on_cap:
             on_cap(None)

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Resident memory of the daemon idle and after a round of real child probes; no torch in it.
+
+    python3 benchmarks/daemon_rss.py --json daemon_rss.json              # GPU node: NVML, read-only probes
+    python3 benchmarks/daemon_rss.py --cpu --json daemon_rss_cpu.json    # CPU: simulated GPU, tiny probes
+
+Starts ``gpuperfd run`` (the real daemon) with the child executor, reads its VmRSS
+from /proc after it has idled (``--idle`` seconds), waits until every default probe
+has written a history line (one round of real child probes: default presets on the
+GPU, read-only at the current cap so no limit changes; tiny presets on the CPU, where
+the simulated GPU is swept over two caps through one warm child), then reads VmRSS
+again and lists any torch, numpy or transformers file in the daemon's memory maps
+(there must be none). Target (issue 12): <= 60 MB idle and after probes on a GPU node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBES = ("llm", "vit", "attention", "train")
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as handle:
+        return next(int(line.split()[1]) / 1024 for line in handle if line.startswith("VmRSS:"))
+
+
+def heavy_maps(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/maps") as handle:
+        return sorted({line.split()[-1] for line in handle
+                       if any(k in line.split()[-1] for k in ("torch", "numpy", "transformers", "_multiarray"))})
+
+
+def config(cpu: bool, state: Path) -> str:
+    if cpu:
+        schedules = "\n".join(
+            f"    - {{probe: {p}, preset: tiny, interval_seconds: 3600, caps: [max, 500], settle_seconds: 0.5}}"
+            for p in PROBES)
+        head = "device: {backend: simulated}\nsimulation: {gpus: 1, seed: 1}\n"
+        extra = "  read_only: false\n  torch_device: cpu\n"
+    else:
+        schedules = "\n".join(f"    - {{probe: {p}, interval_seconds: 3600, caps: [current]}}" for p in PROBES)
+        head = "device: {backend: nvml}\n"
+        extra = "  read_only: true\n"
+    return (f"{head}probes:\n{extra}  executor: child\n  state_dir: {state}\n"
+            f"  history: {{path: {state}/history.jsonl}}\n  idle_seconds: 0\n  jitter_seconds: 0\n"
+            f"  first_run_delay_seconds: {{delay}}\n  parallel_gpus: false\n  timeout_seconds: 900\n"
+            f"  schedules:\n{schedules}\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cpu", action="store_true", help="simulated GPU, tiny probes on the CPU")
+    parser.add_argument("--idle", type=float, default=20.0, help="seconds idle before the first reading")
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp)
+        (state / "gpuperfd.yaml").write_text(config(args.cpu, state).replace("{delay}", str(args.idle + 5)))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))}
+        log = open(state / "daemon.log", "wb")
+        proc = subprocess.Popen([sys.executable, "-m", "gpuperfd", "run", "--config", str(state / "gpuperfd.yaml"),
+                                 "--web.listen-address", f"127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT,
+                                env=env, cwd=tmp)
+        try:
+            time.sleep(args.idle)
+            idle = rss_mb(proc.pid)
+            idle_maps = heavy_maps(proc.pid)
+            history = state / "history.jsonl"
+            deadline = time.monotonic() + 1800
+            want = len(PROBES) * (2 if args.cpu else 1)
+            while time.monotonic() < deadline and proc.poll() is None:
+                lines = history.read_text().splitlines() if history.exists() else []
+                if len(lines) >= want:
+                    break
+                time.sleep(1)
+            time.sleep(2)
+            after = rss_mb(proc.pid)
+            after_maps = heavy_maps(proc.pid)
+            statuses = [json.loads(line)["result"]["status"] for line in history.read_text().splitlines()] \
+                if history.exists() else []
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+            log.close()
+        out = {"machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+               "backend": "simulated" if args.cpu else "nvml", "command": " ".join([sys.executable, *sys.argv]),
+               "idle_rss_mb": round(idle, 1), "after_probes_rss_mb": round(after, 1), "probe_statuses": statuses,
+               "heavy_maps_idle": idle_maps, "heavy_maps_after": after_maps}
+        print(json.dumps(out, indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+        ok = statuses and all(s == "ok" for s in statuses) and not after_maps
+        return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

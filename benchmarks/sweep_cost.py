@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""What a power-cap sweep costs in GPU time: the per-point path against the warm path, one run.
+
+    python3 benchmarks/sweep_cost.py --json sweep_cost.json                     # GPU node, default presets
+    python3 benchmarks/sweep_cost.py --cpu --preset tiny --json cost_cpu.json   # CPU, tiny presets
+
+For every probe (default presets unless --preset), a full sweep of 5 caps (max and
+0.9/0.8/0.7/0.6 of it) runs twice through the daemon's own machinery
+(:func:`gpuperfd.probing.sweep.sweeper.run_sweep`, the child executor):
+
+* ``per_point``: every point spawns a child that imports torch, builds the model,
+  compiles, captures CUDA graphs, measures, exits (the path before issue 12);
+* ``warm``: one child per sweep builds once and measures one point per cap.
+
+Both run every cap (no early stop), so they do the same measurements. Per sweep and
+point it reports GPU-seconds (wall time the GPU is out of service) and the parts:
+spawn (process start and imports), build (model, buffers; ``compile`` shown apart
+where the workload records it), settle (cap read back + steady power/clock under
+load), measure (the measured windows), other (warmup, busy pass, teardown), and the
+CV of each point's rate over its windows.
+
+THE GPU'S POWER LIMIT NEVER CHANGES: the sweep's device is wrapped so that
+``set_power_limit`` only records the cap it was asked for (NVML's setter is never
+called) and ``power_limits`` reads back the recorded cap, so the sweep machinery
+(journal, guard, read back, restore) runs as in production while the board stays at
+the operator's limit. The measured points are therefore all at that one limit: this
+measures cost, not the cap curve. On --cpu the device is a simulated GPU, wrapped
+the same way, and the probes run on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PROBES = ("llm", "vit", "attention", "train")
+CAP_FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6)
+
+
+class RecordingCaps:
+    """A device whose cap writes are recorded and never reach the hardware (or the simulator)."""
+
+    def __init__(self, device: Any) -> None:
+        self._device = device
+        self.writes: list[float] = []
+        self._virtual: float | None = None
+
+    def set_power_limit(self, watts: float) -> None:
+        self.writes.append(float(watts))
+        self._virtual = float(watts)
+
+    def power_limits(self) -> Any:
+        from dataclasses import replace
+
+        limits = self._device.power_limits()
+        return limits if self._virtual is None else replace(limits, enforced_watts=self._virtual)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._device, name)
+
+
+def parts(result: Any, path: str) -> dict[str, float]:
+    """A point's GPU-seconds split into spawn, build, compile, settle, measure, other."""
+    extra = result.extra
+    wall = float(result.wall_seconds or 0.0) + float(extra.get("cap_read_back_seconds") or 0.0)
+    setup = float(extra.get("setup_seconds") or 0.0)
+    compile_seconds = float(extra.get("compile_seconds") or 0.0) if setup else 0.0
+    child_wall = float(extra.get("child_wall_seconds") or 0.0)
+    if path == "warm":
+        start = float(extra.get("child_start_seconds") or 0.0)
+        spawn = max(start - float(extra.get("child_setup_seconds") or 0.0), 0.0)
+    else:
+        spawn = max(float(result.wall_seconds or 0.0) - child_wall - setup, 0.0)
+    settle = float(extra.get("settle_seconds") or 0.0) + float(extra.get("cap_read_back_seconds") or 0.0)
+    measure = float(result.measured_seconds or 0.0)
+    other = max(wall - spawn - setup - settle - measure, 0.0)
+    return {"gpu_seconds": wall, "spawn": spawn, "build": setup - compile_seconds, "compile": compile_seconds,
+            "settle": settle, "measure": measure, "other": other}
+
+
+def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: list[float], state: Path) -> dict:
+    from gpuperfd.probing.executors import ColdSession, open_session
+    from gpuperfd.probing.sweep.journal import CapJournal
+    from gpuperfd.probing.sweep.sweeper import rate_noise, run_sweep
+
+    abort = threading.Event()
+    session = open_session(executor, device, schedule, abort) if path == "warm" else \
+        ColdSession(executor, device, schedule, abort)
+    t0 = time.monotonic()
+    try:
+        points = run_sweep(device, CapJournal(state), caps, session.measure,  # type: ignore[arg-type]
+                           settle_seconds=schedule.settle_seconds)
+    finally:
+        session.close()
+    wall = time.monotonic() - t0
+    rows = []
+    for point in points:
+        r = point.result
+        rows.append({"cap_watts": point.cap_watts, "status": r.status, "reason": r.failure_reason,
+                     "rate": (r.units_of_work / r.measured_seconds) if r.ok and r.measured_seconds else None,
+                     "cv": rate_noise(r) if r.ok and len(r.repeats) > 1 else None,
+                     "settle_steady": r.extra.get("settle_steady"), **parts(r, path)})
+    return {"path": path, "probe": schedule.probe, "preset": schedule.preset, "sweep_gpu_seconds": wall,
+            "points": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cpu", action="store_true", help="simulated GPU device, probes on the CPU")
+    parser.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU (default 0)")
+    parser.add_argument("--preset", help="preset for every probe (default: each probe's default)")
+    parser.add_argument("--probes", default=",".join(PROBES), help="comma-separated probes (default: all four)")
+    parser.add_argument("--settle", type=float, default=5.0, help="settle bound per cap, seconds (default 5)")
+    parser.add_argument("--paths", default="per_point,warm", help="which paths to run (default both)")
+    parser.add_argument("--json", metavar="FILE", help="write every figure to FILE")
+    args = parser.parse_args(argv)
+
+    from gpuperfd.config import ScheduleConfig, SimulationConfig
+    from gpuperfd.probing.executors import ChildProcessExecutor
+
+    if args.cpu:
+        from gpuperfd.device.simulated import SimulatedBackend
+
+        backend: Any = SimulatedBackend(SimulationConfig(gpus=1))
+        torch_device = "cpu"
+    else:
+        from gpuperfd.device.nvml import NvmlBackend
+
+        backend = NvmlBackend(indices=[args.gpu])
+        torch_device = "cuda"
+    device = RecordingCaps(backend.devices()[0])
+    limits = device.power_limits()
+    before = limits.enforced_watts
+    caps = [round(limits.clamp(f * limits.max_watts)) for f in CAP_FRACTIONS]
+    info = device.info()
+    print(f"device: {info.name} ({'simulated; probes on the CPU' if args.cpu else 'NVML'}), "
+          f"power limit {before:.0f} W, caps {caps}")
+    print("cap writes are RECORDED ONLY: NVML's setter is never called; the GPU stays at its limit "
+          f"({before:.0f} W) for every point")
+    executor = ChildProcessExecutor(1800, torch_device=torch_device)
+    results = []
+    with tempfile.TemporaryDirectory() as state:
+        for probe in args.probes.split(","):
+            schedule = ScheduleConfig(probe=probe, preset=args.preset, interval_seconds=3600, caps=caps,
+                                      settle_seconds=args.settle,
+                                      )
+            for path in args.paths.split(","):
+                result = sweep(path, device, executor, schedule, caps, Path(state))
+                results.append(result)
+                print(f"{probe:9s} {path:9s} {result['sweep_gpu_seconds']:7.1f} GPU-s  " + "  ".join(
+                    f"{p['cap_watts']:.0f}W:{p['status']}" for p in result["points"]), flush=True)
+    after = backend.devices()[0].power_limits().enforced_watts
+    backend.close()
+    _print_summary(results)
+    print(f"\ncap writes recorded: {len(device.writes)}; NVML setter calls: 0; "
+          f"power limit before {before:.0f} W, after {after:.0f} W")
+    if args.json:
+        import torch  # noqa: PLC0415 - only for the record, after the sweeps
+
+        Path(args.json).write_text(json.dumps({
+            "machine": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "device": info.name, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command": " ".join([sys.executable, *sys.argv]), "caps": caps, "cap_writes": device.writes,
+            "limit_before_watts": before, "limit_after_watts": after, "sweeps": results,
+        }, indent=1, default=str))
+    failed = [p for r in results for p in r["points"] if p["status"] != "ok"]
+    return 1 if failed or round(after) != round(before) else 0
+
+
+def _print_summary(results: list[dict]) -> None:
+    keys = ("spawn", "build", "compile", "settle", "measure", "other")
+    print(f"\n{'probe':9s} {'path':9s} {'sweep s':>8s} {'per pt':>7s} " + " ".join(f"{k:>8s}" for k in keys)
+          + f" {'max CV':>7s}")
+    totals: dict[str, float] = {}
+    for r in results:
+        n = len(r["points"]) or 1
+        sums = {k: sum(p[k] for p in r["points"]) for k in keys}
+        cvs = [p["cv"] for p in r["points"] if p["cv"] is not None]
+        totals[r["path"]] = totals.get(r["path"], 0.0) + r["sweep_gpu_seconds"]
+        print(f"{r['probe']:9s} {r['path']:9s} {r['sweep_gpu_seconds']:8.1f} {r['sweep_gpu_seconds'] / n:7.1f} "
+              + " ".join(f"{sums[k]:8.1f}" for k in keys)
+              + (f" {100 * max(cvs):6.2f}%" if cvs else "       -"))
+    for path, total in totals.items():
+        print(f"all probes, {path}: {total:.1f} GPU-s per GPU")
+    if "per_point" in totals and "warm" in totals and totals["warm"]:
+        print(f"warm path: {totals['per_point'] / totals['warm']:.1f}x less GPU time")
+    cvs = [p["cv"] for r in results if r["path"] == "warm" for p in r["points"] if p["cv"] is not None]
+    if cvs:
+        print(f"warm points with CV <= 1%: {sum(c <= 0.01 for c in cvs)}/{len(cvs)} "
+              f"(median {100 * statistics.median(cvs):.2f}%)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Settle by measurement: after a cap change, wait until power and SM clock are steady.
+
+A new power limit takes effect within milliseconds, but power, clocks and
+temperature reach their new operating point over a second or more under load. A
+fixed sleep is either too long (GPU time wasted on every point) or too short (the
+first window measures the transition). Here the load runs in short slices, and the
+point is settled when two consecutive slices agree: mean power within
+``power_tolerance`` and mean SM clock within ``clock_tolerance`` (relative).
+``max_seconds`` bounds the wait; a point that never settles is still measured, and
+says so (``settle_steady: false``).
+
+Pure Python (no torch): the probe child runs the slices with its workload, the
+simulated executor with the simulated GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+__all__ = ["wait_steady", "steady"]
+
+#: One slice of load between two readings, seconds.
+SLICE_SECONDS = 0.25
+POWER_TOLERANCE = 0.02
+CLOCK_TOLERANCE = 0.01
+
+Reading = tuple[float | None, float | None]
+
+
+def steady(a: Reading, b: Reading, power_tolerance: float = POWER_TOLERANCE,
+           clock_tolerance: float = CLOCK_TOLERANCE) -> bool:
+    """True when two (power W, SM clock Hz) readings agree within the tolerances.
+
+    A quantity missing from either reading is not compared; with both missing the
+    readings say nothing and are not steady.
+    """
+    compared = False
+    for x, y, tolerance in ((a[0], b[0], power_tolerance), (a[1], b[1], clock_tolerance)):
+        if x is None or y is None:
+            continue
+        compared = True
+        if abs(x - y) > tolerance * max(abs(x), abs(y), 1e-9):
+            return False
+    return compared
+
+
+def wait_steady(
+    sample: Callable[[float], Reading],
+    max_seconds: float,
+    slice_seconds: float = SLICE_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[float, bool | None]:
+    """Run ``sample(seconds)`` (load for that long, return mean power and SM clock) until two
+    consecutive slices are :func:`steady` or ``max_seconds`` have passed.
+
+    Returns (seconds waited, steady); steady is None when the samples carry no power and
+    no clock at all (no telemetry): there is nothing to wait for, and the wait ends at once.
+    """
+    start = clock()
+    previous: Reading | None = None
+    while True:
+        left = max_seconds - (clock() - start)
+        if left <= 0:
+            return clock() - start, False
+        reading = sample(min(slice_seconds, left))
+        if reading == (None, None):
+            return clock() - start, None
+        if previous is not None and steady(previous, reading):
+            return clock() - start, True
+        previous = reading

@@ -1,0 +1,243 @@
+"""Warm sweeps (issue 12): one probe child per sweep, built once and measured at every cap; a child
+killed between or during points; stop early; and a daemon that never loads torch, numpy or
+transformers after real child probes (plain data across the pipe)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuperfd.config import ScheduleConfig, SimulationConfig
+from gpuperfd.device.simulated import SimulatedBackend
+from gpuperfd.probes.spec import PROBES
+from gpuperfd.probing.executors import (
+    ChildProcessExecutor,
+    SimulatedExecutor,
+    open_session,
+)
+from gpuperfd.probing.sweep.journal import CapJournal
+from gpuperfd.probing.sweep.sweeper import recommend, run_sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = {"repeats": 2, "measure_seconds": 0.15, "busy_profile_seconds": 0.0}
+
+
+def tiny_schedule(probe: str = "attention", **options) -> ScheduleConfig:
+    return ScheduleConfig(probe=probe, preset="tiny", interval_seconds=60, settle_seconds=0,
+                          options={**FAST, **options})
+
+
+@pytest.fixture
+def gpu():
+    backend = SimulatedBackend(SimulationConfig(gpus=1, seed=3))
+    yield backend.devices()[0]
+    backend.close()
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().decode(errors="replace").rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_warm_child_measures_every_cap_in_one_process(gpu, tmp_path):
+    pytest.importorskip("torch")
+    executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=tmp_path / "state")
+    session = open_session(executor, gpu, tiny_schedule(), threading.Event())
+    try:
+        points = run_sweep(gpu, CapJournal(tmp_path / "state"), [600, 400, 250], session.measure, settle_seconds=1)
+        pids = {p.result.extra["child_pid"] for p in points}
+        assert session.children == 1 and len(pids) == 1
+        assert session.child is not None and session.child.alive  # still warm for another point
+        assert [p.result.extra["point_index"] for p in points] == [0, 1, 2]
+    finally:
+        session.close()
+    assert [p.result.status for p in points] == ["ok", "ok", "ok"], [p.result.error_message for p in points]
+    assert all(p.result.units_of_work > 0 and len(p.result.repeats) == 2 for p in points)
+    # Built once: the setup time is the first point's only; later points are measure-only.
+    first, *later = points
+    assert first.result.extra["setup_seconds"] > 0 and first.result.extra["child_start_seconds"] > 0
+    assert all(p.result.extra["setup_seconds"] == 0 and p.result.extra["child_start_seconds"] == 0 for p in later)
+    assert all(p.result.extra["cap_read_back_seconds"] is not None for p in points)
+    assert gone(pids.pop())
+    assert gpu.power_limits().enforced_watts == 700 and not list((tmp_path / "state").glob("*.json"))
+    assert not list((tmp_path / "state").glob("probe-child.*"))  # its record went with it
+
+
+def test_child_killed_between_points_and_during_a_point(gpu, tmp_path):
+    """Between points: the next point starts a new child and succeeds. During a point: that point
+    fails as a crash with its reason, the sweep goes on with a new child, and the cap comes back."""
+    pytest.importorskip("torch")
+    executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=tmp_path / "state")
+    # Windows long enough to kill the child inside one (3 x 1 s).
+    session = open_session(executor, gpu, tiny_schedule(repeats=3, measure_seconds=1.0), threading.Event())
+    killed: list[int] = []
+
+    def run_point(cap: float):
+        if cap == 500:  # between points: the idle warm child dies
+            pid = session.child.pid
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while not gone(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            killed.append(pid)
+        if cap == 400:  # during the point: kill it while it measures
+            pid = session.child.pid
+            threading.Timer(1.5, lambda: os.kill(pid, signal.SIGKILL)).start()
+            killed.append(pid)
+        return session.measure(cap)
+
+    try:
+        points = run_sweep(gpu, CapJournal(tmp_path / "state"), [600, 500, 400, 300], run_point, settle_seconds=1)
+    finally:
+        session.close()
+    statuses = [(p.cap_watts, p.result.status, p.result.failure_reason) for p in points]
+    assert statuses == [(600, "ok", None), (500, "ok", None), (400, "failed", "crash"), (300, "ok", None)], \
+        [p.result.error_message for p in points]
+    assert "SIGKILL" in points[2].result.error_message
+    pids = [p.result.extra.get("child_pid") for p in points]
+    assert pids[0] == killed[0] and pids[1] == killed[1] != pids[0] and pids[3] not in killed
+    assert session.children == 3
+    assert gpu.power_limits().enforced_watts == 700 and not list((tmp_path / "state").glob("*.json"))
+
+
+def test_a_child_that_cannot_be_built_is_not_rebuilt_for_every_cap(gpu, tmp_path):
+    pytest.importorskip("torch")
+    executor = ChildProcessExecutor(60, torch_device="cpu")
+    # A dataset that is not token ids fails in the build, before the first window.
+    bad = tmp_path / "tokens.npy"
+    bad.write_bytes(b"not a numpy file")
+    session = open_session(executor, gpu, tiny_schedule("llm", dataset_path=str(bad)), threading.Event())
+    try:
+        points = run_sweep(gpu, CapJournal(tmp_path), [600, 400], session.measure, settle_seconds=0)
+    finally:
+        session.close()
+    assert [p.result.status for p in points] == ["failed", "failed"]
+    assert points[1].result.error_message.startswith("not run: the probe could not be built")
+    assert session.children == 1
+
+
+@pytest.mark.parametrize("probe", PROBES)
+def test_early_stop_gives_the_full_sweeps_recommendation(tmp_path, probe):
+    caps = [700, 600, 500, 450, 400, 350, 300, 250, 200]
+    runs = {}
+    for mode, stop in (("full", None), ("early", 0.10)):
+        backend = SimulatedBackend(SimulationConfig(gpus=1, seed=5))
+        gpu = backend.devices()[0]
+        executor = SimulatedExecutor(0.05, seed=11, noise=0.004, watch_interval=0.01)
+        schedule = ScheduleConfig(probe=probe, interval_seconds=60, settle_seconds=0)
+        session = open_session(executor, gpu, schedule, threading.Event())
+        runs[mode] = run_sweep(gpu, CapJournal(tmp_path / mode), caps, session.measure, settle_seconds=0,
+                               stop_early=stop)
+        backend.close()
+    full, early = runs["full"], runs["early"]
+    assert [p.cap_watts for p in early] == caps  # every cap is reported, run or skipped
+    skipped = [p for p in early if p.result.status == "skipped"]
+    assert skipped, "no cap was skipped: the test's caps do not reach the slow end"
+    assert all(p.result.failure_reason == "early_stop" for p in skipped)
+    assert all(p.result.status == "ok" for p in early if p not in skipped)
+    first_skipped = early.index(skipped[0])
+    assert all(p in skipped for p in early[first_skipped:])  # only the tail is skipped
+    assert recommend(early).cap_watts == recommend(full).cap_watts
+    # And the skipped caps really were out of the budget in the full sweep.
+    baseline = full[0].result.units_of_work / full[0].result.measured_seconds
+    for p in full[first_skipped:]:
+        assert p.result.units_of_work / p.result.measured_seconds < 0.9 * baseline
+
+
+def test_simulated_session_settles_by_measurement_and_crosses_as_plain_data(gpu, tmp_path):
+    schedule = ScheduleConfig(probe="vit", interval_seconds=60, settle_seconds=2.0)
+    session = open_session(SimulatedExecutor(0.05, seed=1), gpu, schedule, threading.Event())
+    points = run_sweep(gpu, CapJournal(tmp_path), [600, 300], session.measure, settle_seconds=2.0)
+    for point in points:
+        extra = point.result.extra
+        assert extra["warm"] is True and extra["settle_steady"] is True
+        assert 0 < extra["settle_seconds"] < 2.0  # steady long before the bound
+        assert 0 <= extra["cap_read_back_seconds"] < 0.5
+    assert [p.result.extra["point_index"] for p in points] == [0, 1]
+
+
+DAEMON_CONFIG = """
+device: {{backend: simulated}}
+simulation: {{gpus: 1, seed: 1}}
+probes:
+  read_only: false
+  state_dir: {state}
+  history: {{path: {history}}}
+  executor: child
+  torch_device: cpu
+  idle_seconds: 0
+  jitter_seconds: 0
+  first_run_delay_seconds: 0.1
+  schedules:
+    - {{probe: llm, preset: tiny, interval_seconds: 3600, caps: [max, 500], settle_seconds: 0.5,
+        options: {{repeats: 2, measure_seconds: 0.2}}}}
+"""
+
+
+def _mapped(pid: int, names: tuple[str, ...]) -> list[str]:
+    with open(f"/proc/{pid}/maps") as handle:
+        return sorted({line.split()[-1] for line in handle if any(n in line.split()[-1] for n in names)})
+
+
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as handle:
+        return next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmRSS:"))
+
+
+def test_daemon_never_maps_torch_after_real_child_probes(start_daemon, tmp_path):
+    """The real daemon sweeps a real child probe (CPU, tiny) at two caps; its memory maps then hold
+    no torch, numpy or transformers, and its resident set stays that of a daemon without them."""
+    pytest.importorskip("torch")
+    history = tmp_path / "history.jsonl"
+    daemon = start_daemon(config_text=DAEMON_CONFIG.format(state=tmp_path / "state", history=history))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not history.exists() or len(history.read_text().splitlines()) < 2):
+        time.sleep(0.2)
+    lines = [json.loads(line) for line in history.read_text().splitlines()]
+    assert [(r["power_cap_watts"], r["result"]["status"]) for r in lines] == [(700, "ok"), (500, "ok")], daemon.log()
+    assert lines[0]["result"]["extra"]["child_pid"] == lines[1]["result"]["extra"]["child_pid"]  # one warm child
+    pid = daemon.proc.pid
+    assert _mapped(pid, ("torch", "numpy", "transformers", "_multiarray")) == []
+    assert _rss_bytes(pid) < 120 * 1024 * 1024  # torch alone would take it past 200 MB
+    assert daemon.stop() == 0
+
+
+def test_executor_in_process_leaves_no_torch_in_sys_modules(tmp_path):
+    """The check of the before-stop hook, through the daemon's executor: sys.modules and maps."""
+    pytest.importorskip("torch")
+    code = """
+import json, os, sys, threading
+from gpuperfd.config import ScheduleConfig, SimulationConfig
+from gpuperfd.device.simulated import SimulatedBackend
+from gpuperfd.probes.runner import run_probe
+from gpuperfd.probes.spec import ProbeSpec
+from gpuperfd.probing.executors import ChildProcessExecutor, open_session
+if __name__ == "__main__":
+    gpu = SimulatedBackend(SimulationConfig(gpus=1)).devices()[0]
+    schedule = ScheduleConfig(probe="train", preset="tiny", interval_seconds=60, settle_seconds=0,
+                              options={"repeats": 1, "measure_seconds": 0.1})
+    once = ChildProcessExecutor(120, torch_device="cpu")(gpu, schedule, threading.Event())
+    session = open_session(ChildProcessExecutor(120, torch_device="cpu"), gpu, schedule, threading.Event())
+    warm = [session.measure(700).status, session.measure(500).status]
+    session.close()
+    hook = run_probe(ProbeSpec(probe="llm", preset="tiny", device="cpu", repeats=1)).status
+    maps = sorted({l.split()[-1] for l in open("/proc/self/maps") if "torch" in l or "numpy" in l})
+    print(json.dumps({"statuses": [once.status, *warm, hook], "maps": maps,
+                      "modules": [m for m in ("torch", "transformers", "numpy") if m in sys.modules]}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report == {"statuses": ["ok", "ok", "ok", "ok"], "maps": [], "modules": []}
