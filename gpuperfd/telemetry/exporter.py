@@ -111,7 +111,9 @@ class Exporter:
                 cached = self._cache.get((index, openmetrics))
             if cached is not None and cached[0] == current:
                 return cached[1]
-            text = encoder(registry).decode()
+            # Cache the text without the registry's own "# EOF": render() ends the
+            # whole exposition with one (a cached copy with it broke every scrape).
+            text = encoder(registry).decode().removesuffix("# EOF\n")
             with self._cache_lock:
                 self._cache[(index, openmetrics)] = (current, text)
         return text.removesuffix("# EOF\n")

@@ -210,3 +210,22 @@ def test_gpu_that_comes_back_is_up_at_its_first_good_read(clock):
     assert value(exporter, "gpuperf_gpu_up") == 1.0
     assert value(exporter, "gpuperf_power_draw_watts") is not None
     assert value(exporter, "gpuperf_collector_success", collector="pcie") == 0.0  # not re-read yet
+
+
+def test_cached_registry_text_keeps_one_eof_in_openmetrics(clock):
+    """A versioned registry is rendered once and served from cache while its version holds;
+    the cached OpenMetrics text must not carry the registry's own "# EOF" (Prometheus
+    refused every scrape after the first: "unexpected data after # EOF")."""
+    from prometheus_client import CollectorRegistry, Gauge
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
+
+    backend, sampler, _ = make(clock, gpus=1)
+    registry = CollectorRegistry()
+    Gauge("gpuperf_test_value", "A test gauge.", registry=registry).set(1)
+    exporter = Exporter(sampler, backend.name, [(registry, lambda: 7)])
+    sampler.sample_once()
+    for _ in range(3):  # first render fills the cache, the next ones read it
+        text = exporter.render(openmetrics=True).decode()
+        assert text.count("# EOF") == 1 and text.endswith("# EOF\n")
+        assert any(f.name == "gpuperf_test_value" for f in parse_om(text))
+        assert "gpuperf_test_value" in exporter.render(openmetrics=False).decode()
