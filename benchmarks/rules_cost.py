@@ -171,7 +171,7 @@ def rss_bytes(pid: int) -> int:
 
 def own_metric(url: str, name: str) -> float:
     """A sample of Prometheus' own /metrics (nothing scrapes it in this run)."""
-    with LOOPBACK_OPENER.open(url + "/metrics", timeout=30) as response:
+    with LOOPBACK_OPENER.open(url + "/metrics", timeout=600) as response:
         for line in response.read().decode().splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])
@@ -179,7 +179,7 @@ def own_metric(url: str, name: str) -> float:
 
 
 def scalar(url: str, expr: str) -> float:
-    result = http_get_json(url + "/api/v1/query", {"query": expr})["data"]["result"]
+    result = http_get_json(url + "/api/v1/query", {"query": expr}, timeout=600)["data"]["result"]
     return float(result[0]["value"][1]) if result else float("nan")
 
 
@@ -221,12 +221,12 @@ def measure(gpus: int, history_days: float, interval: str, evaluations: int, liv
         out["ready_seconds"] = round(time.monotonic() - started, 1)
         seconds = float(interval.rstrip("s"))
         time.sleep(seconds * evaluations + 2)
-        groups = http_get_json(url + "/api/v1/rules")["data"]["groups"]
+        groups = http_get_json(url + "/api/v1/rules", timeout=600)["data"]["groups"]
         for _ in range(60):  # every group evaluated at least once
             if all(g.get("lastEvaluation", "").startswith("0001") is False and g["evaluationTime"] > 0 for g in groups):
                 break
             time.sleep(seconds)
-            groups = http_get_json(url + "/api/v1/rules")["data"]["groups"]
+            groups = http_get_json(url + "/api/v1/rules", timeout=600)["data"]["groups"]
         out["groups"] = {g["name"]: round(g["evaluationTime"], 4) for g in groups}
         out["rule_errors"] = sorted({r.get("lastError") for g in groups for r in g["rules"] if r.get("lastError")})
         out["rules_total_seconds"] = round(sum(out["groups"].values()), 4)
@@ -237,7 +237,7 @@ def measure(gpus: int, history_days: float, interval: str, evaluations: int, liv
         failed = 0
         for _, _, expr in all_panel_queries():
             t0 = time.monotonic()
-            answer = http_get_json(url + "/api/v1/query", {"query": expr}, timeout=120)
+            answer = http_get_json(url + "/api/v1/query", {"query": expr}, timeout=600)
             latencies.append(time.monotonic() - t0)
             failed += answer.get("status") != "success"
         latencies.sort()
@@ -247,11 +247,16 @@ def measure(gpus: int, history_days: float, interval: str, evaluations: int, liv
             "p95_ms": round(1000 * latencies[int(0.95 * (len(latencies) - 1))], 1),
             "max_ms": round(1000 * latencies[-1], 1), "sum_s": round(sum(latencies), 2),
         }
+        out["loadavg_1m"] = os.getloadavg()[0]
         out["rss_bytes"] = rss_bytes(proc.pid)
         out["heap_inuse_bytes"] = own_metric(url, "go_memstats_heap_inuse_bytes")
     finally:
         proc.terminate()
-        proc.wait(30)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         log.close()
     return out
 
