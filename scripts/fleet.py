@@ -40,6 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path, help="keep configs, logs and the TSDB here (default: a temp dir, removed)")
     parser.add_argument("--prometheus", default="prometheus", help="Prometheus binary")
     parser.add_argument("--promtool", default="promtool", help="promtool binary")
+    parser.add_argument("--no-alertmanager", action="store_true",
+                        help="no Alertmanager (default: deploy/alertmanager/alertmanager.yml, receivers -> a local webhook)")
+    parser.add_argument("--shards", type=int, default=0,
+                        help="also run N shard Prometheus servers (hashmod) and a global one (default 0)")
     return parser.parse_args(argv)
 
 
@@ -71,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             probe_interval_seconds=args.interval,
             degrade=not args.no_degrade,
             accelerated_rules=not args.real_timing,
+            alertmanager=not args.no_alertmanager,
+            shards=args.shards,
         )
     except ValueError as error:
         print(f"fleet.py: {error}", file=sys.stderr)

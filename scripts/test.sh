@@ -5,11 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the tests drive for real: Prometheus/promtool, systemd-analyze, curl, headless Chromium,
-# and podman/runc/debootstrap for the container image build and smoke test (tests/deploy/test_image.py).
+# Debian packages the tests drive for real: Prometheus/promtool, Alertmanager/amtool, systemd-analyze, curl,
+# headless Chromium, and podman/runc/debootstrap for the container image build and smoke test (tests/deploy/test_image.py).
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v amtool >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v podman >/dev/null 2>&1 || need+=(podman buildah)
@@ -21,9 +22,11 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -q --no-install-recommends "${need[@]}"
 fi
 # Debian's package starts a Prometheus service where systemd runs; tests start their own.
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
-  systemctl stop prometheus || true
-fi
+for unit in prometheus prometheus-alertmanager; do
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$unit" 2>/dev/null; then
+    systemctl stop "$unit" || true
+  fi
+done
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # torch first, pinned: a plain 'torch' requirement would pull a multi-GB CUDA build.

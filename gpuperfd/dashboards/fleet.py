@@ -23,7 +23,7 @@ UID = "gpuperfd-fleet"
 MODEL = 'name=~"$model"'
 #: Per-GPU series joined to the GPU model (recording rule gpuperf:gpu_name:info).
 BY_MODEL = f"* on (instance, gpu, uuid) group_left (name) gpuperf:gpu_name:info{{{MODEL}}}"
-ALERTS = 'ALERTS{alertstate="firing", alertname=~"Gpu.*"}'
+ALERTS = 'ALERTS{alertstate="firing", alertname=~"Gpu.*", severity!="none"}'  # none: GpuperfdSweepInProgress, an inhibition source
 
 
 def build() -> g.Dashboard:

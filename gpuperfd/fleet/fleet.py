@@ -18,6 +18,11 @@ import yaml
 from gpuperfd.device.simulated import (
     simulated_uuid,
 )
+from gpuperfd.fleet.alerting import (
+    ALERTMANAGER_DIR,
+    WebhookRecorder,
+    alertmanager_test_config,
+)
 from gpuperfd.fleet.backfill import healthy_history, history_timestamps
 from gpuperfd.fleet.prometheus import (
     LOOPBACK_OPENER,
@@ -28,6 +33,8 @@ from gpuperfd.fleet.prometheus import (
 )
 from gpuperfd.fleet.spec import (
     DAY_SECONDS,
+    GLOBAL_RULE_FILES,
+    GLOBAL_RULES_DIR,
     INCIDENT_SLOW_CALL,
     INCIDENT_XID,
     REPO_ROOT,
@@ -39,6 +46,7 @@ from gpuperfd.fleet.spec import (
     daemon_config,
     degraded_layout,
 )
+from gpuperfd.fleet.tiers import global_config, hashmod, shard_config
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,7 @@ class Fleet:
         rules_dir: Path = RULES_DIR,
         prometheus: str = "prometheus",
         promtool: str = "promtool",
+        alertmanager: str = "prometheus-alertmanager",
         python: str = sys.executable,
         keep: bool = False,
     ) -> None:
@@ -68,6 +77,16 @@ class Fleet:
         self.rules_dir = Path(rules_dir)
         self.prometheus_bin = prometheus
         self.promtool_bin = promtool
+        # Debian names the binary prometheus-alertmanager; upstream's tarball, alertmanager.
+        self.alertmanager_bin = alertmanager if shutil.which(alertmanager) or alertmanager != "prometheus-alertmanager" \
+            else "alertmanager"
+        self.alertmanager_port = 0
+        self.alertmanager_process: subprocess.Popen | None = None
+        #: What Alertmanager sent (FleetSpec.alertmanager), None before start().
+        self.webhook: WebhookRecorder | None = None
+        #: Shard servers by index and the global one (FleetSpec.shards): (port, process).
+        self.shard_servers: dict[int, tuple[int, subprocess.Popen | None]] = {}
+        self.global_server: tuple[int, subprocess.Popen | None] | None = None
         self.python = python
         self.nodes: list[FleetNode] = []
         self.prometheus_port = 0
@@ -91,12 +110,35 @@ class Fleet:
     def data_dir(self) -> Path:
         return self.workdir / "prometheus" / "data"
 
+    @property
+    def alertmanager_url(self) -> str:
+        return f"http://127.0.0.1:{self.alertmanager_port}"
+
+    def shard_url(self, shard: int) -> str:
+        return f"http://127.0.0.1:{self.shard_servers[shard][0]}"
+
+    @property
+    def global_url(self) -> str:
+        assert self.global_server is not None, "not a two-tier fleet (FleetSpec.shards)"
+        return f"http://127.0.0.1:{self.global_server[0]}"
+
+    def shard_of(self, instance: str) -> int:
+        """The shard whose hashmod keeps ``instance`` (FleetSpec.shards)."""
+        return hashmod(instance, self.spec.shards)
+
     def plan(self) -> None:
         """Choose ports, UUIDs and defects (idempotent; start() calls it)."""
         if self.nodes:
             return
         spec = self.spec
         ports = free_ports(spec.nodes + 1)
+        # A two-tier fleet needs every shard to hold a node: pick ports until hashmod spreads them.
+        for _ in range(200):
+            if not spec.shards or len({hashmod(f"127.0.0.1:{port}", spec.shards) for port in ports[:-1]}) == spec.shards:
+                break
+            ports = free_ports(spec.nodes + 1)
+        else:
+            raise RuntimeError(f"no ports that spread {spec.nodes} nodes over {spec.shards} shards")
         self.prometheus_port = ports[-1]
         layout = degraded_layout(spec)
         for index in range(spec.nodes):
@@ -123,6 +165,8 @@ class Fleet:
         for tool in (self.prometheus_bin, self.promtool_bin):
             if shutil.which(tool) is None:
                 raise FileNotFoundError(f"{tool} not found (apt-get install prometheus)")
+        if self.spec.alertmanager and shutil.which(self.alertmanager_bin) is None:
+            raise FileNotFoundError(f"{self.alertmanager_bin} not found (apt-get install prometheus-alertmanager)")
         self.plan()
         try:
             self.workdir.mkdir(parents=True, exist_ok=True)
@@ -134,21 +178,27 @@ class Fleet:
             for node in self.nodes:
                 self._wait_daemon(node, started + timeout)
             self.timings["daemons"] = time.monotonic() - started
+            if self.spec.alertmanager:
+                self._start_alertmanager(timeout)
             self._start_prometheus(rule_files, timeout)
+            if self.spec.shards:
+                self._start_tiers(rule_files, timeout)
             self.started_at = time.time()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _write_rules(self) -> list[Path]:
+    def _write_rules(self, rules_dir: Path | None = None, names: tuple[str, ...] = RULE_FILES,
+                     subdir: str = "rules") -> list[Path]:
+        rules_dir = rules_dir or self.rules_dir
         if not self.spec.accelerated_rules:
-            return [self.rules_dir / name for name in RULE_FILES]
-        target = self.workdir / "prometheus" / "rules"
+            return [rules_dir / name for name in names]
+        target = self.workdir / "prometheus" / subdir
         target.mkdir(parents=True, exist_ok=True)
         paths = []
-        for name in RULE_FILES:
-            source = self.rules_dir / name
+        for name in names:
+            source = rules_dir / name
             text = accelerate_rules(source.read_text(encoding="utf-8"), self.spec.rule_interval, self.spec.alert_for,
                                     source=str(source.relative_to(REPO_ROOT) if source.is_relative_to(REPO_ROOT) else source))
             (target / name).write_text(text, encoding="utf-8")
@@ -226,39 +276,98 @@ class Fleet:
         raise TimeoutError(f"{node.name} not ready:\n{self.tail(node.log_path)}")
 
     def _start_prometheus(self, rule_files: list[Path], timeout: float) -> None:
-        directory = self.workdir / "prometheus"
-        config_path = directory / "prometheus.yml"
         config = prometheus_config([node.instance for node in self.nodes], rule_files, self.spec)
+        config["global"]["external_labels"] = {"runbook_base_url": self.spec.runbook_base_url}
+        if self.spec.alertmanager:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]}
+        self.prometheus_process = self._launch_prometheus("prometheus", config, self.prometheus_port, timeout)
+
+    def _launch_prometheus(self, name: str, config: dict[str, Any], port: int, timeout: float) -> subprocess.Popen:
+        """Start one Prometheus server from ``config`` under workdir/``name`` and wait until it is ready."""
+        directory = self.workdir / name
+        directory.mkdir(parents=True, exist_ok=True)
+        config_path = directory / "prometheus.yml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         started = time.monotonic()
-        self.prometheus_process = self._popen(
+        process = self._popen(
             [
                 self.prometheus_bin,
                 f"--config.file={config_path}",
-                f"--storage.tsdb.path={self.data_dir}",
+                f"--storage.tsdb.path={directory / 'data'}",
                 # The backfilled blocks reach 7 days back; the default 15 d would keep them
                 # too, but a longer retention keeps them whatever the history length.
                 "--storage.tsdb.retention.time=30d",
-                f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
+                f"--web.listen-address=127.0.0.1:{port}",
             ],
             directory / "prometheus.log",
             directory,
         )
-        deadline = started + timeout
+        try:
+            self._wait_ready(name, process, f"http://127.0.0.1:{port}/-/ready", directory / "prometheus.log", timeout)
+        except BaseException:
+            process.kill()  # not yet known to stop(): end it here
+            process.wait()
+            raise
+        self.timings[name] = time.monotonic() - started
+        return process
+
+    def _wait_ready(self, name: str, process: subprocess.Popen, url: str, log_path: Path, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.prometheus_process.poll() is not None:
-                raise RuntimeError(
-                    f"prometheus exited with {self.prometheus_process.returncode}:\n{self.tail(directory / 'prometheus.log')}"
-                )
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with {process.returncode}:\n{self.tail(log_path)}")
             try:
-                with LOOPBACK_OPENER.open(self.prometheus_url + "/-/ready", timeout=1.0) as response:
+                with LOOPBACK_OPENER.open(url, timeout=1.0) as response:
                     if response.status == 200:
-                        self.timings["prometheus"] = time.monotonic() - started
                         return
             except OSError:
                 pass
             time.sleep(0.1)
-        raise TimeoutError(f"prometheus not ready:\n{self.tail(directory / 'prometheus.log')}")
+        raise TimeoutError(f"{name} not ready:\n{self.tail(log_path)}")
+
+    def _start_alertmanager(self, timeout: float) -> None:
+        """The webhook recorder, then Alertmanager with the repository's config pointed at it."""
+        self.webhook = WebhookRecorder().start()
+        directory = self.workdir / "alertmanager"
+        directory.mkdir(parents=True, exist_ok=True)
+        source = ALERTMANAGER_DIR / "alertmanager.yml"
+        config = alertmanager_test_config(source.read_text(encoding="utf-8"), self.webhook.url)
+        config_path = directory / "alertmanager.yml"
+        config_path.write_text(
+            f"# GENERATED by gpuperfd.fleet from {source.relative_to(REPO_ROOT)}: short timings, "
+            "receivers -> the fleet's webhook.\n" + yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        self.alertmanager_port = free_ports(1)[0]
+        started = time.monotonic()
+        self.alertmanager_process = self._popen(
+            [
+                self.alertmanager_bin,
+                f"--config.file={config_path}",
+                f"--storage.path={directory / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.alertmanager_port}",
+                "--cluster.listen-address=",  # one instance: no gossip port
+            ],
+            directory / "alertmanager.log",
+            directory,
+        )
+        self._wait_ready("alertmanager", self.alertmanager_process, self.alertmanager_url + "/-/ready",
+                         directory / "alertmanager.log", timeout)
+        self.timings["alertmanager"] = time.monotonic() - started
+
+    def _start_tiers(self, rule_files: list[Path], timeout: float) -> None:
+        """FleetSpec.shards shard servers (the same rules, hashmod share of the targets) and a global one."""
+        spec = self.spec
+        targets = [node.instance for node in self.nodes]
+        evaluation = spec.rule_interval if spec.accelerated_rules else "1m"
+        ports = free_ports(spec.shards + 1)
+        for shard in range(spec.shards):
+            config = shard_config(shard, spec.shards, targets, rule_files, spec, evaluation)
+            self.shard_servers[shard] = (ports[shard], None)
+            self.shard_servers[shard] = (ports[shard], self._launch_prometheus(f"shard-{shard}", config, ports[shard], timeout))
+        global_rules = self._write_rules(GLOBAL_RULES_DIR, GLOBAL_RULE_FILES, "global-rules")
+        config = global_config([f"127.0.0.1:{ports[s]}" for s in range(spec.shards)], global_rules,
+                               f"{spec.scrape_interval_seconds:g}s", evaluation)
+        self.global_server = (ports[-1], None)
+        self.global_server = (ports[-1], self._launch_prometheus("global", config, ports[-1], timeout))
 
     @staticmethod
     def tail(path: Path, lines: int = 40) -> str:
@@ -269,11 +378,20 @@ class Fleet:
 
     # -- stop -------------------------------------------------------------------
 
+    def _servers(self) -> dict[str, subprocess.Popen | None]:
+        """Every non-daemon process by name (Prometheus, Alertmanager, shards, global)."""
+        servers: dict[str, subprocess.Popen | None] = {"prometheus": self.prometheus_process}
+        if self.spec.alertmanager:
+            servers["alertmanager"] = self.alertmanager_process
+        servers.update({f"shard-{s}": process for s, (_, process) in self.shard_servers.items()})
+        if self.global_server is not None:
+            servers["global"] = self.global_server[1]
+        return servers
+
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM every process this fleet started (by PID), SIGKILL what does not exit; idempotent."""
         processes = [node.process for node in self.nodes if node.process is not None]
-        if self.prometheus_process is not None:
-            processes.append(self.prometheus_process)
+        processes += [process for process in self._servers().values() if process is not None]
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -284,11 +402,29 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        if self.webhook is not None:
+            self.webhook.stop()
         for handle in self._logs:
             handle.close()
         self._logs.clear()
         if not self.keep and self.workdir.exists():
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def pause_probes(self) -> None:
+        """Push every daemon's next sweep a day away (same schedules and caps, then SIGHUP).
+
+        A sweep already running finishes; the probe gauges keep their last results
+        (the schedules still run those caps, so a reload withdraws none of them), and
+        every Prometheus tier converges on the same, no longer moving, inputs.
+        """
+        for node in self.nodes:
+            config = yaml.safe_load(node.config_path.read_text(encoding="utf-8"))
+            config["probes"]["first_run_delay_seconds"] = 86400
+            for schedule in config["probes"]["schedules"]:
+                schedule["interval_seconds"] = 86400  # a changed trigger: next run after the delay
+            node.config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+            assert node.process is not None and node.process.poll() is None, f"{node.name} is not running"
+            node.process.send_signal(signal.SIGHUP)
 
     def __enter__(self) -> "Fleet":
         return self.start()
@@ -299,7 +435,7 @@ class Fleet:
     def running(self) -> dict[str, bool]:
         """Which processes are still alive, by name."""
         alive = {node.name: node.process is not None and node.process.poll() is None for node in self.nodes}
-        alive["prometheus"] = self.prometheus_process is not None and self.prometheus_process.poll() is None
+        alive.update({name: process is not None and process.poll() is None for name, process in self._servers().items()})
         return alive
 
     # -- Prometheus API -----------------------------------------------------------
@@ -342,6 +478,16 @@ class Fleet:
             f"rules: {self.prometheus_url}/rules)",
             f"rule timing: {'accelerated (group interval ' + spec.rule_interval + ', for: ' + spec.alert_for + ')' if spec.accelerated_rules else 'as in the repository'}",
             f"work dir: {self.workdir}",
+        ]
+        if spec.alertmanager:
+            lines.append(f"Alertmanager: {self.alertmanager_url}  (notifications -> {self.webhook.url if self.webhook else '-'};"
+                         f" runbook links from {spec.runbook_base_url})")
+        for shard, (port, _) in self.shard_servers.items():
+            nodes = " ".join(n.name for n in self.nodes if self.shard_of(n.instance) == shard)
+            lines.append(f"shard {shard}: http://127.0.0.1:{port}  ({nodes})")
+        if self.global_server is not None:
+            lines.append(f"global: {self.global_url}  (federates {{__name__=~\"gpuperf:.*:by_model\"}} from the shards)")
+        lines += [
             "",
             f"{'node':<8} {'instance':<17} gpu {'defect':<17} true optimal cap per probe (W)   expected alerts",
         ]

@@ -10,6 +10,7 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,12 @@ def accelerate_rules(text: str, interval: str = "2s", alert_for: str = "10s", so
     A textual edit, so comments and expressions stay byte-identical; the result
     is checked to differ from the original in those two keys only.
     """
-    out = re.sub(r"(?m)^(\s+)interval:\s*\S+[ \t]*$", rf"\g<1>interval: {interval}", text)
-    out = re.sub(r"(?m)^(\s+)for:\s*\S+[ \t]*$", rf"\g<1>for: {alert_for}", out)
+    def keyed(key: str, value: str) -> Callable[[re.Match], str]:
+        return lambda m: f"{m.group(1)}{key}: {value}{m.group(2) or ''}"
+
+    # the value, then an optional trailing comment (kept)
+    out = re.sub(r"(?m)^(\s+)interval:\s*[^\s#]+([ \t]+#.*)?[ \t]*$", keyed("interval", interval), text)
+    out = re.sub(r"(?m)^(\s+)for:\s*[^\s#]+([ \t]+#.*)?[ \t]*$", keyed("for", alert_for), out)
 
     def strip(doc: dict) -> list:
         return [

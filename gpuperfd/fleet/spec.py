@@ -27,6 +27,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The rule files Prometheus loads (a timing-accelerated copy of them by default).
 RULES_DIR = REPO_ROOT / "deploy" / "prometheus" / "rules"
 RULE_FILES = ("recording.yml", "alerts.yml", "attribution.yml")
+#: The global tier's rules (a two-tier fleet, FleetSpec.shards).
+GLOBAL_RULES_DIR = REPO_ROOT / "deploy" / "prometheus" / "global"
+GLOBAL_RULE_FILES = ("recording.yml",)
 
 #: Scrape job name; it must match .*gpuperfd.* for the GpuperfdDown alert and the dashboards.
 JOB = "gpuperfd"
@@ -103,6 +106,14 @@ class FleetSpec:
     history_days: float = 7.0
     history_step_seconds: int = 900
     history_gap_seconds: int = 1800
+    #: Run deploy/alertmanager/alertmanager.yml (short timings, receivers -> a loopback
+    #: webhook, gpuperfd.fleet.alerting) behind the Prometheus.
+    alertmanager: bool = True
+    #: The Prometheus external label the alerts build their runbook_url from.
+    runbook_base_url: str = "https://runbook.example/gpuperfd/runbook"
+    #: 0: one Prometheus. N >= 2: also N shard servers (hashmod on the target address)
+    #: and a global one that federates their by-model series (gpuperfd.fleet.tiers).
+    shards: int = 0
 
     def __post_init__(self) -> None:
         if self.model not in GPU_MODELS:
@@ -115,6 +126,8 @@ class FleetSpec:
             model = GPU_MODELS[self.model]
             low, high = model.min_power_watts, model.max_power_watts
             object.__setattr__(self, "caps", tuple(round(high - (high - low) * i / 10) for i in range(11)))
+        if self.shards and not 2 <= self.shards <= self.nodes:
+            raise ValueError(f"shards must be 0 or 2..nodes ({self.nodes}), not {self.shards}")
         if self.history_step_seconds <= 0 or self.history_step_seconds > 900 or 900 % self.history_step_seconds:
             raise ValueError("history_step_seconds must divide 900 (the baselines' subquery step)")
         if self.degrade:
@@ -279,6 +292,8 @@ def daemon_config(node: FleetNode, spec: FleetSpec) -> dict[str, Any]:
         }
         for gpu in node.gpus if "slow_reads" in gpu.incidents
     ]
+    if node.index == spec.nodes - 1:
+        simulation["mig"] = [{"gpu": 0, "instances": 2}]
     if xids:
         simulation["xid_events"] = xids
     if faults:
@@ -303,6 +318,8 @@ def daemon_config(node: FleetNode, spec: FleetSpec) -> dict[str, Any]:
             "history": {"path": str(node.directory / "history.jsonl")},
             "executor": "simulated",
             "read_only": False,  # the fleet sweeps caps on simulated GPUs
+            "stop_early": False,  # every cap of every sweep: the curves the tests compare with the physics
+            "allow_mig": True,  # the last node's first GPU runs MIG (the MIG panels need one); probe it all the same
             "idle_seconds": 0,
             "jitter_seconds": 0,
             "first_run_delay_seconds": spec.first_run_delay_seconds,

@@ -110,6 +110,12 @@ class ProbeMetrics:
         self.missed.labels(probe).inc()
         self._bump()
 
+    def declare_probes(self, probes: set[str]) -> None:
+        """Missed-run counters of the scheduled probes exist from 0, so ``increase()`` has data before a miss."""
+        for probe in sorted(probes):
+            self.missed.labels(probe)
+        self._bump()
+
     def gpu_labels(self, gpu: GpuInfo) -> tuple[str, str]:
         return (str(gpu.index), gpu.uuid)
 

@@ -61,6 +61,7 @@ class ProbeScheduler:
     def apply(self, config: ProbesConfig) -> None:
         """Make the job set that of ``config`` (start-up and reload); unchanged triggers keep their next run."""
         self.service.apply_config(config)
+        self.service.metrics.declare_probes({s.probe for s in config.schedules} if config.enabled else set())
         wanted: dict[str, tuple[ScheduleConfig, list[int], tuple]] = {}
         if config.enabled:
             for number, schedule in enumerate(config.schedules):

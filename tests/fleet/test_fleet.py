@@ -66,8 +66,15 @@ from gpuperfd.fleet import (
     history_timestamps,
     probe_labels,
 )
+from gpuperfd.fleet.alerting import (
+    ALERTMANAGER_DIR,
+    WebhookRecorder,
+    alertmanager_test_config,
+)
+from gpuperfd.fleet.prometheus import http_get_json
 
-SPEC = FleetSpec()
+#: The default fleet plus the two-tier servers (2 shards, a global one); Alertmanager is on by default.
+SPEC = FleetSpec(shards=2)
 #: Alert thresholds of deploy/prometheus/rules/alerts.yml (pinned by alerts_test.yml).
 SLOWER_THAN = 0.90
 ENERGY_ABOVE = 1.10
@@ -179,6 +186,8 @@ def test_fleet_spec_refuses_a_fleet_whose_peers_are_mostly_degraded():
 def fleet(tmp_path_factory):
     for tool in ("prometheus", "promtool"):
         assert shutil.which(tool), f"{tool} is required (apt-get install prometheus); scripts/test.sh installs it"
+    assert shutil.which("prometheus-alertmanager") or shutil.which("alertmanager"), \
+        "Alertmanager is required (apt-get install prometheus-alertmanager); scripts/test.sh installs it"
     started = time.monotonic()
     fleet = Fleet(SPEC, tmp_path_factory.mktemp("fleet"))
     try:
@@ -252,6 +261,8 @@ def test_drift_and_peer_alerts_fire_for_the_degraded_gpus_only(fleet):
         gpu = fleet.gpu_of(labels)
         if alert["state"] == "pending" and labels["alertname"] not in PROBE_ALERTS + ("GpuThrottling",):
             continue  # e.g. GpuPowerCapNotRestored, pending for a scrape between two sweeps (for: outlasts it)
+        if labels["severity"] == "none":
+            continue  # GpuperfdSweepInProgress: an inhibition source, never sent (test_alertmanager_... below)
         assert gpu is not None, f"alert without a fleet GPU: {labels}"
         assert gpu.defect is not None, f"healthy GPU {gpu.node}/{gpu.index} has a {alert['state']} alert: {labels}"
         if alert["state"] == "firing":
@@ -344,7 +355,7 @@ def test_daemons_and_prometheus_stayed_healthy(fleet):
         assert "Traceback" not in log, f"{node.name}:\n{log[-3000:]}"
     targets = fleet.api("/api/v1/targets")["data"]["activeTargets"]
     assert sorted(t["labels"]["instance"] for t in targets) == sorted(n.instance for n in fleet.nodes)
-    assert all(t["health"] == "up" for t in targets), targets
+    assert all(t["health"] == "up" for t in targets), [(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets]
     # Every scrape since the fleet started succeeded: one failed scrape (up 0) fails the test.
     window = f"{int(time.monotonic() - fleet.t0) + 60}s"
     scrapes = {r["metric"]["instance"]: float(r["value"][1]) for r in fleet.query(f'count_over_time(up{{job="gpuperfd"}}[{window}])')}
@@ -367,3 +378,167 @@ def test_defects_are_the_documented_ones():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "fleet-simulation.md").read_text()
     for name in DEFECTS:
         assert name in doc
+
+
+# -- Alertmanager (issue 15) ---------------------------------------------------------
+
+
+def test_alertmanager_test_config_keeps_routes_and_inhibitions_and_silences_nothing_else():
+    source = (ALERTMANAGER_DIR / "alertmanager.yml").read_text()
+    original = yaml.safe_load(source)
+    config = alertmanager_test_config(source, "http://127.0.0.1:1")
+    assert config["inhibit_rules"] == original["inhibit_rules"]
+    assert config["route"]["group_by"] == original["route"]["group_by"]
+    assert [r["matchers"] for r in config["route"]["routes"]] == [r["matchers"] for r in original["route"]["routes"]]
+    assert [r["receiver"] for r in config["route"]["routes"]] == [r["receiver"] for r in original["route"]["routes"]]
+    assert (config["route"]["group_wait"], config["route"]["group_interval"]) == ("1s", "2s")
+    assert all(r.get("repeat_interval", "1h") == "1h" for r in config["route"]["routes"])
+    by_name = {r["name"]: r for r in config["receivers"]}
+    assert by_name["blackhole"] == {"name": "blackhole"}  # sends nothing, as in the repository
+    for name in ("gpuperfd-critical", "gpuperfd-warning"):
+        assert by_name[name]["webhook_configs"] == [{"url": f"http://127.0.0.1:1/{name}", "send_resolved": True}]
+    assert all(Path(path).is_absolute() for path in config["templates"])
+    with pytest.raises(ValueError, match="not an Alertmanager config"):
+        alertmanager_test_config("route: {}\n", "http://127.0.0.1:1")
+
+
+def test_webhook_recorder_keeps_json_and_refuses_the_rest():
+    import urllib.error
+    import urllib.request
+
+    recorder = WebhookRecorder().start()
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        ok = urllib.request.Request(recorder.url + "/gpuperfd-warning", data=b'{"alerts": []}', method="POST")
+        assert opener.open(ok, timeout=5).status == 200
+        for body in (b"not json", b"[1, 2]"):
+            with pytest.raises(urllib.error.HTTPError, match="400"):
+                opener.open(urllib.request.Request(recorder.url + "/x", data=body, method="POST"), timeout=5)
+        assert recorder.received() == [{"alerts": [], "path": "gpuperfd-warning"}]
+        assert len(recorder.rejected) == 2
+    finally:
+        recorder.stop()
+
+
+def expected_notifications(fleet) -> set[tuple[str, str, str, str]]:
+    """(receiver, alertname, instance, gpu) Alertmanager must send: each degraded GPU's
+    expected alerts except GpuThrottling, which the sweep that is always running on
+    every fleet GPU mutes (GpuperfdSweepInProgress, deploy/alertmanager/alertmanager.yml)."""
+    severity = {r["alert"]: r["labels"]["severity"] for g in yaml.safe_load((RULES_DIR / "alerts.yml").read_text())["groups"]
+                for r in g["rules"] if "alert" in r}
+    receiver = {"critical": "gpuperfd-critical", "warning": "gpuperfd-warning", "info": "gpuperfd-warning"}
+    return {
+        (receiver[severity[name]], name, gpu.instance, str(gpu.index))
+        for gpu in fleet.gpus for name in gpu.expected_alerts if name != "GpuThrottling"
+    }
+
+
+@pytest.mark.prometheus
+def test_alertmanager_notifies_the_expected_alerts_only(fleet):
+    """Degraded GPUs: exactly their alerts, once per group; healthy GPUs, sweeping all the time: nothing."""
+    want = expected_notifications(fleet)
+    assert {name for _, name, _, _ in want} >= {"GpuProbeThroughputDrift", "GpuSlowerThanPeers", "GpuXidError"}
+    wait_for(lambda: want <= fleet.webhook.firing(), remaining(fleet, BUDGET), "the expected notifications")
+    time.sleep(5)  # two more group intervals (2 s): anything unexpected would have arrived by now
+    got = fleet.webhook.firing()
+    assert got == want, f"unexpected: {sorted(got - want)}"
+    healthy = [gpu for gpu in fleet.gpus if gpu.healthy]
+    # The healthy GPUs swept all along (a scheduled sweep on a healthy GPU sends nothing).
+    swept = fleet.query('max_over_time(gpuperf_sweep_in_progress{job="gpuperfd"}[5m]) == 1')
+    assert {(s["metric"]["instance"], s["metric"]["gpu"]) for s in swept} >= {(g.instance, str(g.index)) for g in healthy}
+    assert fleet.webhook.rejected == []
+    for note in fleet.webhook.received():
+        assert note["version"] == "4" and note["receiver"] == note["path"]
+        assert set(note["groupLabels"]) <= {"instance", "name"} and "instance" in note["groupLabels"]
+        for alert in note["alerts"]:
+            labels = alert["labels"]
+            assert labels["instance"] == note["groupLabels"]["instance"]  # grouped per node
+            assert labels.get("name", "") == note["groupLabels"].get("name", "")  # and GPU model
+            assert alert["annotations"]["runbook_url"] == f"{SPEC.runbook_base_url}#{labels['alertname'].lower()}"
+            assert labels["severity"] != "none"
+    # The throttled GPU's GpuThrottling fires in Prometheus and is held back by its sweep.
+    throttled = next(gpu for gpu in fleet.gpus if gpu.defect == "thermal_throttle")
+    held = http_get_json(fleet.alertmanager_url + "/api/v2/alerts",
+                         {"filter": 'alertname="GpuThrottling"', "inhibited": "true", "active": "false"})
+    assert held and all(a["status"]["state"] == "suppressed" and a["status"]["inhibitedBy"] for a in held), held
+    assert {(a["labels"]["instance"], a["labels"]["gpu"]) for a in held} == {(throttled.instance, str(throttled.index))}
+    print("\nnotifications: " + ", ".join(f"{n['receiver']}:{n['groupKey'][-60:]}" for n in fleet.webhook.received()))
+
+
+# -- two tiers (issue 15) ---------------------------------------------------------------
+
+
+def by(samples, *keys) -> dict[tuple, float]:
+    return {tuple(s["metric"].get(k, "") for k in keys): float(s["value"][1]) for s in samples}
+
+
+def tier_query(url: str, expr: str) -> list[dict]:
+    answer = http_get_json(url + "/api/v1/query", {"query": expr})
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+@pytest.mark.prometheus
+def test_shards_split_the_targets_by_hashmod(fleet):
+    seen = []
+    for shard in range(SPEC.shards):
+        active = http_get_json(fleet.shard_url(shard) + "/api/v1/targets")["data"]["activeTargets"]
+        instances = sorted(t["labels"]["instance"] for t in active)
+        assert instances == sorted(n.instance for n in fleet.nodes if fleet.shard_of(n.instance) == shard)
+        assert instances, f"shard {shard} got no target"
+        seen += instances
+    assert sorted(seen) == sorted(n.instance for n in fleet.nodes)
+
+
+@pytest.mark.prometheus
+def test_global_tier_answers_equal_one_prometheus(fleet):
+    """Shards run the per-GPU rules; the global Prometheus federates their by-model series and
+    runs deploy/prometheus/global/recording.yml; its fleet answers equal the single server's."""
+    wait_for(lambda: all_probe_points_published(fleet), remaining(fleet, BUDGET), "every GPU, probe and cap")
+    # Live sweeps move the per-GPU results every half second, and the tiers sample them at
+    # different moments (the global one a federation scrape and an evaluation later), so
+    # the inputs are frozen first: no new sweeps, the running ones finish. THIS TEST RUNS
+    # LAST in the module (it leaves the fleet without probing).
+    fleet.pause_probes()
+    wait_for(lambda: fleet.query('max(max_over_time(gpuperf_sweep_in_progress{job="gpuperfd"}[3s])) == 0'),
+             remaining(fleet, BUDGET), "the running sweeps to finish")
+    pairs = [  # (single server's by-model series, global series, keys)
+        ("gpuperf:power_cap_recommended_watts:by_model", "gpuperf:power_cap_recommended_watts:fleet",
+         ("name", "probe", "preset")),
+        ("gpuperf:power_cap_recommended_votes:by_model", "gpuperf:power_cap_recommended_votes:fleet",
+         ("name", "probe", "preset", "power_cap")),
+        ("gpuperf:probe_power_cap_watts:by_model", "gpuperf:probe_power_cap_watts:fleet",
+         ("name", "probe", "preset", "power_cap")),
+        ("gpuperf:gpus:by_model", "gpuperf:gpus:fleet", ("name",)),
+        ("gpuperf:gpus_up:by_model", "gpuperf:gpus_up:fleet", ("name",)),
+    ]
+    last: dict[str, str] = {}
+
+    def equal() -> dict | None:
+        answers = {}
+        for single, glob, keys in pairs:
+            one, two = by(fleet.query(single), *keys), by(tier_query(fleet.global_url, glob), *keys)
+            if not one or one != two:
+                last[glob] = f"single {one} != global {two}"
+                return None
+            answers[glob] = one
+        return answers
+
+    # Both sides sample sweeps in flight at different moments: wait for a moment they agree.
+    try:
+        answers = wait_for(equal, remaining(fleet, BUDGET), "the global tier to agree with the single server")
+    except AssertionError as error:
+        raise AssertionError(f"{error}: {last}") from None
+    time.sleep(4)  # and they stay equal (two more evaluations of every tier)
+    assert equal() == answers, last
+    recommended = {probe: watts for (_, probe, _), watts in answers["gpuperf:power_cap_recommended_watts:fleet"].items()}
+    assert recommended.keys() == set(SPEC.probes)
+    assert sum(answers["gpuperf:gpus:fleet"].values()) == len(fleet.gpus)
+    for probe in SPEC.probes:  # every GPU voted once per probe
+        assert sum(v for (_, p, _, _), v in answers["gpuperf:power_cap_recommended_votes:fleet"].items() if p == probe) \
+            == len(fleet.gpus)
+    # The global server got its inputs from both shards (their external label), and nothing per GPU.
+    shards = by(tier_query(fleet.global_url, "count by (shard) (gpuperf:power_cap_recommended_votes:by_model)"), "shard")
+    assert set(shards) == {(str(s),) for s in range(SPEC.shards)}
+    assert tier_query(fleet.global_url, 'count({__name__=~"gpuperf_.*"})') == []
+    print(f"\nglobal tier == single Prometheus: recommended caps {recommended}")

@@ -362,3 +362,24 @@ def test_xid_raised_as_the_gpu_is_lost_is_kept(clock):
     assert value(exporter, "gpuperf_gpu_up", gpu=1) == 0.0
     assert value(exporter, "gpuperf_xid_errors_total", gpu=1, xid="79") == 1
     assert value(exporter, "gpuperf_xid_events_total", gpu=1) == 1
+
+
+def test_cached_registry_text_keeps_one_eof_in_openmetrics(clock):
+    """A versioned registry is rendered once and served from cache while its version holds;
+    the cached OpenMetrics text must not carry the registry's own "# EOF" (Prometheus
+    refused every scrape after the first: "unexpected data after # EOF")."""
+    from prometheus_client import CollectorRegistry, Gauge
+    from prometheus_client.openmetrics.parser import (
+        text_string_to_metric_families as parse_om,
+    )
+
+    backend, sampler, _ = make(clock, gpus=1)
+    registry = CollectorRegistry()
+    Gauge("gpuperf_test_value", "A test gauge.", registry=registry).set(1)
+    exporter = Exporter(sampler, backend.name, [(registry, lambda: 7)])
+    sampler.sample_once()
+    for _ in range(3):  # first render fills the cache, the next ones read it
+        text = exporter.render(openmetrics=True).decode()
+        assert text.count("# EOF") == 1 and text.endswith("# EOF\n")
+        assert any(f.name == "gpuperf_test_value" for f in parse_om(text))
+        assert "gpuperf_test_value" in exporter.render(openmetrics=False).decode()

@@ -31,7 +31,8 @@ def test_default_probe_set_stays_within_the_series_budget(tmp_path, mig, expecte
         "simulation": {"gpus": 2, "seed": 1, "mig": [{"gpu": g, "instances": 7} for g in (0, 1)] if mig else []},
         "web": {"listen_address": "127.0.0.1:0"},
         "probes": {**defaults, "state_dir": str(tmp_path), "history": {"path": None}, "idle_seconds": 0,
-                   "simulated_measure_seconds": 0.02, "allow_mig": mig},
+                   "simulated_measure_seconds": 0.02, "allow_mig": mig,
+                   "stop_early": False},  # the budget counts every cap of every probe
     })
     daemon = Daemon(config)
     daemon.sampler.sample_once()

@@ -33,6 +33,7 @@ simulation:
   seed: 3
 probes:
   read_only: false
+  stop_early: false  # the page shows every cap
   state_dir: {state}
   history: {{path: {state}/history.jsonl}}
   idle_seconds: 0
