@@ -29,6 +29,8 @@ of time spent inside torch ops rather than in Python.
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,6 +121,21 @@ def _settle(prepared: Prepared, max_seconds: float) -> tuple[float, bool | None]
     return wait_steady(sample, max_seconds)
 
 
+#: A further point of a warm sweep measures at least this many windows and stops once the
+#: windows' rates agree within SWEEP_TARGET_CV (at most ``spec.repeats``): a point costs what its
+#: noise needs (docs/probes.md, "Warm sweeps").
+SWEEP_MIN_REPEATS = 3
+SWEEP_TARGET_CV = 0.005
+
+
+def _rate_cv(repeats: list[RepeatResult]) -> float:
+    """Coefficient of variation of the windows' work rates (inf when it cannot be told)."""
+    rates = [r.units_of_work / r.measured_seconds for r in repeats if r.measured_seconds > 0]
+    if len(rates) < 2 or statistics.fmean(rates) <= 0:
+        return math.inf
+    return statistics.stdev(rates) / statistics.fmean(rates)
+
+
 def measure(
     prepared: Prepared,
     progress: Callable[..., None] | None = None,
@@ -135,11 +152,16 @@ def measure(
     started_at = time.time()
     report = progress or (lambda **_: None)
     ctx.read_power_limit()
+    # A further point of a warm sweep: the workload was built, compiled and loaded moments ago, so
+    # the settle loop (which runs it until power and SM clock are steady) is its warmup, the
+    # profiled busy pass of the first point stands for the sweep, and windows stop once steady.
+    later = prepared.measured_points > 1
+    settles_under_load = settle_seconds > 0 and ctx.nvml is not None
     report(phase="warmup")
     ctx.reset_peak_memory()
     warm_clock = ctx.new_clock(host=workload.host_clock)
     with ctx.nvtx("gpuperfd:warmup"):
-        if spec.warmup > 0 or spec.warmup_seconds > 0:
+        if (spec.warmup > 0 or spec.warmup_seconds > 0) and not (later and settles_under_load):
             n_warm, warm_seconds = run_loop(ctx, workload, warm_clock, spec.warmup_seconds, None,
                                              min_iterations=max(spec.warmup, 1))
             workload.end(warm_clock, n_warm, warm_seconds)
@@ -193,13 +215,15 @@ def measure(
         for name, samples in stats.latencies.items():
             latencies.setdefault(name, []).extend(samples)
         report(phase="measure", repeat=index + 1, repeats=spec.repeats)
+        if later and index + 1 >= SWEEP_MIN_REPEATS and _rate_cv(repeats) <= SWEEP_TARGET_CV:
+            break
 
     peak, allocated = ctx.memory()
 
     busy: float | None = None
     busy_info: dict[str, Any] = {}
     busy_method = None
-    if spec.busy_profile_seconds > 0:
+    if spec.busy_profile_seconds > 0 and not (later and ctx.nvml is not None):  # later points: NVML's view
         report(phase="busy_profile")
         try:
             busy, busy_info = measure_busy(ctx, workload, spec.busy_profile_seconds)
@@ -225,6 +249,7 @@ def measure(
         "warmup_iterations": n_warm,
         "warmup_seconds": warm_seconds,
         "gpu_busy_method": busy_method,
+        "windows_measured": len(repeats),
         **busy_info,
         "torch_version": torch.__version__,
         "iterations": sum(r.iterations for r in repeats),
