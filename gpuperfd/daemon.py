@@ -18,7 +18,7 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
-from gpuperfd.attribution.allocations import PodResourcesWatcher
+from gpuperfd.attribution.allocations import PodResourcesWatcher, kubelet_required
 from gpuperfd.config import (
     RESTART_ONLY,
     Config,
@@ -156,6 +156,7 @@ class Daemon:
             else None,
             on_cap_change=lambda gpu: self.sampler.refresh(gpu, "power"),
             allocations=self.pod_resources.state if self.pod_resources is not None else None,
+            kubelet_socket=kubernetes.socket if kubelet_required(kubernetes.required) else None,
         )
         self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices])
         host, port = parse_listen_address(config.web.listen_address)

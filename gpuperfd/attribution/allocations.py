@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpuperfd.attribution.podresources import (
@@ -75,6 +75,13 @@ def allocation_map(pods: Iterable[PodResources], resource_prefixes: tuple[str, .
                     if allocation not in mapping.setdefault(base, []):
                         mapping[base].append(allocation)
     return {key: tuple(value) for key, value in mapping.items()}
+
+
+def kubelet_required(setting: bool | str, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether probes need the kubelet's answer (attribution.kubernetes.required; "auto": inside a pod)."""
+    if setting == "auto":
+        return bool(environ.get("KUBERNETES_SERVICE_HOST"))  # set in every container Kubernetes starts
+    return bool(setting)
 
 
 class PodResourcesWatcher:

@@ -218,6 +218,10 @@ class KubernetesAttributionConfig(_Strict):
     timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 2.0
     #: Resources that are GPUs or MIG devices (nvidia.com/gpu, nvidia.com/mig-1g.10gb, ...).
     resource_prefixes: list[str] = ["nvidia.com/"]
+    #: Probe only where the kubelet has answered: without its answer a GPU counts as allocated (probing a
+    #: GPU a pod holds is worse than not probing). "auto": required inside a Kubernetes pod
+    #: (KUBERNETES_SERVICE_HOST set), not on bare metal; true/false force it.
+    required: bool | Literal["auto"] = "auto"
 
 
 class ProcessAttributionConfig(_Strict):

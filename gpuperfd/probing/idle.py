@@ -93,14 +93,27 @@ def is_ours(allocation: Allocation, ours: OursConfig) -> bool:
 
 
 def allocated_reason(
-    device: Device, state: AllocationState | None, ours: OursConfig, own_pids: Iterable[int] = ()
+    device: Device,
+    state: AllocationState | None,
+    ours: OursConfig,
+    own_pids: Iterable[int] = (),
+    kubelet_socket: str | None = None,
 ) -> str | None:
     """Why this GPU belongs to someone else (a pod, a foreign process), or None if it is free.
 
     A kubelet that exists but never answered leaves the allocation unknown: the
     GPU counts as allocated. After one answer the last good map is used while
-    the kubelet is away (a restart does not free GPUs).
+    the kubelet is away (a restart does not free GPUs). ``kubelet_socket`` is
+    set where the kubelet's answer is required (inside a Kubernetes pod): a
+    socket never seen there, or no watcher at all, leaves every GPU allocated.
     """
+    if kubelet_socket is not None and state is None:
+        return "allocation unknown: the allocation collector is off, and in Kubernetes the kubelet must answer"
+    if kubelet_socket is not None and state is not None and not state.seen:
+        return (
+            f"allocation unknown: no kubelet PodResources socket at {kubelet_socket} (mount it read-only, "
+            "as deploy/kubernetes does, or set attribution.kubernetes.required: false)"
+        )
     try:
         uuid = device.info().uuid
         try:

@@ -66,10 +66,13 @@ class ProbeService:
         history: HistoryWriter | None = None,
         on_cap_change: Callable[[int], None] | None = None,
         allocations: Callable[[], AllocationState] | None = None,
+        kubelet_socket: str | None = None,
     ) -> None:
         self.config = config
         #: The kubelet's latest pod allocations (None: not on Kubernetes, processes only).
         self.allocations = allocations
+        #: Where the kubelet must answer before any probe runs (inside a pod); None on bare metal.
+        self.kubelet_socket = kubelet_socket
         #: Told the GPU index after every cap change (the daemon re-reads its power collector).
         self.on_cap_change = on_cap_change
         self.devices = {d.index: d for d in devices}
@@ -169,7 +172,7 @@ class ProbeService:
             except DeviceError as exc:
                 return self._skip(info, schedule, exc.reason, str(exc))
             state = self.allocations() if self.allocations is not None else None
-            held = allocated_reason(device, state, self.config.ours, own_pids=(os.getpid(),))
+            held = allocated_reason(device, state, self.config.ours, (os.getpid(),), self.kubelet_socket)
             if held is not None:  # someone's GPU, even at zero utilization
                 return self._skip(info, schedule, "allocated", held)
             if (why := mig_reason(device, self.config.allow_mig)) is not None:

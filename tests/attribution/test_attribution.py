@@ -294,3 +294,36 @@ def test_daemon_never_probes_the_gpu_a_pod_holds_even_idle(sock_dir, tmp_path):
     assert (held.result, held.reason) == ("skipped", "allocated")
     assert free.result == "ok"
     assert value(samples, "gpuperf_probe_runs_total", gpu="0", result="skipped", reason="allocated") == 1.0
+
+
+def test_daemon_in_a_pod_without_the_socket_probes_nothing(sock_dir, tmp_path, monkeypatch):
+    """Inside Kubernetes (KUBERNETES_SERVICE_HOST set) with no socket mounted the allocation is unknown:
+    no GPU is probed; once the kubelet answers, its map decides. On bare metal the same daemon probes."""
+    from gpuperfd.config import ScheduleConfig
+
+    path = sock_dir / "kubelet.sock"
+    schedule = ScheduleConfig(probe="attention", interval_seconds=60)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    daemon = make_daemon(path, tmp_path, gpus=2)
+    try:
+        daemon.pod_resources.poll_once()
+        daemon.sampler.sample_once()
+        assert [daemon.probes.run(schedule, gpu).reason for gpu in (0, 1)] == ["allocated", "allocated"]
+        server = FakeKubelet(path, [("ml", "trainer", [("main", [("nvidia.com/gpu", [daemon.devices[0].info().uuid])])])])
+        server.start()
+        try:
+            daemon.pod_resources.poll_once()
+            assert daemon.probes.run(schedule, 0).reason == "allocated"
+            assert daemon.probes.run(schedule, 1).result == "ok"
+        finally:
+            server.stop()
+    finally:
+        daemon.web.stop()
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    bare = make_daemon(sock_dir / "absent.sock", tmp_path / "bare", gpus=1)
+    try:
+        bare.pod_resources.poll_once()
+        bare.sampler.sample_once()
+        assert bare.probes.run(schedule, 0).result == "ok"
+    finally:
+        bare.web.stop()

@@ -93,4 +93,4 @@ def test_images_build_here_and_pass_the_smoke_test() -> None:
     smoke = subprocess.run(["bash", str(ROOT / "scripts" / "image-smoke.sh"), VERSION],
                            capture_output=True, text=True, timeout=600)
     assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-3000:]
-    assert smoke.stdout.strip().splitlines()[-1] == "smoke: 7 passed, 0 failed", smoke.stdout[-2000:]
+    assert smoke.stdout.strip().splitlines()[-1] == "smoke: 8 passed, 0 failed", smoke.stdout[-2000:]

@@ -284,13 +284,23 @@ def _pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def test_base_daemonset_is_locked_down(base: list[dict[str, Any]]) -> None:
     pod = _pod(base)
     container = pod["containers"][0]
-    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    # uid 0 only to connect to the kubelet's root-owned socket: no capability at all, no escalation
+    assert pod["securityContext"]["runAsUser"] == 0 and pod["securityContext"]["runAsNonRoot"] is False
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["securityContext"] == {
         "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
-    assert not any("hostPath" in volume for volume in pod["volumes"])
-    assert not pod.get("hostNetwork") and not pod.get("hostPID")
-    assert _one(base, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    # one host path: the kubelet's PodResources socket directory, read-only, where the config looks (issue 14)
+    host = [v for v in pod["volumes"] if "hostPath" in v]
+    assert host == [{"name": "pod-resources", "hostPath": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}}]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "pod-resources")
+    assert mount == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}
+    config = _daemon_config(base).attribution.kubernetes
+    assert config.socket.startswith(mount["mountPath"] + "/") and config.required == "auto"
+    writable = {m["name"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"state", "cache", "tmp"}  # all emptyDirs
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    # host paths are forbidden below "privileged"; the pod itself holds no privilege
+    assert _one(base, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
 
 
 def test_daemonset_reaches_every_gpu_node(base: list[dict[str, Any]]) -> None:
@@ -342,18 +352,11 @@ def test_power_caps_overlay_adds_only_what_sweeps_need(base: list[dict[str, Any]
     assert pod["securityContext"]["runAsUser"] == 0  # Kubernetes gives added capabilities to root only
     state = next(v for v in pod["volumes"] if v["name"] == "state")
     assert state == {"name": "state", "hostPath": {"path": "/var/lib/gpuperfd", "type": "DirectoryOrCreate"}}
-    # the kubelet's PodResources socket, read-only, where the daemon's config looks for it (issue 14)
-    kubelet = next(v for v in pod["volumes"] if v["name"] == "pod-resources")
-    assert kubelet == {"name": "pod-resources", "hostPath": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}}
-    mount = next(m for m in container["volumeMounts"] if m["name"] == "pod-resources")
-    assert mount == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}
-    from gpuperfd.config import Config
-
-    assert Config().attribution.kubernetes.socket.startswith(mount["mountPath"] + "/")
-    assert {m["name"] for m in container["volumeMounts"]} >= {"config", "state", "cache", "tmp", "pod-resources"}
-    assert _one(overlay, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert [v for v in pod["volumes"] if v["name"] != "state"] == [v for v in _pod(base)["volumes"] if v["name"] != "state"]
+    assert container["volumeMounts"] == _pod(base)["containers"][0]["volumeMounts"]
+    assert pod["securityContext"] == _pod(base)["securityContext"]
     # everything else is the base, unchanged
-    strip = {"DaemonSet", "ConfigMap", "Namespace"}
+    strip = {"DaemonSet", "ConfigMap"}
     assert [d for d in overlay if d["kind"] not in strip] == [d for d in base if d["kind"] not in strip]
 
 

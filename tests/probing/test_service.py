@@ -285,6 +285,41 @@ def test_kubelet_that_never_answered_leaves_every_gpu_allocated(tmp_path):
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
 
 
+def test_in_a_pod_without_the_kubelet_socket_every_gpu_is_allocated(tmp_path, caplog):
+    from gpuperfd.attribution.allocations import AllocationState, PodResourcesWatcher
+
+    backend, devices, registry, service = make(tmp_path)
+    socket = str(tmp_path / "kubelet.sock")
+    service.kubelet_socket = socket  # required: the daemon runs inside a Kubernetes pod
+    service.allocations = lambda: AllocationState()  # socket never seen (not mounted)
+    with caplog.at_level("INFO", logger="gpuperfd.probing.service"):
+        outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60, caps=["max", 500]), 0)
+    assert (outcome.result, outcome.reason) == ("skipped", "allocated")
+    assert f"no kubelet PodResources socket at {socket}" in caplog.text  # the log names what is missing
+    assert "attribution.kubernetes.required" in caplog.text
+    assert devices[0].power_limits().enforced_watts == 680.0
+    service.allocations = None  # the allocation collector switched off: still unknown
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).reason == "allocated"
+    watcher = PodResourcesWatcher(socket)
+    watcher.apply(_pods(("ml", "trainer-0", "nvidia.com/gpu", devices[1].info().uuid)))
+    service.allocations = watcher.state  # the kubelet answered: its map decides
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1).reason == "allocated"
+
+
+@pytest.mark.parametrize(("setting", "environ", "required"), [
+    ("auto", {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, True),
+    ("auto", {}, False),
+    ("auto", {"KUBERNETES_SERVICE_HOST": ""}, False),
+    (True, {}, True),
+    (False, {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, False),
+])
+def test_kubelet_is_required_inside_a_pod_unless_configured(setting, environ, required):
+    from gpuperfd.attribution.allocations import kubelet_required
+
+    assert kubelet_required(setting, environ) is required
+
+
 def test_gpu_in_mig_mode_is_skipped_unless_allowed(tmp_path):
     def with_mig(allow):
         backend = SimulatedBackend(SimulationConfig(gpus=1, seed=5, mig=[{"gpu": 0, "instances": 2}]))
