@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +41,17 @@ def heavy_maps(pid: int) -> list[str]:
     with open(f"/proc/{pid}/maps") as handle:
         return sorted({line.split()[-1] for line in handle
                        if any(k in line.split()[-1] for k in ("torch", "numpy", "transformers", "_multiarray"))})
+
+
+def skipped_runs(port: int) -> float:
+    """Runs the daemon counted as skipped (a probe that will never write a history line)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("gpuperf_probe_runs_total{") and 'result="skipped"' in line)
 
 
 def config(cpu: bool, state: Path) -> str:
@@ -64,6 +76,9 @@ def main() -> int:
     parser.add_argument("--cpu", action="store_true", help="simulated GPU, tiny probes on the CPU")
     parser.add_argument("--idle", type=float, default=20.0, help="seconds idle before the first reading")
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the round of probes")
+    parser.add_argument("--malloc-arena-max", type=int, default=2,
+                        help="MALLOC_ARENA_MAX for the daemon, as the systemd unit and the image set it (0: unset)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp)
@@ -72,6 +87,8 @@ def main() -> int:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))}
+        if args.malloc_arena_max:
+            env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
         log = open(state / "daemon.log", "wb")
         proc = subprocess.Popen([sys.executable, "-m", "gpuperfd", "run", "--config", str(state / "gpuperfd.yaml"),
                                  "--web.listen-address", f"127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT,
@@ -81,16 +98,17 @@ def main() -> int:
             idle = rss_mb(proc.pid)
             idle_maps = heavy_maps(proc.pid)
             history = state / "history.jsonl"
-            deadline = time.monotonic() + 1800
+            deadline = time.monotonic() + args.timeout
             want = len(PROBES) * (2 if args.cpu else 1)
             while time.monotonic() < deadline and proc.poll() is None:
                 lines = history.read_text().splitlines() if history.exists() else []
-                if len(lines) >= want:
-                    break
+                if len(lines) >= want or skipped_runs(port) >= len(PROBES):
+                    break  # every probe ran, or every one was skipped (its reason is in the log)
                 time.sleep(1)
             time.sleep(2)
             after = rss_mb(proc.pid)
             after_maps = heavy_maps(proc.pid)
+            skipped = skipped_runs(port)
             statuses = [json.loads(line)["result"]["status"] for line in history.read_text().splitlines()] \
                 if history.exists() else []
         finally:
@@ -99,7 +117,8 @@ def main() -> int:
             log.close()
         out = {"machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                "backend": "simulated" if args.cpu else "nvml", "command": " ".join([sys.executable, *sys.argv]),
-               "idle_rss_mb": round(idle, 1), "after_probes_rss_mb": round(after, 1), "probe_statuses": statuses,
+               "malloc_arena_max": args.malloc_arena_max or None,
+               "idle_rss_mb": round(idle, 1), "after_probes_rss_mb": round(after, 1), "probe_statuses": statuses, "skipped_runs": skipped,
                "heavy_maps_idle": idle_maps, "heavy_maps_after": after_maps}
         print(json.dumps(out, indent=1))
         if args.json:

@@ -37,6 +37,7 @@ from gpuperfd.probing.scheduling import ProbeScheduler
 from gpuperfd.probing.service import ProbeService
 from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
 from gpuperfd.system import sdnotify
+from gpuperfd.system.memory import release_free_memory
 from gpuperfd.telemetry.collectors import COLLECTORS, Collector
 from gpuperfd.telemetry.exporter import Exporter, process_registry
 from gpuperfd.telemetry.sampler import Sampler
@@ -238,6 +239,7 @@ class Daemon:
         self.web.start()
         self.scheduler.apply(self.config.probes)
         self.scheduler.start()
+        release_free_memory()  # start-up's garbage: the idle daemon keeps only what it uses
         sdnotify.ready(f"{len(self.devices)} GPU(s), listening on {self.config.web.listen_address}")
         self._watchdog.start()
         log.info("listening on %s (metrics at %s)", self.config.web.listen_address, self.config.web.telemetry_path)

@@ -37,6 +37,7 @@ from gpuperfd.probing.sweep.sweeper import (
     recommend,
     run_sweep,
 )
+from gpuperfd.system.memory import release_free_memory
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +192,7 @@ class ProbeService:
                 with self._idle_cv:
                     self._active -= 1
                     self._idle_cv.notify_all()
+                release_free_memory()  # a round's results and messages: back to the idle footprint
         finally:
             if node_locked:
                 self._node_lock.release()

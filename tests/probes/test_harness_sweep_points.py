@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -26,15 +27,34 @@ def test_rate_cv_of_the_windows() -> None:
 
 
 def test_first_point_measures_every_window_and_later_points_stop_once_steady() -> None:
-    spec = ProbeSpec("attention", preset="tiny", device="cpu", repeats=6, measure_seconds=0.05,
+    spec = ProbeSpec("attention", preset="tiny", device="cpu", repeats=6, measure_seconds=0.06,
                      warmup_seconds=0.0, busy_profile_seconds=0.0)
     prepared = harness.prepare(spec)
-    first = harness.measure(prepared)
+    first = harness.measure(prepared)  # a one-shot probe (no settle, no NVML): every window, full length
     assert first.extra["windows_measured"] == 6 and len(first.repeats) == 6
+    assert first.extra["window_seconds"] == 0.06 and min(r.measured_seconds for r in first.repeats) >= 0.06
     later = harness.measure(prepared)
     n = later.extra["windows_measured"]
-    assert harness.SWEEP_MIN_REPEATS <= n <= 6 and len(later.repeats) == n
-    if n < 6:  # it stopped early only because the windows agreed
-        assert harness._rate_cv(later.repeats) <= harness.SWEEP_TARGET_CV
+    most = 6 * harness.SWEEP_LATER_WINDOW_DIVISOR  # shorter windows, as many more at most: the same longest time
+    assert later.extra["window_seconds"] == pytest.approx(0.06 / harness.SWEEP_LATER_WINDOW_DIVISOR)
+    assert statistics.median(r.measured_seconds for r in later.repeats) < statistics.median(
+        r.measured_seconds for r in first.repeats)
+    assert harness.SWEEP_MIN_REPEATS <= n <= most and len(later.repeats) == n
+    if n < most:  # it stopped early only because the windows agreed
+        assert harness._windows_agree(later.repeats)
     else:
-        assert harness._rate_cv(later.repeats[:-1]) > harness.SWEEP_TARGET_CV
+        assert not harness._windows_agree(later.repeats[:-1])
+
+
+def _with_energy(rates: list[float], per_unit: list[float | None]) -> list[RepeatResult]:
+    return [RepeatResult(index=i, measured_seconds=1.0, units_of_work=r, energy_per_unit_joules=e)
+            for i, (r, e) in enumerate(zip(rates, per_unit))]
+
+
+def test_windows_agree_needs_enough_windows_steady_rates_and_steady_energy() -> None:
+    assert not harness._windows_agree(_with_energy([100.0, 100.0], [1.0, 1.0]))  # too few windows
+    assert harness._windows_agree(_with_energy([100.0] * 3, [1.0, 1.0, 1.0]))
+    assert not harness._windows_agree(_with_energy([99.0, 100.0, 101.0], [1.0] * 3))  # rates 1 % apart
+    assert not harness._windows_agree(_with_energy([100.0] * 3, [0.97, 1.0, 1.03]))  # energy 3 % apart
+    assert harness._windows_agree(_with_energy([100.0] * 3, [0.998, 1.0, 1.002]))
+    assert harness._windows_agree(_with_energy([100.0] * 3, [None] * 3))  # no energy counter: rates decide
