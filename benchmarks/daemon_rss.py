@@ -120,10 +120,13 @@ def main() -> int:
                "malloc_arena_max": args.malloc_arena_max or None,
                "idle_rss_mb": round(idle, 1), "after_probes_rss_mb": round(after, 1), "probe_statuses": statuses, "skipped_runs": skipped,
                "heavy_maps_idle": idle_maps, "heavy_maps_after": after_maps}
+        ok = statuses and all(s == "ok" for s in statuses) and not after_maps
+        if not ok:  # why: the daemon's own account
+            out["daemon_exit"] = proc.returncode
+            out["daemon_log_tail"] = (state / "daemon.log").read_text(errors="replace").splitlines()[-25:]
         print(json.dumps(out, indent=1))
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1))
-        ok = statuses and all(s == "ok" for s in statuses) and not after_maps
         return 0 if ok else 1
 
 

@@ -110,7 +110,8 @@ def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: 
         rows.append({"cap_watts": point.cap_watts, "status": r.status, "reason": r.failure_reason,
                      "rate": (r.units_of_work / r.measured_seconds) if r.ok and r.measured_seconds else None,
                      "cv": rate_noise(r) if r.ok and len(r.repeats) > 1 else None,
-                     "settle_steady": r.extra.get("settle_steady"), **parts(r, path)})
+                     "settle_steady": r.extra.get("settle_steady"), "windows": r.extra.get("windows_measured"),
+                     "window_seconds": r.extra.get("window_seconds"), **parts(r, path)})
     return {"path": path, "probe": schedule.probe, "preset": schedule.preset, "sweep_gpu_seconds": wall,
             "points": rows}
 
