@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="no Alertmanager (default: deploy/alertmanager/alertmanager.yml, receivers -> a local webhook)")
     parser.add_argument("--shards", type=int, default=0,
                         help="also run N shard Prometheus servers (hashmod) and a global one (default 0)")
+    parser.add_argument("--no-pods", action="store_true",
+                        help="no GPU owners (default: fake kubelets with pods on three nodes and a Slurm job on node-2; "
+                             "needs grpcio and grpcio-tools)")
     return parser.parse_args(argv)
 
 
@@ -77,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             accelerated_rules=not args.real_timing,
             alertmanager=not args.no_alertmanager,
             shards=args.shards,
+            pods=not args.no_pods,
         )
     except ValueError as error:
         print(f"fleet.py: {error}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """Fleet overview: how many GPUs answer, what they draw and do, what is firing,
-and the power-cap recommendation per GPU model."""
+whose pods and Slurm jobs used the energy, and the power-cap recommendation per GPU model."""
 
 from __future__ import annotations
 
@@ -131,6 +131,26 @@ def build() -> g.Dashboard:
         h=9,
     )
 
+    lay.row("Who is on the GPU")
+    lay.add(
+        timeseries(
+            "Energy by namespace / job",
+            targets(
+                ("gpuperf:namespace_energy_joules:increase1h / 3.6e6", "{{namespace}}"),
+                ("gpuperf:slurm_job_energy_joules:increase1h / 3.6e6", "Slurm job {{slurm_job}}"),
+            ),
+            unit="kwatth",
+            description=(
+                "Energy of the GPUs each namespace's pods (kubelet PodResources) and each Slurm job held, in the"
+                " hour before each point; a GPU held by several pods (MIG devices, time-slicing) or jobs is split"
+                " evenly, a GPU held by nobody is left out. All GPUs, whatever the model selection. Rules:"
+                " deploy/prometheus/rules/attribution.yml; a whole run is"
+                " sum_over_time(gpuperf:pod_energy_joules:increase1m[its life])."
+            ),
+        ),
+        w=24,
+    )
+
     lay.row("Power-cap recommendation per model")
     lay.add(
         table(
@@ -171,7 +191,8 @@ def build() -> g.Dashboard:
     return dashboard(
         TITLE,
         UID,
-        "All GPUs scraped by this Prometheus: availability, power, utilization, firing alerts and power-cap recommendations per model.",
+        "All GPUs scraped by this Prometheus: availability, power, utilization, firing alerts, energy by namespace"
+        " and Slurm job, and power-cap recommendations per model.",
         lay,
         [query_variable("model", "GPU model", "gpuperf_gpu_info", "name")],
     )

@@ -536,6 +536,11 @@ def simulated_uuid(model_key: str, index: int, node: str = "") -> str:
     return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
+def simulated_mig_uuid(gpu_uuid: str, slot: int) -> str:
+    """The UUID of MIG device ``slot`` of the simulated GPU ``gpu_uuid`` (what a device plugin hands out)."""
+    return f"MIG-{gpu_uuid.removeprefix('GPU-')[:-2]}{slot:02x}"
+
+
 class _FaultSchedule:
     """Faults in force, shared by the backend and its GPUs.
 
@@ -642,7 +647,11 @@ class SimulatedGpu(Device):
         self._load: WorkloadProfile | None = None
         self._load_pid: int | None = None
         self._foreign: dict[int, int] = {}
-        self._mig_uuids: list[str] | None = None  # None: MIG not supported
+        #: None: MIG not supported. A GPU put in MIG mode by the config lists one device per instance,
+        #: so a kubelet's MIG allocations find their GPU (set_mig_devices changes the identities only).
+        self._mig_uuids: list[str] | None = (
+            [simulated_mig_uuid(self._info.uuid, slot) for slot in range(mig_instances)] if mig_instances else None
+        )
         self._energy_joules = 0.0
         self._last_time = clock()
         self._power_watts = model.idle_watts
@@ -697,9 +706,9 @@ class SimulatedGpu(Device):
 
         Identity only: the physics (power, clocks) stays that of the whole GPU.
         """
-        base = self.info().uuid.removeprefix("GPU-")
+        uuid = self.info().uuid
         with self._lock:
-            self._mig_uuids = None if count is None else [f"MIG-{base[:-2]}{slot:02x}" for slot in range(count)]
+            self._mig_uuids = None if count is None else [simulated_mig_uuid(uuid, slot) for slot in range(count)]
             return list(self._mig_uuids or [])
 
     def inject(self, fault: FaultConfig) -> None:

@@ -35,6 +35,13 @@ memory, and a GPU that is thermally throttled whenever it is busy. Two
 incidents make the telemetry panels that need an event show one: an XID on
 the throttled GPU, and a few slow ECC reads on a healthy GPU of the last node.
 
+GPUs have owners (:attr:`FleetSpec.pods`, :func:`pod_layout`): a fake kubelet
+(:mod:`gpuperfd.fleet.kubelet`, a real gRPC PodResources server) on three nodes
+lists pods in two namespaces holding whole GPUs and the two MIG devices of the
+last node's GPU 0, and node-2's probe processes belong to a Slurm job (a
+fixture /proc), so the attribution rules and the "Energy by namespace / job"
+panel have data that the tests compare with the simulator's energy counters.
+
 Processes are stopped by the PIDs this module started (SIGTERM, then SIGKILL).
 """
 
@@ -53,20 +60,49 @@ from gpuperfd.fleet.spec import (
     DEFECTS,
     EXPECTED_ALERTS,
     JOB,
+    POD_NAMESPACES,
     PROBES,
     RULE_FILES,
     RULES_DIR,
+    SLURM_JOB,
     FleetGpu,
     FleetNode,
+    FleetPod,
     FleetSpec,
     daemon_config,
     degraded_layout,
+    pod_layout,
+    pod_shares,
     probe_labels,
+    slurm_node,
 )
 
 __all__ = [
-    "DEFAULT_CAPS", "DEFECTS", "EXPECTED_ALERTS", "JOB", "PROBES", "RULE_FILES", "RULES_DIR",
-    "Fleet", "FleetGpu", "FleetNode", "FleetSpec", "accelerate_rules", "daemon_config", "degraded_layout",
-    "finite", "free_ports", "healthy_history", "history_timestamps", "http_get_json", "probe_labels",
+    "DEFAULT_CAPS",
+    "DEFECTS",
+    "EXPECTED_ALERTS",
+    "JOB",
+    "POD_NAMESPACES",
+    "PROBES",
+    "RULES_DIR",
+    "RULE_FILES",
+    "SLURM_JOB",
+    "Fleet",
+    "FleetGpu",
+    "FleetNode",
+    "FleetPod",
+    "FleetSpec",
+    "accelerate_rules",
+    "daemon_config",
+    "degraded_layout",
+    "finite",
+    "free_ports",
+    "healthy_history",
+    "history_timestamps",
+    "http_get_json",
+    "pod_layout",
+    "pod_shares",
+    "probe_labels",
     "prometheus_config",
+    "slurm_node",
 ]

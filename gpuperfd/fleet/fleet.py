@@ -40,11 +40,17 @@ from gpuperfd.fleet.spec import (
     REPO_ROOT,
     RULE_FILES,
     RULES_DIR,
+    SLURM_JOB,
     FleetGpu,
     FleetNode,
+    FleetPod,
     FleetSpec,
     daemon_config,
     degraded_layout,
+    kubelet_pods,
+    pod_layout,
+    slurm_cgroup,
+    slurm_node,
 )
 from gpuperfd.fleet.tiers import global_config, hashmod, shard_config
 
@@ -89,6 +95,11 @@ class Fleet:
         self.global_server: tuple[int, subprocess.Popen | None] | None = None
         self.python = python
         self.nodes: list[FleetNode] = []
+        #: Who holds which GPU (FleetSpec.pods), set by plan().
+        self.pods: list[FleetPod] = []
+        #: The fake kubelets (gpuperfd.fleet.kubelet.FakeKubelet) by node index, and their socket folder.
+        self.kubelets: dict[int, Any] = {}
+        self._socket_dir: Path | None = None
         self.prometheus_port = 0
         self.prometheus_process: subprocess.Popen | None = None
         self.started_at: float | None = None
@@ -157,6 +168,7 @@ class Fleet:
             self.nodes.append(
                 FleetNode(name, index, ports[index], spec.seed * 1000 + index, self.workdir / name, gpus)
             )
+        self.pods = pod_layout(spec)
 
     # -- start ------------------------------------------------------------------
 
@@ -172,6 +184,7 @@ class Fleet:
             self.workdir.mkdir(parents=True, exist_ok=True)
             rule_files = self._write_rules()
             self._backfill()
+            self._start_kubelets()
             started = time.monotonic()
             for node in self.nodes:
                 self._start_daemon(node)
@@ -249,18 +262,48 @@ class Fleet:
             raise RuntimeError("promtool tsdb create-blocks-from openmetrics failed:\n" + "\n".join(failures))
         shutil.rmtree(directory)
 
+    def _start_kubelets(self) -> None:
+        """One fake kubelet per node with pods, before the daemons, so their first List finds it.
+
+        The sockets sit in a short folder under /tmp: a unix socket path must stay under
+        108 bytes, which a deep workdir would not.
+        """
+        nodes = sorted({pod.node for pod in self.pods})
+        if not nodes:
+            return
+        try:
+            from gpuperfd.fleet.kubelet import FakeKubelet
+        except ImportError as exc:
+            raise RuntimeError(f"a fleet with pods needs grpcio and grpcio-tools (pip install 'gpuperfd[test]'): {exc}") \
+                from exc
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="gpuperfd-kl-", dir="/tmp"))
+        for index in nodes:
+            node = self.nodes[index]
+            node.kubelet_socket = self._socket_dir / f"{node.name}.sock"
+            self.kubelets[index] = FakeKubelet(node.kubelet_socket, kubelet_pods(self.pods, index, self.spec.model)).start()
+
     def _popen(self, cmd: list[str], log_path: Path, cwd: Path) -> subprocess.Popen:
         handle = log_path.open("wb")
         self._logs.append(handle)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # The daemons run the gpuperfd this module belongs to (a worktree's, say), not whichever
+        # one the interpreter would find from their working directory.
+        path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path)
         return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=cwd, env=env)
 
     def _start_daemon(self, node: FleetNode) -> None:
         node.directory.mkdir(parents=True, exist_ok=True)
         node.config_path.write_text(yaml.safe_dump(daemon_config(node, self.spec), sort_keys=False), encoding="utf-8")
+        node.proc_root.mkdir(parents=True, exist_ok=True)
         node.process = self._popen(
             [self.python, "-m", "gpuperfd", "run", "--config", str(node.config_path)], node.log_path, node.directory
         )
+        if node.index == slurm_node(self.spec):
+            # The daemon's probe processes (its own PID, the simulated executor) then belong to a
+            # Slurm job. Written as soon as the PID exists, long before the first probe
+            # (first_run_delay_seconds after the daemon is up), so no identity is read without it.
+            (node.proc_root / str(node.process.pid)).mkdir()
+            (node.proc_root / str(node.process.pid) / "cgroup").write_text(slurm_cgroup(SLURM_JOB), encoding="utf-8")
 
     def _wait_daemon(self, node: FleetNode, deadline: float) -> None:
         assert node.process is not None
@@ -404,6 +447,12 @@ class Fleet:
                 process.wait()
         if self.webhook is not None:
             self.webhook.stop()
+        for kubelet in self.kubelets.values():
+            kubelet.stop()
+        self.kubelets.clear()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
         for handle in self._logs:
             handle.close()
         self._logs.clear()
@@ -503,6 +552,12 @@ class Fleet:
             if "slow_reads" in gpu.incidents:
                 lines.append(f"incident: slow {INCIDENT_SLOW_CALL} reads on {gpu.node} GPU {gpu.index} at 5-8 s "
                              "(gpuperf_device_errors_total{reason=\"slow\"}, no alert)")
+        for pod in self.pods:
+            held = f"MIG device {pod.mig_slot} of GPU {pod.gpus[0]}" if pod.mig_slot is not None \
+                else "GPU " + ", ".join(map(str, pod.gpus))
+            lines.append(f"pod {pod.namespace}/{pod.name} on node-{pod.node}: {held} ({pod.resource})")
+        if (slurm := slurm_node(spec)) is not None:
+            lines.append(f"Slurm job {SLURM_JOB}: node-{slurm}'s probe processes, on every GPU of the node")
         lines.append("")
         lines.extend(f"{node.name}: {node.url}/metrics  (log: {node.log_path})" for node in self.nodes)
         return "\n".join(lines)

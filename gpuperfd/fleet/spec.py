@@ -16,6 +16,8 @@ from gpuperfd.device.simulated import (
     SimulatedBackend,
     SimulatedGpu,
     compute_operating_point,
+    simulated_mig_uuid,
+    simulated_uuid,
 )
 from gpuperfd.probes.spec import DEFAULT_PRESET
 from gpuperfd.probing.executors import SIMULATED_PROFILE
@@ -59,6 +61,15 @@ EXPECTED_ALERTS: dict[str | None, frozenset[str]] = {
 #: Incidents (FleetGpu.incidents): "xid" (INCIDENT_XID, fires GpuXidError) on the throttled
 #: GPU, "slow_reads" (no alert) on the first GPU of the last node when it is healthy.
 INCIDENT_ALERTS = {"xid": "GpuXidError"}
+
+#: The last node's GPU 0 runs MIG with this many instances (the MIG panels need one; two pods share it).
+MIG_INSTANCES = 2
+#: Namespaces of the fleet's pods (FleetSpec.pods, pod_layout()).
+POD_NAMESPACES: tuple[str, ...] = ("team-a", "team-b")
+#: The Slurm job whose processes run on the Slurm node's GPUs (slurm_node()).
+SLURM_JOB = "4242"
+#: The resource name of the pods' MIG devices (a 2-instance H100 split: 3g.40gb each).
+MIG_RESOURCE = "nvidia.com/mig-3g.40gb"
 
 #: The XID the throttled GPU reports (13: graphics engine exception), and when.
 INCIDENT_XID = 13
@@ -114,6 +125,15 @@ class FleetSpec:
     #: 0: one Prometheus. N >= 2: also N shard servers (hashmod on the target address)
     #: and a global one that federates their by-model series (gpuperfd.fleet.tiers).
     shards: int = 0
+    #: Give GPUs owners (pod_layout(), slurm_node()): a fake kubelet per Kubernetes node
+    #: (gpuperfd.fleet.kubelet; needs grpcio and grpcio-tools, the ``test`` extra) and one
+    #: node whose processes belong to a Slurm job.
+    pods: bool = True
+    #: Seconds between the daemons' energy counter reads (sampler.collectors.energy; the
+    #: daemon's default is 5 s). One fresh reading per 1-s scrape keeps the counter a
+    #: smooth integral in Prometheus rather than a 5-s staircase, which the energy checks
+    #: of the attribution rules need (tests/fleet/test_fleet.py).
+    energy_interval_seconds: float = 1.0
 
     def __post_init__(self) -> None:
         if self.model not in GPU_MODELS:
@@ -213,6 +233,28 @@ class FleetGpu:
         return self.device().true_optimal_cap(profile, list(caps), max_slowdown)
 
 
+@dataclass(frozen=True)
+class FleetPod:
+    """A pod a node's fake kubelet lists: whole GPUs of that node, or one MIG device of its GPU."""
+
+    namespace: str
+    name: str
+    node: int
+    gpus: tuple[int, ...]
+    #: The MIG device (slot) of ``gpus[0]`` the pod holds; None: the whole GPUs.
+    mig_slot: int | None = None
+
+    @property
+    def resource(self) -> str:
+        return "nvidia.com/gpu" if self.mig_slot is None else MIG_RESOURCE
+
+    def device_ids(self, model: str) -> list[str]:
+        """What the device plugin hands the kubelet: GPU UUIDs, or the MIG device's UUID."""
+        node = f"node-{self.node}"
+        uuids = [simulated_uuid(model, gpu, node) for gpu in self.gpus]
+        return uuids if self.mig_slot is None else [simulated_mig_uuid(uuids[0], self.mig_slot)]
+
+
 @dataclass
 class FleetNode:
     """One simulated node: a gpuperfd process with its own config, state and log."""
@@ -224,6 +266,8 @@ class FleetNode:
     directory: Path
     gpus: list[FleetGpu]
     process: subprocess.Popen | None = None
+    #: This node's fake kubelet socket (Fleet starts one for a node with pods); None: bare metal.
+    kubelet_socket: Path | None = None
 
     @property
     def instance(self) -> str:
@@ -241,8 +285,63 @@ class FleetNode:
     def config_path(self) -> Path:
         return self.directory / "gpuperfd.yaml"
 
+    @property
+    def proc_root(self) -> Path:
+        """The /proc the daemon names its GPU processes from (attribution.processes.proc_root):
+        a fixture tree, so the host's own cgroups (a CI job under Slurm) never leak in."""
+        return self.directory / "proc"
+
 
 # -- pure helpers (unit-tested without processes) ---------------------------------
+
+
+def pod_layout(spec: FleetSpec) -> list[FleetPod]:
+    """Who holds which GPU (FleetSpec.pods), on the nodes the spec has.
+
+    node-0: team-a/train-0 holds GPU 0; node-1: team-a/train-1 holds every GPU;
+    node-2 is the Slurm node (slurm_node(), no kubelet); the last node's GPU 0 runs
+    MIG and its two devices are held by team-b/infer-0 and team-a/notebook, one GPU
+    shared by two pods. The other GPUs are nobody's.
+    """
+    if not spec.pods:
+        return []
+    last = spec.nodes - 1
+    pods = []
+    if last > 0:
+        pods.append(FleetPod("team-a", "train-0", 0, (0,)))
+    if last > 1:
+        pods.append(FleetPod("team-a", "train-1", 1, tuple(range(spec.gpus_per_node))))
+    pods += [FleetPod("team-b", "infer-0", last, (0,), mig_slot=0), FleetPod("team-a", "notebook", last, (0,), mig_slot=1)]
+    return pods
+
+
+def slurm_node(spec: FleetSpec) -> int | None:
+    """The node whose GPU processes run in Slurm job SLURM_JOB (node-2 of a fleet of 4 or more)."""
+    return 2 if spec.pods and spec.nodes >= 4 else None
+
+
+def slurm_cgroup(job: str) -> str:
+    """A /proc/PID/cgroup of a process slurmstepd started (cgroup v2), as gpuperfd.attribution.procinfo reads it."""
+    return f"0::/system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0\n"
+
+
+def pod_shares(pods: list[FleetPod]) -> dict[tuple[str, str], dict[tuple[int, int], float]]:
+    """(namespace, pod) -> {(node, GPU): share}: a GPU held by n allocations is 1/n each's,
+    the split gpuperf:gpu_allocation_share:ratio makes (deploy/prometheus/rules/attribution.yml)."""
+    holders: dict[tuple[int, int], int] = {}
+    for pod in pods:
+        for gpu in pod.gpus:
+            holders[(pod.node, gpu)] = holders.get((pod.node, gpu), 0) + 1
+    return {
+        (pod.namespace, pod.name): {(pod.node, gpu): 1 / holders[(pod.node, gpu)] for gpu in pod.gpus}
+        for pod in pods
+    }
+
+
+def kubelet_pods(pods: list[FleetPod], node: int, model: str) -> list[tuple[str, str, list]]:
+    """The pods of ``node`` in gpuperfd.fleet.kubelet's format: one container each, holding its devices."""
+    return [(pod.namespace, pod.name, [("main", [(pod.resource, pod.device_ids(model))])])
+            for pod in pods if pod.node == node]
 
 
 def label_text(labels: dict[str, str]) -> str:
@@ -293,7 +392,7 @@ def daemon_config(node: FleetNode, spec: FleetSpec) -> dict[str, Any]:
         for gpu in node.gpus if "slow_reads" in gpu.incidents
     ]
     if node.index == spec.nodes - 1:
-        simulation["mig"] = [{"gpu": 0, "instances": 2}]
+        simulation["mig"] = [{"gpu": 0, "instances": MIG_INSTANCES}]
     if xids:
         simulation["xid_events"] = xids
     if faults:
@@ -308,11 +407,18 @@ def daemon_config(node: FleetNode, spec: FleetSpec) -> dict[str, Any]:
         }
         for probe in spec.probes
     ]
+    # A node without a kubelet points at a socket that never exists: bare metal, nothing reported.
+    kubelet = node.kubelet_socket or node.directory / "no-kubelet.sock"
     return {
         "log_level": "info",
         "web": {"listen_address": node.instance},
         "device": device,
         "simulation": simulation,
+        "sampler": {"collectors": {"energy": {"interval_seconds": spec.energy_interval_seconds}}},
+        "attribution": {
+            "kubernetes": {"socket": str(kubelet)},
+            "processes": {"proc_root": str(node.proc_root)},
+        },
         "probes": {
             "state_dir": str(node.directory / "state"),
             "history": {"path": str(node.directory / "history.jsonl")},
@@ -325,6 +431,10 @@ def daemon_config(node: FleetNode, spec: FleetSpec) -> dict[str, Any]:
             "first_run_delay_seconds": spec.first_run_delay_seconds,
             "simulated_measure_seconds": spec.measure_seconds,
             "max_slowdown": MAX_SLOWDOWN,
+            # Every fleet GPU sweeps all the time (the probe checks need every GPU's curves), so the
+            # pods' GPUs are declared ours to probe: the gate lets the sweeps run, and the pods' energy
+            # is the sweeps' energy, a draw that changes every half second.
+            "ours": {"namespaces": list(POD_NAMESPACES)},
             "schedules": schedules,
         },
     }

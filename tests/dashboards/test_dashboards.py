@@ -163,8 +163,13 @@ def _known_metrics() -> set[str]:
 
     documented = set(re.findall(r"`(gpuperf_[a-z0-9_]+)`", (ROOT / "docs" / "metrics.md").read_text()))
     collected = {spec.name for cls in COLLECTORS.values() for spec in cls.metrics}
-    recording = yaml.safe_load((ROOT / "deploy" / "prometheus" / "rules" / "recording.yml").read_text())
-    recorded = {rule["record"] for group in recording["groups"] for rule in group["rules"]}
+    recorded = {
+        rule["record"]
+        for name in ("recording.yml", "attribution.yml")
+        for group in yaml.safe_load((ROOT / "deploy" / "prometheus" / "rules" / name).read_text())["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
     return documented | collected | recorded
 
 
@@ -195,6 +200,15 @@ def test_fleet_dashboard_shows_firing_alerts_and_model_recommendations():
     exprs = " ".join(t["expr"] for p in iter_panels(dash["panels"]) for t in p.get("targets", []))
     assert 'ALERTS{alertstate="firing"' in exprs
     assert "gpuperf:power_cap_recommended_watts:by_model" in exprs
+
+
+def test_fleet_dashboard_shows_energy_by_namespace_and_slurm_job():
+    dash = next(d for d in dashboards_json() if d["uid"] == "gpuperfd-fleet")
+    (panel,) = [p for p in iter_panels(dash["panels"]) if p["title"] == "Energy by namespace / job"]
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert exprs == ["gpuperf:namespace_energy_joules:increase1h / 3.6e6", "gpuperf:slurm_job_energy_joules:increase1h / 3.6e6"]
+    assert [t["legendFormat"] for t in panel["targets"]] == ["{{namespace}}", "Slurm job {{slurm_job}}"]
+    assert panel["fieldConfig"]["defaults"]["unit"] == "kwatth"  # joules / 3.6e6
 
 
 def test_provisioning_points_at_prometheus_and_a_dashboard_folder():
