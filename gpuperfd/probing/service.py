@@ -11,6 +11,7 @@ with its reason.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -41,6 +42,10 @@ from gpuperfd.system.memory import release_free_memory
 
 log = logging.getLogger(__name__)
 
+
+
+#: Seconds after our own run on a GPU during which its utilization is read as our run's tail.
+OWN_LOAD_GRACE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,8 @@ class ProbeService:
         self._active_lock = threading.Lock()
         self._idle_cv = threading.Condition(self._active_lock)
         self._infos: dict[int, GpuInfo] = {}
+        #: Monotonic time our last run on each GPU ended (its utilization tail is ours).
+        self._own_load_ended: dict[int, float] = {}
         #: Latest point per (gpu, probe, preset, cap), for the landing page.
         self._latest: dict[tuple[int, str, str], dict[float, SweepPoint]] = {}
         self._latest_lock = threading.Lock()
@@ -181,7 +188,7 @@ class ProbeService:
             idle_for = self.tracker.idle_for(gpu)
             if idle_for < self.config.idle_seconds:
                 return self._skip(info, schedule, "not_idle", f"idle {idle_for:.0f} s < {self.config.idle_seconds:.0f} s")
-            reason = busy_reason(device, self.config.idle_utilization_threshold, own_pids=(os.getpid(),))
+            reason = self._busy_reason(device, gpu)
             if reason is not None:
                 return self._skip(info, schedule, "busy", reason)
             with self._active_lock:
@@ -192,11 +199,30 @@ class ProbeService:
                 with self._idle_cv:
                     self._active -= 1
                     self._idle_cv.notify_all()
+                self._own_load_ended[gpu] = time.monotonic()
                 release_free_memory()  # a round's results and messages: back to the idle footprint
         finally:
             if node_locked:
                 self._node_lock.release()
             lock.release()
+
+    def _busy_reason(self, device: Device, gpu: int) -> str | None:
+        """busy_reason, except for the tail of our own run that just ended on this GPU.
+
+        NVML averages utilization over its last sample period (up to a second), so a
+        check right after our probe's child exits still reads ~100 %: on an H200 the
+        next scheduled probe was skipped as busy 1 ms after the previous one ended.
+        Within OWN_LOAD_GRACE_SECONDS of our own run, a high reading is read again
+        once that grace is over; foreign processes are never waited for.
+        """
+        threshold = self.config.idle_utilization_threshold
+        reason = busy_reason(device, threshold, own_pids=(os.getpid(),))
+        if reason is None or not reason.startswith("utilization"):
+            return reason
+        wait = OWN_LOAD_GRACE_SECONDS - (time.monotonic() - self._own_load_ended.get(gpu, -math.inf))
+        if wait <= 0 or self.abort.wait(wait):
+            return reason
+        return busy_reason(device, threshold, own_pids=(os.getpid(),))
 
     def _info(self, device: Device) -> GpuInfo:
         """The GPU's identity, or the last one read while it answered (for labels of a lost GPU)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -353,3 +354,38 @@ def test_probe_publishes_gpm_means_that_say_compute_or_memory_bound(tmp_path):
     assert sample(registry, "gpuperf_probe_gpm_dram_bandwidth_active_ratio", **decode) > 0.5
     records = list(read_history(tmp_path / "history.jsonl"))
     assert records[0]["result"]["gpm_tensor_active_mean_ratio"] > 0.6
+
+
+def test_our_own_runs_utilization_tail_does_not_make_the_gpu_busy(tmp_path, monkeypatch):
+    """NVML averages utilization over its last sample period: right after our own run the GPU
+    still reads busy (an H200 skipped the next probe 1 ms after one ended). Within the grace the
+    reading is taken again; long after our run, or for a foreign load, busy stays busy."""
+    import gpuperfd.probing.service as service_module
+
+    backend, devices, registry, service = make(tmp_path)
+    readings: list[str | None] = []
+
+    def tail_then_idle(device, threshold, own_pids=()):
+        readings.append("read")
+        return "utilization 100% above 5%" if len(readings) == 1 else None
+
+    monkeypatch.setattr(service_module, "OWN_LOAD_GRACE_SECONDS", 0.3)
+    monkeypatch.setattr(service_module, "busy_reason", tail_then_idle)
+    service._own_load_ended[0] = time.monotonic()  # our run ended just now
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
+    assert len(readings) == 2  # read again once the grace was over
+    readings.clear()
+    service._own_load_ended[1] = time.monotonic() - 10  # long ago: a high reading is someone's load
+    outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1)
+    assert (outcome.result, outcome.reason) == ("skipped", "busy") and len(readings) == 1
+    readings.clear()
+    monkeypatch.setattr(service_module, "busy_reason", lambda *a, **k: readings.append(1) or "compute process(es) 42 running")
+    service._own_load_ended[0] = time.monotonic()
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).reason == "busy" and len(readings) == 1
+
+
+def test_a_run_records_when_our_load_ended(tmp_path):
+    backend, devices, registry, service = make(tmp_path)
+    before = time.monotonic()
+    assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
+    assert before <= service._own_load_ended[0] <= time.monotonic()
