@@ -40,7 +40,7 @@ def rss_mb(pid: int) -> float:
 def heavy_maps(pid: int) -> list[str]:
     with open(f"/proc/{pid}/maps") as handle:
         # package folders, not any path with "torch" in it (a venv at /opt/torch/.venv holds yaml too)
-        marks = ("/torch/", "/numpy/", "/numpy.libs/", "/transformers/", "/torch.libs/", "_multiarray")
+        marks = tuple(f"-packages/{name}" for name in ("torch/", "torch.libs/", "numpy/", "numpy.libs/", "transformers/"))
         return sorted({line.split()[-1] for line in handle if any(k in line.split()[-1] for k in marks)})
 
 
