@@ -81,7 +81,8 @@ class RecordError(ValueError):
     """A file or line that is not a run record, or an output file this writer may not append to."""
 
 
-def _finite(value: Any) -> float | None:
+def finite_or_none(value: Any) -> float | None:
+    """The value as a finite float, or None (records carry None, never NaN or inf)."""
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -90,7 +91,7 @@ def _finite(value: Any) -> float | None:
 
 
 def _mean(values: list[Any]) -> float | None:
-    clean = [v for v in (_finite(x) for x in values) if v is not None]
+    clean = [v for v in (finite_or_none(x) for x in values) if v is not None]
     return sum(clean) / len(clean) if clean else None
 
 
@@ -99,14 +100,14 @@ def _telemetry(result: ProbeResult) -> dict[str, float | None]:
     reps = result.repeats
     extra = result.extra or {}
     return {
-        "temperature_celsius_mean": _finite(extra.get("temperature_celsius_mean")),
-        "temperature_celsius_max": _finite(result.temperature_celsius_max),
-        "gpu_utilization_ratio": _finite(result.gpu_utilization_mean_ratio)
+        "temperature_celsius_mean": finite_or_none(extra.get("temperature_celsius_mean")),
+        "temperature_celsius_max": finite_or_none(result.temperature_celsius_max),
+        "gpu_utilization_ratio": finite_or_none(result.gpu_utilization_mean_ratio)
         if result.gpu_utilization_mean_ratio is not None else _mean([r.gpu_utilization_mean_ratio for r in reps]),
-        "memory_utilization_ratio": _finite(result.memory_utilization_mean_ratio),
-        "sm_clock_hertz": _finite(result.sm_clock_hertz_mean),
-        "memory_clock_hertz": _finite(result.memory_clock_hertz_mean),
-        "power_watts": _finite(result.average_power_watts),
+        "memory_utilization_ratio": finite_or_none(result.memory_utilization_mean_ratio),
+        "sm_clock_hertz": finite_or_none(result.sm_clock_hertz_mean),
+        "memory_clock_hertz": finite_or_none(result.memory_clock_hertz_mean),
+        "power_watts": finite_or_none(result.average_power_watts),
     }
 
 
@@ -148,8 +149,8 @@ def build_record(
         "source": source,
         "gpu": _gpu(result, gpu, driver_version),
         "torch_version": (result.extra or {}).get("torch_version"),
-        "power_cap_watts": _finite(cap),
-        "original_cap_watts": _finite(original_cap_watts),
+        "power_cap_watts": finite_or_none(cap),
+        "original_cap_watts": finite_or_none(original_cap_watts),
         "sweep_id": sweep_id,
         "telemetry": _telemetry(result),
         "result": result.to_dict(),
@@ -195,7 +196,7 @@ def normalize(obj: Any) -> dict[str, Any]:
 
 
 def _latency_stats(samples: list[float]) -> dict[str, float | None]:
-    clean = [v for v in (_finite(x) for x in samples) if v is not None]
+    clean = [v for v in (finite_or_none(x) for x in samples) if v is not None]
     if not clean:
         return {s: None for s in _STATS}
     return {"mean": sum(clean) / len(clean), "p50": percentile(clean, 50), "p95": percentile(clean, 95),

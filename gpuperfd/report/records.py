@@ -8,13 +8,12 @@ after loading (outliers, aggregation, figures) does not care where data came fro
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuperfd.probes.record import RecordError, normalize, read_records
+from gpuperfd.probes.record import RecordError, finite_or_none, normalize, read_records
 from gpuperfd.probes.result import ProbeResult
 from gpuperfd.probing.sweep.sweeper import work_rate
 
@@ -130,14 +129,6 @@ class Run:
         return (self.gpu.key, self.probe, self.preset, self.batch_size, cap, self.variant, self.params_key)
 
 
-def _finite(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def default_batch_size(probe: str, preset: str) -> int | None:
     """The batch size a preset runs with when the run's params do not say."""
     from gpuperfd.probes.spec import PRESETS
@@ -162,9 +153,9 @@ def run_from_record(record: dict[str, Any], source: str = "") -> Run:
         backend=str(gpu.get("backend") or "?"),
         pci_bus_id=str(gpu.get("pci_bus_id") or "-"),
     )
-    cap = _finite(record.get("power_cap_watts"))
+    cap = finite_or_none(record.get("power_cap_watts"))
     if cap is None:
-        cap = _finite(result.power_limit_watts)
+        cap = finite_or_none(result.power_limit_watts)
     params = result.params if isinstance(result.params, dict) else {}
     batch = params.get("batch_size")
     if not isinstance(batch, int) or isinstance(batch, bool):
@@ -173,7 +164,7 @@ def run_from_record(record: dict[str, Any], source: str = "") -> Run:
     if batch is not None:
         kept["batch_size"] = batch
     latencies = {
-        name: [float(v) for v in values if _finite(v) is not None]
+        name: [float(v) for v in values if finite_or_none(v) is not None]
         for name, values in (result.latencies or {}).items()
         if isinstance(values, list)
     }
@@ -181,9 +172,9 @@ def run_from_record(record: dict[str, Any], source: str = "") -> Run:
     stats = extra.get("latency_stats") if isinstance(extra.get("latency_stats"), dict) else {}
     tele = record.get("telemetry") or {}
     ok = result.status == "ok"
-    temperature = _finite(tele.get("temperature_celsius_mean"))
+    temperature = finite_or_none(tele.get("temperature_celsius_mean"))
     if temperature is None:
-        temperature = _finite(tele.get("temperature_celsius_max", result.temperature_celsius_max))
+        temperature = finite_or_none(tele.get("temperature_celsius_max", result.temperature_celsius_max))
     return Run(
         time=float(record.get("time") or result.started_at or 0.0),
         gpu=identity,
@@ -194,24 +185,24 @@ def run_from_record(record: dict[str, Any], source: str = "") -> Run:
         status=result.status,
         failure_reason=result.failure_reason,
         work_unit=result.work_unit or WORK_UNIT.get(result.probe),
-        rate=_finite(work_rate(result)) if ok else None,
-        energy_per_unit=_finite(result.energy_per_unit_joules) if ok else None,
-        power=_finite(result.average_power_watts) if ok else None,
+        rate=finite_or_none(work_rate(result)) if ok else None,
+        energy_per_unit=finite_or_none(result.energy_per_unit_joules) if ok else None,
+        power=finite_or_none(result.average_power_watts) if ok else None,
         latencies=latencies if ok else {},
         latency_stats=stats if ok else {},
         peak_memory_bytes=result.peak_memory_bytes if ok else None,
-        gpu_busy_ratio=_finite(result.gpu_busy_ratio) if ok else None,
-        gpm_tensor_active_ratio=_finite(result.gpm_tensor_active_mean_ratio) if ok else None,
-        gpm_dram_active_ratio=_finite(result.gpm_dram_active_mean_ratio) if ok else None,
+        gpu_busy_ratio=finite_or_none(result.gpu_busy_ratio) if ok else None,
+        gpm_tensor_active_ratio=finite_or_none(result.gpm_tensor_active_mean_ratio) if ok else None,
+        gpm_dram_active_ratio=finite_or_none(result.gpm_dram_active_mean_ratio) if ok else None,
         sweep_id=record.get("sweep_id"),
         source=source,
         variant=str(result.variant or ""),
         model=str(params.get("model") or result.preset),
         params=kept,
-        throughput={k: v for k, v in (result.throughput or {}).items() if _finite(v) is not None} if ok else {},
+        throughput={k: v for k, v in (result.throughput or {}).items() if finite_or_none(v) is not None} if ok else {},
         temperature=temperature if ok else None,
-        utilization=_finite(tele.get("gpu_utilization_ratio", result.gpu_utilization_mean_ratio)) if ok else None,
-        loss=_finite(extra.get("loss")) if ok else None,
+        utilization=finite_or_none(tele.get("gpu_utilization_ratio", result.gpu_utilization_mean_ratio)) if ok else None,
+        loss=finite_or_none(extra.get("loss")) if ok else None,
     )
 
 
