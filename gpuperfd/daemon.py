@@ -35,7 +35,7 @@ from gpuperfd.probing.idle import IdleTracker
 from gpuperfd.probing.metrics import ProbeMetrics
 from gpuperfd.probing.scheduling import ProbeScheduler
 from gpuperfd.probing.service import ProbeService
-from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
+from gpuperfd.probing.sweep.journal import journals_for, node_registry, restore_all
 from gpuperfd.system import sdnotify
 from gpuperfd.system.memory import release_free_memory
 from gpuperfd.telemetry.collectors import COLLECTORS, Collector
@@ -159,6 +159,9 @@ class Daemon:
             allocations=self.pod_resources.state if self.pod_resources is not None else None,
             kubelet_socket=kubernetes.socket if kubelet_required(kubernetes.required) else None,
         )
+        # Every journal write first records its directory in the node's registry (fixed, not a
+        # setting), so a later start finds it whatever probes.state_dir then says.
+        self.probes.journal.registry = node_registry(config)
         self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices])
         host, port = parse_listen_address(config.web.listen_address)
         raise_fd_limit()  # connections are capped below the open-files limit; take what the hard limit allows
@@ -191,9 +194,12 @@ class Daemon:
     def restore_caps(self) -> list[str]:
         """Put back any power cap a crashed run left changed (before anything else runs).
 
-        Entries a live process owns (a CLI sweep, another daemon) are left to that owner.
+        Every state directory an earlier instance may have journaled in is searched (the
+        configured one and every one in the node's registry), so a state_dir changed by a
+        reload or an edited config hides nothing. Entries a live process owns (a CLI sweep,
+        another daemon) are left to that owner.
         """
-        return restore_pending(CapJournal(self.config.probes.state_dir), self.devices)
+        return restore_all(journals_for(self.config), self.devices)
 
     def end_leftover_children(self) -> list[int]:
         """End probe children a SIGKILLed earlier instance left running (before any probe)."""

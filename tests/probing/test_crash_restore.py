@@ -18,6 +18,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -385,3 +386,129 @@ def test_set_power_limit_failing_mid_sweep_never_leaves_a_cap_changed(tmp_path, 
     assert journal_files(state) == []  # no stale entry for later starts to trip over
     limits_file = tmp_path / "sim-limits.json"  # written on every change; absent if none went through
     assert not limits_file.exists() or json.loads(limits_file.read_text()) == {"0": 650.0}
+
+
+# --- a journal entry in another encoding (issue 33, case 2) ------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-le", "utf-32", "utf-8"])
+def test_journal_entry_with_a_byte_order_mark_or_utf16_restores_the_recorded_cap(tmp_path, encoding):
+    """What an editor writes back (a UTF-8 BOM, UTF-16) is still the entry it was: 650 W, not the default."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "sim-limits.json").write_text(json.dumps({"0": 300.0}))
+    uuid = simulated_uuid("H100", 0)
+    entry = {"uuid": uuid, "gpu_index": 0, "original_watts": 650, "default_watts": 700, "recorded_at": 1, "pid": 1}
+    (state / f"{uuid}.cap.json").write_bytes(json.dumps(entry, indent=2).encode(encoding))
+    backend = SimulatedBackend(SimulationConfig(gpus=1, seed=1, state_file=state / "sim-limits.json"))
+    assert restore_pending(CapJournal(state), backend.devices()) == ["gpu 0: 650 W"]
+    assert backend.devices()[0].power_limits().enforced_watts == 650.0
+    assert journal_files(state) == []
+
+
+def test_journal_entry_that_is_json_but_not_an_object_is_corrupt(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    uuid = simulated_uuid("H100", 0)
+    (state / f"{uuid}.cap.json").write_bytes(b"\xef\xbb\xbf[650]")
+    [(_, entry)] = CapJournal(state).entries()
+    assert "not an object" in str(entry)
+
+
+# --- the state directory changed by a reload, then a crash (issue 33, case 1) -----------------
+
+RELOAD_CONFIG = """
+log_level: info
+device: {{backend: simulated}}
+sampler: {{interval_seconds: 0.2}}
+simulation:
+  gpus: 1
+  seed: 1
+  initial_power_limits: {{0: 650}}
+  state_file: {sim}/sim-limits.json
+probes:
+  read_only: false
+  state_dir: {state_dir}
+  history: {{path: null}}
+  idle_seconds: 0
+  jitter_seconds: 0
+  first_run_delay_seconds: {first_run}
+  simulated_measure_seconds: 0.3
+  schedules:
+    - probe: llm
+      interval_seconds: 3600
+      caps: [max, 500, 400, 300, 200]
+      settle_seconds: 0
+"""
+
+
+def _wait(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("restorer", ["daemon", "restore-caps"])
+def test_state_dir_changed_by_sighup_then_sigkill_mid_sweep_restores_at_restart(start_daemon, tmp_path, restorer):
+    """The real sequence: config rewritten in place with a new state_dir, SIGHUP, SIGKILL mid-sweep,
+    restart with the new config: the operator's 650 W is back (before issue 33: 500 W stayed)."""
+    sim, old, new = tmp_path / "sim", tmp_path / "old-state", tmp_path / "new-state"
+    sim.mkdir()
+    daemon = start_daemon(config_text=RELOAD_CONFIG.format(sim=sim, state_dir=old, first_run=1.5))
+    config_file = tmp_path / "gpuperfd.yaml"
+    with open(config_file, "r+") as handle:  # in place, as an editor that keeps the inode would
+        handle.truncate(0)
+        handle.write(RELOAD_CONFIG.format(sim=sim, state_dir=new, first_run=3600))
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_for_log(daemon, "reload: probes.state_dir changed")
+    _wait(lambda: journal_files(old) and sim_limits(sim)["0"] < 650, "the sweep never changed the cap")
+    daemon.stop(signal.SIGKILL)
+    assert sim_limits(sim)["0"] < 650 and journal_files(old) and not journal_files(new)
+
+    if restorer == "daemon":
+        checker = start_daemon(config_text=RELOAD_CONFIG.format(sim=sim, state_dir=new, first_run=3600))
+        log = wait_for_log(checker, "listening on")
+        assert "restored original power cap 650 W" in log
+        assert log.index("restored original power cap") < log.index("listening on")
+        assert checker.stop(signal.SIGTERM) == 0
+    else:  # what the unit's ExecStartPre/ExecStopPost run
+        proc = subprocess.run([sys.executable, "-m", "gpuperfd", "restore-caps", "--config", str(config_file)],
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert "restored original power cap 650 W" in proc.stderr
+    assert sim_limits(sim) == {"0": 650.0}
+    assert journal_files(old) == [] and journal_files(new) == []
+
+
+def test_registry_lists_every_state_dir_that_held_a_journal_entry(tmp_path, monkeypatch):
+    """The node registry is fixed (not a setting); every journal write registers its directory first."""
+    from gpuperfd.config import Config
+    from gpuperfd.probing.sweep import journal as journal_module
+
+    registry = tmp_path / "node" / "state-dirs.json"
+    monkeypatch.setattr(journal_module, "NODE_REGISTRY", registry)
+    backend = SimulatedBackend(SimulationConfig(gpus=2, seed=1))
+    a, b = tmp_path / "a", tmp_path / "b"
+    CapJournal(a, registry).record(backend.devices()[0], 650.0, 700.0)
+    CapJournal(b, registry).record(backend.devices()[1], 640.0, 700.0)
+    CapJournal(a, registry).record(backend.devices()[1], 640.0, 700.0)  # already there: no duplicate
+    assert journal_module.read_registry(registry) == [a, b]
+    config = Config.model_validate({"probes": {"state_dir": str(tmp_path / "c")}})  # nvml: the fixed registry
+    assert [j.state_dir for j in journal_module.journals_for(config)] == [tmp_path / "c", a, b]
+    # A damaged registry is logged and searched no further; the configured directory still is.
+    registry.write_bytes(b"\xef\xbb\xbf{not json")
+    assert [j.state_dir for j in journal_module.journals_for(config)] == [tmp_path / "c"]
+    # An unwritable registry never stops the journal itself (logged; the entry is still written).
+    registry.unlink()
+    node = registry.parent
+    node.chmod(0o500)
+    try:
+        if os.access(node, os.W_OK):  # root ignores the mode: use a path under a file instead
+            (tmp_path / "a-file").write_text("")
+            registry = tmp_path / "a-file" / "state-dirs.json"
+        journal = CapJournal(tmp_path / "d", registry)
+        journal.record(backend.devices()[0], 650.0, 700.0)
+        assert journal.entries() and journal_module.read_registry(registry) == []
+    finally:
+        node.chmod(0o700)

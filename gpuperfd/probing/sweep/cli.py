@@ -193,7 +193,7 @@ def _sweep_owned(args, config, device, schedules, caps_spec, abort, stop) -> int
     from gpuperfd.probing.sweep.sweeper import SweepAborted, SweepPoint
     from gpuperfd.system.stopsignals import say
 
-    journal = CapJournal(config.probes.state_dir)
+    journal = CapJournal.for_config(config)  # registered: a start with another state_dir finds it
     read_only = _read_only(args, config)
     name = safe_name(device.info().uuid)
     lock: GpuLock | None = GpuLock(journal.state_dir, name)
@@ -398,14 +398,14 @@ def _print_results(args: argparse.Namespace, probe: str, points: list) -> int:  
 def cmd_restore_caps(args: argparse.Namespace) -> int:
     from gpuperfd.device.errors import DeviceError
     from gpuperfd.device.factory import open_backend
-    from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
+    from gpuperfd.probing.sweep.journal import CapJournal, journals_for, restore_all
     from gpuperfd.probing.sweep.ownership import is_owned
     from gpuperfd.system.logs import setup_logging
 
     config = _load(args)
     setup_logging(config.log_level)
-    journal = CapJournal(config.probes.state_dir)
-    if not journal.entries():
+    journals = journals_for(config)  # the configured state directory and every other one this node used
+    if not any(journal.entries() for journal in journals):
         return 0
     try:
         backend = open_backend(config)
@@ -413,11 +413,11 @@ def cmd_restore_caps(args: argparse.Namespace) -> int:
         print(f"gpuperfd: {exc}", file=sys.stderr)
         return 3
     try:
-        restore_pending(journal, backend.devices())  # only entries whose owner is gone
+        restore_all(journals, backend.devices())  # only entries whose owner is gone
     finally:
         backend.close()
     left = 0
-    for path, _ in journal.entries():
+    for journal, (path, _) in ((j, e) for j in journals for e in j.entries()):
         owner = is_owned(journal.state_dir, path.name[: -len(CapJournal.SUFFIX)])
         if owner is not None:
             print(f"gpuperfd: {path}: a running sweep (pid {owner}) owns this GPU and restores it; not touched",

@@ -6,10 +6,17 @@ fsync of the directory) before the first cap change and removed after the
 original limit is back. A file left behind means the daemon died mid-sweep;
 :func:`restore_pending` puts the original limit back at the next start, before
 anything else runs.
+
+Where a journal may be: the state directory is a setting, and a reload or an
+edited config can change it while a sweep journals in the old one. So every
+directory that ever held an entry is first written to the node's *registry of
+state directories* (:func:`node_registry`: a fixed file, not a setting) and every
+start restores from all of them (:func:`journals_for`, :func:`restore_all`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -20,11 +27,24 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError, InvalidArgument
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 
+if TYPE_CHECKING:
+    from gpuperfd.config import Config
+
 log = logging.getLogger(__name__)
+
+#: The registry of state directories on a node with real GPUs. Fixed on purpose (the unit's
+#: StateDirectory): no reloadable or per-command setting may move it.
+NODE_REGISTRY = Path("/var/lib/gpuperfd/state-dirs.json")
+#: Beside a simulated node's ``simulation.state_file`` (its "boards"): the registry of that node.
+SIMULATED_REGISTRY_SUFFIX = ".state-dirs.json"
+#: More directories than anyone uses; a registry beyond this is cut to the ones still on disk.
+MAX_REGISTERED = 256
 
 #: A journal entry is ~200 bytes; anything much larger is not one (and is not read whole).
 MAX_ENTRY_BYTES = 64 * 1024
@@ -53,12 +73,23 @@ class JournalWriteError(OSError):
 
 
 class CapJournal:
-    """Records and clears original power limits in ``state_dir``."""
+    """Records and clears original power limits in ``state_dir``.
+
+    ``registry``: the node's registry of state directories (:func:`node_registry`); the
+    directory is registered there before its first entry is written (None: not registered,
+    e.g. simulated GPUs whose limits die with the process).
+    """
 
     SUFFIX = ".cap.json"
 
-    def __init__(self, state_dir: Path | str) -> None:
+    def __init__(self, state_dir: Path | str, registry: Path | None = None) -> None:
         self.state_dir = Path(state_dir)
+        self.registry = registry
+
+    @classmethod
+    def for_config(cls, config: Config) -> CapJournal:
+        """The journal of ``config``'s state directory, registered in its node's registry."""
+        return cls(config.probes.state_dir, node_registry(config))
 
     def _path(self, uuid: str) -> Path:
         return self.state_dir / (safe_name(uuid) + self.SUFFIX)
@@ -76,6 +107,8 @@ class CapJournal:
                 return self._read(path)
             except CorruptJournal:
                 log.warning("replacing unreadable journal entry %s", path)
+        if self.registry is not None:
+            register_state_dir(self.registry, self.state_dir)
         tmp = self.state_dir / f".{path.name}.{os.getpid()}.tmp"
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -126,7 +159,11 @@ class CapJournal:
         if len(raw) > MAX_ENTRY_BYTES:
             raise CorruptJournal(path, "larger than any journal entry")
         try:
-            data = json.loads(raw.decode("utf-8"))
+            # bytes, not str: json detects UTF-8 with or without a byte-order mark (what some
+            # editors write), UTF-16 and UTF-32 (RFC 8259 section 8.1); invalid UTF-8 still fails.
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise TypeError(f"a JSON {type(data).__name__}, not an object")
             record = CapRecord(
                 uuid=str(data["uuid"]),
                 gpu_index=int(data["gpu_index"]),
@@ -276,3 +313,118 @@ def _restore_one(device: Device, path: Path, entry: CapRecord | CorruptJournal) 
         "gpu %d: restored original power cap %.0f W left changed by pid %d", device.index, entry.original_watts, entry.pid
     )
     return f"gpu {device.index}: {entry.original_watts:.0f} W"
+
+
+# --- where journals may be: the node's registry of state directories --------------------------
+
+
+def node_registry(config: Config) -> Path | None:
+    """The registry file of the GPUs ``config`` drives; never derived from ``probes.state_dir``.
+
+    Real GPUs: :data:`NODE_REGISTRY`, one per node. Simulated GPUs keep their limits in
+    ``simulation.state_file`` (their "boards"), so their registry lies beside it; without a
+    state file the limits die with the process and nothing needs finding later (None).
+    """
+    if config.device.backend == "nvml":
+        return NODE_REGISTRY
+    state_file = config.simulation.state_file
+    return None if state_file is None else Path(str(state_file) + SIMULATED_REGISTRY_SUFFIX)
+
+
+def read_registry(registry: Path) -> list[Path]:
+    """The state directories recorded in ``registry`` (absolute paths); [] if none or unreadable (logged)."""
+    try:
+        with open(registry, "rb") as handle:
+            raw = handle.read(MAX_ENTRY_BYTES * 16 + 1)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        log.error("cannot read the registry of state directories %s (%s); only the configured one is searched",
+                  registry, exc.strerror or exc)
+        return []
+    try:
+        if len(raw) > MAX_ENTRY_BYTES * 16:
+            raise ValueError("too large")
+        data = json.loads(raw)
+        dirs = [Path(item) for item in data["state_dirs"] if isinstance(item, str) and os.path.isabs(item)]
+    except (RecursionError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        log.error("registry of state directories %s is unreadable (%s); only the configured one is searched",
+                  registry, type(exc).__name__)
+        return []
+    return dirs[: MAX_REGISTERED * 4]
+
+
+def register_state_dir(registry: Path, state_dir: Path) -> bool:
+    """Record ``state_dir`` in ``registry`` (durably, under a lock) before it holds a journal entry.
+
+    Best effort: a registry that cannot be written is logged and the journal still works in
+    ``state_dir`` (a start with the same state directory finds it). True if it is registered.
+    """
+    wanted = Path(os.path.abspath(state_dir))
+    if wanted in read_registry(registry):
+        return True
+    try:
+        registry.parent.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(registry.parent / (registry.name + ".lock"), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            dirs = read_registry(registry)  # again, under the lock: another writer may have added one
+            if wanted in dirs:
+                return True
+            dirs.append(wanted)
+            if len(dirs) > MAX_REGISTERED:  # forget directories that are gone; never one that exists
+                dirs = [d for d in dirs if d.is_dir() or d == wanted]
+            tmp = registry.parent / f".{registry.name}.{os.getpid()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, json.dumps({"state_dirs": [str(d) for d in dirs]}, indent=1).encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, registry)
+            dir_fd = os.open(registry.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        finally:
+            os.close(lock_fd)
+    except OSError as exc:
+        log.warning(
+            "cannot record state directory %s in %s (%s); its journal is found only by a start with the same "
+            "probes.state_dir", wanted, registry, exc.strerror or exc,
+        )
+        return False
+    return True
+
+
+def journals_for(config: Config) -> list[CapJournal]:
+    """Every journal a previous instance on this node may have left: the configured state
+    directory first, then every other one in the node's registry (missing ones skipped)."""
+    registry = node_registry(config)
+    first = CapJournal(config.probes.state_dir, registry)
+    journals = [first]
+    seen = {os.path.abspath(first.state_dir)}
+    for state_dir in read_registry(registry) if registry is not None else []:
+        key = os.path.abspath(state_dir)
+        if key not in seen and state_dir.is_dir():
+            seen.add(key)
+            journals.append(CapJournal(state_dir, registry))
+    return journals
+
+
+def restore_all(journals: Iterable[CapJournal], devices: Iterable[Device]) -> list[str]:
+    """:func:`restore_pending` over several journals. Where two hold an entry for one GPU, the
+    older entry is applied last (the newer one recorded a cap a crash had already changed)."""
+    devices = list(devices)
+
+    def newest(journal: CapJournal) -> float:
+        return max((e.recorded_at for _, e in journal.entries() if isinstance(e, CapRecord)), default=0.0)
+
+    actions: list[str] = []
+    for journal in sorted(journals, key=newest, reverse=True):
+        try:
+            actions += restore_pending(journal, devices)
+        except Exception:  # noqa: BLE001 - one directory's failure must not stop the others
+            log.exception("restoring the power-cap journal in %s failed", journal.state_dir)
+    return actions
