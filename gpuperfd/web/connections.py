@@ -20,9 +20,12 @@ Limits (:class:`Limits`, flags ``--web.*``, see docs/configuration.md):
 
 Framing is decided here, before a handler sees the request: a
 ``Content-Length`` body of a GET/HEAD up to ``max_body_bytes`` is read and
-dropped; a body on any other method, a larger body, ``Transfer-Encoding`` (411
-for chunked, 501 for anything else, 400 next to Content-Length) and malformed
-header lines get their response and the connection is closed, after a short
+dropped, and so is a ``Transfer-Encoding: chunked`` body (RFC 9112 section 7.1:
+strict chunk-size lines, chunk extensions and trailer fields read and ignored,
+the same ``max_body_bytes`` cap on the data, 413 beyond it, 400 for a malformed
+chunk); a body on any other method, a larger body, any other transfer coding
+(501), ``Transfer-Encoding`` next to Content-Length (400) and malformed header
+lines get their response and the connection is closed, after a short
 lingering drain so the client still reads the response. A body is never
 parsed as the next request.
 """
@@ -172,9 +175,11 @@ def framing(method: bytes, version: bytes, header_block: bytes, max_body: int) -
             return 0, (400, "Transfer-Encoding and Content-Length together"), True
         if version == b"HTTP/1.0":
             return 0, (400, "Transfer-Encoding in an HTTP/1.0 request"), True
-        if codings == [b"chunked"]:
-            return 0, (411, "Chunked request bodies are not accepted; send Content-Length"), True
-        return 0, (501, "Transfer coding not supported"), True
+        if codings != [b"chunked"]:
+            return 0, (501, "Transfer coding not supported"), True
+        if method not in (b"GET", b"HEAD") or expect:
+            return 0, None, True  # as with Content-Length: answered, closed, body unread
+        return CHUNKED, None, False
     if not lengths:
         return 0, None, False
     if not all(v.isdigit() and len(v) <= 18 for v in lengths) or len(set(lengths)) != 1:
@@ -187,6 +192,60 @@ def framing(method: bytes, version: bytes, header_block: bytes, max_body: int) -
     if size > max_body:
         return 0, (413, f"Request body larger than {max_body} bytes"), True
     return size, None, False
+
+
+#: ``framing``'s body size for a chunked body (its length is known only once it is read).
+CHUNKED = -1
+#: Longest chunk-size line (size, extensions): a size has at most 16 hex digits.
+MAX_CHUNK_LINE = 4096
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def chunked_end(buf: bytearray, max_body: int) -> tuple[int, Problem | None]:
+    """Index just past a complete chunked body at the start of ``buf`` (-1: not all there yet),
+    or the problem to answer. Strict, as a request smuggler would exploit any leniency: CRLF
+    line ends only, hex digits only (no sign, no 0x), CRLF right after each chunk's data."""
+    pos = total = 0
+    while True:
+        eol = buf.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
+        if eol < 0:
+            if buf.find(b"\n", pos, pos + MAX_CHUNK_LINE) >= 0:
+                return 0, (400, "Malformed chunk size line (bare LF)")
+            if len(buf) - pos >= MAX_CHUNK_LINE:
+                return 0, (400, "Chunk size line too long")
+            return -1, None
+        size_text = bytes(buf[pos:eol]).partition(b";")[0].rstrip(b" \t")
+        if not size_text or len(size_text) > 16 or not set(size_text) <= _HEX or b"\n" in buf[pos:eol]:
+            return 0, (400, "Malformed chunk size")
+        size = int(size_text, 16)
+        pos = eol + 2
+        if size == 0:
+            break
+        total += size
+        if total > max_body:
+            return 0, (413, f"Request body larger than {max_body} bytes")
+        if len(buf) < pos + size + 2:
+            return -1, None
+        if buf[pos + size:pos + size + 2] != b"\r\n":
+            return 0, (400, "Chunk data not followed by CRLF")
+        pos += size + 2
+    start = pos  # trailer section: field lines, then an empty line
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            if buf.find(b"\n", pos) >= 0:
+                return 0, (400, "Malformed trailer field line (bare LF)")
+            if len(buf) - start > MAX_LINE:
+                return 0, (431, "Trailer section too large")
+            return -1, None
+        if eol == pos:
+            return eol + 2, None
+        name, sep, _ = bytes(buf[pos:eol]).partition(b":")
+        if not sep or not name or name != name.strip() or b" " in name or b"\t" in name or b"\n" in name:
+            return 0, (400, "Malformed trailer field line")
+        pos = eol + 2
+        if pos - start > MAX_LINE:
+            return 0, (431, "Trailer section too large")
 
 
 #: Runs one request in a worker: (connection, head, problem, close after) -> keep the connection open.
@@ -491,6 +550,19 @@ class ConnectionLoop:
     def _advance(self, conn: Conn) -> None:
         """Hand the next complete request to a worker, or wait for more bytes."""
         buf = conn.buf
+        if conn.state == BODY and conn.body_end == CHUNKED:
+            end, problem = chunked_end(buf, self.limits.max_body_bytes)
+            if problem is None and end < 0 and len(buf) >= MAX_HEAD_BYTES + self.limits.max_body_bytes:
+                problem = (413, f"Request body larger than {self.limits.max_body_bytes} bytes")
+            if problem is not None:
+                buf.clear()
+                self._dispatch(conn, conn.head, problem, True)
+            elif end >= 0:
+                del buf[:end]
+                self._dispatch(conn, conn.head, None, False)
+            elif conn.eof:
+                self._close(conn)
+            return
         if conn.state == BODY:
             if len(buf) >= conn.body_end:
                 del buf[:conn.body_end]

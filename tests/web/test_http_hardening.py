@@ -145,6 +145,7 @@ def statuses(received: bytes) -> list[int]:
 GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 GET_CLOSE = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 SMUGGLED = b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+CHUNKED_GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 # --- strict framing, plain and TLS -------------------------------------------------------------
 
@@ -152,8 +153,35 @@ FRAMING = {
     # a Content-Length body is read and dropped: the smuggled request inside is never answered
     "get_with_body": (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(SMUGGLED), SMUGGLED)
                       + GET_CLOSE, [200, 200], True),
+    # a chunked body is read (RFC 9112 section 7.1) and dropped: the smuggled request inside is never answered
     "chunked": (b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
-                % (len(SMUGGLED), SMUGGLED), [411], True),
+                % (len(SMUGGLED), SMUGGLED) + GET_CLOSE, [200, 200], True),
+    "chunked_extensions_trailers": (
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;name=value\r\nhello\r\n%X ; ext\r\n%s\r\n000;last\r\nX-Checksum: 1\r\nX-Other: two\r\n\r\n"
+        % (len(SMUGGLED), SMUGGLED) + GET_CLOSE, [200, 200], True),
+    "chunked_capitalized": (b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n0\r\n\r\n" + GET_CLOSE,
+                            [200, 200], True),
+    "chunked_size_not_hex": (CHUNKED_GET + b"zz\r\n" + SMUGGLED + b"\r\n0\r\n\r\n", [400], True),
+    "chunked_size_0x": (CHUNKED_GET + b"0x1f\r\n" + SMUGGLED + b"\r\n0\r\n\r\n", [400], True),
+    "chunked_size_negative": (CHUNKED_GET + b"-1f\r\n" + SMUGGLED + b"\r\n0\r\n\r\n", [400], True),
+    "chunked_size_leading_space": (CHUNKED_GET + b" 1f\r\n" + SMUGGLED + b"\r\n0\r\n\r\n", [400], True),
+    "chunked_size_empty": (CHUNKED_GET + b"\r\n" + SMUGGLED + b"\r\n0\r\n\r\n", [400], True),
+    "chunked_size_17_digits": (CHUNKED_GET + b"1" * 17 + b"\r\n" + SMUGGLED, [400], True),
+    "chunked_size_line_endless": (CHUNKED_GET + b"1;" + b"x" * 5000, [400], True),
+    "chunked_bare_lf": (CHUNKED_GET + b"1f\n" + SMUGGLED + b"\n0\n\n", [400], True),
+    "chunked_data_longer_than_size": (CHUNKED_GET + b"5\r\nhello!\r\n0\r\n\r\n" + SMUGGLED, [400], True),
+    "chunked_one_huge_chunk": (CHUNKED_GET + b"100000\r\n" + SMUGGLED, [413], True),
+    "chunked_many_chunks_too_large": (CHUNKED_GET + b"400\r\n" + b"x" * 1024 + b"\r\n" * 1 + (b"400\r\n" + b"x" * 1024
+                                      + b"\r\n") * 64 + b"0\r\n\r\n", [413], True),
+    "chunked_bad_trailer": (CHUNKED_GET + b"0\r\nnot a field\r\n\r\n" + SMUGGLED, [400], True),
+    "chunked_trailer_space_before_colon": (CHUNKED_GET + b"0\r\nX-A : 1\r\n\r\n" + SMUGGLED, [400], True),
+    "chunked_trailer_endless": (CHUNKED_GET + b"0\r\n" + b"X-A: 1\r\n" * 10000, [431], True),
+    "chunked_twice": (b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n",
+                      [501], True),
+    "chunked_http_1_0": (b"GET /metrics HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", [400], True),
+    "post_chunked": (b"POST /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                     % (len(SMUGGLED), SMUGGLED), [405], True),
     "chunked_and_length": (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
                            b"0\r\n\r\n" + SMUGGLED, [400], True),
     "gzip_coding": (b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n" + SMUGGLED, [501], True),
@@ -196,6 +224,25 @@ def test_small_body_keeps_the_connection_and_nothing_is_smuggled(serve, tls: boo
     time.sleep(0.2)  # the body arrives later, in its own packet
     sock.sendall(SMUGGLED)
     time.sleep(0.3)
+    sock.sendall(GET_CLOSE)
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    sock.close()
+    assert statuses(received) == [200, 200]
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_chunked_body_in_pieces_keeps_the_connection_and_nothing_is_smuggled(serve, tls: bool) -> None:
+    """A chunked body that arrives a few bytes at a time, split inside sizes, data and CRLFs."""
+    served = serve(tls=tls)
+    sock = served.connect()
+    body = b"%x;e=1\r\n%s\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n" % (len(SMUGGLED), SMUGGLED)
+    sock.sendall(CHUNKED_GET)
+    for i in range(0, len(body), 7):
+        time.sleep(0.02)
+        sock.sendall(body[i:i + 7])
+    time.sleep(0.2)
     sock.sendall(GET_CLOSE)
     received = b""
     while chunk := sock.recv(65536):
