@@ -174,7 +174,10 @@ class Daemon:
             idle_timeout=config.web.idle_timeout_seconds,
         ))
         if self.web_config is not None:
-            secure_web_server(self.web, self.web_config)
+            gate = secure_web_server(self.web, self.web_config)
+            auth_registry = CollectorRegistry(auto_describe=True)
+            auth_registry.register(gate)  # gpuperf_web_auth_refused_total
+            self.exporter.registries.append((auth_registry, None))
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
         self._stopping = threading.Event()
 

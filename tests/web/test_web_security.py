@@ -16,6 +16,7 @@ import re
 import shutil
 import socket
 import ssl
+import threading
 import subprocess
 import time
 import urllib.request
@@ -415,14 +416,61 @@ def test_bcrypt_runs_once_for_many_concurrent_scrapers(serve, password_hash: str
     def scrape(auth: tuple[str, str]) -> int:
         return requests.get(served.url(scheme="http"), auth=auth, timeout=10).status_code
 
+    # Requests that arrive while the one bcrypt check runs are told to retry (429), never queued
+    # behind it; once it is cached every request is answered from the cache.
     with concurrent.futures.ThreadPoolExecutor(max_workers=50) as pool:
         statuses = list(pool.map(scrape, [("prometheus", PASSWORD)] * 100))
-    assert statuses == [200] * 100
+    assert set(statuses) <= {200, 429} and statuses.count(200) >= 1, statuses
+    assert [scrape(("prometheus", PASSWORD)) for _ in range(5)] == [200] * 5
     assert served.gate.bcrypt_calls == 1
+    assert served.gate.refused == statuses.count(429)
     with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
         statuses = list(pool.map(scrape, [("prometheus", "wrong")] * 40))
-    assert statuses == [401] * 40
+    assert set(statuses) <= {401, 429} and statuses.count(401) >= 1, statuses
     assert served.gate.bcrypt_calls == 2  # a wrong password is cached as wrong, too
+
+
+def test_cached_credentials_never_wait_behind_a_running_bcrypt_check(serve, password_hash: str, monkeypatch) -> None:
+    """A bcrypt check that never ends (standing in for cost 12 under a flood) holds one worker; every
+    other uncached attempt is refused at once with 429 + Retry-After and counted; a scrape whose
+    credentials are cached is answered. Before issue 33 the attempts queued on the bcrypt lock,
+    held every worker, and the cached scrape waited for all of them."""
+    from gpuperfd.web import auth
+
+    served = serve({"basic_auth_users": {"prometheus": password_hash}})
+    url = served.url(scheme="http")
+    assert requests.get(url, auth=("prometheus", PASSWORD), timeout=10).status_code == 200  # cached now
+    entered, release = threading.Event(), threading.Event()
+    real_check = auth._bcrypt_check
+
+    def stuck_check(password: bytes, hashed: bytes) -> bool:
+        entered.set()
+        release.wait(60)
+        return real_check(password, hashed)
+
+    monkeypatch.setattr(auth, "_bcrypt_check", stuck_check)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=40) as pool:
+        first = pool.submit(requests.get, url, auth=("prometheus", "guess-0"), timeout=30)
+        assert entered.wait(10)
+        # more attempts than the server has workers (4): each must come back at once, not queue
+        floods = [pool.submit(requests.get, url, auth=("prometheus", f"guess-{i}"), timeout=30) for i in range(1, 33)]
+        refused = [f.result() for f in floods]
+        assert [r.status_code for r in refused] == [429] * 32
+        assert all(r.headers["Retry-After"] == "1" for r in refused)
+        assert "WWW-Authenticate" not in refused[0].headers
+        # the legitimate scraper, its credentials cached, is served while the check still runs
+        for _ in range(3):
+            assert requests.get(url, auth=("prometheus", PASSWORD), timeout=10).status_code == 200
+        assert not first.done()
+        # unknown users and wrong passwords for them are refused the same way (no user oracle)
+        assert requests.get(url, auth=("mallory", "x"), timeout=10).status_code == 429
+        assert requests.get(url, timeout=10).status_code == 401  # no credentials: no check needed
+        assert served.gate.refused == 33
+        release.set()
+        assert first.result().status_code == 401
+    assert served.gate.bcrypt_calls == 2
+    samples = {s.name: s.value for f in served.gate.collect() for s in f.samples}
+    assert samples == {"gpuperf_web_auth_refused_total": 33.0}
 
 
 def test_cache_is_bounded_and_unknown_users_fail(password_hash: str) -> None:
@@ -759,3 +807,34 @@ def test_web_config_examples_in_the_docs_load(pki: PKI, tmp_path: Path) -> None:
         write_yaml(tmp_path / f"example{number}.yml", data)
         security = load_web_config(tmp_path / f"example{number}.yml")
         assert security.ssl_context() is not None
+
+
+def test_daemon_exports_the_auth_refusal_counter_and_promtool_accepts_it(start_daemon, tmp_path: Path,
+                                                                          password_hash: str) -> None:
+    import shutil
+    import subprocess
+
+    web_file = tmp_path / "web.yml"
+    write_yaml(web_file, {"basic_auth_users": {"prometheus": password_hash}})
+    daemon = start_daemon(config_text=f"""
+device: {{backend: simulated}}
+simulation: {{gpus: 1, seed: 1}}
+web: {{config_file: {web_file}}}
+probes: {{enabled: false, state_dir: {tmp_path}/state, history: {{path: null}}}}
+""", ready=False)  # /healthz asks for credentials too: wait for the log line instead
+    deadline = time.monotonic() + 30
+    while "listening on" not in daemon.log():
+        assert time.monotonic() < deadline and daemon.proc.poll() is None, daemon.log()
+        time.sleep(0.05)
+    url = daemon.url + "/metrics"
+    text = requests.get(url, auth=("prometheus", PASSWORD), timeout=10).text
+    assert "\ngpuperf_web_auth_refused_total 0.0\n" in text
+    assert "# TYPE gpuperf_web_auth_refused_total counter" in text
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is required (apt-get install prometheus)"
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and not out.stdout.strip() and not out.stderr.strip(), out.stdout + out.stderr
+    openmetrics = requests.get(url, auth=("prometheus", PASSWORD), timeout=10,
+                               headers={"Accept": "application/openmetrics-text; version=1.0.0"}).text
+    assert "\ngpuperf_web_auth_refused_total 0.0\n" in openmetrics and openmetrics.endswith("# EOF\n")
+    daemon.stop()
