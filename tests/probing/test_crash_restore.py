@@ -433,7 +433,7 @@ probes:
   idle_seconds: 0
   jitter_seconds: 0
   first_run_delay_seconds: {first_run}
-  simulated_measure_seconds: 0.3
+  simulated_measure_seconds: 0.5  # a 2 s window with the cap lowered: the SIGKILL lands inside it
   schedules:
     - probe: llm
       interval_seconds: 3600
