@@ -19,7 +19,10 @@ the measured power where the cap does not bind, and the cap (with
 bind; batch decode and training do not). Models without figures (A100) scale
 an H100's calibration by their compute and memory speed.
 
-**Below 700 W the shape is not measured; the model assumes** (with
+**Below 700 W the shape is fitted to published power-cap measurements**
+(:mod:`gpuperfd.device.calibration`, docs/simulator.md: MLPerf Inference MaxQ
+against MaxP on the H100 for compute-bound work, a decode sweep's shape for
+memory-bound decode; what stays assumed is listed there). The model (with
 ``x = f_sm / f_sm_max``, the SM clock ratio):
 
 * power ``P(x) = P_idle + P_static + D * x * v(x)**2`` with
@@ -34,13 +37,14 @@ an H100's calibration by their compute and memory speed.
   full-clock power of ViT and attention above 700 W;
 * a power cap lowers ``x`` until ``P(x) <= cap`` (bisection; never below the
   model's minimum clock, where power may stay above an unreachable cap);
-* throughput ``T(x) = U / (c / x + (1 - c) / b)``: a share ``c`` of each unit's
-  time (at full clock) runs in clock-bound kernels and stretches as the clock
-  drops, the rest is bandwidth-bound and scales with memory bandwidth ``b``
-  (1 on a healthy part). Memory-bound work (batch decode, ``c`` 0.45) loses
-  less throughput when the clock drops than tensor-bound work (attention,
-  0.95). ``c`` is an estimate per profile, not a measurement; ``U`` follows
-  from the row's throughput at its clock;
+* throughput ``T(x) = U / ((c / x)**p + ((1 - c) / b)**p)**(1 / p)``
+  (normalized to U at full clock): a share ``c`` of each unit's time (at full
+  clock) runs in clock-bound kernels and stretches as the clock drops, the
+  rest is bandwidth-bound and scales with memory bandwidth ``b`` (1 on a
+  healthy part). Compute-bound work (``p`` 1: the times add) loses throughput
+  roughly with the clock once the cap binds; memory-bound batch decode
+  (``c`` 0.35, ``p`` 3: compute hides under the memory stream) barely slows
+  until the clock falls far. ``U`` follows from the row's throughput at its clock;
 * energy per unit ``E = P / T``;
 * GPM activity (:class:`GpmActivity`): a profile is a time mix of tensor-bound
   kernels (as the measured bf16 matmul), bandwidth-bound ones (as the measured
