@@ -109,6 +109,15 @@ class Series:
     def recommended(self) -> CapPoint | None:
         return self.at(self.recommendation.cap_watts) if self.recommendation else None
 
+    @property
+    def power_saving_watts(self) -> float | None:
+        """Watts the recommended cap saves against the baseline cap while the GPU runs this work
+        (mean probe power there minus here; never negative); None without powers (issue 35)."""
+        base, best = self.baseline, self.recommended
+        if self.recommendation is None or base is None or best is None or base.power is None or best.power is None:
+            return None
+        return max(0.0, base.power - best.power)
+
 
 @dataclass
 class GpuSummary:
@@ -349,6 +358,7 @@ def summary_rows(report: Report) -> list[dict[str, Any]]:
             "recommended_energy_per_unit_joules": best.energy_per_unit if best else "",
             "energy_saving_ratio": rec.energy_saving_ratio if rec else "",
             "slowdown_ratio": rec.slowdown_ratio if rec else "",
+            "power_saving_watts": s.power_saving_watts if s.power_saving_watts is not None else "",
             "max_slowdown": report.max_slowdown,
             "rule": report.rule,
         })

@@ -95,7 +95,9 @@ def main(args: argparse.Namespace) -> int:
         if rec is not None:
             print(f"  {s.label} {s.probe}/{s.preset} b={s.batch_size} [{s.variant}]: {rec.cap_watts:.0f} W "
                   f"({100 * rec.energy_saving_ratio:.1f}% less energy, {100 * rec.slowdown_ratio:.1f}% slower than "
-                  f"{rec.baseline_cap_watts:.0f} W)")
+                  f"{rec.baseline_cap_watts:.0f} W"
+                  + (f"; {s.power_saving_watts:.0f} W less while busy" if s.power_saving_watts is not None else "")
+                  + ")")
     for path in (files.html, files.png, files.summary_csv, files.points_csv):
         print(path)
     return 0

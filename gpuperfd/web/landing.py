@@ -120,6 +120,9 @@ def _probe_row(probe: str, preset: str, points: Sequence[SweepPoint], max_slowdo
     if best is not None:
         rec = (f"<b>{best.cap_watts:.0f} W</b>: {100 * best.energy_saving_ratio:.1f}% less energy per {_e(unit)}, "
                f"{100 * best.slowdown_ratio:.1f}% slower than {best.baseline_cap_watts:.0f} W")
+        power = {p.cap_watts: p.result.average_power_watts for p in ok}  # W saved while busy (issue 35)
+        if power.get(best.cap_watts) is not None and power.get(best.baseline_cap_watts) is not None:
+            rec += f"; {max(0.0, power[best.baseline_cap_watts] - power[best.cap_watts]):.0f} W less while busy"
     else:
         rec = '<span class="muted">one cap only: no recommendation</span>'
     ended = max(p.result.started_at + (p.result.wall_seconds or 0.0) for p in ok)

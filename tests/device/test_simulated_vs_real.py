@@ -126,7 +126,9 @@ def test_probe_gpm_is_tensor_bound_for_vit_attention_train_and_dram_bound_for_de
 
 def test_gpm_follows_the_clock_the_cap_allows() -> None:
     # Under a lower cap the clock-bound kernels take a larger share of the time:
-    # more tensor activity per cycle, less DRAM bandwidth used.
+    # more tensor activity per cycle, less DRAM bandwidth used. Decode's memory
+    # stream hides most of the slower compute (issue 35), so DRAM use falls by a
+    # few percent at 250 W, not by the clock's 26 %.
     gpu = simulated_gpu("H100")
     gpu.begin_load(WORKLOAD_PROFILES["llm/gpt2"])
     full = gpu.gpm_activity()
@@ -134,7 +136,7 @@ def test_gpm_follows_the_clock_the_cap_allows() -> None:
     capped = gpu.gpm_activity()
     assert "sw_power_cap" in gpu.clock_events().active
     assert capped.tensor_active > 1.1 * full.tensor_active
-    assert capped.dram_active < 0.9 * full.dram_active
+    assert capped.dram_active < 0.97 * full.dram_active
     assert gpu.utilization().memory_ratio == pytest.approx(capped.dram_active, abs=0.05)
     gpu.end_load()
     assert dataclasses.astuple(gpu.gpm_activity()) == (0.0,) * 7

@@ -308,7 +308,9 @@ def test_recommended_cap_is_the_true_optimum_within_one_step(fleet):
     step = min(a - b for a, b in zip(sorted(SPEC.caps)[1:], sorted(SPEC.caps)))
     truth = {(gpu.instance, str(gpu.index), probe): gpu.true_optimal_cap(probe, SPEC.caps)
              for gpu in fleet.gpus for probe in SPEC.probes}
-    assert {t for (i, g, p), t in truth.items() if fleet.gpu_of({"instance": i, "gpu": g}).healthy} == {350, 450, 600}
+    # Healthy H100 optima since the calibration against published losses (issue 35; docs/simulator.md):
+    # llm 250 W, train 450 W, vit 550 W, attention 600 W.
+    assert {t for (i, g, p), t in truth.items() if fleet.gpu_of({"instance": i, "gpu": g}).healthy} == {250, 450, 550, 600}
 
     def recommended():
         got = {(s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["probe"]): float(s["value"][1])
@@ -332,7 +334,7 @@ def test_recommended_cap_is_the_true_optimum_within_one_step(fleet):
     # The fleet recommendation per model is the healthy majority's.
     fleet_caps = {s["metric"]["probe"]: float(s["value"][1])
                   for s in fleet.query("gpuperf:power_cap_recommended_watts:by_model")}
-    healthy_truth = {"llm": 350, "vit": 600, "attention": 600, "train": 450}
+    healthy_truth = {"llm": 250, "vit": 550, "attention": 600, "train": 450}  # issue 35: docs/simulator.md
     assert all(abs(fleet_caps[p] - c) <= step for p, c in healthy_truth.items()), fleet_caps
 
 

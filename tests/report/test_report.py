@@ -219,6 +219,10 @@ def test_report_from_recorded_history_has_every_section_and_its_numbers(tmp_path
         assert float(row["energy_saving_ratio"]) == pytest.approx(want["saving"], rel=1e-9)
         assert float(row["slowdown_ratio"]) == pytest.approx(want["slowdown"], rel=1e-9)
         assert 0 <= want["slowdown"] <= 0.10
+        # issue 35: the watts the recommended cap saves while the GPU runs the work
+        watts = max(0.0, points[(*key, want["baseline"])]["power"] - points[(*key, want["cap"])]["power"])
+        assert float(row["power_saving_watts"]) == pytest.approx(watts, rel=1e-9)
+        assert f"{100 * want['slowdown']:.1f}% slower than {want['baseline']:.0f} W; {watts:.0f} W less while busy)" in printed
         assert row["kind"] == ("training" if key[1] == "train" else "inference")
         cells = html_recs[key]
         assert cells[0][0] == "H100 80GB HBM3" and cells[1][0] == key[1]

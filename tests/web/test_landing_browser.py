@@ -216,6 +216,18 @@ def test_landing_page_escapes_everything_and_shows_the_rule():
     assert page.count("<svg") == 1 and "<polyline" in page
 
 
+def test_landing_page_states_the_watts_saved_while_busy():
+    def powered(cap: float, rate: float, energy: float) -> SweepPoint:
+        sweep_point = point(cap, rate, energy)
+        sweep_point.result.average_power_watts = energy * rate
+        return sweep_point
+
+    latest = {(0, "llm", "gpt2"): [powered(700, 1000, 0.40), powered(500, 950, 0.30), powered(300, 700, 0.25)]}
+    page = landing_page(FakeSampler("H100"), "simulated", "/metrics", latest, 0.10).decode()
+    # 400 W at 700 W against 285 W at the recommended 500 W.
+    assert "5.0% slower than 700 W; 115 W less while busy" in page
+
+
 def test_landing_page_without_results():
     page = landing_page(FakeSampler("NVIDIA H100 80GB HBM3"), "simulated", "/metrics").decode()
     assert "NVIDIA H100 80GB HBM3" in page and "No probe results yet" in page and "<svg" not in page
