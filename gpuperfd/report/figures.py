@@ -97,7 +97,15 @@ _EMPTY_WHY = {
 
 
 def _empty(ax: Any, why: str) -> None:
+    ax.gpuperfd_empty = why  # read back by empty_panels()
     ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, fontsize=8, color="grey")
+
+
+def empty_panels(fig: Figure | None) -> list[str]:
+    """Why each panel of ``fig`` that shows no data is empty (none: every panel has data)."""
+    if fig is None:
+        return []
+    return [getattr(ax, "gpuperfd_empty") for ax in fig.get_axes() if getattr(ax, "gpuperfd_empty", None)]
 
 
 def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], style: _Style) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuperfd.probes.record import RecordError, finite_or_none, normalize, read_records
-from gpuperfd.probes.result import ProbeResult
+from gpuperfd.probes.result import MAIN_LATENCY, ProbeResult
 from gpuperfd.probing.sweep.sweeper import work_rate
 
 log = logging.getLogger(__name__)
@@ -25,12 +25,7 @@ TRAINING_PROBES: tuple[str, ...] = ("train",)
 PROBE_ORDER: tuple[str, ...] = (*INFERENCE_PROBES, *TRAINING_PROBES)
 
 #: The latency each probe's charts show (all latencies are in the tables and CSV).
-PRIMARY_LATENCY: dict[str, str] = {
-    "llm": "tpot_seconds",
-    "vit": "batch_seconds",
-    "attention": "iteration_seconds",
-    "train": "step_seconds",
-}
+PRIMARY_LATENCY: dict[str, str] = MAIN_LATENCY
 LATENCY_TITLES: dict[str, str] = {
     "ttft_seconds": "time to first token",
     "tpot_seconds": "time per output token",
