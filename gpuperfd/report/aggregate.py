@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuperfd.probes.record import labels_text
 from gpuperfd.probes.result import ProbeResult, percentile
 from gpuperfd.probing.sweep.sweeper import Recommendation, SweepPoint, recommend
 from gpuperfd.report.outliers import Dropped, split_outliers
@@ -50,6 +51,7 @@ class CapPoint:
     gpu_busy_ratio: float | None = None
     temperature: float | None = None
     utilization: float | None = None
+    memory_utilization: float | None = None
     loss: float | None = None
     #: Means of the other rates (requests/s, prompt tokens/s, ...).
     throughput: dict[str, float] = field(default_factory=dict)
@@ -77,6 +79,8 @@ class Series:
     variant: str = ""
     #: The workload parameters (batch_size, prompt_tokens, seq_len, n_groups, dtype, ...).
     params: dict[str, Any] = field(default_factory=dict)
+    #: The runs' ``--label`` values (dataset, framework, ...): part of what tells series apart.
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def capped(self) -> list[CapPoint]:
@@ -215,6 +219,7 @@ def summarize_group(runs: list[Run], dropped: int) -> CapPoint:
         gpu_busy_ratio=_mean([r.gpu_busy_ratio for r in runs if r.gpu_busy_ratio is not None]),
         temperature=_mean([r.temperature for r in runs if r.temperature is not None]),
         utilization=_mean([r.utilization for r in runs if r.utilization is not None]),
+        memory_utilization=_mean([r.memory_utilization for r in runs if r.memory_utilization is not None]),
         loss=_mean([r.loss for r in runs if r.loss is not None]),
         throughput={k: v for k in rate_names
                     if (v := _mean([r.throughput[k] for r in runs if k in r.throughput])) is not None},
@@ -283,8 +288,8 @@ def build_report(
     units: dict[tuple, str] = {}
     params: dict[tuple, dict[str, Any]] = {}
     for group, members in groups.items():
-        gpu_key, probe, preset, batch, _cap, variant, params_key = group
-        key = (gpu_key, probe, preset, batch, variant, params_key)
+        gpu_key, probe, preset, batch, _cap, variant, params_key, labels_key = group
+        key = (gpu_key, probe, preset, batch, variant, params_key, labels_key)
         by_series[key].append(summarize_group(members, dropped_per_group.get(group, 0)))
         units.setdefault(key, members[0].work_unit or "unit")
         params.setdefault(key, dict(members[0].params))
@@ -293,15 +298,16 @@ def build_report(
     order = {gpu_key: i for i, gpu_key in enumerate(sorted(identities, key=lambda k: (identities[k].model, k)))}
     series = []
     for key, points in by_series.items():
-        gpu_key, probe, preset, batch, variant, _params = key
+        gpu_key, probe, preset, batch, variant, _params, labels_key = key
         points.sort(key=lambda p: (p.cap_watts is not None, p.cap_watts or 0.0))
         series.append(Series(
             gpu=identities[gpu_key], probe=probe, preset=preset, batch_size=batch, work_unit=units[key],
             points=points, recommendation=recommend_points(points, probe, preset, max_slowdown, rule),
-            label=labels[gpu_key], variant=variant, params=params[key],
+            label=labels[gpu_key], variant=variant, params=params[key], labels=dict(labels_key),
         ))
     series.sort(key=lambda s: (PROBE_ORDER.index(s.probe) if s.probe in PROBE_ORDER else 99, s.preset,
-                               order[s.gpu.key], s.variant, sorted((k, str(v)) for k, v in s.params.items())))
+                               order[s.gpu.key], s.variant, sorted((k, str(v)) for k, v in s.params.items()),
+                               sorted(s.labels.items())))
     gpus = [GpuSummary(identities[k], labels[k], sorted(drivers[k]), counts[k]) for k in sorted(identities, key=order.get)]
     times = [r.time for r in runs if r.time]
     return Report(
@@ -340,6 +346,7 @@ def summary_rows(report: Report) -> list[dict[str, Any]]:
             "work_unit": s.work_unit,
             "variant": s.variant,
             "params": _params_text(s.params),
+            "labels": labels_text(s.labels) or "",
             "caps_tested_watts": " ".join(f"{p.cap_watts:g}" for p in s.capped),
             "baseline_cap_watts": rec.baseline_cap_watts if rec else "",
             "baseline_units_per_second": base.rate if rec and base else "",
@@ -372,6 +379,7 @@ def point_rows(report: Report) -> list[dict[str, Any]]:
                 "batch_size": s.batch_size if s.batch_size is not None else "",
                 "variant": s.variant,
                 "params": _params_text(s.params),
+                "labels": labels_text(s.labels) or "",
                 "cap_watts": _blank(p.cap_watts),
                 "runs": p.runs,
                 "outliers_dropped": p.dropped,
@@ -394,6 +402,7 @@ def point_rows(report: Report) -> list[dict[str, Any]]:
                 "gpm_dram_active_ratio": _blank(p.gpm_dram_active_ratio),
                 "temperature_celsius": _blank(p.temperature),
                 "gpu_utilization_ratio": _blank(p.utilization),
+                "memory_utilization_ratio": _blank(p.memory_utilization),
                 "loss": _blank(p.loss),
                 "recommended": int(bool(s.recommendation and p is s.recommended)),
                 "baseline": int(bool(s.recommendation and p is s.baseline)),

@@ -65,6 +65,8 @@ class _Style:
         text = f"{s.label} \u00b7 {s.probe}/{s.variant}" if s.variant else f"{s.label} \u00b7 {s.probe}"
         if len(self.batches.get(s.workload, [])) > 1 and s.batch_size is not None:
             text += f" b={s.batch_size}"
+        if s.labels:
+            text += " " + " ".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
         return text
 
 
@@ -212,7 +214,7 @@ def _base_point(s: Series) -> Any:
 
 
 def _factors(s: Series) -> dict[str, Any]:
-    return {"model": s.preset, "variant": s.variant, "gpu": s.label, **s.params}
+    return {**s.labels, "model": s.preset, "variant": s.variant, "gpu": s.label, **s.params}
 
 
 def _varying(series: list[Series]) -> dict[str, list[Any]]:
@@ -361,7 +363,8 @@ def bar_groups(report: Report) -> list[tuple[str, list[str], list[str], list[Ser
     for probe in dict.fromkeys(s.probe for s in report.series):
         series = [s for s in report.series if s.probe == probe]
         varying = _varying(series)
-        compare = [k for k in ("variant", "gpu") if k in varying]
+        labels = list(dict.fromkeys(k for s in series for k in s.labels))
+        compare = [k for k in ("variant", "gpu", *labels) if k in varying]
         if compare:
             out.append((probe, compare, [k for k in varying if k not in compare], series))
     return out
@@ -394,7 +397,7 @@ def _draw_bar_row(axes: list, probe: str, compare: list[str], groups: list[str],
         ax.tick_params(labelsize=7)
         if metric == "rate":
             ax.yaxis.set_major_formatter(EngFormatter(sep=""))
-    what = " and ".join("GPUs/hosts" if c == "gpu" else "variants" for c in compare)
+    what = " and ".join({"gpu": "GPUs/hosts", "variant": "variants"}.get(c, c) for c in compare)
     axes[0].set_title(f"{probe}: {what} compared", fontsize=9, fontweight="bold", loc="left")
     axes[0].legend(fontsize=6.5, framealpha=0.8)
 

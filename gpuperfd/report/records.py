@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuperfd.probes.record import RecordError, finite_or_none, normalize, read_records
+from gpuperfd.probes.record import RecordError, finite_or_none, normalize, read_records, record_labels
 from gpuperfd.probes.result import MAIN_LATENCY, ProbeResult
 from gpuperfd.probing.sweep.sweeper import work_rate
 
@@ -112,6 +112,13 @@ class Run:
     temperature: float | None = None
     utilization: float | None = None
     loss: float | None = None
+    #: ``--label KEY=VALUE`` of the run (dataset, framework, driver...): runs with other labels never merge.
+    labels: dict[str, str] = field(default_factory=dict)
+    memory_utilization: float | None = None
+
+    @property
+    def labels_key(self) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted(self.labels.items()))
 
     @property
     def params_key(self) -> tuple[tuple[str, Any], ...]:
@@ -119,9 +126,10 @@ class Run:
 
     @property
     def group(self) -> tuple[Any, ...]:
-        """Runs that measure the same thing: (GPU, probe, preset, batch size, cap, variant, other params)."""
+        """Runs that measure the same thing: (GPU, probe, preset, batch size, cap, variant, other params, labels)."""
         cap = round(self.cap_watts) if self.cap_watts is not None else None
-        return (self.gpu.key, self.probe, self.preset, self.batch_size, cap, self.variant, self.params_key)
+        return (self.gpu.key, self.probe, self.preset, self.batch_size, cap, self.variant, self.params_key,
+                self.labels_key)
 
 
 def default_batch_size(probe: str, preset: str) -> int | None:
@@ -198,6 +206,9 @@ def run_from_record(record: dict[str, Any], source: str = "") -> Run:
         temperature=temperature if ok else None,
         utilization=finite_or_none(tele.get("gpu_utilization_ratio", result.gpu_utilization_mean_ratio)) if ok else None,
         loss=finite_or_none(extra.get("loss")) if ok else None,
+        labels=record_labels(record),
+        memory_utilization=finite_or_none(tele.get("memory_utilization_ratio", result.memory_utilization_mean_ratio))
+        if ok else None,
     )
 
 
