@@ -259,7 +259,9 @@ def build_report(
         raise ReportError(f"rule: {rule!r} is not one of {', '.join(RULES)}")
     runs = loaded.runs
     if not runs:
-        raise ReportError("no probe runs in the input" + (f" ({'; '.join(loaded.notes)})" if loaded.notes else ""))
+        where = ", ".join(loaded.sources) or "the input"
+        raise ReportError(f"no probe runs in {where}" + (f" ({'; '.join(loaded.notes)})" if loaded.notes else
+                                                         " (empty, or only headers)"))
     failed = [r for r in runs if r.status != "ok" or r.rate is None]
     ok = [r for r in runs if r.status == "ok" and r.rate is not None]
     if remove_outliers:

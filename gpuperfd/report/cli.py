@@ -69,6 +69,7 @@ def main(args: argparse.Namespace) -> int:
     except ImportError:
         print("gpuperfd: the report needs matplotlib: pip install 'gpuperfd[report]'", file=sys.stderr)
         return 1
+    from gpuperfd.probing.sweep.sweeper import comparison_words
     from gpuperfd.report import build_report, load_history, write_report
     from gpuperfd.report.prometheus import load_prometheus
 
@@ -94,8 +95,7 @@ def main(args: argparse.Namespace) -> int:
         rec = s.recommendation
         if rec is not None:
             print(f"  {s.label} {s.probe}/{s.preset} b={s.batch_size} [{s.variant}]: {rec.cap_watts:.0f} W "
-                  f"({100 * rec.energy_saving_ratio:.1f}% less energy, {100 * rec.slowdown_ratio:.1f}% slower than "
-                  f"{rec.baseline_cap_watts:.0f} W)")
+                  f"({comparison_words(rec, s.work_unit)})")
     for path in (files.html, files.png, files.summary_csv, files.points_csv):
         print(path)
     return 0

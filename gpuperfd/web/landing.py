@@ -22,6 +22,7 @@ import gpuperfd
 from gpuperfd.probing.sweep.sweeper import (
     Recommendation,
     SweepPoint,
+    comparison_words,
     recommend,
     work_rate,
 )
@@ -118,8 +119,7 @@ def _probe_row(probe: str, preset: str, points: Sequence[SweepPoint], max_slowdo
     energy = top.result.energy_per_unit_joules
     best: Recommendation | None = recommend(ok, max_slowdown) if len(ok) > 1 else None
     if best is not None:
-        rec = (f"<b>{best.cap_watts:.0f} W</b>: {100 * best.energy_saving_ratio:.1f}% less energy per {_e(unit)}, "
-               f"{100 * best.slowdown_ratio:.1f}% slower than {best.baseline_cap_watts:.0f} W")
+        rec = f"<b>{best.cap_watts:.0f} W</b>: {_e(comparison_words(best, unit))}"
     else:
         rec = '<span class="muted">one cap only: no recommendation</span>'
     ended = max(p.result.started_at + (p.result.wall_seconds or 0.0) for p in ok)
