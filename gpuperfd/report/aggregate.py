@@ -139,6 +139,8 @@ class Report:
     outliers_removed: bool = True
     #: "within-slowdown" (lowest energy within max_slowdown of the highest cap) or "min-energy".
     rule: str = "within-slowdown"
+    #: Log y axes: True (``--log-y``), False (``--linear-y``), None: where a panel spans > 2 decades.
+    log_y: bool | None = None
 
     @property
     def rule_text(self) -> str:
@@ -251,6 +253,7 @@ RULES = ("within-slowdown", "min-energy")
 def build_report(
     loaded: Loaded, max_slowdown: float = 0.10, remove_outliers: bool = True, now: float | None = None,
     rule: str = "within-slowdown",
+    log_y: bool | None = None,
 ) -> Report:
     """Everything the figures, HTML and CSV show. ReportError when no run is usable."""
     if not 0 <= max_slowdown < 1:
@@ -327,6 +330,7 @@ def build_report(
         notes=list(loaded.notes),
         outliers_removed=remove_outliers,
         rule=rule,
+        log_y=log_y,
     )
 
 

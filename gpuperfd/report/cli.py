@@ -43,6 +43,11 @@ def register(subparsers: Any) -> None:
                         help="recommended cap: lowest energy per unit among caps at most --max-slowdown slower than "
                              "the highest cap (within-slowdown, default), or lowest energy outright (min-energy)")
     parser.add_argument("--keep-outliers", action="store_true", help="do not remove outliers")
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument("--log-y", dest="log_y", action="store_const", const=True, default=None,
+                       help="log y axes on every chart (default: only where a panel's values span > 2 decades)")
+    scale.add_argument("--linear-y", dest="log_y", action="store_const", const=False,
+                       help="linear y axes everywhere, even where values span > 2 decades")
     parser.add_argument("--no-rotated", action="store_true", help="read only the named history files, not FILE.1...")
     parser.set_defaults(func=main)
 
@@ -80,7 +85,8 @@ def main(args: argparse.Namespace) -> int:
             loaded = load_prometheus(args.prometheus, start, end if end is not None else time.time(), step)
         else:
             loaded = load_history(args.history, start, end, include_rotated=not args.no_rotated)
-        report = build_report(loaded, args.max_slowdown, remove_outliers=not args.keep_outliers, rule=args.rule)
+        report = build_report(loaded, args.max_slowdown, remove_outliers=not args.keep_outliers, rule=args.rule,
+                              log_y=args.log_y)
         files = write_report(report, args.out)
     except ReportError as exc:
         print(f"gpuperfd: {exc}", file=sys.stderr)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 from datetime import datetime, timezone
+from contextvars import ContextVar
 from typing import Any
 
 import matplotlib
@@ -170,21 +171,88 @@ def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], styl
             ax.set_xlabel("power cap (W)", fontsize=8)
 
 
+#: Log y axis: True (``--log-y``), False (``--linear-y``), None: automatic (values span > 2 decades).
+_LOG_Y: ContextVar[bool | None] = ContextVar("gpuperfd_log_y", default=None)
+#: A panel's values spanning more than this ratio get a log y axis when the choice is automatic.
+LOG_SPAN = 100.0
+
+
+def wants_log(values: list[float], log_y: bool | None) -> bool:
+    """Whether a panel with ``values`` gets a log y axis (only positive values can)."""
+    positive = [v for v in values if v == v and v > 0]
+    if not positive or len(positive) < len([v for v in values if v == v]):
+        return False
+    if log_y is not None:
+        return log_y
+    return max(positive) / min(positive) > LOG_SPAN
+
+
+def panel_outliers(values: list[float]) -> list[int]:
+    """Indices of values far from the panel's others: more than 3 scaled MADs *and* 10x off the median
+    (in log space), so one disturbed run is marked even where every group has a single run."""
+    import math
+    import statistics
+
+    logs = [(i, math.log10(v)) for i, v in enumerate(values) if v == v and v > 0]
+    if len(logs) < 4:
+        return []
+    centre = statistics.median(x for _, x in logs)
+    mad = statistics.median(abs(x - centre) for _, x in logs)
+    bound = max(3 * 1.4826 * mad, 1.0)
+    return [i for i, x in logs if abs(x - centre) > bound]
+
+
 def _tidy(ax: Any) -> None:
-    """No offset notation, and no y range narrower than +-4% of its middle (noise would look like a trend)."""
+    """No offset notation, and no y range narrower than +-4% of its middle (noise would look like a trend).
+
+    A panel whose values span more than two decades (or any, with ``--log-y``) gets a log y axis, and
+    points far from the rest are ringed in red, so one noisy point never flattens the others.
+    """
     from matplotlib.ticker import ScalarFormatter
 
     if isinstance(ax.yaxis.get_major_formatter(), ScalarFormatter):
         ax.yaxis.get_major_formatter().set_useOffset(False)
+    points = [(x, y) for line in ax.get_lines() if line.get_marker() not in (None, "None", "")
+              for x, y in zip(line.get_xdata(), line.get_ydata()) if y == y]
     values = [y for line in ax.get_lines() for y in line.get_ydata() if y == y]  # skips NaN
     values += [y for collection in ax.collections for path in collection.get_paths()
                for y in path.vertices[:, 1] if y == y]  # the p50-p99 bands
     if not values:
         return
+    _mark_outliers(ax, points)
+    if wants_log(values, _LOG_Y.get()):
+        ax.set_yscale("log")
+        return
     lo, hi = min(values), max(values)
     middle = (lo + hi) / 2
     if middle and hi - lo < 0.08 * abs(middle):
         ax.set_ylim(middle - 0.04 * abs(middle), middle + 0.04 * abs(middle))
+
+
+def _with_report_scale(draw: Any) -> Any:
+    """Run a figure builder with the report's ``log_y`` choice in effect for every panel."""
+    import functools
+
+    @functools.wraps(draw)
+    def wrapper(report: Report, *args: Any, **kwargs: Any) -> Any:
+        token = _LOG_Y.set(getattr(report, "log_y", None))
+        try:
+            return draw(report, *args, **kwargs)
+        finally:
+            _LOG_Y.reset(token)
+
+    return wrapper
+
+
+def _mark_outliers(ax: Any, points: list[tuple[float, float]]) -> None:
+    flagged = sorted(set(panel_outliers([y for _, y in points])))
+    ax.gpuperfd_outliers = len(flagged)
+    if not flagged:
+        return
+    ax.scatter([points[i][0] for i in flagged], [points[i][1] for i in flagged], s=90, facecolors="none",
+               edgecolors="red", linewidths=1.2, zorder=5)
+    ax.text(0.99, 0.02, f"{len(flagged)} point(s) >10x off the rest (ringed)", transform=ax.transAxes,
+            ha="right", va="bottom", fontsize=6.5, color="red")
 
 
 def _ms(seconds: float | None) -> float:
@@ -347,6 +415,7 @@ def _rows_size(rows: list) -> tuple[float, float]:
     return 4 * COLUMN_INCHES, ROW_INCHES * 1.3 * len(rows) + 0.4
 
 
+@_with_report_scale
 def axes_figure(report: Report) -> Figure | None:
     """Throughput, latency and peak memory against each parameter that varies (None if none varies)."""
     rows = axis_rows(report)
@@ -388,8 +457,11 @@ def _draw_bar_row(axes: list, probe: str, compare: list[str], groups: list[str],
                     xs.append(c - 0.4 + width * (b + 0.5))
                     ys.append(_value(_base_point(match[0]), metric))
             ax.bar(xs, ys, width=width * 0.95, color=COLORS[b % len(COLORS)], label=bar)
-        if not any(p.get_height() == p.get_height() for p in ax.patches):
+        heights = [p.get_height() for p in ax.patches if p.get_height() == p.get_height()]
+        if not heights:
             _empty(ax, "no values in the input")
+        elif wants_log(heights, _LOG_Y.get()):
+            ax.set_yscale("log")
         ax.set_xticks(list(range(len(categories))))
         ax.set_xticklabels(categories, fontsize=7, rotation=20 if len(categories) > 3 else 0)
         ax.set_ylabel(label, fontsize=8)
@@ -402,6 +474,7 @@ def _draw_bar_row(axes: list, probe: str, compare: list[str], groups: list[str],
     axes[0].legend(fontsize=6.5, framealpha=0.8)
 
 
+@_with_report_scale
 def bar_figure(report: Report) -> Figure | None:
     """Grouped bars comparing variants, GPUs or hosts per configuration (None when nothing to compare)."""
     rows = bar_groups(report)
@@ -440,6 +513,7 @@ def _grid_size(workloads: list[tuple[str, str]], rows: int) -> tuple[float, floa
     return max(9.0, COLUMN_INCHES * columns), ROW_INCHES * rows + 0.5
 
 
+@_with_report_scale
 def cap_figure(report: Report) -> Figure | None:
     """The power-cap grid (None when no workload ran at two caps or more)."""
     workloads = cap_workloads(report)
@@ -506,6 +580,7 @@ def _short(value: float | None) -> str:
     return EngFormatter(places=3 if abs(value) < 1 else 1, sep="")(value)
 
 
+@_with_report_scale
 def overview_figure(report: Report) -> Figure:
     """The one-page report: header, the cap grid, the parameter charts, the bar charts, the recommendations."""
     cap_ws = cap_workloads(report)
