@@ -57,6 +57,10 @@ class CapPoint:
     throughput: dict[str, float] = field(default_factory=dict)
     gpm_tensor_active_ratio: float | None = None
     gpm_dram_active_ratio: float | None = None
+    allocated_memory_bytes: int | None = None
+    #: The kept runs' measured windows in order (see ``Run.windows``), and each run's own means.
+    windows: list[dict[str, float | None]] = field(default_factory=list)
+    run_values: list[dict[str, float | None]] = field(default_factory=list)
 
     def latency(self, name: str, q: int | str) -> float | None:
         """p50/p95/p99 (q = 50, 95, 99) or the mean (q = "mean") of one latency, seconds."""
@@ -227,7 +231,20 @@ def summarize_group(runs: list[Run], dropped: int) -> CapPoint:
                     if (v := _mean([r.throughput[k] for r in runs if k in r.throughput])) is not None},
         gpm_tensor_active_ratio=_mean([r.gpm_tensor_active_ratio for r in runs if r.gpm_tensor_active_ratio is not None]),
         gpm_dram_active_ratio=_mean([r.gpm_dram_active_ratio for r in runs if r.gpm_dram_active_ratio is not None]),
+        allocated_memory_bytes=max(allocated) if (allocated := [r.allocated_memory_bytes for r in runs
+                                                               if r.allocated_memory_bytes is not None]) else None,
+        windows=[w for r in sorted(runs, key=lambda r: r.time) for w in r.windows],
+        run_values=[_run_values(r) for r in sorted(runs, key=lambda r: r.time)],
     )
+
+
+def _run_values(run: Run) -> dict[str, float | None]:
+    """One run's means, the per-run view of the repeats summary."""
+    return {"rate": run.rate, "power": run.power, "temperature": run.temperature, "utilization": run.utilization,
+            "memory_utilization": run.memory_utilization, "energy_per_unit": run.energy_per_unit,
+            "peak_memory_bytes": float(run.peak_memory_bytes) if run.peak_memory_bytes is not None else None,
+            "allocated_memory_bytes": float(run.allocated_memory_bytes) if run.allocated_memory_bytes is not None
+            else None}
 
 
 def recommend_points(
@@ -403,6 +420,7 @@ def point_rows(report: Report) -> list[dict[str, Any]]:
                 "latency_mean_seconds": _blank(p.latency(name, "mean")),
                 "requests_per_second": _blank(p.throughput.get("requests_per_second")),
                 "peak_memory_bytes": _blank(p.peak_memory_bytes),
+                "allocated_memory_bytes": _blank(p.allocated_memory_bytes),
                 "gpu_busy_ratio": _blank(p.gpu_busy_ratio),
                 "gpm_tensor_active_ratio": _blank(p.gpm_tensor_active_ratio),
                 "gpm_dram_active_ratio": _blank(p.gpm_dram_active_ratio),

@@ -28,6 +28,7 @@ from matplotlib.ticker import EngFormatter, FixedLocator, NullLocator  # noqa: E
 
 from gpuperfd.report.aggregate import Report, Series  # noqa: E402
 from gpuperfd.report.records import LATENCY_TITLES, kind_of  # noqa: E402
+from gpuperfd.report.repeats import repeat_rows, repeat_series  # noqa: E402
 
 COLUMN_INCHES = 4.0
 ROW_INCHES = 2.35
@@ -599,9 +600,17 @@ def overview_figure(report: Report) -> Figure:
     if bars:
         w, h = _rows_size(bars)
         parts_spec.append(("bars", w, h + 0.3))
-    if not (cap_ws or axis or bars):
+    repeated = repeat_series(report) if not (cap_ws or axis or bars) else []
+    if repeated:
+        parts_spec.append(("repeats", 14.0, ROW_INCHES * 1.3 * len(repeated) + 0.4))
+    elif not (cap_ws or axis or bars):
         parts_spec.append(("none", 14.0, 1.0))
-    parts_spec.append(("summary", 14.0, summary_h))
+    if rows:
+        parts_spec.append(("summary", 14.0, summary_h))
+    elif not (cap_ws or axis or bars):
+        table = repeat_table(report)
+        if table[1]:
+            parts_spec.append(("repeat-table", 14.0, 0.6 + 0.2 * (len(table[1]) + 1)))
     width = max(w for _, w, _ in parts_spec)
     heights = [h for _, _, h in parts_spec]
     fig = Figure(figsize=(width, sum(heights)), dpi=DPI, layout="constrained")
@@ -626,6 +635,12 @@ def overview_figure(report: Report) -> Figure:
         elif name == "bars":
             part.suptitle("Variants, GPUs and hosts compared", fontsize=13, x=0.01, ha="left")
             _draw_rows(part, bars, _draw_bar_row)
+        elif name == "repeats":
+            part.suptitle("Each repeat (measured window, or run where the input keeps no windows)", fontsize=13,
+                          x=0.01, ha="left")
+            _draw_repeats(part, repeated)
+        elif name == "repeat-table":
+            _draw_summary(part, *repeat_table(report), title="Summary across repeats")
         elif name == "none":
             ax = part.add_subplot()
             ax.axis("off")
@@ -636,8 +651,62 @@ def overview_figure(report: Report) -> Figure:
     return fig
 
 
-def _draw_summary(part: Any, head: list[str], rows: list[list[str]]) -> None:
-    part.suptitle("Recommended power caps", fontsize=13, x=0.01, ha="left")
+def repeat_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    """The summary across repeats as text cells: metric, mean, stdev, CV, min, max, n."""
+    head = ["GPU", "probe", "preset", "parameters", "metric", "mean", "stdev", "CV", "min", "max", "n", "over"]
+    rows = []
+    for r in repeat_rows(report):
+        s = r.series
+        params = " ".join(filter(None, [_line_name(_factors(s), ["variant", *s.params]), *(
+            f"{k}={v}" for k, v in sorted(s.labels.items()))]))
+        rows.append([s.label, s.probe, s.preset, params, f"{r.label} ({r.unit})", f"{r.mean:.4g}",
+                     f"{r.stdev:.3g}" if r.stdev is not None else "-", percent(r.cv) if r.cv is not None else "-",
+                     f"{min(r.values):.4g}", f"{max(r.values):.4g}", str(len(r.values)), r.over])
+    return head, rows
+
+
+@_with_report_scale
+def repeats_figure(report: Report) -> Figure | None:
+    """Each metric per repeat, for a study with no cap sweep and nothing varied (None otherwise)."""
+    if cap_workloads(report) or axis_rows(report) or bar_groups(report):
+        return None
+    repeated = repeat_series(report)
+    if not repeated:
+        return None
+    fig = Figure(figsize=(4 * COLUMN_INCHES, ROW_INCHES * 1.3 * len(repeated) + 0.4), dpi=DPI, layout="constrained")
+    _draw_repeats(fig, repeated)
+    return fig
+
+
+def _draw_repeats(part: Any, repeated: list) -> None:
+    width = max(min(len(rows), 6) for _, rows in repeated)
+    grid = part.subplots(len(repeated), width, squeeze=False)
+    for r, (s, rows) in enumerate(repeated):
+        for c in range(width):
+            ax = grid[r][c]
+            if c >= min(len(rows), 6):
+                ax.axis("off")
+                continue
+            row = rows[c]
+            xs = list(range(1, len(row.values) + 1))
+            ax.plot(xs, row.values, marker="o", markersize=3.5, color=COLORS[0])
+            ax.axhline(row.mean, color="grey", linestyle="--", linewidth=1)
+            if row.stdev:
+                ax.axhspan(row.mean - row.stdev, row.mean + row.stdev, color="grey", alpha=0.12, linewidth=0)
+            _tidy(ax)
+            ax.set_ylabel(f"{row.label} ({row.unit})", fontsize=8)
+            ax.set_xlabel(f"repeat ({row.over[:-1]})", fontsize=8)
+            ax.xaxis.set_major_locator(FixedLocator(xs if len(xs) <= 12 else xs[::max(len(xs) // 10, 1)]))
+            ax.grid(True, alpha=0.3)
+            ax.tick_params(labelsize=7)
+            cv = f", CV {percent(row.cv)}" if row.cv is not None else ""
+            title = f"{s.label} · {s.probe}/{s.preset}" if c == 0 else ""
+            ax.set_title(f"{title}\nmean {row.mean:.4g}{cv}" if title else f"mean {row.mean:.4g}{cv}",
+                         fontsize=8, loc="left")
+
+
+def _draw_summary(part: Any, head: list[str], rows: list[list[str]], title: str = "Recommended power caps") -> None:
+    part.suptitle(title, fontsize=13, x=0.01, ha="left")
     ax = part.add_subplot()
     ax.axis("off")
     if not rows:

@@ -115,6 +115,10 @@ class Run:
     #: ``--label KEY=VALUE`` of the run (dataset, framework, driver...): runs with other labels never merge.
     labels: dict[str, str] = field(default_factory=dict)
     memory_utilization: float | None = None
+    allocated_memory_bytes: int | None = None
+    #: Per measured window (JSON input only; CSV keeps the CV): {"rate", "power", "temperature",
+    #: "utilization", "memory_utilization", "energy_per_unit"}, None where a window lacks one.
+    windows: list[dict[str, float | None]] = field(default_factory=list)
 
     @property
     def labels_key(self) -> tuple[tuple[str, str], ...]:
@@ -207,9 +211,24 @@ def run_from_record(record: dict[str, Any], source: str = "") -> Run:
         utilization=finite_or_none(tele.get("gpu_utilization_ratio", result.gpu_utilization_mean_ratio)) if ok else None,
         loss=finite_or_none(extra.get("loss")) if ok else None,
         labels=record_labels(record),
+        allocated_memory_bytes=result.allocated_memory_bytes if ok else None,
+        windows=[_window(r) for r in result.repeats] if ok else [],
         memory_utilization=finite_or_none(tele.get("memory_utilization_ratio", result.memory_utilization_mean_ratio))
         if ok else None,
     )
+
+
+def _window(repeat: Any) -> dict[str, float | None]:
+    seconds = finite_or_none(repeat.measured_seconds)
+    units = finite_or_none(repeat.units_of_work)
+    return {
+        "rate": units / seconds if units is not None and seconds else None,
+        "power": finite_or_none(repeat.average_power_watts),
+        "temperature": finite_or_none(repeat.temperature_celsius_max),
+        "utilization": finite_or_none(repeat.gpu_utilization_mean_ratio),
+        "memory_utilization": finite_or_none(repeat.memory_utilization_mean_ratio),
+        "energy_per_unit": finite_or_none(repeat.energy_per_unit_joules),
+    }
 
 
 def run_from_history(record: dict[str, Any], source: str = "") -> Run:
