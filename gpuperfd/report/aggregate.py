@@ -61,6 +61,8 @@ class CapPoint:
     #: The kept runs' measured windows in order (see ``Run.windows``), and each run's own means.
     windows: list[dict[str, float | None]] = field(default_factory=list)
     run_values: list[dict[str, float | None]] = field(default_factory=list)
+    #: llm: mean seconds to each output token over the kept runs ([TTFT, token 2, ...]).
+    token_curve: list[float] = field(default_factory=list)
 
     def latency(self, name: str, q: int | str) -> float | None:
         """p50/p95/p99 (q = 50, 95, 99) or the mean (q = "mean") of one latency, seconds."""
@@ -235,7 +237,15 @@ def summarize_group(runs: list[Run], dropped: int) -> CapPoint:
                                                                if r.allocated_memory_bytes is not None]) else None,
         windows=[w for r in sorted(runs, key=lambda r: r.time) for w in r.windows],
         run_values=[_run_values(r) for r in sorted(runs, key=lambda r: r.time)],
+        token_curve=_mean_curve([r.token_curve for r in runs if r.token_curve]),
     )
+
+
+def _mean_curve(curves: list[list[float]]) -> list[float]:
+    if not curves:
+        return []
+    length = min(len(c) for c in curves)
+    return [statistics.fmean(c[i] for c in curves) for i in range(length)]
 
 
 def _run_values(run: Run) -> dict[str, float | None]:

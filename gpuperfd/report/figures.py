@@ -600,6 +600,9 @@ def overview_figure(report: Report) -> Figure:
     if bars:
         w, h = _rows_size(bars)
         parts_spec.append(("bars", w, h + 0.3))
+    tokens = token_series(report)
+    if tokens:
+        parts_spec.append(("tokens", 14.0, ROW_INCHES * 1.3 + 0.7))
     repeated = repeat_series(report) if not (cap_ws or axis or bars) else []
     if repeated:
         parts_spec.append(("repeats", 14.0, ROW_INCHES * 1.3 * len(repeated) + 0.4))
@@ -633,8 +636,12 @@ def overview_figure(report: Report) -> Figure:
                           x=0.01, ha="left")
             _draw_rows(part, axis, _draw_axis_row)
         elif name == "bars":
-            part.suptitle("Variants, GPUs and hosts compared", fontsize=13, x=0.01, ha="left")
+            part.suptitle("Variants, GPUs, hosts and labels compared", fontsize=13, x=0.01, ha="left")
             _draw_rows(part, bars, _draw_bar_row)
+        elif name == "tokens":
+            part.suptitle("Per-token latency over the output position", fontsize=13, x=0.01, ha="left")
+            _draw_tokens(part.subplots(1, 2, width_ratios=[3, 1])[0], tokens)
+            part.get_axes()[1].axis("off")
         elif name == "repeats":
             part.suptitle("Each repeat (measured window, or run where the input keeps no windows)", fontsize=13,
                           x=0.01, ha="left")
@@ -663,6 +670,40 @@ def repeat_table(report: Report) -> tuple[list[str], list[list[str]]]:
                      f"{r.stdev:.3g}" if r.stdev is not None else "-", percent(r.cv) if r.cv is not None else "-",
                      f"{min(r.values):.4g}", f"{max(r.values):.4g}", str(len(r.values)), r.over])
     return head, rows
+
+
+def token_series(report: Report) -> list[Series]:
+    """llm series whose runs traced every output token (JSON input): the per-position curve."""
+    return [s for s in report.series if s.probe == "llm" and len(_base_point(s).token_curve) > 1]
+
+
+def _draw_tokens(ax: Any, series: list[Series]) -> None:
+    varying = list(_varying(series))
+    for index, s in enumerate(series):
+        curve = _base_point(s).token_curve
+        xs = list(range(2, len(curve) + 1))
+        look = {"color": COLORS[index % len(COLORS)], "linestyle": STYLES[(index // len(COLORS)) % len(STYLES)]}
+        ax.plot(xs, [1000 * v for v in curve[1:]], marker="o" if len(xs) <= 40 else None, markersize=3,
+                label=_line_name(_factors(s), varying) if varying else s.preset, **look)
+    _tidy(ax)
+    ax.set_xlabel("output token position (token 1 is the time to first token, charted elsewhere)", fontsize=8)
+    ax.set_ylabel("time to this token (ms)", fontsize=8)
+    ax.grid(True, alpha=0.3)
+    ax.tick_params(labelsize=7)
+    ax.set_title("llm: per-token latency over the output position (mean over traced requests)", fontsize=9,
+                 fontweight="bold", loc="left")
+    ax.legend(fontsize=6.5, framealpha=0.8, title=", ".join(varying) or None, title_fontsize=6.5)
+
+
+@_with_report_scale
+def token_figure(report: Report) -> Figure | None:
+    """Per-token latency over the output position, one line per llm series (None without traces)."""
+    series = token_series(report)
+    if not series:
+        return None
+    fig = Figure(figsize=(2 * COLUMN_INCHES, ROW_INCHES * 1.3 + 0.4), dpi=DPI, layout="constrained")
+    _draw_tokens(fig.add_subplot(), series)
+    return fig
 
 
 @_with_report_scale

@@ -210,7 +210,7 @@ of normal data. A group with a MAD of 0 or fewer than 3 runs drops nothing. See 
 
 def render_html(
     report: Report, cap_png: bytes | None, axes_png: bytes | None, bars_png: bytes | None, files: dict[str, str],
-    repeats_png: bytes | None = None,
+    repeats_png: bytes | None = None, tokens_png: bytes | None = None,
 ) -> str:
     """The whole page; a section with nothing to say (no cap sweep, nothing varied) is left out, and a
     study of repeats alone gets its summary across repeats instead."""
@@ -236,6 +236,13 @@ wherever the data varies them; one line per combination of the other factors.</p
         sections.append(f"""<section id="compare">
 <h2>Variants, GPUs, hosts and labels compared</h2>
 {_img(bars_png, "grouped bars comparing variants, GPUs, hosts or labels")}
+</section>""")
+    if tokens_png:
+        sections.append(f"""<section id="tokens">
+<h2>Per-token latency over the output position</h2>
+<p class="muted">Mean time to each output token (after the first) over the requests that traced every token
+(a fixed share of each window's requests); one line per llm series. Token 1's time is the TTFT, charted above.</p>
+{_img(tokens_png, "time to each output token against its position")}
 </section>""")
     if not (cap_png or axes_png or bars_png):
         sections.append(_repeats(report, repeats_png))

@@ -119,6 +119,8 @@ class Run:
     #: Per measured window (JSON input only; CSV keeps the CV): {"rate", "power", "temperature",
     #: "utilization", "memory_utilization", "energy_per_unit"}, None where a window lacks one.
     windows: list[dict[str, float | None]] = field(default_factory=list)
+    #: llm: mean seconds to each output token ([TTFT, token 2, ...]) over the traced requests (JSON input).
+    token_curve: list[float] = field(default_factory=list)
 
     @property
     def labels_key(self) -> tuple[tuple[str, str], ...]:
@@ -213,9 +215,22 @@ def run_from_record(record: dict[str, Any], source: str = "") -> Run:
         labels=record_labels(record),
         allocated_memory_bytes=result.allocated_memory_bytes if ok else None,
         windows=[_window(r) for r in result.repeats] if ok else [],
+        token_curve=_token_curve(result.repeats) if ok else [],
         memory_utilization=finite_or_none(tele.get("memory_utilization_ratio", result.memory_utilization_mean_ratio))
         if ok else None,
     )
+
+
+def _token_curve(repeats: list[Any]) -> list[float]:
+    """The windows' per-position token times, averaged (weighted by traced requests); [] if none."""
+    curves = [(r.extra.get("token_position_seconds"), r.extra.get("token_position_requests") or 1)
+              for r in repeats if isinstance(r.extra, dict)]
+    curves = [(c, w) for c, w in curves if isinstance(c, list) and c]
+    if not curves:
+        return []
+    length = min(len(c) for c, _ in curves)
+    total = sum(w for _, w in curves)
+    return [sum(float(c[i]) * w for c, w in curves) / total for i in range(length)]
 
 
 def _window(repeat: Any) -> dict[str, float | None]:

@@ -132,7 +132,7 @@ def test_seed_004_config_file_compares_variants(tmp_path: Path, capsys: pytest.C
     assert all(r["result"]["params"]["warmup"] == 2 for r in records)
     out = tmp_path / "r004"
     assert main(["report", "--history", str(tmp_path / "bench.jsonl"), "--out", str(out)]) == 0
-    assert "Variants, GPUs and hosts compared" in _html(out)
+    assert "Variants, GPUs, hosts and labels compared" in _html(out)
     from gpuperfd.report import build_report, load_history
     from gpuperfd.report.figures import bar_groups
 
