@@ -322,8 +322,12 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
         row[key] = params.get(key)
     for key in _RATES:
         row[key] = (result.throughput or {}).get(key)
+    kept_stats = extra.get("latency_stats") if isinstance(extra.get("latency_stats"), dict) else {}
     for name in LATENCY_COLUMNS:
-        stats = _latency_stats((result.latencies or {}).get(f"{name}_seconds") or [])
+        samples = (result.latencies or {}).get(f"{name}_seconds") or []
+        # A record read back from a CSV keeps statistics, not samples: write those again.
+        stats = _latency_stats(samples) if samples else {
+            s: finite_or_none((kept_stats.get(f"{name}_seconds") or {}).get(s)) for s in _STATS}
         for stat in _STATS:
             row[f"{name}_{stat}_seconds"] = stats[stat]
     for key in _TELEMETRY:

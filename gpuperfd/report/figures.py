@@ -112,7 +112,24 @@ def empty_panels(fig: Figure | None) -> list[str]:
     return [getattr(ax, "gpuperfd_empty") for ax in fig.get_axes() if getattr(ax, "gpuperfd_empty", None)]
 
 
-def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], style: _Style) -> None:
+def cap_rows(report: Report, workloads: list[tuple[str, str]]) -> tuple[str, ...]:
+    """The rows of the cap grid that have data for at least one workload (throughput always): a row
+    empty everywhere (no loss in any run, no temperature on a CPU) is left out, not drawn as blanks."""
+    points = [p for w in workloads for s in cap_series(report, w) for p in s.capped]
+    has = {
+        "rate": True,
+        "energy": any(p.energy_per_unit is not None for p in points),
+        "power": any(p.power is not None for p in points),
+        "latency": any(p.latencies for p in points),
+        "temperature": any(p.temperature is not None for p in points),
+        "utilization": any(p.utilization is not None for p in points),
+        "loss": any(p.loss is not None for p in points),
+    }
+    return tuple(row for row in CAP_ROWS if has[row])
+
+
+def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], style: _Style,
+                     rows: tuple[str, ...] = CAP_ROWS) -> None:
     series = cap_series(report, workload)
     unit = series[0].work_unit
     latency_name = series[0].latency_name
@@ -131,7 +148,7 @@ def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], styl
             "utilization": [100 * p.utilization if p.utilization is not None else nan for p in points],
             "loss": [p.loss if p.loss is not None else nan for p in points],
         }
-        for row, ax in zip(CAP_ROWS, axes):
+        for row, ax in zip(rows, axes):
             if row == "latency":
                 p50 = [_ms(p.latency(latency_name, 50)) for p in points]
                 p99 = [_ms(p.latency(latency_name, 99)) for p in points]
@@ -153,7 +170,7 @@ def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], styl
         "utilization": "GPU utilization (%)",
         "loss": "training loss",
     }
-    for row, ax in zip(CAP_ROWS, axes):
+    for row, ax in zip(rows, axes):
         _tidy(ax)
         ax.set_ylabel(labels[row], fontsize=8)
         ax.grid(True, alpha=0.3)
@@ -168,7 +185,7 @@ def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], styl
         has = any(y == y for line in ax.get_lines() for y in line.get_ydata())
         if not has and row in _EMPTY_WHY:
             _empty(ax, _EMPTY_WHY[row])
-        if row == CAP_ROWS[-1]:
+        if row == rows[-1]:
             ax.set_xlabel("power cap (W)", fontsize=8)
 
 
@@ -506,7 +523,7 @@ def _draw_grid(container: Any, report: Report, workloads: list[tuple[str, str]],
             continue
         axes = half.subplots(len(rows), len(ws), squeeze=False, sharex="col")
         for column, workload in enumerate(ws):
-            _draw_cap_column([axes[r][column] for r in range(len(rows))], report, workload, style)
+            _draw_cap_column([axes[r][column] for r in range(len(rows))], report, workload, style, rows)
 
 
 def _grid_size(workloads: list[tuple[str, str]], rows: int) -> tuple[float, float]:
@@ -520,9 +537,10 @@ def cap_figure(report: Report) -> Figure | None:
     workloads = cap_workloads(report)
     if not workloads:
         return None
-    width, height = _grid_size(workloads, len(CAP_ROWS))
+    rows = cap_rows(report, workloads)
+    width, height = _grid_size(workloads, len(rows))
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    _draw_grid(fig, report, workloads, CAP_ROWS, "power-cap sweep")
+    _draw_grid(fig, report, workloads, rows, "power-cap sweep")
     return fig
 
 
@@ -592,7 +610,7 @@ def overview_figure(report: Report) -> Figure:
     summary_h = 0.6 + 0.2 * (len(rows) + 1)
     parts_spec: list[tuple[str, float, float]] = [("header", 14.0, header_h)]
     if cap_ws:
-        w, h = _grid_size(cap_ws, len(CAP_ROWS))
+        w, h = _grid_size(cap_ws, len(cap_rows(report, cap_ws)))
         parts_spec.append(("cap", w, h))
     if axis:
         w, h = _rows_size(axis)
@@ -630,7 +648,7 @@ def overview_figure(report: Report) -> Figure:
                           color="#b00", ha="right", va="top", fontweight="bold")
         elif name == "cap":
             part.suptitle("Against power cap", fontsize=13, x=0.01, ha="left")
-            _draw_grid(part, report, cap_ws, CAP_ROWS, "power-cap sweep")
+            _draw_grid(part, report, cap_ws, cap_rows(report, cap_ws), "power-cap sweep")
         elif name == "axes":
             part.suptitle("Against the parameters that vary (one line per combination of the others)", fontsize=13,
                           x=0.01, ha="left")

@@ -140,3 +140,13 @@ def test_labels_travel_in_json_and_csv(tmp_path: Path) -> None:
         append_records(path, [record, labelled])
         (read, _), (read2, _) = read_records([path])[0]
         assert read["labels"] == record["labels"] and read2["labels"] == {"study": "before"}
+
+
+def test_a_csv_record_written_again_keeps_its_latency_statistics(tmp_path: Path) -> None:
+    first = tmp_path / "a.csv"
+    append_records(first, [build_record(_result(), "probe", gpu=GPU, host="n")])
+    (record, _), = read_records([first])[0]
+    again = record_row(record)
+    original = record_row(build_record(_result(), "probe", gpu=GPU, host="n"))
+    for column in ("ttft_mean_seconds", "ttft_p99_seconds", "tpot_p50_seconds"):
+        assert again[column] == pytest.approx(original[column])
