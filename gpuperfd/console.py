@@ -78,8 +78,12 @@ def format_table(
     rows: Iterable[Sequence[Any]],
     align: Sequence[str] | None = None,
     digits: int = 4,
+    drop_empty: bool = False,
 ) -> str:
     """Format ``rows`` under ``headers`` as aligned plain text.
+
+    ``drop_empty`` leaves out columns with no value in any row (no TTFT or req/s columns in a table of
+    vit and attention points).
 
     ``align`` gives ``"l"`` or ``"r"`` per column; by default a column is
     right-aligned when every non-empty cell in it is a number. Cells go through
@@ -90,6 +94,13 @@ def format_table(
     for row in raw_rows:
         if len(row) != width:
             raise ValueError(f"row has {len(row)} cells, expected {width}: {row!r}")
+    if drop_empty and raw_rows:
+        keep = [c for c in range(width) if any(row[c] not in (None, "") for row in raw_rows)]
+        headers = [headers[c] for c in keep]
+        raw_rows = [[row[c] for c in keep] for row in raw_rows]
+        if align is not None:
+            align = [align[c] for c in keep]
+        width = len(headers)
     if align is None:
         align = []
         for col in range(width):

@@ -105,3 +105,11 @@ def test_progress_lines_off_with_no_progress_and_absent_on_a_terminal() -> None:
         bar.update(2)
         bar.point_done("x", "ok")
     assert bar.mode == "bar" and "x: ok" not in tty.getvalue()
+
+
+def test_format_table_can_drop_columns_no_row_fills() -> None:
+    text = format_table(["probe", "TTFT ms", "req/s", "latency"], [["vit", None, None, 1.5], ["attention", None, "", 0.2]],
+                        drop_empty=True)
+    assert "TTFT" not in text and "req/s" not in text and "latency" in text and "attention" in text
+    full = format_table(["probe", "TTFT ms"], [["vit", None]])
+    assert "TTFT ms" in full  # off by default
