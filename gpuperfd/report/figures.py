@@ -367,6 +367,9 @@ def axis_rows(report: Report) -> list[tuple[str, str, str, list[Series]]]:
         for factor, title in AXES:
             if factor in varying:
                 rows.append((probe, factor, title, series))
+        for key in dict.fromkeys(k for s in series for k in s.labels):
+            if key in varying and key not in dict(AXES):
+                rows.append((probe, key, f"label {key}", series))  # a label is a categorical axis too
     return rows
 
 
@@ -375,8 +378,10 @@ def _draw_axis_row(axes: list, probe: str, factor: str, title: str, series: list
     others = [k for k in varying if k != factor]
     metrics = _metrics(probe, series[0].work_unit)
     xs_all = [_factors(s).get(factor) for s in series]
-    categorical = factor == "model"
-    order = _model_order(probe, list(dict.fromkeys(xs_all))) if categorical else []
+    labelled = any(factor in s.labels for s in series)
+    categorical = factor == "model" or labelled
+    values = [x for x in dict.fromkeys(xs_all) if x is not None]
+    order = (sorted(values, key=str) if labelled else _model_order(probe, values)) if categorical else []
     lines: dict[str, list[tuple[Any, Series]]] = {}
     for s in series:
         f = _factors(s)

@@ -24,7 +24,7 @@ def _vit(rate: float, batch: int, started: float) -> ProbeResult:
 def test_two_labelled_studies_on_one_host_stay_apart(tmp_path: Path) -> None:
     from gpuperfd.cli import main
     from gpuperfd.report import build_report, load_history
-    from gpuperfd.report.figures import bar_figure, bar_groups, empty_panels
+    from gpuperfd.report.figures import axes_figure, axis_rows, bar_figure, bar_groups, empty_panels
 
     files = []
     for dataset, rate in (("cifar10", 100.0), ("food101", 50.0)):
@@ -39,6 +39,9 @@ def test_two_labelled_studies_on_one_host_stay_apart(tmp_path: Path) -> None:
         ("cifar10", 1): 100.0, ("cifar10", 8): 100.0, ("food101", 1): 50.0, ("food101", 8): 50.0}
     assert [(p, c) for p, c, _, _ in bar_groups(report)] == [("vit", ["dataset"])]
     assert empty_panels(bar_figure(report)) == []
+    # a label is also an axis (categorical), next to the parameters that vary
+    assert [(p, f) for p, f, _, _ in axis_rows(report)] == [("vit", "batch_size"), ("vit", "dataset")]
+    assert empty_panels(axes_figure(report)) == []
     out = tmp_path / "r"
     assert main(["report", "--history", *map(str, files), "--out", str(out)]) == 0
     with (out / "points.csv").open() as handle:
