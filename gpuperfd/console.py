@@ -1,9 +1,10 @@
 """Tiny, dependency-free console helpers shared by the CLI commands.
 
-* :class:`ProgressBar`: one self-overwriting line on stderr. It draws only when the
-  stream is a terminal (so logs, pipes and CI output stay clean) and can be turned
-  off outright (``--no-progress``). Redraws are rate-limited so a fast loop costs
-  nothing.
+* :class:`ProgressBar`: one self-overwriting line on stderr when the stream is a
+  terminal. When it is not (a log, a pipe, CI), it draws nothing but prints one plain
+  line per finished point (:meth:`ProgressBar.point_done`: what, its result, elapsed
+  and time left), so a long matrix is never silent until the end. ``--no-progress``
+  turns both off. Redraws are rate-limited so a fast loop costs nothing.
 * :func:`format_table`: plain-text, column-aligned tables (numbers right-aligned)
   that read well in a terminal and paste cleanly into Markdown-free places.
 * :func:`format_number`, :func:`format_duration`: compact human units for table cells.
@@ -77,8 +78,12 @@ def format_table(
     rows: Iterable[Sequence[Any]],
     align: Sequence[str] | None = None,
     digits: int = 4,
+    drop_empty: bool = False,
 ) -> str:
     """Format ``rows`` under ``headers`` as aligned plain text.
+
+    ``drop_empty`` leaves out columns with no value in any row (no TTFT or req/s columns in a table of
+    vit and attention points).
 
     ``align`` gives ``"l"`` or ``"r"`` per column; by default a column is
     right-aligned when every non-empty cell in it is a number. Cells go through
@@ -89,6 +94,13 @@ def format_table(
     for row in raw_rows:
         if len(row) != width:
             raise ValueError(f"row has {len(row)} cells, expected {width}: {row!r}")
+    if drop_empty and raw_rows:
+        keep = [c for c in range(width) if any(row[c] not in (None, "") for row in raw_rows)]
+        headers = [headers[c] for c in keep]
+        raw_rows = [[row[c] for c in keep] for row in raw_rows]
+        if align is not None:
+            align = [align[c] for c in keep]
+        width = len(headers)
     if align is None:
         align = []
         for col in range(width):
@@ -119,9 +131,11 @@ def format_table(
 class ProgressBar:
     """A single-line progress bar on stderr: ``desc [#####.....] 5/10 12s<12s msg``.
 
-    ``enabled=None`` means "only if the stream is a terminal". Use as a context
-    manager or call :meth:`close`; ``update`` and ``set_message`` are cheap when
-    disabled. Not thread-safe: drive it from one thread.
+    ``enabled=None`` means "a bar on a terminal, one line per finished point elsewhere"
+    (:attr:`mode` is ``"bar"`` or ``"lines"``); ``enabled=True`` forces the bar,
+    ``enabled=False`` silences both (``"off"``). Use as a context manager or call
+    :meth:`close`; ``update`` and ``set_message`` are cheap when disabled. Not
+    thread-safe: drive it from one thread.
     """
 
     def __init__(
@@ -134,7 +148,10 @@ class ProgressBar:
         min_interval: float = 0.1,
     ) -> None:
         self.stream = stream if stream is not None else sys.stderr
-        self.enabled = is_tty(self.stream) if enabled is None else bool(enabled)
+        tty = is_tty(self.stream)
+        self.enabled = tty if enabled is None else bool(enabled)
+        #: "bar" (a terminal), "lines" (not a terminal, progress left on), "off" (--no-progress).
+        self.mode = "bar" if self.enabled else ("lines" if enabled is None else "off")
         self.total = max(int(total), 0)
         self.desc = desc
         self.width = width
@@ -160,6 +177,35 @@ class ProgressBar:
             self.message = message
         self._draw(force=self.count >= self.total)
 
+    def eta(self) -> float | None:
+        """Seconds left, from the pace so far (None before the first step)."""
+        if not self.count or not self.total:
+            return None
+        elapsed = time.monotonic() - self._start
+        return elapsed / self.count * max(self.total - self.count, 0)
+
+    def point_done(self, what: str, result: str) -> None:
+        """A point finished: in ``lines`` mode, one line ``what: result (elapsed 12s, about 30s left)``.
+
+        Call it after :meth:`update` has counted the point's steps, so the time left is current.
+        On a terminal the bar already shows it, so nothing extra is printed.
+        """
+        if self.mode != "lines" or self._closed:
+            return
+        elapsed = time.monotonic() - self._start
+        left = self.eta()
+        if self.total and self.count >= self.total:
+            timing = f"done in {format_duration(elapsed)}"
+        else:
+            timing = f"elapsed {format_duration(elapsed)}, about {format_duration(left)} left"
+        counts = f" {self.count}/{self.total}" if self.total else ""
+        prefix = f"{self.desc}{counts}: " if self.desc or counts else ""
+        try:
+            self.stream.write(f"{prefix}{what}: {result} ({timing})\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.mode = "off"
+
     def set_message(self, message: str) -> None:
         self.message = message
         self._draw()
@@ -171,7 +217,7 @@ class ProgressBar:
             frac = self.count / self.total
             filled = int(round(frac * self.width))
             bar = "#" * filled + "." * (self.width - filled)
-            eta = elapsed / self.count * (self.total - self.count) if self.count else None
+            eta = self.eta()
             counts = f"{self.count}/{self.total}"
             timing = f"{format_duration(elapsed)}<{format_duration(eta)}"
             text = f"[{bar}] {counts} {timing}"

@@ -76,3 +76,40 @@ def test_progress_bar_clamps_to_total() -> None:
     bar = ProgressBar(2, stream=io.StringIO())
     bar.update(5)
     assert bar.count == 2
+
+
+def test_progress_lines_when_not_a_terminal_one_per_finished_point() -> None:
+    stream = io.StringIO()
+    with ProgressBar(4, desc="probe", stream=stream) as bar:
+        assert bar.mode == "lines"
+        bar.update(2, "measuring")  # steps alone print nothing in a log
+        assert stream.getvalue() == ""
+        bar.point_done("[1/2] llm tiny b=1", "ok 123.4 tokens/s")
+        bar.update(2)
+        bar.point_done("[2/2] llm tiny b=4", "failed (oom)")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2 and "\r" not in stream.getvalue()
+    assert lines[0].startswith("probe 2/4: [1/2] llm tiny b=1: ok 123.4 tokens/s (elapsed ")
+    assert "left)" in lines[0]
+    assert lines[1].startswith("probe 4/4: [2/2] llm tiny b=4: failed (oom) (done in ")
+
+
+def test_progress_lines_off_with_no_progress_and_absent_on_a_terminal() -> None:
+    quiet = io.StringIO()
+    with ProgressBar(2, stream=quiet, enabled=False) as bar:
+        bar.update(2)
+        bar.point_done("x", "ok")
+    assert bar.mode == "off" and quiet.getvalue() == ""
+    tty = _Tty()
+    with ProgressBar(2, stream=tty, min_interval=0) as bar:
+        bar.update(2)
+        bar.point_done("x", "ok")
+    assert bar.mode == "bar" and "x: ok" not in tty.getvalue()
+
+
+def test_format_table_can_drop_columns_no_row_fills() -> None:
+    text = format_table(["probe", "TTFT ms", "req/s", "latency"], [["vit", None, None, 1.5], ["attention", None, "", 0.2]],
+                        drop_empty=True)
+    assert "TTFT" not in text and "req/s" not in text and "latency" in text and "attention" in text
+    full = format_table(["probe", "TTFT ms"], [["vit", None]])
+    assert "TTFT ms" in full  # off by default

@@ -274,12 +274,13 @@ class ScheduleConfig(_Strict):
 
     @model_validator(mode="after")
     def _valid_probe_options(self) -> "ScheduleConfig":
-        from gpuperfd.probes.spec import ProbeSpec  # pure Python: no torch
+        from gpuperfd.probes.spec import OPTION_KEYS, check_options, unknown_key_message  # pure Python: no torch
 
+        unknown = [key for key in self.options if key not in OPTION_KEYS]
+        if unknown:
+            raise ValueError(unknown_key_message(unknown[0], OPTION_KEYS, where="options"))
         try:
-            ProbeSpec(probe=self.probe, preset=self.preset, device="cpu", **self.options)
-        except TypeError as exc:
-            raise ValueError(f"options: {exc}".replace("ProbeSpec.__init__() ", "")) from None
+            check_options(self.probe, self.options, self.preset)
         except ValueError as exc:
             raise ValueError(f"options/preset: {exc}") from None
         return self

@@ -24,6 +24,7 @@ import io
 import json
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -43,6 +44,11 @@ __all__ = [
     "record_from_row",
     "normalize",
     "check_output",
+    "parse_labels",
+    "labels_text",
+    "labels_from_text",
+    "record_labels",
+    "apply_labels",
     "append_records",
     "read_records",
     "run_files",
@@ -64,7 +70,7 @@ _TELEMETRY = ("temperature_celsius_mean", "temperature_celsius_max", "gpu_utiliz
 
 #: The CSV columns, in order; every CSV this project writes has exactly these (docs/reports.md).
 CSV_COLUMNS: tuple[str, ...] = (
-    "schema", "time", "time_utc", "host", "source", "sweep_id",
+    "schema", "time", "time_utc", "host", "source", "sweep_id", "labels",
     "gpu_index", "gpu_uuid", "gpu_name", "gpu_backend", "driver_version", "compute_capability", "torch_version",
     "probe", "variant", "preset", *_PARAMS,
     "power_cap_watts", "original_cap_watts",
@@ -88,6 +94,72 @@ def finite_or_none(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
+
+
+#: Keys a label may not take: they already tell points apart (or name the record's own fields).
+RESERVED_LABELS: frozenset[str] = frozenset(
+    {"gpu", "host", "node", "probe", "variant", "preset", "source", "status", "schema", "time", "labels",
+     "power_cap_watts", "cap", *_PARAMS})
+_LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+
+
+def parse_labels(items: list[str] | None) -> dict[str, str]:
+    """``["dataset=cifar10", "driver=580"]`` -> ``{"dataset": "cifar10", "driver": "580"}`` (``--label``).
+
+    RecordError naming the bad item: no ``=``, an empty or malformed key, an empty value, a value
+    with ``;`` or a line break (the CSV keeps labels as ``k=v;k=v``), a key given twice, or a key
+    that is already a column of the record (``batch_size``, ``variant``, ...).
+    """
+    labels: dict[str, str] = {}
+    for item in items or []:
+        key, eq, value = str(item).partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq:
+            raise RecordError(f"label {item!r}: expected KEY=VALUE, e.g. --label dataset=cifar10")
+        if not _LABEL_KEY.match(key):
+            raise RecordError(f"label {item!r}: the key must start with a letter or _ and hold only letters, "
+                              "digits, _ . - (at most 64)")
+        if key in RESERVED_LABELS:
+            raise RecordError(f"label {item!r}: {key!r} is already a column of every record; pick another key")
+        if not value:
+            raise RecordError(f"label {item!r}: empty value")
+        if ";" in value or "\n" in value or "\r" in value:
+            raise RecordError(f"label {item!r}: the value may not hold ';' or a line break")
+        if key in labels:
+            raise RecordError(f"label {key!r} given twice ({labels[key]!r} and {value!r})")
+        labels[key] = value
+    return labels
+
+
+def labels_text(labels: dict[str, Any] | None) -> str | None:
+    """The CSV cell of a record's labels: ``dataset=cifar10;driver=580`` (sorted by key), None when none."""
+    if not labels:
+        return None
+    return ";".join(f"{k}={labels[k]}" for k in sorted(labels))
+
+
+def labels_from_text(text: str | None) -> dict[str, str]:
+    """The labels of a CSV cell written by :func:`labels_text`."""
+    out: dict[str, str] = {}
+    for part in (text or "").split(";"):
+        key, eq, value = part.partition("=")
+        if eq and key.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def record_labels(record: dict[str, Any]) -> dict[str, str]:
+    """A record's labels as a plain ``{str: str}`` (older records have none)."""
+    labels = record.get("labels")
+    if not isinstance(labels, dict):
+        return {}
+    return {str(k): str(v) for k, v in labels.items() if v is not None}
+
+
+def apply_labels(records: list[dict[str, Any]], labels: dict[str, str]) -> list[dict[str, Any]]:
+    """``records`` with ``labels`` added (a record's own labels win on a shared key); for callers that
+    build records before they know the labels."""
+    return [{**r, "labels": {**dict(labels), **record_labels(r)}} for r in records]
 
 
 def _mean(values: list[Any]) -> float | None:
@@ -137,8 +209,13 @@ def build_record(
     sweep_id: str | None = None,
     driver_version: str | None = None,
     now: float | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One run record (see the module docstring). ``gpu`` is a GpuInfo as a dict, when the caller has one."""
+    """One run record (see the module docstring). ``gpu`` is a GpuInfo as a dict, when the caller has one.
+
+    ``labels`` (``--label KEY=VALUE``, checked by :func:`parse_labels`) tell studies apart: the
+    report never merges runs whose labels differ.
+    """
     if isinstance(result, dict):
         result = ProbeResult.from_dict(result)
     cap = power_cap_watts if power_cap_watts is not None else result.power_limit_watts
@@ -152,6 +229,7 @@ def build_record(
         "power_cap_watts": finite_or_none(cap),
         "original_cap_watts": finite_or_none(original_cap_watts),
         "sweep_id": sweep_id,
+        "labels": dict(labels or {}),
         "telemetry": _telemetry(result),
         "result": result.to_dict(),
     }
@@ -222,6 +300,7 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
         "schema": SCHEMA, "time": record.get("time"),
         "time_utc": datetime.fromtimestamp(float(record.get("time") or 0), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "host": record.get("host"), "source": record.get("source"), "sweep_id": record.get("sweep_id"),
+        "labels": labels_text(record_labels(record)),
         "gpu_index": gpu.get("index"), "gpu_uuid": gpu.get("uuid"), "gpu_name": gpu.get("name"),
         "gpu_backend": gpu.get("backend"), "driver_version": gpu.get("driver_version"),
         "compute_capability": gpu.get("compute_capability"), "torch_version": record.get("torch_version"),
@@ -243,8 +322,12 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
         row[key] = params.get(key)
     for key in _RATES:
         row[key] = (result.throughput or {}).get(key)
+    kept_stats = extra.get("latency_stats") if isinstance(extra.get("latency_stats"), dict) else {}
     for name in LATENCY_COLUMNS:
-        stats = _latency_stats((result.latencies or {}).get(f"{name}_seconds") or [])
+        samples = (result.latencies or {}).get(f"{name}_seconds") or []
+        # A record read back from a CSV keeps statistics, not samples: write those again.
+        stats = _latency_stats(samples) if samples else {
+            s: finite_or_none((kept_stats.get(f"{name}_seconds") or {}).get(s)) for s in _STATS}
         for stat in _STATS:
             row[f"{name}_{stat}_seconds"] = stats[stat]
     for key in _TELEMETRY:
@@ -255,7 +338,7 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
 _INT_COLUMNS = {"gpu_index", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size", "heads",
                 "head_dim", "n_groups", "warmup", "repeats", "iterations", "peak_memory_bytes",
                 "allocated_memory_bytes", "model_parameters", "kv_cache_bytes"}
-_TEXT_COLUMNS = {"schema", "time_utc", "host", "source", "sweep_id", "gpu_uuid", "gpu_name", "gpu_backend",
+_TEXT_COLUMNS = {"schema", "time_utc", "host", "source", "sweep_id", "labels", "gpu_uuid", "gpu_name", "gpu_backend",
                  "driver_version", "compute_capability", "torch_version", "probe", "variant", "preset", "model",
                  "dtype", "status", "failure_reason", "error", "work_unit", "clock_events"}
 
@@ -304,6 +387,7 @@ def record_from_row(row: dict[str, str]) -> dict[str, Any]:
     return {
         "schema": SCHEMA, "time": values["time"] or 0.0, "host": values["host"] or "?",
         "source": values["source"] or "?", "sweep_id": values["sweep_id"],
+        "labels": labels_from_text(values["labels"]),
         "gpu": {"index": values["gpu_index"], "uuid": values["gpu_uuid"], "name": values["gpu_name"],
                 "driver_version": values["driver_version"], "compute_capability": values["compute_capability"],
                 "backend": values["gpu_backend"]},

@@ -24,6 +24,8 @@ __all__ = [
     "FAILURE_REASONS",
     "WORK_UNITS",
     "PRIMARY_METRIC",
+    "MAIN_LATENCY",
+    "canonical_latencies",
     "RepeatResult",
     "ProbeResult",
     "Stats",
@@ -37,7 +39,32 @@ STATUSES: tuple[str, ...] = ("ok", "failed", "aborted", "skipped")
 FAILURE_REASONS: tuple[str, ...] = ("exception", "timeout", "oom", "crash", "cuda_error", "gpu_busy", "aborted",
                                     "early_stop")
 WORK_UNITS: tuple[str, ...] = ("token", "image", "step", "iteration")
-LATENCY_NAMES: tuple[str, ...] = ("ttft_seconds", "tpot_seconds", "request_seconds", "batch_seconds", "step_seconds")
+LATENCY_NAMES: tuple[str, ...] = ("ttft_seconds", "tpot_seconds", "request_seconds", "batch_seconds",
+                                   "iteration_seconds", "step_seconds")
+
+#: The per-iteration latency each probe reports, under one name in the probe, the simulator, the
+#: record and the report (tables and charts show this one; every latency is in the CSV).
+MAIN_LATENCY: dict[str, str] = {
+    "llm": "tpot_seconds",
+    "vit": "batch_seconds",
+    "attention": "iteration_seconds",
+    "train": "step_seconds",
+}
+#: Older names still read: the attention probe wrote ``batch_seconds`` until issue 34.
+LEGACY_LATENCY: dict[str, dict[str, str]] = {"attention": {"batch_seconds": "iteration_seconds"}}
+
+
+def canonical_latencies(probe: str, latencies: dict[str, Any]) -> dict[str, Any]:
+    """``latencies`` (samples or statistics by name) under today's names: old records keep reading."""
+    renames = LEGACY_LATENCY.get(probe)
+    if not renames or not isinstance(latencies, dict):
+        return latencies
+    out = dict(latencies)
+    for old, new in renames.items():
+        if old in out:
+            value = out.pop(old)
+            out.setdefault(new, value)
+    return out
 
 #: The headline rate of each probe (tables, sweeps, docs).
 PRIMARY_METRIC: dict[str, str] = {
@@ -168,6 +195,12 @@ class ProbeResult:
     def from_dict(cls, data: dict[str, Any]) -> ProbeResult:
         values = _known(cls, data)
         values["repeats"] = [RepeatResult.from_dict(r) for r in values.get("repeats", [])]
+        probe = str(values.get("probe") or "")
+        if isinstance(values.get("latencies"), dict):
+            values["latencies"] = canonical_latencies(probe, values["latencies"])
+        extra = values.get("extra")
+        if isinstance(extra, dict) and isinstance(extra.get("latency_stats"), dict):
+            values["extra"] = {**extra, "latency_stats": canonical_latencies(probe, extra["latency_stats"])}
         return cls(**values)
 
     @classmethod

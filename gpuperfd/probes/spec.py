@@ -403,6 +403,80 @@ class ProbeSpec:
         return dataclasses.replace(self, **changes)
 
 
+#: The seeds' configuration keys (and other benchmarks' usual spellings) -> what this project calls them.
+#: One table for every error that meets an unknown key: a run-matrix file, ``--option``, a schedule's
+#: ``options``. A value of None means "no equivalent here", with the reason in :data:`NO_EQUIVALENT`.
+SEED_KEYS: dict[str, str | None] = {
+    # seed 004 (benchmark_llm_offline.py config)
+    "frameworks": "variant", "framework": "variant", "model_name": "model", "model_args": None,
+    "input_tokens": "prompt_tokens", "input_len": "prompt_tokens", "prompt_len": "prompt_tokens",
+    "output_len": "output_tokens", "max_new_tokens": "output_tokens", "new_tokens": "output_tokens",
+    "warmup_runs": "warmup", "num_warmup": "warmup", "num_runs": "repeats", "runs": "repeats",
+    "iterations_per_run": "iterations", "generation_args": None, "output_dir": "output", "num_beams": None,
+    "do_sample": None, "manual_seed": "seed", "random_seed": "seed", "use_real_data": "dataset",
+    "token_metrics": None, "system_metrics": None, "visualize": None, "verbose": None,
+    # seeds 000-003
+    "num_iterations": "iterations", "num_tests": "repeats", "num_repeats": "repeats", "batchsize": "batch_size",
+    "batch": "batch_size", "bs": "batch_size", "seq_length": "seq_len", "sequence_length": "seq_len",
+    "n_group": "n_groups", "groups": "n_groups", "num_groups": "n_groups", "n_head": "heads", "num_heads": "heads",
+    "max_watt": "caps", "max_power": "caps", "power_limit": "caps", "img_size": "image_size",
+    "resolution": "image_size", "precision": "dtype", "datasets": "dataset",
+}
+NO_EQUIVALENT: dict[str, str] = {
+    "model_args": "give model (a preset name) and dtype at the top level",
+    "generation_args": "give prompt_tokens, output_tokens and batch_size at the top level",
+    "num_beams": "the llm probe decodes greedily, one beam",
+    "do_sample": "the llm probe decodes greedily (no sampling), so runs compare",
+    "token_metrics": "TTFT and time per output token are always measured",
+    "system_metrics": "GPU telemetry is always recorded on a GPU",
+    "visualize": "run gpuperfd report on the output file",
+    "verbose": "the table is always printed; --json for machine output",
+}
+
+
+def unknown_key_message(key: str, known: list[str] | set[str] | tuple[str, ...], where: str = "") -> str:
+    """The error for an unknown configuration key: the seed's translation if it has one, else the
+    nearest valid spelling, and always the valid keys.
+
+    ``"frameworks: 'frameworks' is 'variant' here"``; ``"batchsize: unknown key; did you mean batch_size?"``.
+    """
+    import difflib
+
+    name = str(key).replace("-", "_")
+    known_sorted = sorted(known)
+    prefix = f"{where}: " if where else ""
+    valid = f"valid keys: {', '.join(known_sorted)}"
+    if name in SEED_KEYS:
+        ours = SEED_KEYS[name]
+        if ours is None:
+            return f"{prefix}{key!r} has no equivalent here: {NO_EQUIVALENT.get(name, 'not supported')} ({valid})"
+        return f"{prefix}{key!r} is {ours!r} here ({valid})"
+    close = difflib.get_close_matches(name, known_sorted, n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{prefix}unknown key {key!r}{hint} ({valid})"
+
+
+#: ProbeSpec fields a schedule's ``options`` or ``sweep --option`` may set (the rest are the runner's).
+OPTION_KEYS: tuple[str, ...] = (
+    "variant", "model", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size", "heads",
+    "head_dim", "n_groups", "causal", "dtype", "warmup", "warmup_seconds", "repeats", "iterations",
+    "measure_seconds", "busy_profile_seconds", "weights_path", "dataset_path", "seed", "gpu_busy_threshold",
+    "sample_interval", "memory_limit_bytes",
+)
+
+
+def check_options(probe: str, options: dict[str, Any], preset: str | None = None) -> None:
+    """ValueError, naming the key and the valid ones, for probe options ProbeSpec would not take.
+
+    What ``sweep --option`` and a schedule's ``options`` should call before anything runs, instead
+    of Python's ``unexpected keyword argument`` TypeError.
+    """
+    for key in options:
+        if key not in OPTION_KEYS:
+            raise ValueError(unknown_key_message(key, OPTION_KEYS, where=f"option {key}"))
+    ProbeSpec(probe=probe, preset=preset, device="cpu", **options)
+
+
 def default_timeout(spec: ProbeSpec) -> float:
     """A hard timeout generous enough for setup (model build, torch.compile) plus the windows."""
     windows = spec.repeats * (spec.measure_seconds or 0.0) + spec.warmup_seconds + spec.busy_profile_seconds

@@ -150,3 +150,11 @@ def mig_reason(device: Device, allow_mig: bool) -> str | None:
     except DeviceError as exc:
         return f"cannot check MIG mode: {exc.reason}"
     return "MIG mode is on (set probes.allow_mig to probe it)" if enabled else None
+
+
+def not_idle_text(idle_for_seconds: float, required_seconds: float) -> str:
+    """Why a probe was skipped as not idle, with enough digits to see the gap (never "idle 5 s < 5 s")."""
+    digits = 0 if required_seconds - idle_for_seconds >= 1 else 1
+    if round(idle_for_seconds, digits) >= round(required_seconds, digits):
+        digits = 2
+    return f"idle for {idle_for_seconds:.{digits}f} s, needs {required_seconds:g} s"

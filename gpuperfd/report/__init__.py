@@ -47,6 +47,8 @@ def write_report(report: Report, out_dir: str | Path) -> ReportFiles:
         cap_figure,
         overview_figure,
         png_bytes,
+        repeats_figure,
+        token_figure,
     )
     from gpuperfd.report.html import render_html
 
@@ -59,11 +61,13 @@ def write_report(report: Report, out_dir: str | Path) -> ReportFiles:
     _write_csv(files.points_csv, point_rows(report))
     files.png.write_bytes(png_bytes(overview_figure(report)))
     figures = {}
-    for name, make in (("cap", cap_figure), ("axes", axes_figure), ("bars", bar_figure)):
+    for name, make in (("cap", cap_figure), ("axes", axes_figure), ("bars", bar_figure), ("repeats", repeats_figure),
+                       ("tokens", token_figure)):
         fig = make(report)
         figures[name] = png_bytes(fig) if fig is not None else None
     links = {"one-page PNG": files.png.name, "summary CSV (recommendations)": files.summary_csv.name,
              "points CSV (every point)": files.points_csv.name}
-    files.html.write_text(render_html(report, figures["cap"], figures["axes"], figures["bars"], links),
+    files.html.write_text(render_html(report, figures["cap"], figures["axes"], figures["bars"], links,
+                                      repeats_png=figures["repeats"], tokens_png=figures["tokens"]),
                           encoding="utf-8")
     return files

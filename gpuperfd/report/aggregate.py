@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuperfd.probes.record import labels_text
 from gpuperfd.probes.result import ProbeResult, percentile
 from gpuperfd.probing.sweep.sweeper import Recommendation, SweepPoint, recommend
 from gpuperfd.report.outliers import Dropped, split_outliers
@@ -50,11 +51,18 @@ class CapPoint:
     gpu_busy_ratio: float | None = None
     temperature: float | None = None
     utilization: float | None = None
+    memory_utilization: float | None = None
     loss: float | None = None
     #: Means of the other rates (requests/s, prompt tokens/s, ...).
     throughput: dict[str, float] = field(default_factory=dict)
     gpm_tensor_active_ratio: float | None = None
     gpm_dram_active_ratio: float | None = None
+    allocated_memory_bytes: int | None = None
+    #: The kept runs' measured windows in order (see ``Run.windows``), and each run's own means.
+    windows: list[dict[str, float | None]] = field(default_factory=list)
+    run_values: list[dict[str, float | None]] = field(default_factory=list)
+    #: llm: mean seconds to each output token over the kept runs ([TTFT, token 2, ...]).
+    token_curve: list[float] = field(default_factory=list)
 
     def latency(self, name: str, q: int | str) -> float | None:
         """p50/p95/p99 (q = 50, 95, 99) or the mean (q = "mean") of one latency, seconds."""
@@ -77,6 +85,8 @@ class Series:
     variant: str = ""
     #: The workload parameters (batch_size, prompt_tokens, seq_len, n_groups, dtype, ...).
     params: dict[str, Any] = field(default_factory=dict)
+    #: The runs' ``--label`` values (dataset, framework, ...): part of what tells series apart.
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def capped(self) -> list[CapPoint]:
@@ -144,6 +154,8 @@ class Report:
     outliers_removed: bool = True
     #: "within-slowdown" (lowest energy within max_slowdown of the highest cap) or "min-energy".
     rule: str = "within-slowdown"
+    #: Log y axes: True (``--log-y``), False (``--linear-y``), None: where a panel spans > 2 decades.
+    log_y: bool | None = None
 
     @property
     def rule_text(self) -> str:
@@ -224,12 +236,34 @@ def summarize_group(runs: list[Run], dropped: int) -> CapPoint:
         gpu_busy_ratio=_mean([r.gpu_busy_ratio for r in runs if r.gpu_busy_ratio is not None]),
         temperature=_mean([r.temperature for r in runs if r.temperature is not None]),
         utilization=_mean([r.utilization for r in runs if r.utilization is not None]),
+        memory_utilization=_mean([r.memory_utilization for r in runs if r.memory_utilization is not None]),
         loss=_mean([r.loss for r in runs if r.loss is not None]),
         throughput={k: v for k in rate_names
                     if (v := _mean([r.throughput[k] for r in runs if k in r.throughput])) is not None},
         gpm_tensor_active_ratio=_mean([r.gpm_tensor_active_ratio for r in runs if r.gpm_tensor_active_ratio is not None]),
         gpm_dram_active_ratio=_mean([r.gpm_dram_active_ratio for r in runs if r.gpm_dram_active_ratio is not None]),
+        allocated_memory_bytes=max(allocated) if (allocated := [r.allocated_memory_bytes for r in runs
+                                                               if r.allocated_memory_bytes is not None]) else None,
+        windows=[w for r in sorted(runs, key=lambda r: r.time) for w in r.windows],
+        run_values=[_run_values(r) for r in sorted(runs, key=lambda r: r.time)],
+        token_curve=_mean_curve([r.token_curve for r in runs if r.token_curve]),
     )
+
+
+def _mean_curve(curves: list[list[float]]) -> list[float]:
+    if not curves:
+        return []
+    length = min(len(c) for c in curves)
+    return [statistics.fmean(c[i] for c in curves) for i in range(length)]
+
+
+def _run_values(run: Run) -> dict[str, float | None]:
+    """One run's means, the per-run view of the repeats summary."""
+    return {"rate": run.rate, "power": run.power, "temperature": run.temperature, "utilization": run.utilization,
+            "memory_utilization": run.memory_utilization, "energy_per_unit": run.energy_per_unit,
+            "peak_memory_bytes": float(run.peak_memory_bytes) if run.peak_memory_bytes is not None else None,
+            "allocated_memory_bytes": float(run.allocated_memory_bytes) if run.allocated_memory_bytes is not None
+            else None}
 
 
 def recommend_points(
@@ -255,6 +289,7 @@ RULES = ("within-slowdown", "min-energy")
 def build_report(
     loaded: Loaded, max_slowdown: float = 0.10, remove_outliers: bool = True, now: float | None = None,
     rule: str = "within-slowdown",
+    log_y: bool | None = None,
 ) -> Report:
     """Everything the figures, HTML and CSV show. ReportError when no run is usable."""
     if not 0 <= max_slowdown < 1:
@@ -263,7 +298,9 @@ def build_report(
         raise ReportError(f"rule: {rule!r} is not one of {', '.join(RULES)}")
     runs = loaded.runs
     if not runs:
-        raise ReportError("no probe runs in the input" + (f" ({'; '.join(loaded.notes)})" if loaded.notes else ""))
+        where = ", ".join(loaded.sources) or "the input"
+        raise ReportError(f"no probe runs in {where}" + (f" ({'; '.join(loaded.notes)})" if loaded.notes else
+                                                         " (empty, or only headers)"))
     failed = [r for r in runs if r.status != "ok" or r.rate is None]
     ok = [r for r in runs if r.status == "ok" and r.rate is not None]
     if remove_outliers:
@@ -292,8 +329,8 @@ def build_report(
     units: dict[tuple, str] = {}
     params: dict[tuple, dict[str, Any]] = {}
     for group, members in groups.items():
-        gpu_key, probe, preset, batch, _cap, variant, params_key = group
-        key = (gpu_key, probe, preset, batch, variant, params_key)
+        gpu_key, probe, preset, batch, _cap, variant, params_key, labels_key = group
+        key = (gpu_key, probe, preset, batch, variant, params_key, labels_key)
         by_series[key].append(summarize_group(members, dropped_per_group.get(group, 0)))
         units.setdefault(key, members[0].work_unit or "unit")
         params.setdefault(key, dict(members[0].params))
@@ -302,15 +339,16 @@ def build_report(
     order = {gpu_key: i for i, gpu_key in enumerate(sorted(identities, key=lambda k: (identities[k].model, k)))}
     series = []
     for key, points in by_series.items():
-        gpu_key, probe, preset, batch, variant, _params = key
+        gpu_key, probe, preset, batch, variant, _params, labels_key = key
         points.sort(key=lambda p: (p.cap_watts is not None, p.cap_watts or 0.0))
         series.append(Series(
             gpu=identities[gpu_key], probe=probe, preset=preset, batch_size=batch, work_unit=units[key],
             points=points, recommendation=recommend_points(points, probe, preset, max_slowdown, rule),
-            label=labels[gpu_key], variant=variant, params=params[key],
+            label=labels[gpu_key], variant=variant, params=params[key], labels=dict(labels_key),
         ))
     series.sort(key=lambda s: (PROBE_ORDER.index(s.probe) if s.probe in PROBE_ORDER else 99, s.preset,
-                               order[s.gpu.key], s.variant, sorted((k, str(v)) for k, v in s.params.items())))
+                               order[s.gpu.key], s.variant, sorted((k, str(v)) for k, v in s.params.items()),
+                               sorted(s.labels.items())))
     gpus = [GpuSummary(identities[k], labels[k], sorted(drivers[k]), counts[k]) for k in sorted(identities, key=order.get)]
     times = [r.time for r in runs if r.time]
     return Report(
@@ -328,6 +366,7 @@ def build_report(
         notes=list(loaded.notes),
         outliers_removed=remove_outliers,
         rule=rule,
+        log_y=log_y,
     )
 
 
@@ -349,6 +388,7 @@ def summary_rows(report: Report) -> list[dict[str, Any]]:
             "work_unit": s.work_unit,
             "variant": s.variant,
             "params": _params_text(s.params),
+            "labels": labels_text(s.labels) or "",
             "caps_tested_watts": " ".join(f"{p.cap_watts:g}" for p in s.capped),
             "baseline_cap_watts": rec.baseline_cap_watts if rec else "",
             "baseline_units_per_second": base.rate if rec and base else "",
@@ -382,6 +422,7 @@ def point_rows(report: Report) -> list[dict[str, Any]]:
                 "batch_size": s.batch_size if s.batch_size is not None else "",
                 "variant": s.variant,
                 "params": _params_text(s.params),
+                "labels": labels_text(s.labels) or "",
                 "cap_watts": _blank(p.cap_watts),
                 "runs": p.runs,
                 "outliers_dropped": p.dropped,
@@ -399,11 +440,13 @@ def point_rows(report: Report) -> list[dict[str, Any]]:
                 "latency_mean_seconds": _blank(p.latency(name, "mean")),
                 "requests_per_second": _blank(p.throughput.get("requests_per_second")),
                 "peak_memory_bytes": _blank(p.peak_memory_bytes),
+                "allocated_memory_bytes": _blank(p.allocated_memory_bytes),
                 "gpu_busy_ratio": _blank(p.gpu_busy_ratio),
                 "gpm_tensor_active_ratio": _blank(p.gpm_tensor_active_ratio),
                 "gpm_dram_active_ratio": _blank(p.gpm_dram_active_ratio),
                 "temperature_celsius": _blank(p.temperature),
                 "gpu_utilization_ratio": _blank(p.utilization),
+                "memory_utilization_ratio": _blank(p.memory_utilization),
                 "loss": _blank(p.loss),
                 "recommended": int(bool(s.recommendation and p is s.recommended)),
                 "baseline": int(bool(s.recommendation and p is s.baseline)),

@@ -43,6 +43,11 @@ def register(subparsers: Any) -> None:
                         help="recommended cap: lowest energy per unit among caps at most --max-slowdown slower than "
                              "the highest cap (within-slowdown, default), or lowest energy outright (min-energy)")
     parser.add_argument("--keep-outliers", action="store_true", help="do not remove outliers")
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument("--log-y", dest="log_y", action="store_const", const=True, default=None,
+                       help="log y axes on every chart (default: only where a panel's values span > 2 decades)")
+    scale.add_argument("--linear-y", dest="log_y", action="store_const", const=False,
+                       help="linear y axes everywhere, even where values span > 2 decades")
     parser.add_argument("--no-rotated", action="store_true", help="read only the named history files, not FILE.1...")
     parser.set_defaults(func=main)
 
@@ -69,6 +74,7 @@ def main(args: argparse.Namespace) -> int:
     except ImportError:
         print("gpuperfd: the report needs matplotlib: pip install 'gpuperfd[report]'", file=sys.stderr)
         return 1
+    from gpuperfd.probing.sweep.sweeper import comparison_words
     from gpuperfd.report import build_report, load_history, write_report
     from gpuperfd.report.prometheus import load_prometheus
 
@@ -79,7 +85,8 @@ def main(args: argparse.Namespace) -> int:
             loaded = load_prometheus(args.prometheus, start, end if end is not None else time.time(), step)
         else:
             loaded = load_history(args.history, start, end, include_rotated=not args.no_rotated)
-        report = build_report(loaded, args.max_slowdown, remove_outliers=not args.keep_outliers, rule=args.rule)
+        report = build_report(loaded, args.max_slowdown, remove_outliers=not args.keep_outliers, rule=args.rule,
+                              log_y=args.log_y)
         files = write_report(report, args.out)
     except ReportError as exc:
         print(f"gpuperfd: {exc}", file=sys.stderr)
@@ -94,8 +101,7 @@ def main(args: argparse.Namespace) -> int:
         rec = s.recommendation
         if rec is not None:
             print(f"  {s.label} {s.probe}/{s.preset} b={s.batch_size} [{s.variant}]: {rec.cap_watts:.0f} W "
-                  f"({100 * rec.energy_saving_ratio:.1f}% less energy, {100 * rec.slowdown_ratio:.1f}% slower than "
-                  f"{rec.baseline_cap_watts:.0f} W"
+                  f"({comparison_words(rec, s.work_unit)}"
                   + (f"; {s.power_saving_watts:.0f} W less while busy" if s.power_saving_watts is not None else "")
                   + ")")
     for path in (files.html, files.png, files.summary_csv, files.points_csv):

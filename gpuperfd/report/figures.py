@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 from datetime import datetime, timezone
+from contextvars import ContextVar
 from typing import Any
 
 import matplotlib
@@ -27,6 +28,7 @@ from matplotlib.ticker import EngFormatter, FixedLocator, NullLocator  # noqa: E
 
 from gpuperfd.report.aggregate import Report, Series  # noqa: E402
 from gpuperfd.report.records import LATENCY_TITLES, kind_of  # noqa: E402
+from gpuperfd.report.repeats import repeat_rows, repeat_series  # noqa: E402
 
 COLUMN_INCHES = 4.0
 ROW_INCHES = 2.35
@@ -65,6 +67,8 @@ class _Style:
         text = f"{s.label} \u00b7 {s.probe}/{s.variant}" if s.variant else f"{s.label} \u00b7 {s.probe}"
         if len(self.batches.get(s.workload, [])) > 1 and s.batch_size is not None:
             text += f" b={s.batch_size}"
+        if s.labels:
+            text += " " + " ".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
         return text
 
 
@@ -97,10 +101,35 @@ _EMPTY_WHY = {
 
 
 def _empty(ax: Any, why: str) -> None:
+    ax.gpuperfd_empty = why  # read back by empty_panels()
     ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, fontsize=8, color="grey")
 
 
-def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], style: _Style) -> None:
+def empty_panels(fig: Figure | None) -> list[str]:
+    """Why each panel of ``fig`` that shows no data is empty (none: every panel has data)."""
+    if fig is None:
+        return []
+    return [getattr(ax, "gpuperfd_empty") for ax in fig.get_axes() if getattr(ax, "gpuperfd_empty", None)]
+
+
+def cap_rows(report: Report, workloads: list[tuple[str, str]]) -> tuple[str, ...]:
+    """The rows of the cap grid that have data for at least one workload (throughput always): a row
+    empty everywhere (no loss in any run, no temperature on a CPU) is left out, not drawn as blanks."""
+    points = [p for w in workloads for s in cap_series(report, w) for p in s.capped]
+    has = {
+        "rate": True,
+        "energy": any(p.energy_per_unit is not None for p in points),
+        "power": any(p.power is not None for p in points),
+        "latency": any(p.latencies for p in points),
+        "temperature": any(p.temperature is not None for p in points),
+        "utilization": any(p.utilization is not None for p in points),
+        "loss": any(p.loss is not None for p in points),
+    }
+    return tuple(row for row in CAP_ROWS if has[row])
+
+
+def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], style: _Style,
+                     rows: tuple[str, ...] = CAP_ROWS) -> None:
     series = cap_series(report, workload)
     unit = series[0].work_unit
     latency_name = series[0].latency_name
@@ -119,7 +148,7 @@ def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], styl
             "utilization": [100 * p.utilization if p.utilization is not None else nan for p in points],
             "loss": [p.loss if p.loss is not None else nan for p in points],
         }
-        for row, ax in zip(CAP_ROWS, axes):
+        for row, ax in zip(rows, axes):
             if row == "latency":
                 p50 = [_ms(p.latency(latency_name, 50)) for p in points]
                 p99 = [_ms(p.latency(latency_name, 99)) for p in points]
@@ -141,7 +170,7 @@ def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], styl
         "utilization": "GPU utilization (%)",
         "loss": "training loss",
     }
-    for row, ax in zip(CAP_ROWS, axes):
+    for row, ax in zip(rows, axes):
         _tidy(ax)
         ax.set_ylabel(labels[row], fontsize=8)
         ax.grid(True, alpha=0.3)
@@ -156,25 +185,92 @@ def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], styl
         has = any(y == y for line in ax.get_lines() for y in line.get_ydata())
         if not has and row in _EMPTY_WHY:
             _empty(ax, _EMPTY_WHY[row])
-        if row == CAP_ROWS[-1]:
+        if row == rows[-1]:
             ax.set_xlabel("power cap (W)", fontsize=8)
 
 
+#: Log y axis: True (``--log-y``), False (``--linear-y``), None: automatic (values span > 2 decades).
+_LOG_Y: ContextVar[bool | None] = ContextVar("gpuperfd_log_y", default=None)
+#: A panel's values spanning more than this ratio get a log y axis when the choice is automatic.
+LOG_SPAN = 100.0
+
+
+def wants_log(values: list[float], log_y: bool | None) -> bool:
+    """Whether a panel with ``values`` gets a log y axis (only positive values can)."""
+    positive = [v for v in values if v == v and v > 0]
+    if not positive or len(positive) < len([v for v in values if v == v]):
+        return False
+    if log_y is not None:
+        return log_y
+    return max(positive) / min(positive) > LOG_SPAN
+
+
+def panel_outliers(values: list[float]) -> list[int]:
+    """Indices of values far from the panel's others: more than 3 scaled MADs *and* 10x off the median
+    (in log space), so one disturbed run is marked even where every group has a single run."""
+    import math
+    import statistics
+
+    logs = [(i, math.log10(v)) for i, v in enumerate(values) if v == v and v > 0]
+    if len(logs) < 4:
+        return []
+    centre = statistics.median(x for _, x in logs)
+    mad = statistics.median(abs(x - centre) for _, x in logs)
+    bound = max(3 * 1.4826 * mad, 1.0)
+    return [i for i, x in logs if abs(x - centre) > bound]
+
+
 def _tidy(ax: Any) -> None:
-    """No offset notation, and no y range narrower than +-4% of its middle (noise would look like a trend)."""
+    """No offset notation, and no y range narrower than +-4% of its middle (noise would look like a trend).
+
+    A panel whose values span more than two decades (or any, with ``--log-y``) gets a log y axis, and
+    points far from the rest are ringed in red, so one noisy point never flattens the others.
+    """
     from matplotlib.ticker import ScalarFormatter
 
     if isinstance(ax.yaxis.get_major_formatter(), ScalarFormatter):
         ax.yaxis.get_major_formatter().set_useOffset(False)
+    points = [(x, y) for line in ax.get_lines() if line.get_marker() not in (None, "None", "")
+              for x, y in zip(line.get_xdata(), line.get_ydata()) if y == y]
     values = [y for line in ax.get_lines() for y in line.get_ydata() if y == y]  # skips NaN
     values += [y for collection in ax.collections for path in collection.get_paths()
                for y in path.vertices[:, 1] if y == y]  # the p50-p99 bands
     if not values:
         return
+    _mark_outliers(ax, points)
+    if wants_log(values, _LOG_Y.get()):
+        ax.set_yscale("log")
+        return
     lo, hi = min(values), max(values)
     middle = (lo + hi) / 2
     if middle and hi - lo < 0.08 * abs(middle):
         ax.set_ylim(middle - 0.04 * abs(middle), middle + 0.04 * abs(middle))
+
+
+def _with_report_scale(draw: Any) -> Any:
+    """Run a figure builder with the report's ``log_y`` choice in effect for every panel."""
+    import functools
+
+    @functools.wraps(draw)
+    def wrapper(report: Report, *args: Any, **kwargs: Any) -> Any:
+        token = _LOG_Y.set(getattr(report, "log_y", None))
+        try:
+            return draw(report, *args, **kwargs)
+        finally:
+            _LOG_Y.reset(token)
+
+    return wrapper
+
+
+def _mark_outliers(ax: Any, points: list[tuple[float, float]]) -> None:
+    flagged = sorted(set(panel_outliers([y for _, y in points])))
+    ax.gpuperfd_outliers = len(flagged)
+    if not flagged:
+        return
+    ax.scatter([points[i][0] for i in flagged], [points[i][1] for i in flagged], s=90, facecolors="none",
+               edgecolors="red", linewidths=1.2, zorder=5)
+    ax.text(0.99, 0.02, f"{len(flagged)} point(s) >10x off the rest (ringed)", transform=ax.transAxes,
+            ha="right", va="bottom", fontsize=6.5, color="red")
 
 
 def _ms(seconds: float | None) -> float:
@@ -204,7 +300,7 @@ def _base_point(s: Series) -> Any:
 
 
 def _factors(s: Series) -> dict[str, Any]:
-    return {"model": s.preset, "variant": s.variant, "gpu": s.label, **s.params}
+    return {**s.labels, "model": s.preset, "variant": s.variant, "gpu": s.label, **s.params}
 
 
 def _varying(series: list[Series]) -> dict[str, list[Any]]:
@@ -271,6 +367,9 @@ def axis_rows(report: Report) -> list[tuple[str, str, str, list[Series]]]:
         for factor, title in AXES:
             if factor in varying:
                 rows.append((probe, factor, title, series))
+        for key in dict.fromkeys(k for s in series for k in s.labels):
+            if key in varying and key not in dict(AXES):
+                rows.append((probe, key, f"label {key}", series))  # a label is a categorical axis too
     return rows
 
 
@@ -279,8 +378,10 @@ def _draw_axis_row(axes: list, probe: str, factor: str, title: str, series: list
     others = [k for k in varying if k != factor]
     metrics = _metrics(probe, series[0].work_unit)
     xs_all = [_factors(s).get(factor) for s in series]
-    categorical = factor == "model"
-    order = _model_order(probe, list(dict.fromkeys(xs_all))) if categorical else []
+    labelled = any(factor in s.labels for s in series)
+    categorical = factor == "model" or labelled
+    values = [x for x in dict.fromkeys(xs_all) if x is not None]
+    order = (sorted(values, key=str) if labelled else _model_order(probe, values)) if categorical else []
     lines: dict[str, list[tuple[Any, Series]]] = {}
     for s in series:
         f = _factors(s)
@@ -337,6 +438,7 @@ def _rows_size(rows: list) -> tuple[float, float]:
     return 4 * COLUMN_INCHES, ROW_INCHES * 1.3 * len(rows) + 0.4
 
 
+@_with_report_scale
 def axes_figure(report: Report) -> Figure | None:
     """Throughput, latency and peak memory against each parameter that varies (None if none varies)."""
     rows = axis_rows(report)
@@ -353,7 +455,8 @@ def bar_groups(report: Report) -> list[tuple[str, list[str], list[str], list[Ser
     for probe in dict.fromkeys(s.probe for s in report.series):
         series = [s for s in report.series if s.probe == probe]
         varying = _varying(series)
-        compare = [k for k in ("variant", "gpu") if k in varying]
+        labels = list(dict.fromkeys(k for s in series for k in s.labels))
+        compare = [k for k in ("variant", "gpu", *labels) if k in varying]
         if compare:
             out.append((probe, compare, [k for k in varying if k not in compare], series))
     return out
@@ -377,8 +480,11 @@ def _draw_bar_row(axes: list, probe: str, compare: list[str], groups: list[str],
                     xs.append(c - 0.4 + width * (b + 0.5))
                     ys.append(_value(_base_point(match[0]), metric))
             ax.bar(xs, ys, width=width * 0.95, color=COLORS[b % len(COLORS)], label=bar)
-        if not any(p.get_height() == p.get_height() for p in ax.patches):
+        heights = [p.get_height() for p in ax.patches if p.get_height() == p.get_height()]
+        if not heights:
             _empty(ax, "no values in the input")
+        elif wants_log(heights, _LOG_Y.get()):
+            ax.set_yscale("log")
         ax.set_xticks(list(range(len(categories))))
         ax.set_xticklabels(categories, fontsize=7, rotation=20 if len(categories) > 3 else 0)
         ax.set_ylabel(label, fontsize=8)
@@ -386,11 +492,12 @@ def _draw_bar_row(axes: list, probe: str, compare: list[str], groups: list[str],
         ax.tick_params(labelsize=7)
         if metric == "rate":
             ax.yaxis.set_major_formatter(EngFormatter(sep=""))
-    what = " and ".join("GPUs/hosts" if c == "gpu" else "variants" for c in compare)
+    what = " and ".join({"gpu": "GPUs/hosts", "variant": "variants"}.get(c, c) for c in compare)
     axes[0].set_title(f"{probe}: {what} compared", fontsize=9, fontweight="bold", loc="left")
     axes[0].legend(fontsize=6.5, framealpha=0.8)
 
 
+@_with_report_scale
 def bar_figure(report: Report) -> Figure | None:
     """Grouped bars comparing variants, GPUs or hosts per configuration (None when nothing to compare)."""
     rows = bar_groups(report)
@@ -421,7 +528,7 @@ def _draw_grid(container: Any, report: Report, workloads: list[tuple[str, str]],
             continue
         axes = half.subplots(len(rows), len(ws), squeeze=False, sharex="col")
         for column, workload in enumerate(ws):
-            _draw_cap_column([axes[r][column] for r in range(len(rows))], report, workload, style)
+            _draw_cap_column([axes[r][column] for r in range(len(rows))], report, workload, style, rows)
 
 
 def _grid_size(workloads: list[tuple[str, str]], rows: int) -> tuple[float, float]:
@@ -429,14 +536,16 @@ def _grid_size(workloads: list[tuple[str, str]], rows: int) -> tuple[float, floa
     return max(9.0, COLUMN_INCHES * columns), ROW_INCHES * rows + 0.5
 
 
+@_with_report_scale
 def cap_figure(report: Report) -> Figure | None:
     """The power-cap grid (None when no workload ran at two caps or more)."""
     workloads = cap_workloads(report)
     if not workloads:
         return None
-    width, height = _grid_size(workloads, len(CAP_ROWS))
+    rows = cap_rows(report, workloads)
+    width, height = _grid_size(workloads, len(rows))
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    _draw_grid(fig, report, workloads, CAP_ROWS, "power-cap sweep")
+    _draw_grid(fig, report, workloads, rows, "power-cap sweep")
     return fig
 
 
@@ -495,6 +604,7 @@ def _short(value: float | None) -> str:
     return EngFormatter(places=3 if abs(value) < 1 else 1, sep="")(value)
 
 
+@_with_report_scale
 def overview_figure(report: Report) -> Figure:
     """The one-page report: header, the cap grid, the parameter charts, the bar charts, the recommendations."""
     cap_ws = cap_workloads(report)
@@ -505,7 +615,7 @@ def overview_figure(report: Report) -> Figure:
     summary_h = 0.6 + 0.2 * (len(rows) + 1)
     parts_spec: list[tuple[str, float, float]] = [("header", 14.0, header_h)]
     if cap_ws:
-        w, h = _grid_size(cap_ws, len(CAP_ROWS))
+        w, h = _grid_size(cap_ws, len(cap_rows(report, cap_ws)))
         parts_spec.append(("cap", w, h))
     if axis:
         w, h = _rows_size(axis)
@@ -513,9 +623,20 @@ def overview_figure(report: Report) -> Figure:
     if bars:
         w, h = _rows_size(bars)
         parts_spec.append(("bars", w, h + 0.3))
-    if not (cap_ws or axis or bars):
+    tokens = token_series(report)
+    if tokens:
+        parts_spec.append(("tokens", 14.0, ROW_INCHES * 1.3 + 0.7))
+    repeated = repeat_series(report) if not (cap_ws or axis or bars) else []
+    if repeated:
+        parts_spec.append(("repeats", 14.0, ROW_INCHES * 1.3 * len(repeated) + 0.4))
+    elif not (cap_ws or axis or bars):
         parts_spec.append(("none", 14.0, 1.0))
-    parts_spec.append(("summary", 14.0, summary_h))
+    if rows:
+        parts_spec.append(("summary", 14.0, summary_h))
+    elif not (cap_ws or axis or bars):
+        table = repeat_table(report)
+        if table[1]:
+            parts_spec.append(("repeat-table", 14.0, 0.6 + 0.2 * (len(table[1]) + 1)))
     width = max(w for _, w, _ in parts_spec)
     heights = [h for _, _, h in parts_spec]
     fig = Figure(figsize=(width, sum(heights)), dpi=DPI, layout="constrained")
@@ -532,14 +653,24 @@ def overview_figure(report: Report) -> Figure:
                           color="#b00", ha="right", va="top", fontweight="bold")
         elif name == "cap":
             part.suptitle("Against power cap", fontsize=13, x=0.01, ha="left")
-            _draw_grid(part, report, cap_ws, CAP_ROWS, "power-cap sweep")
+            _draw_grid(part, report, cap_ws, cap_rows(report, cap_ws), "power-cap sweep")
         elif name == "axes":
             part.suptitle("Against the parameters that vary (one line per combination of the others)", fontsize=13,
                           x=0.01, ha="left")
             _draw_rows(part, axis, _draw_axis_row)
         elif name == "bars":
-            part.suptitle("Variants, GPUs and hosts compared", fontsize=13, x=0.01, ha="left")
+            part.suptitle("Variants, GPUs, hosts and labels compared", fontsize=13, x=0.01, ha="left")
             _draw_rows(part, bars, _draw_bar_row)
+        elif name == "tokens":
+            part.suptitle("Per-token latency over the output position", fontsize=13, x=0.01, ha="left")
+            _draw_tokens(part.subplots(1, 2, width_ratios=[3, 1])[0], tokens)
+            part.get_axes()[1].axis("off")
+        elif name == "repeats":
+            part.suptitle("Each repeat (measured window, or run where the input keeps no windows)", fontsize=13,
+                          x=0.01, ha="left")
+            _draw_repeats(part, repeated)
+        elif name == "repeat-table":
+            _draw_summary(part, *repeat_table(report), title="Summary across repeats")
         elif name == "none":
             ax = part.add_subplot()
             ax.axis("off")
@@ -550,8 +681,96 @@ def overview_figure(report: Report) -> Figure:
     return fig
 
 
-def _draw_summary(part: Any, head: list[str], rows: list[list[str]]) -> None:
-    part.suptitle("Recommended power caps", fontsize=13, x=0.01, ha="left")
+def repeat_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    """The summary across repeats as text cells: metric, mean, stdev, CV, min, max, n."""
+    head = ["GPU", "probe", "preset", "parameters", "metric", "mean", "stdev", "CV", "min", "max", "n", "over"]
+    rows = []
+    for r in repeat_rows(report):
+        s = r.series
+        params = " ".join(filter(None, [_line_name(_factors(s), ["variant", *s.params]), *(
+            f"{k}={v}" for k, v in sorted(s.labels.items()))]))
+        rows.append([s.label, s.probe, s.preset, params, f"{r.label} ({r.unit})", f"{r.mean:.4g}",
+                     f"{r.stdev:.3g}" if r.stdev is not None else "-", percent(r.cv) if r.cv is not None else "-",
+                     f"{min(r.values):.4g}", f"{max(r.values):.4g}", str(len(r.values)), r.over])
+    return head, rows
+
+
+def token_series(report: Report) -> list[Series]:
+    """llm series whose runs traced every output token (JSON input): the per-position curve."""
+    return [s for s in report.series if s.probe == "llm" and len(_base_point(s).token_curve) > 1]
+
+
+def _draw_tokens(ax: Any, series: list[Series]) -> None:
+    varying = list(_varying(series))
+    for index, s in enumerate(series):
+        curve = _base_point(s).token_curve
+        xs = list(range(2, len(curve) + 1))
+        look = {"color": COLORS[index % len(COLORS)], "linestyle": STYLES[(index // len(COLORS)) % len(STYLES)]}
+        ax.plot(xs, [1000 * v for v in curve[1:]], marker="o" if len(xs) <= 40 else None, markersize=3,
+                label=_line_name(_factors(s), varying) if varying else s.preset, **look)
+    _tidy(ax)
+    ax.set_xlabel("output token position (token 1 is the time to first token, charted elsewhere)", fontsize=8)
+    ax.set_ylabel("time to this token (ms)", fontsize=8)
+    ax.grid(True, alpha=0.3)
+    ax.tick_params(labelsize=7)
+    ax.set_title("llm: per-token latency over the output position (mean over traced requests)", fontsize=9,
+                 fontweight="bold", loc="left")
+    ax.legend(fontsize=6.5, framealpha=0.8, title=", ".join(varying) or None, title_fontsize=6.5)
+
+
+@_with_report_scale
+def token_figure(report: Report) -> Figure | None:
+    """Per-token latency over the output position, one line per llm series (None without traces)."""
+    series = token_series(report)
+    if not series:
+        return None
+    fig = Figure(figsize=(2 * COLUMN_INCHES, ROW_INCHES * 1.3 + 0.4), dpi=DPI, layout="constrained")
+    _draw_tokens(fig.add_subplot(), series)
+    return fig
+
+
+@_with_report_scale
+def repeats_figure(report: Report) -> Figure | None:
+    """Each metric per repeat, for a study with no cap sweep and nothing varied (None otherwise)."""
+    if cap_workloads(report) or axis_rows(report) or bar_groups(report):
+        return None
+    repeated = repeat_series(report)
+    if not repeated:
+        return None
+    fig = Figure(figsize=(4 * COLUMN_INCHES, ROW_INCHES * 1.3 * len(repeated) + 0.4), dpi=DPI, layout="constrained")
+    _draw_repeats(fig, repeated)
+    return fig
+
+
+def _draw_repeats(part: Any, repeated: list) -> None:
+    width = max(min(len(rows), 6) for _, rows in repeated)
+    grid = part.subplots(len(repeated), width, squeeze=False)
+    for r, (s, rows) in enumerate(repeated):
+        for c in range(width):
+            ax = grid[r][c]
+            if c >= min(len(rows), 6):
+                ax.axis("off")
+                continue
+            row = rows[c]
+            xs = list(range(1, len(row.values) + 1))
+            ax.plot(xs, row.values, marker="o", markersize=3.5, color=COLORS[0])
+            ax.axhline(row.mean, color="grey", linestyle="--", linewidth=1)
+            if row.stdev:
+                ax.axhspan(row.mean - row.stdev, row.mean + row.stdev, color="grey", alpha=0.12, linewidth=0)
+            _tidy(ax)
+            ax.set_ylabel(f"{row.label} ({row.unit})", fontsize=8)
+            ax.set_xlabel(f"repeat ({row.over[:-1]})", fontsize=8)
+            ax.xaxis.set_major_locator(FixedLocator(xs if len(xs) <= 12 else xs[::max(len(xs) // 10, 1)]))
+            ax.grid(True, alpha=0.3)
+            ax.tick_params(labelsize=7)
+            cv = f", CV {percent(row.cv)}" if row.cv is not None else ""
+            title = f"{s.label} · {s.probe}/{s.preset}" if c == 0 else ""
+            ax.set_title(f"{title}\nmean {row.mean:.4g}{cv}" if title else f"mean {row.mean:.4g}{cv}",
+                         fontsize=8, loc="left")
+
+
+def _draw_summary(part: Any, head: list[str], rows: list[list[str]], title: str = "Recommended power caps") -> None:
+    part.suptitle(title, fontsize=13, x=0.01, ha="left")
     ax = part.add_subplot()
     ax.axis("off")
     if not rows:

@@ -14,6 +14,7 @@ from html import escape
 from typing import Any
 
 import gpuperfd
+from gpuperfd.probes.record import labels_text
 from gpuperfd.report.aggregate import Report, _params_text
 from gpuperfd.report.figures import energy_text, percent, utc
 from gpuperfd.report.outliers import RULE
@@ -111,6 +112,25 @@ def _recommendations(report: Report) -> str:
 </section>"""
 
 
+def _repeats(report: Report, png: bytes | None) -> str:
+    from gpuperfd.report.figures import repeat_table
+
+    head, rows = repeat_table(report)
+    if not rows:
+        return ""
+    cells = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in rows)
+    chart = _img(png, "each metric per repeat, with its mean and one standard deviation") if png else ""
+    return f"""<section id="repeats">
+<h2>Summary across repeats</h2>
+<p class="muted">No power-cap sweep and nothing varied: each metric's mean, spread and coefficient of variation
+over the measured windows (or over the runs, where the input keeps no windows). Latency pools every sample.</p>
+<table><tr>{"".join(f"<th>{escape(h)}</th>" for h in head)}</tr>
+{cells}
+</table>
+{chart}
+</section>"""
+
+
 def _points(report: Report) -> str:
     rows = []
     for s in report.series:
@@ -130,7 +150,7 @@ def _points(report: Report) -> str:
                        for q in (50, 95, 99)]
             cells = [
                 _cell(s.label), _cell(s.probe), _cell(s.variant or "-"), _cell(s.preset), _cell(s.batch_size or "-"),
-                _cell(_params_text(s.params)),
+                _cell(" ".join(filter(None, [_params_text(s.params), labels_text(s.labels)]))),
                 _num(p.cap_watts, f"{p.cap_watts:.0f}" if p.cap_watts is not None else None), _num(p.runs, str(p.runs)),
                 _num(p.dropped, str(p.dropped)),
                 _num(p.rate, f"{p.rate:,.1f}"), _cell(f"{s.work_unit}s/s"),
@@ -189,38 +209,50 @@ of normal data. A group with a MAD of 0 or fewer than 3 runs drops nothing. See 
 
 
 def render_html(
-    report: Report, cap_png: bytes | None, axes_png: bytes | None, bars_png: bytes | None, files: dict[str, str]
+    report: Report, cap_png: bytes | None, axes_png: bytes | None, bars_png: bytes | None, files: dict[str, str],
+    repeats_png: bytes | None = None, tokens_png: bytes | None = None,
 ) -> str:
+    """The whole page; a section with nothing to say (no cap sweep, nothing varied) is left out, and a
+    study of repeats alone gets its summary across repeats instead."""
     links = " &middot; ".join(f'<a href="{escape(name)}">{escape(label)}</a>' for label, name in files.items())
-    cap = (_img(cap_png, "throughput, energy per unit, power, latency, temperature, utilization and loss against "
-                         "power cap") if cap_png
-           else '<p class="muted">No workload ran at two power caps or more in this data.</p>')
-    batch = (_img(axes_png, "throughput, latency and peak memory against the parameters that vary") if axes_png
-             else '<p class="muted">No parameter (model, batch size, sequence length, n_groups, ...) varied in this data.</p>')
-    bars = (_img(bars_png, "grouped bars comparing variants, GPUs or hosts") if bars_png
-            else '<p class="muted">One variant on one GPU of one host: nothing to compare side by side.</p>')
+    sections = []
+    if any(len(s.capped) > 1 for s in report.series):
+        sections.append(_recommendations(report))
+    if cap_png:
+        sections.append(f"""<section id="power-cap">
+<h2>Against power cap</h2>
+<p class="muted">Inference probes on the left, training on the right. One line per GPU (colour) and batch size
+(line style); the star marks each line's recommended cap. Latency: line at p50, band up to p99.</p>
+{_img(cap_png, "throughput, energy per unit, power, latency, temperature, utilization and loss against power cap")}
+</section>""")
+    if axes_png:
+        sections.append(f"""<section id="batch-size">
+<h2>Against the parameters that vary</h2>
+<p class="muted">Throughput, latency and peak memory against model size, batch size, sequence length and n_groups,
+wherever the data varies them; one line per combination of the other factors.</p>
+{_img(axes_png, "throughput, latency and peak memory against the parameters that vary")}
+</section>""")
+    if bars_png:
+        sections.append(f"""<section id="compare">
+<h2>Variants, GPUs, hosts and labels compared</h2>
+{_img(bars_png, "grouped bars comparing variants, GPUs, hosts or labels")}
+</section>""")
+    if tokens_png:
+        sections.append(f"""<section id="tokens">
+<h2>Per-token latency over the output position</h2>
+<p class="muted">Mean time to each output token (after the first) over the requests that traced every token
+(a fixed share of each window's requests); one line per llm series. Token 1's time is the TTFT, charted above.</p>
+{_img(tokens_png, "time to each output token against its position")}
+</section>""")
+    if not (cap_png or axes_png or bars_png):
+        sections.append(_repeats(report, repeats_png))
+    body = "\n".join(sections)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpuperfd report {escape(utc(report.generated_at))}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>{CSS}</style></head><body>
 {_header(report)}
-{_recommendations(report)}
-<section id="power-cap">
-<h2>Against power cap</h2>
-<p class="muted">Inference probes on the left, training on the right. One line per GPU (colour) and batch size
-(line style); the star marks each line's recommended cap. Latency: line at p50, band up to p99.</p>
-{cap}
-</section>
-<section id="batch-size">
-<h2>Against the parameters that vary</h2>
-<p class="muted">Throughput, latency and peak memory against model size, batch size, sequence length and n_groups,
-wherever the data varies them; one line per combination of the other factors.</p>
-{batch}
-</section>
-<section id="compare">
-<h2>Variants, GPUs and hosts compared</h2>
-{bars}
-</section>
+{body}
 {_points(report)}
 {_outliers(report)}
 <section id="files"><h2>Files</h2><p>{links}</p></section>

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuperfd.probes.record import RecordError, finite_or_none, normalize, read_records
-from gpuperfd.probes.result import ProbeResult
+from gpuperfd.probes.record import RecordError, finite_or_none, normalize, read_records, record_labels
+from gpuperfd.probes.result import MAIN_LATENCY, ProbeResult
 from gpuperfd.probing.sweep.sweeper import work_rate
 
 log = logging.getLogger(__name__)
@@ -25,12 +25,7 @@ TRAINING_PROBES: tuple[str, ...] = ("train",)
 PROBE_ORDER: tuple[str, ...] = (*INFERENCE_PROBES, *TRAINING_PROBES)
 
 #: The latency each probe's charts show (all latencies are in the tables and CSV).
-PRIMARY_LATENCY: dict[str, str] = {
-    "llm": "tpot_seconds",
-    "vit": "batch_seconds",
-    "attention": "iteration_seconds",
-    "train": "step_seconds",
-}
+PRIMARY_LATENCY: dict[str, str] = MAIN_LATENCY
 LATENCY_TITLES: dict[str, str] = {
     "ttft_seconds": "time to first token",
     "tpot_seconds": "time per output token",
@@ -117,6 +112,19 @@ class Run:
     temperature: float | None = None
     utilization: float | None = None
     loss: float | None = None
+    #: ``--label KEY=VALUE`` of the run (dataset, framework, driver...): runs with other labels never merge.
+    labels: dict[str, str] = field(default_factory=dict)
+    memory_utilization: float | None = None
+    allocated_memory_bytes: int | None = None
+    #: Per measured window (JSON input only; CSV keeps the CV): {"rate", "power", "temperature",
+    #: "utilization", "memory_utilization", "energy_per_unit"}, None where a window lacks one.
+    windows: list[dict[str, float | None]] = field(default_factory=list)
+    #: llm: mean seconds to each output token ([TTFT, token 2, ...]) over the traced requests (JSON input).
+    token_curve: list[float] = field(default_factory=list)
+
+    @property
+    def labels_key(self) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted(self.labels.items()))
 
     @property
     def params_key(self) -> tuple[tuple[str, Any], ...]:
@@ -124,9 +132,10 @@ class Run:
 
     @property
     def group(self) -> tuple[Any, ...]:
-        """Runs that measure the same thing: (GPU, probe, preset, batch size, cap, variant, other params)."""
+        """Runs that measure the same thing: (GPU, probe, preset, batch size, cap, variant, other params, labels)."""
         cap = round(self.cap_watts) if self.cap_watts is not None else None
-        return (self.gpu.key, self.probe, self.preset, self.batch_size, cap, self.variant, self.params_key)
+        return (self.gpu.key, self.probe, self.preset, self.batch_size, cap, self.variant, self.params_key,
+                self.labels_key)
 
 
 def default_batch_size(probe: str, preset: str) -> int | None:
@@ -203,7 +212,38 @@ def run_from_record(record: dict[str, Any], source: str = "") -> Run:
         temperature=temperature if ok else None,
         utilization=finite_or_none(tele.get("gpu_utilization_ratio", result.gpu_utilization_mean_ratio)) if ok else None,
         loss=finite_or_none(extra.get("loss")) if ok else None,
+        labels=record_labels(record),
+        allocated_memory_bytes=result.allocated_memory_bytes if ok else None,
+        windows=[_window(r) for r in result.repeats] if ok else [],
+        token_curve=_token_curve(result.repeats) if ok else [],
+        memory_utilization=finite_or_none(tele.get("memory_utilization_ratio", result.memory_utilization_mean_ratio))
+        if ok else None,
     )
+
+
+def _token_curve(repeats: list[Any]) -> list[float]:
+    """The windows' per-position token times, averaged (weighted by traced requests); [] if none."""
+    curves = [(r.extra.get("token_position_seconds"), r.extra.get("token_position_requests") or 1)
+              for r in repeats if isinstance(r.extra, dict)]
+    curves = [(c, w) for c, w in curves if isinstance(c, list) and c]
+    if not curves:
+        return []
+    length = min(len(c) for c, _ in curves)
+    total = sum(w for _, w in curves)
+    return [sum(float(c[i]) * w for c, w in curves) / total for i in range(length)]
+
+
+def _window(repeat: Any) -> dict[str, float | None]:
+    seconds = finite_or_none(repeat.measured_seconds)
+    units = finite_or_none(repeat.units_of_work)
+    return {
+        "rate": units / seconds if units is not None and seconds else None,
+        "power": finite_or_none(repeat.average_power_watts),
+        "temperature": finite_or_none(repeat.temperature_celsius_max),
+        "utilization": finite_or_none(repeat.gpu_utilization_mean_ratio),
+        "memory_utilization": finite_or_none(repeat.memory_utilization_mean_ratio),
+        "energy_per_unit": finite_or_none(repeat.energy_per_unit_joules),
+    }
 
 
 def run_from_history(record: dict[str, Any], source: str = "") -> Run:

@@ -22,6 +22,7 @@ import gpuperfd
 from gpuperfd.probing.sweep.sweeper import (
     Recommendation,
     SweepPoint,
+    comparison_words,
     recommend,
     work_rate,
 )
@@ -118,10 +119,9 @@ def _probe_row(probe: str, preset: str, points: Sequence[SweepPoint], max_slowdo
     energy = top.result.energy_per_unit_joules
     best: Recommendation | None = recommend(ok, max_slowdown) if len(ok) > 1 else None
     if best is not None:
-        rec = (f"<b>{best.cap_watts:.0f} W</b>: {100 * best.energy_saving_ratio:.1f}% less energy per {_e(unit)}, "
-               f"{100 * best.slowdown_ratio:.1f}% slower than {best.baseline_cap_watts:.0f} W")
+        rec = f"<b>{best.cap_watts:.0f} W</b>: {_e(comparison_words(best, unit))}"
         power = {p.cap_watts: p.result.average_power_watts for p in ok}  # W saved while busy (issue 35)
-        if power.get(best.cap_watts) is not None and power.get(best.baseline_cap_watts) is not None:
+        if best.cap_watts != best.baseline_cap_watts and None not in (power.get(best.cap_watts), power.get(best.baseline_cap_watts)):
             rec += f"; {max(0.0, power[best.baseline_cap_watts] - power[best.cap_watts]):.0f} W less while busy"
     else:
         rec = '<span class="muted">one cap only: no recommendation</span>'

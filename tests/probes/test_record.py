@@ -105,3 +105,48 @@ def test_reading_files_folders_and_older_shapes(tmp_path: Path) -> None:
         read_records([tmp_path / "summary.csv"])
     with pytest.raises(RecordError, match="no such file or folder"):
         read_records([tmp_path / "missing.jsonl"])
+
+
+def test_labels_parse_with_clear_errors() -> None:
+    from gpuperfd.probes.record import parse_labels
+
+    assert parse_labels(["dataset=cifar10", " framework = hf ", "note=a=b"]) == {
+        "dataset": "cifar10", "framework": "hf", "note": "a=b"}
+    assert parse_labels([]) == {} and parse_labels(None) == {}
+    for bad, words in [("dataset", "expected KEY=VALUE"), ("=x", "the key"), ("1st=x", "the key"),
+                       ("dataset=", "empty value"), ("a=x;y", "';'"), ("batch_size=4", "already a column"),
+                       ("variant=hf", "already a column")]:
+        with pytest.raises(RecordError, match=words) as info:
+            parse_labels([bad])
+        assert repr(bad) in str(info.value)  # the error names the item
+    with pytest.raises(RecordError, match="given twice"):
+        parse_labels(["a=1", "a=2"])
+
+
+def test_labels_travel_in_json_and_csv(tmp_path: Path) -> None:
+    from gpuperfd.probes.record import apply_labels
+
+    record = build_record(_result(), "probe", gpu=GPU, host="n", labels={"dataset": "food101", "driver": "580"})
+    assert record["labels"] == {"dataset": "food101", "driver": "580"}
+    row = record_row(record)
+    assert row["labels"] == "dataset=food101;driver=580"
+    assert record_from_row({k: "" if v is None else str(v) for k, v in row.items()})["labels"] == record["labels"]
+    plain = build_record(_result(), "probe", gpu=GPU, host="n")
+    assert plain["labels"] == {} and record_row(plain)["labels"] is None
+    (labelled,) = apply_labels([plain], {"study": "before"})
+    assert labelled["labels"] == {"study": "before"} and plain["labels"] == {}
+    for suffix in (".csv", ".jsonl"):
+        path = tmp_path / f"runs{suffix}"
+        append_records(path, [record, labelled])
+        (read, _), (read2, _) = read_records([path])[0]
+        assert read["labels"] == record["labels"] and read2["labels"] == {"study": "before"}
+
+
+def test_a_csv_record_written_again_keeps_its_latency_statistics(tmp_path: Path) -> None:
+    first = tmp_path / "a.csv"
+    append_records(first, [build_record(_result(), "probe", gpu=GPU, host="n")])
+    (record, _), = read_records([first])[0]
+    again = record_row(record)
+    original = record_row(build_record(_result(), "probe", gpu=GPU, host="n"))
+    for column in ("ttft_mean_seconds", "ttft_p99_seconds", "tpot_p50_seconds"):
+        assert again[column] == pytest.approx(original[column])

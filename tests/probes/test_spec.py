@@ -93,3 +93,41 @@ def test_dtype_aliases() -> None:
     assert canonical_dtype("half") == "float16"
     with pytest.raises(ValueError, match="^dtype:"):
         canonical_dtype("fp8")
+
+
+def test_seed_keys_get_a_translation_not_a_bare_unknown_key() -> None:
+    from gpuperfd.probes.spec import OPTION_KEYS, SEED_KEYS, unknown_key_message
+
+    known = ("variant", "prompt_tokens", "output_tokens", "warmup", "repeats", "batch_size")
+    text = unknown_key_message("frameworks", known, where="config: bench.json")
+    assert text.startswith("config: bench.json: 'frameworks' is 'variant' here") and "valid keys: batch_size" in text
+    assert "'input_tokens' is 'prompt_tokens' here" in unknown_key_message("input_tokens", known)
+    assert "'num_runs' is 'repeats' here" in unknown_key_message("num_runs", known)
+    assert "no equivalent here: the llm probe decodes greedily" in unknown_key_message("num_beams", known)
+    assert "did you mean 'repeats'?" in unknown_key_message("repeets", known)
+    assert "did you mean" not in unknown_key_message("zzz", known)
+    # every translation names a key that exists somewhere (a spec field or a CLI/config key)
+    elsewhere = {"caps", "output", "dataset", "model"}
+    assert all(v is None or v in OPTION_KEYS or v in elsewhere for v in SEED_KEYS.values())
+
+
+def test_bad_option_names_the_valid_keys_not_a_python_type_error() -> None:
+    from gpuperfd.probes.spec import check_options
+
+    with pytest.raises(ValueError) as info:
+        check_options("llm", {"batchsize": 4})
+    text = str(info.value)
+    assert "'batchsize' is 'batch_size' here" in text and "valid keys:" in text and "TypeError" not in text
+    with pytest.raises(ValueError, match="did you mean 'prompt_tokens'"):
+        check_options("llm", {"prompt_token": 4})
+    with pytest.raises(ValueError, match="batch_size"):
+        check_options("llm", {"batch_size": 0})
+    check_options("llm", {"batch_size": 4, "prompt_tokens": 16})
+
+
+def test_schedule_options_error_translates_seed_keys() -> None:
+    from gpuperfd.config import ScheduleConfig
+
+    with pytest.raises(Exception) as info:
+        ScheduleConfig(probe="llm", interval_seconds=60, options={"batchsize": 4})
+    assert "'batchsize' is 'batch_size' here" in str(info.value)

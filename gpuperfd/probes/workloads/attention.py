@@ -82,7 +82,7 @@ class AttentionWorkload:
             "bytes_per_second": (iterations * self.bytes, seconds),
         }
         return WindowStats(iterations=iterations, units=iterations, counts=counts,
-                           latencies={"batch_seconds": clock.diffs(self.marks)})
+                           latencies={"iteration_seconds": clock.diffs(self.marks)})
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -17,7 +17,9 @@ Variants:
 
 Reported per window: output, total (prompt + output), prompt (prefill) and
 decode tokens/s, requests/s; latencies ttft (prompt in -> first token),
-tpot ((request - ttft) / (output_tokens - 1)) and request, one sample per batch.
+tpot ((request - ttft) / (output_tokens - 1)) and request, one sample per batch;
+and in each window's extra ``token_position_seconds``: the mean time to each output
+token ([TTFT, token 2, ...]) over every TRACE_EVERY-th request, the per-token curve.
 Work unit: output token (so J/token is energy per generated token).
 """
 
@@ -34,6 +36,10 @@ from gpuperfd.probes.workloads.gpt2_static import StaticGPT2
 from gpuperfd.probes.workloads.models import build_gpt2, count_parameters
 
 __all__ = ["build", "GraphLLM", "EagerLLM"]
+
+#: One request in this many marks the clock after every output token (the per-position curve);
+#: the others mark only start, first token and end, so tracing costs little of the measured window.
+TRACE_EVERY = 4
 
 
 def _prompts(spec: ProbeSpec, ctx: ProbeContext, vocab_size: int) -> torch.Tensor:
@@ -58,10 +64,18 @@ class _LLMBase:
         self.O = spec.output_tokens
         self.k = 0
         self.marks: list[tuple[int, int, int]] = []
+        #: Per traced request: clock marks at its start and after each output token.
+        self.traces: list[list[int]] = []
         self.n_params = count_parameters(model)
 
     def begin(self, clock: Clock) -> None:
         self.marks = []
+        self.traces = []
+
+    def _traced(self) -> bool:
+        """A window's first request and every TRACE_EVERY-th one mark each token (bounded overhead;
+        a window of few long requests still gets its curve)."""
+        return not self.marks or self.k % TRACE_EVERY == 0
 
     def end(self, clock: Clock, iterations: int, seconds: float) -> WindowStats:
         clock.finalize()
@@ -79,7 +93,13 @@ class _LLMBase:
         if O > 1:
             counts["decode_tokens_per_second"] = (B * (O - 1) * n, sum(decode))
             latencies["tpot_seconds"] = [d / (O - 1) for d in decode]
-        return WindowStats(iterations=n, units=B * O * n, counts=counts, latencies=latencies)
+        extra: dict[str, Any] = {}
+        curves = [clock.diffs(trace) for trace in self.traces if len(trace) == O + 1]
+        if curves:
+            # Mean time to each output token over the traced requests: [TTFT, token 2, token 3, ...].
+            extra["token_position_seconds"] = [sum(c[i] for c in curves) / len(curves) for i in range(O)]
+            extra["token_position_requests"] = len(curves)
+        return WindowStats(iterations=n, units=B * O * n, counts=counts, latencies=latencies, extra=extra)
 
 
 class GraphLLM(_LLMBase):
@@ -104,16 +124,22 @@ class GraphLLM(_LLMBase):
 
     def step(self, clock: Clock) -> None:
         s = self.static
+        traced = self._traced()
         with torch.inference_mode():
             start = clock.mark()
             s.seq[:, : self.T].copy_(self.prompts[self.k % data.POOL])
             self.k += 1
             s.run_prefill()
             first = clock.mark()
+            steps = [start, first]
             for _ in range(self.O - 1):
                 s.run_decode()
-            done = clock.mark()
+                if traced:
+                    steps.append(clock.mark())
+            done = steps[-1] if traced and self.O > 1 else clock.mark()
         self.marks.append((start, first, done))
+        if traced:
+            self.traces.append(steps)
 
     def describe(self) -> dict[str, Any]:
         out = {
@@ -146,15 +172,20 @@ def _sdpa_choice(static: StaticGPT2) -> str | None:
 class _FirstTokenStreamer:
     """A generate() streamer that marks the clock when the first new token arrives."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, every_token: bool = False) -> None:
         self.clock = clock
         self.calls = 0
         self.first: int | None = None
+        self.every_token = every_token
+        self.tokens: list[int] = []
 
     def put(self, value: torch.Tensor) -> None:
         self.calls += 1
         if self.calls == 2:  # call 1 is the prompt itself
             self.first = self.clock.mark()
+            self.tokens.append(self.first)
+        elif self.calls > 2 and self.every_token:
+            self.tokens.append(self.clock.mark())
 
     def end(self) -> None:
         pass
@@ -172,8 +203,9 @@ class EagerLLM(_LLMBase):
 
     def step(self, clock: Clock) -> None:
         ids = self.prompts[self.k % data.POOL]
+        traced = self._traced()
         self.k += 1
-        streamer = _FirstTokenStreamer(clock)
+        streamer = _FirstTokenStreamer(clock, every_token=traced)
         with torch.inference_mode():
             start = clock.mark()
             out = self.model.generate(
@@ -185,6 +217,8 @@ class EagerLLM(_LLMBase):
             self.generated_short += 1
         first = streamer.first if streamer.first is not None else done
         self.marks.append((start, first, done))
+        if traced:
+            self.traces.append([start, *streamer.tokens])
 
     def describe(self) -> dict[str, Any]:
         return {

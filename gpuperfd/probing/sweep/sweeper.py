@@ -94,6 +94,37 @@ def rate_noise(result: ProbeResult) -> float:
     return stats.cv
 
 
+def read_only_note(caps_watts: Sequence[float], current_watts: float) -> str:
+    """What a run that changes no cap measured, in words (the sweep CLI and the daemon's log).
+
+    A one-cap schedule whose cap is the current one is not "read-only mode"; asked-for caps that
+    were not measured are named, never dropped silently (``--read-only --caps current,max``).
+    """
+    others = sorted({round(c) for c in caps_watts} - {round(current_watts)}, reverse=True)
+    if not others:
+        return f"one cap, the current {current_watts:.0f} W: measured without changing the cap"
+    listed = ", ".join(f"{c} W" for c in others)
+    return (f"read-only: measured the current cap {current_watts:.0f} W only; {listed} not measured "
+            "(changing a cap needs read_only: false, or no --read-only)")
+
+
+def comparison_words(rec: Recommendation, unit: str = "unit") -> str:
+    """The recommendation against its baseline in words, for pages and logs.
+
+    ``"25.0% less energy per token, 5.0% slower than 700 W"``; a recommended cap that is the
+    baseline itself says so (not "0.0% less energy, 0.0% slower than 700 W"), and a cap that
+    measured faster than the baseline says "faster" (not "-0.9% slower").
+    """
+    if round(rec.cap_watts) == round(rec.baseline_cap_watts):
+        return f"the highest cap tested; no lower cap saves energy per {unit} within the allowed slowdown"
+    slowdown = 100 * rec.slowdown_ratio
+    if abs(slowdown) < 0.05:
+        speed = "as fast as"
+    else:
+        speed = f"{abs(slowdown):.1f}% {'slower' if slowdown > 0 else 'faster'} than"
+    return f"{100 * rec.energy_saving_ratio:.1f}% less energy per {unit}, {speed} {rec.baseline_cap_watts:.0f} W"
+
+
 def clearly_slower(baseline: ProbeResult, point: ProbeResult, max_slowdown: float) -> bool:
     """True when ``point`` is slower than ``baseline`` by more than ``max_slowdown`` plus three
     standard deviations of the two measurements' noise: no lower cap can be recommended then."""
@@ -139,7 +170,8 @@ def run_sweep(
     points: list[SweepPoint] = []
     if read_only:
         current = device.power_limits().enforced_watts
-        log.info("gpu %d: read-only mode, probing at the current cap %.0f W only", device.index, current)
+        note = read_only_note(caps_watts, current)
+        (log.warning if "not measured" in note else log.info)("gpu %d: %s", device.index, note)
         point = SweepPoint(current, run_point(current))
         if on_point:
             on_point(point)
