@@ -197,7 +197,7 @@ class Daemon:
 
     def end_leftover_children(self) -> list[int]:
         """End probe children a SIGKILLed earlier instance left running (before any probe)."""
-        from gpuperfd.probes.runner import end_leftover_children
+        from gpuperfd.probing.runner import end_leftover_children
 
         return end_leftover_children(self.config.probes.state_dir)
 

@@ -274,7 +274,7 @@ class ScheduleConfig(_Strict):
 
     @model_validator(mode="after")
     def _valid_probe_options(self) -> "ScheduleConfig":
-        from gpuperfd.probes.spec import ProbeSpec  # pure Python: no torch
+        from gpuperfd.probe_data.spec import ProbeSpec  # pure Python: no torch
 
         try:
             ProbeSpec(probe=self.probe, preset=self.preset, device="cpu", **self.options)

@@ -5,7 +5,7 @@ scratch; ``executor.open(device, schedule, abort)`` gives a sweep a *session* th
 builds the probe once and measures one point per cap (:func:`open_session`).
 
 ``child_process_executor`` is the real path: the probe runs torch in a child
-(:mod:`gpuperfd.probes.runner`), so a crash, hang or OOM ends that probe and never
+(:mod:`gpuperfd.probing.runner`), so a crash, hang or OOM ends that probe and never
 the daemon; a sweep keeps one warm child for all its caps. ``simulated_executor`` loads a simulated GPU with
 the profile of the probe and preset (calibrated from the real cards' figures at
 700 W; presets without figures of their own run their probe's default preset
@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuperfd.config import ScheduleConfig
 from gpuperfd.device.base import Device
-from gpuperfd.probes import wire
-from gpuperfd.probes.result import ProbeResult
-from gpuperfd.probes.settle import wait_steady
-from gpuperfd.probes.spec import DEFAULT_PRESET, ProbeSpec
+from gpuperfd.probe_data import wire
+from gpuperfd.probe_data.result import ProbeResult
+from gpuperfd.probe_data.settle import wait_steady
+from gpuperfd.probe_data.spec import DEFAULT_PRESET, ProbeSpec
 
 if TYPE_CHECKING:
-    from gpuperfd.probes.runner import ProbeChild
+    from gpuperfd.probing.runner import ProbeChild
 
 #: Runs a probe once on a device at the cap it holds now: (device, schedule, abort) -> result.
 Executor = Callable[[Device, ScheduleConfig, threading.Event], ProbeResult]
@@ -137,7 +137,7 @@ class WarmChildSession:
 
     def _start(self, deadline: float) -> ProbeResult | None:
         """A new child (the old one closed), built and ready; a failure result if not."""
-        from gpuperfd.probes.runner import ProbeChild, check_idle
+        from gpuperfd.probing.runner import ProbeChild, check_idle
 
         if self.child is not None:
             self.child.close()
@@ -181,7 +181,7 @@ class ChildProcessExecutor:
         self.state_dir = state_dir
         # NVML numbers GPUs by PCI bus id; make CUDA agree so cuda:i is NVML's GPU i.
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-        # Probe children yield the CPU to the exporter (see probes/child.py).
+        # Probe children yield the CPU to the exporter (see probe_child/child.py).
         os.environ.setdefault("GPUPERFD_PROBE_NICE", "10")
 
     def spec(self, device: Device, schedule: ScheduleConfig) -> ProbeSpec:
@@ -193,7 +193,7 @@ class ChildProcessExecutor:
         )
 
     def __call__(self, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> ProbeResult:
-        from gpuperfd.probes.runner import run_probe
+        from gpuperfd.probing.runner import run_probe
 
         return run_probe(
             self.spec(device, schedule),
@@ -366,7 +366,7 @@ def _window_gpm(device: Any) -> Any:
 
 def _simulated_latencies(schedule: ScheduleConfig, rate: float, samples: list[float], device: Any, profile: Any):  # type: ignore[no-untyped-def]
     """Latency lists consistent with the simulated throughput, per probe."""
-    from gpuperfd.probes.spec import PRESETS
+    from gpuperfd.probe_data.spec import PRESETS
 
     preset = PRESETS[schedule.probe].get(schedule.preset or DEFAULT_PRESET[schedule.probe], {})
     options = {**preset, **schedule.options}

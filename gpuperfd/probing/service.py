@@ -23,8 +23,8 @@ from gpuperfd.attribution.allocations import AllocationState
 from gpuperfd.config import ProbesConfig, ScheduleConfig
 from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
-from gpuperfd.probes.result import ProbeResult
-from gpuperfd.probes.spec import DEFAULT_PRESET
+from gpuperfd.probe_data.result import ProbeResult
+from gpuperfd.probe_data.spec import DEFAULT_PRESET
 from gpuperfd.probing.executors import Executor, open_session
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker, allocated_reason, busy_reason, mig_reason
@@ -32,12 +32,8 @@ from gpuperfd.probing.metrics import ProbeMetrics, cap_label
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
-from gpuperfd.probing.sweep.sweeper import (
-    SweepAborted,
-    SweepPoint,
-    recommend,
-    run_sweep,
-)
+from gpuperfd.probe_data.recommend import SweepPoint, recommend
+from gpuperfd.probing.sweep.sweeper import SweepAborted, run_sweep
 from gpuperfd.system.memory import release_free_memory
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
-from gpuperfd.probes.result import ProbeResult
+from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.executors import simulated_executor
 from gpuperfd.probing.history import HistoryWriter, read_history
 from gpuperfd.probing.idle import IdleTracker

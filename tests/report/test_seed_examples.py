@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuperfd.cli import main
-from gpuperfd.probes.record import CSV_COLUMNS
+from gpuperfd.probe_data.record import CSV_COLUMNS
 
 pytest.importorskip("matplotlib")
 

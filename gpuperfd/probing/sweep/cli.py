@@ -27,7 +27,7 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 
 def _probe_list(text: str) -> list[str]:
-    from gpuperfd.probes.spec import PROBES
+    from gpuperfd.probe_data.spec import PROBES
 
     probes = [p.strip() for p in text.split(",")]
     for probe in probes:
@@ -128,7 +128,7 @@ def _cap_report(device: Any, original: float | None, journal: Any) -> str:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from gpuperfd.device.errors import DeviceError
     from gpuperfd.device.factory import open_backend
-    from gpuperfd.probes.record import RecordError, check_output
+    from gpuperfd.probe_data.record import RecordError, check_output
     from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list
     from gpuperfd.system.logs import setup_logging
     from gpuperfd.system.stopsignals import StopSignals, say
@@ -190,7 +190,8 @@ def _sweep_owned(args, config, device, schedules, caps_spec, abort, stop) -> int
     from gpuperfd.probing.sweep.caps import CapSpecError, resolve_caps
     from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
     from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
-    from gpuperfd.probing.sweep.sweeper import SweepAborted, SweepPoint
+    from gpuperfd.probe_data.recommend import SweepPoint
+    from gpuperfd.probing.sweep.sweeper import SweepAborted
     from gpuperfd.system.stopsignals import say
 
     journal = CapJournal(config.probes.state_dir)
@@ -286,7 +287,7 @@ class SweepRecords:
         self.sweep_id = f"cli-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def add(self, point: Any) -> None:
-        from gpuperfd.probes.record import RecordError, append_records, build_record
+        from gpuperfd.probe_data.record import RecordError, append_records, build_record
         from gpuperfd.system.stopsignals import say
 
         record = build_record(point.result, "sweep", gpu=self.gpu, power_cap_watts=point.cap_watts,
@@ -348,7 +349,7 @@ def _run_with_bar(args, device, journal, caps, schedule, executor, abort, read_o
 
 def _rows(points: list) -> list[dict[str, Any]]:  # type: ignore[type-arg]
     """The table's rows (and the CSV's)."""
-    from gpuperfd.probing.sweep.sweeper import work_rate
+    from gpuperfd.probe_data.recommend import work_rate
 
     rows = []
     for point in points:
@@ -374,7 +375,7 @@ def _settle_seconds(result: Any) -> float | None:
 def _print_results(args: argparse.Namespace, probe: str, points: list) -> int:  # type: ignore[type-arg]
     """The table of one probe's sweep and its recommendation; 1 when a point failed."""
     from gpuperfd.console import format_table
-    from gpuperfd.probing.sweep.sweeper import recommend
+    from gpuperfd.probe_data.recommend import recommend
 
     rows = _rows(points)
     print(f"\n{probe}:")

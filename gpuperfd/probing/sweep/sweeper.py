@@ -7,101 +7,29 @@ runs the probe once at the current cap and never touches the limit.
 
 Per cap: journal (first change only), set, read the limit back (bounded by
 ``settle_seconds``), measure; the measurement itself waits for steady power and SM
-clock under load (:mod:`gpuperfd.probes.settle`). With ``stop_early`` the caps below
+clock under load (:mod:`gpuperfd.probe_data.settle`). With ``stop_early`` the caps below
 one that is clearly slower than ``max_slowdown`` allows are skipped (status
 ``skipped``, reason ``early_stop``): throughput does not rise as the cap falls, so
 none of them could be recommended.
+
+The rule it applies (recommendation, early stop) is plain data in :mod:`gpuperfd.probe_data.recommend`;
+this module is the loop that changes caps.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from gpuperfd.device.base import Device
-from gpuperfd.probes.result import ProbeResult, describe
+from gpuperfd.probe_data.recommend import SweepPoint, clearly_slower
+from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.sweep.caps import CapGuard
 from gpuperfd.probing.sweep.journal import CapJournal
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SweepPoint:
-    cap_watts: float
-    result: ProbeResult
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """The cap with the lowest energy per unit among caps within ``max_slowdown`` of the fastest cap."""
-
-    cap_watts: float
-    baseline_cap_watts: float
-    energy_saving_ratio: float
-    slowdown_ratio: float
-    max_slowdown: float
-
-
-def work_rate(result: ProbeResult) -> float | None:
-    """Units of work per second over the measured window (the probe's primary throughput)."""
-    if result.status != "ok" or not result.measured_seconds:
-        return None
-    return result.units_of_work / result.measured_seconds
-
-
-def recommend(points: Sequence[SweepPoint], max_slowdown: float = 0.10) -> Recommendation | None:
-    """Apply the recommendation rule (the same one the Prometheus recording rules hold).
-
-    The baseline is the highest cap tested. An exact tie in energy per unit goes to
-    the lower cap, as in the rules. None when no ok point has energy data.
-    """
-    usable = [
-        (p.cap_watts, work_rate(p.result), p.result.energy_per_unit_joules)
-        for p in points
-        if work_rate(p.result) and p.result.energy_per_unit_joules
-    ]
-    if not usable:
-        return None
-    baseline_cap, baseline_rate, baseline_energy = max(usable, key=lambda u: u[0])
-    eligible = [u for u in usable if u[1] >= (1.0 - max_slowdown) * baseline_rate]
-    cap, rate, energy = min(eligible, key=lambda u: (u[2], u[0]))  # ties: the lower cap (docs/architecture.md)
-    return Recommendation(
-        cap_watts=cap,
-        baseline_cap_watts=baseline_cap,
-        energy_saving_ratio=1.0 - energy / baseline_energy,
-        slowdown_ratio=1.0 - rate / baseline_rate,
-        max_slowdown=max_slowdown,
-    )
-
-
-#: A result without repeats (or one) is given this relative noise for the early-stop margin.
-DEFAULT_RATE_NOISE = 0.01
-#: How many standard deviations of the two points' combined noise "clearly" means.
-EARLY_STOP_SIGMAS = 3.0
-
-
-def rate_noise(result: ProbeResult) -> float:
-    """Relative spread (CV) of the work rate over the result's measured windows."""
-    rates = [r.units_of_work / r.measured_seconds for r in result.repeats if r.measured_seconds > 0]
-    stats = describe(rates)
-    if stats is None or stats.n < 2 or stats.cv is None:
-        return DEFAULT_RATE_NOISE
-    return stats.cv
-
-
-def clearly_slower(baseline: ProbeResult, point: ProbeResult, max_slowdown: float) -> bool:
-    """True when ``point`` is slower than ``baseline`` by more than ``max_slowdown`` plus three
-    standard deviations of the two measurements' noise: no lower cap can be recommended then."""
-    base, rate = work_rate(baseline), work_rate(point)
-    if not base or rate is None:
-        return False
-    margin = EARLY_STOP_SIGMAS * math.hypot(rate_noise(baseline), rate_noise(point))
-    return 1.0 - rate / base > max_slowdown + margin
 
 
 def skipped_point(cap: float, like: ProbeResult, why: str) -> SweepPoint:

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from gpuperfd.device.base import ComputeProcess, Utilization
-from gpuperfd.probes.result import PRIMARY_METRIC, ProbeResult, summarize
-from gpuperfd.probes.runner import check_idle, run_probe
-from gpuperfd.probes.spec import PROBES, ProbeSpec
+from gpuperfd.probe_data.result import PRIMARY_METRIC, ProbeResult, summarize
+from gpuperfd.probing.runner import check_idle, run_probe
+from gpuperfd.probe_data.spec import PROBES, ProbeSpec
 
 FAST = {"repeats": 2, "measure_seconds": 0.15, "busy_profile_seconds": 0.05}
 
@@ -130,7 +130,7 @@ def test_progress_reports_every_repeat(results: dict) -> None:
 
 
 def test_parent_does_not_import_torch() -> None:
-    code = ("import sys, gpuperfd.probes, gpuperfd.probes.runner, gpuperfd.probes.cli, gpuperfd.probes.result;"
+    code = ("import sys, gpuperfd.probing.executors, gpuperfd.probe_data.spec, gpuperfd.probing.runner, gpuperfd.probing.probe_cli, gpuperfd.probe_data.result;"
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 

@@ -6,7 +6,7 @@ library or hang in a kernel. None of that may take the caller (the daemon, a
 sweep, the CLI) down. The child is started with the ``spawn`` context (never
 ``fork``: a forked CUDA or NVML state is undefined), puts itself in its own process
 group so compile workers die with it, and sends back one message: a result or a
-classified error, as JSON (:mod:`gpuperfd.probes.wire`: a pickle would import torch
+classified error, as JSON (:mod:`gpuperfd.probe_data.wire`: a pickle would import torch
 here). :class:`ProbeChild` keeps one child for several points (a warm sweep: build
 once, measure per cap). Everything else is inferred here:
 
@@ -51,10 +51,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuperfd.device.base import Device
-from gpuperfd.probes import child as _child
-from gpuperfd.probes import wire
-from gpuperfd.probes.result import ProbeResult
-from gpuperfd.probes.spec import ProbeSpec, default_timeout
+from gpuperfd.probe_data import wire
+from gpuperfd.probe_data.result import ProbeResult
+from gpuperfd.probe_data.spec import ProbeSpec, default_timeout
 
 __all__ = ["run_probe", "ProbeChild", "check_idle", "ProgressCallback", "end_leftover_children"]
 
@@ -203,6 +202,16 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
+def _child_main(*args: Any) -> None:
+    """The spawn target: runs in the child, which imports the child package by name only there.
+
+    The parent never imports :mod:`gpuperfd.probe_child`; pickling this function names this module.
+    """
+    from gpuperfd.probe_child.child import main
+
+    main(*args)
+
+
 def _record_child(record_dir: Path | None, pid: int) -> Path | None:
     if record_dir is None:
         return None
@@ -344,7 +353,7 @@ class ProbeChild:
         fd, self._log_path = tempfile.mkstemp(prefix=f"gpuperfd-probe-{self.spec.probe}-", suffix=".log")
         os.close(fd)
         self._proc = ctx.Process(
-            target=_child.main,
+            target=_child_main,
             args=(self.spec.to_dict(), theirs, self._log_path, os.getpid()),
             name=f"gpuperfd-probe-{self.spec.probe}",
             daemon=False,  # a daemonic process may not start children; torch.compile needs workers

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuperfd.probes.spec import (
+from gpuperfd.probe_data.spec import (
     DEFAULT_PRESET,
     PRESETS,
     PROBES,

@@ -3,7 +3,7 @@
 One probe point goes: build the workload (model, buffers, CUDA graphs) ->
 warmup (at least ``warmup`` iterations and ``warmup_seconds``; nothing recorded)
 -> ``repeats`` measured windows -> one short profiled pass for the GPU-busy
-fraction -> a :class:`~gpuperfd.probes.result.ProbeResult`.
+fraction -> a :class:`~gpuperfd.probe_data.result.ProbeResult`.
 
 A measured window, and only it, is bracketed by: a device synchronize, the
 hardware energy counter read (NVML ``energy_joules``), an NVTX range, a
@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 
-from gpuperfd.probes import workloads
-from gpuperfd.probes.busy import measure_busy
-from gpuperfd.probes.context import (
+from gpuperfd.probe_child import workloads
+from gpuperfd.probe_child.busy import measure_busy
+from gpuperfd.probe_child.context import (
     ProbeContext,
     Telemetry,
     WindowSampler,
@@ -48,11 +48,11 @@ from gpuperfd.probes.context import (
     cpu_model,
     mean,
 )
-from gpuperfd.probes.faults import inject_fault
-from gpuperfd.probes.loop import run_loop
-from gpuperfd.probes.result import ProbeResult, RepeatResult
-from gpuperfd.probes.settle import wait_steady
-from gpuperfd.probes.spec import ProbeSpec
+from gpuperfd.probe_child.faults import inject_fault
+from gpuperfd.probe_child.loop import run_loop
+from gpuperfd.probe_data.result import ProbeResult, RepeatResult
+from gpuperfd.probe_data.settle import wait_steady
+from gpuperfd.probe_data.spec import ProbeSpec
 
 
 @dataclass

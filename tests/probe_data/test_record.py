@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuperfd.probes.record import (
+from gpuperfd.probe_data.record import (
     CSV_COLUMNS,
     SCHEMA,
     RecordError,
@@ -19,7 +19,7 @@ from gpuperfd.probes.record import (
     record_from_row,
     record_row,
 )
-from gpuperfd.probes.result import ProbeResult, RepeatResult
+from gpuperfd.probe_data.result import ProbeResult, RepeatResult
 
 GPU = {"index": 1, "uuid": "GPU-abc", "name": "NVIDIA H100 80GB HBM3", "driver_version": "580.1",
        "compute_capability": "9.0", "memory_total_bytes": 80 << 30, "backend": "nvml", "pci_bus_id": "0:1", "serial": "s"}
