@@ -27,6 +27,7 @@ from typing import Any
 from gpuperfd.console import ProgressBar, format_duration, format_table
 from gpuperfd.probe_data.result import PRIMARY_METRIC, ProbeResult, summarize
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec
+from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD
 
 __all__ = ["register", "main", "build_specs", "load_config_file", "write_results", "results_table"]
 
@@ -93,8 +94,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", metavar="PATH", help="local token ids (.npy/.pt/.bin) or images (.npy/.pt/folder)")
     parser.add_argument("--seed", type=_int_arg, metavar="N", help="random seed (default 0)")
     parser.add_argument("--gpu-busy-threshold", type=_number, metavar="R", help="flag results less busy than this")
-    parser.add_argument("--idle-threshold", type=_number, default=0.1, metavar="R",
-                        help="GPU utilization above which the GPU counts as busy before a start (default 0.1)")
+    parser.add_argument("--idle-threshold", type=_number, default=DEFAULT_IDLE_THRESHOLD, metavar="R",
+                        help="GPU utilization above which the GPU counts as busy before a start "
+                             f"(default {DEFAULT_IDLE_THRESHOLD:g}, probes.idle_utilization_threshold's)")
     parser.add_argument("--no-idle-check", action="store_true", help="skip the idle-GPU check and process watch")
     parser.add_argument("--output", metavar="FILE",
                         help="append one run record per point to FILE.csv or FILE.jsonl (gpuperfd report reads it); "

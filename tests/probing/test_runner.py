@@ -19,7 +19,8 @@ import pytest
 
 from gpuperfd.device.base import ComputeProcess, Utilization
 from gpuperfd.probe_data.result import PRIMARY_METRIC, ProbeResult, summarize
-from gpuperfd.probing.runner import check_idle, run_probe
+from gpuperfd.probing.idle import BusyKind, busy_reason
+from gpuperfd.probing.runner import run_probe
 from gpuperfd.probe_data.spec import PROBES, ProbeSpec
 
 FAST = {"repeats": 2, "measure_seconds": 0.15, "busy_profile_seconds": 0.05}
@@ -203,7 +204,7 @@ def test_busy_gpu_is_refused_without_starting() -> None:
     hot = run_probe(tiny("llm"), timeout_seconds=60, device=FakeDevice(util=0.8), idle_wait_seconds=0.3)
     assert hot.failure_reason == "gpu_busy" and "80%" in hot.error_message
     # our own processes do not count
-    assert check_idle(FakeDevice(busy_pids=(4242,)), own_pids=(4242,), wait_seconds=0) is None
+    assert busy_reason(FakeDevice(busy_pids=(4242,)), 0.05, own_pids=(4242,), wait_seconds=0) is None
 
 
 def test_idle_check_waits_for_the_gpu_to_calm_down() -> None:
@@ -211,8 +212,9 @@ def test_idle_check_waits_for_the_gpu_to_calm_down() -> None:
         def utilization(self) -> Utilization:
             return Utilization(0.9 if time.monotonic() - self.start < 0.5 else 0.0, 0.0)
 
-    assert check_idle(Cooling(), wait_seconds=3, poll_interval=0.1) is None
-    assert check_idle(Cooling(), wait_seconds=0) is not None
+    assert busy_reason(Cooling(), 0.05, wait_seconds=3, poll_interval=0.1) is None
+    hot = busy_reason(Cooling(), 0.05, wait_seconds=0)
+    assert hot is not None and hot.kind is BusyKind.UTILIZATION
 
 
 def test_new_gpu_process_aborts_the_probe() -> None:

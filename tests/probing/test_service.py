@@ -360,17 +360,19 @@ def test_our_own_runs_utilization_tail_does_not_make_the_gpu_busy(tmp_path, monk
     """NVML averages utilization over its last sample period: right after our own run the GPU
     still reads busy (an H200 skipped the next probe 1 ms after one ended). Within the grace the
     reading is taken again; long after our run, or for a foreign load, busy stays busy."""
+    import gpuperfd.probing.idle as idle_module
     import gpuperfd.probing.service as service_module
+    from gpuperfd.probing.idle import BusyKind, BusyReason
 
     backend, devices, registry, service = make(tmp_path)
     readings: list[str | None] = []
 
     def tail_then_idle(device, threshold, own_pids=()):
         readings.append("read")
-        return "utilization 100% above 5%" if len(readings) == 1 else None
+        return BusyReason(BusyKind.UTILIZATION, "utilization 100% above 5%") if len(readings) == 1 else None
 
     monkeypatch.setattr(service_module, "OWN_LOAD_GRACE_SECONDS", 0.3)
-    monkeypatch.setattr(service_module, "busy_reason", tail_then_idle)
+    monkeypatch.setattr(idle_module, "busy_reason", tail_then_idle)
     service._own_load_ended[0] = time.monotonic()  # our run ended just now
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
     assert len(readings) == 2  # read again once the grace was over
@@ -379,7 +381,8 @@ def test_our_own_runs_utilization_tail_does_not_make_the_gpu_busy(tmp_path, monk
     outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1)
     assert (outcome.result, outcome.reason) == ("skipped", "busy") and len(readings) == 1
     readings.clear()
-    monkeypatch.setattr(service_module, "busy_reason", lambda *a, **k: readings.append(1) or "compute process(es) 42 running")
+    monkeypatch.setattr(idle_module, "busy_reason", lambda *a, **k: readings.append(1) or BusyReason(
+        BusyKind.FOREIGN_PROCESS, "compute process(es) 42 running"))
     service._own_load_ended[0] = time.monotonic()
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).reason == "busy" and len(readings) == 1
 

@@ -22,12 +22,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from gpuperfd.device.base import Device
 from gpuperfd.probe_data.recommend import SweepPoint, clearly_slower
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.sweep.caps import CapGuard
 from gpuperfd.probing.sweep.journal import CapJournal
+
+if TYPE_CHECKING:
+    from gpuperfd.probing.observer import SweepObserver
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +56,19 @@ def run_sweep(
     settle_seconds: float = 5.0,
     read_only: bool = False,
     abort: threading.Event | None = None,
-    on_cap: Callable[[float | None], None] | None = None,
-    on_point: Callable[[SweepPoint], None] | None = None,
+    observer: SweepObserver | None = None,
     stop_early: float | None = None,
 ) -> list[SweepPoint]:
     """Run ``run_point`` at each cap (highest first); always restore the original cap.
 
-    ``on_cap(watts)`` is told the cap held now (None once restored); ``on_point``
-    gets each result as it comes. ``abort`` stops between points, restoring first.
+    ``observer`` is told the cap held now (``on_cap``, None once restored) and each result as it
+    comes (``on_point``). ``abort`` stops between points, restoring first.
     ``stop_early``: the recommendation's max_slowdown; caps below the first one that is
     clearly slower than that (see :func:`clearly_slower`) are skipped. None runs every cap.
     """
     abort = abort or threading.Event()
+    on_cap = observer.on_cap if observer is not None else None
+    on_point = observer.on_point if observer is not None else None
     points: list[SweepPoint] = []
     if read_only:
         current = device.power_limits().enforced_watts
