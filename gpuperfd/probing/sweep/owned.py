@@ -8,9 +8,10 @@ point (a :class:`~gpuperfd.probing.observer.SweepObserver`) and turns the typed
 :class:`OwnedSweep` outcome into its own words: skip counters for the daemon, messages and exit
 codes for the CLI.
 
-A read-only run changes no cap: it still takes the lock where it can (so no sweep starts under
-it), and where the state directory cannot be written it only refuses a GPU whose cap a live
-process owns.
+A read-only run changes no cap, so it writes nothing to the state directory (no lock, no journal):
+it only refuses a GPU whose cap a live process owns. (Until issue 29 the CLI's read-only run took
+the lock where it could and the daemon's did not; the daemon's rule, which the tests hold it to,
+is now the one rule.)
 """
 
 from __future__ import annotations
@@ -113,18 +114,18 @@ class _Collect:
 
 def _take_lock(journal: CapJournal, name: str, request: SweepRequest,
                abort: threading.Event) -> tuple[GpuLock | None, OwnedSweep | None]:
-    """The cap's lock (None for a read-only run that cannot write the state directory), or why not."""
+    """The cap's lock (None for a read-only run, which writes nothing to the state directory), or why not."""
+    if request.read_only:
+        if (owner := is_owned(journal.state_dir, name)) is not None:
+            return None, OwnedSweep(OwnedStatus.OWNED, str(GpuBusy(name, owner)), owner_pid=owner)
+        return None, None
     lock = GpuLock(journal.state_dir, name)
     try:
         lock.acquire(wait_seconds=request.wait_seconds, cancel=abort.is_set)
     except GpuBusy as busy:
         return None, OwnedSweep(OwnedStatus.OWNED, str(busy), owner_pid=busy.owner_pid)
     except OSError as exc:
-        if not request.read_only:
-            return None, OwnedSweep(OwnedStatus.STATE_DIR, str(exc.strerror or exc))
-        if (owner := is_owned(journal.state_dir, name)) is not None:
-            return None, OwnedSweep(OwnedStatus.OWNED, str(GpuBusy(name, owner)), owner_pid=owner)
-        return None, None
+        return None, OwnedSweep(OwnedStatus.STATE_DIR, str(exc.strerror or exc))
     return lock, None
 
 
