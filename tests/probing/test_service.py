@@ -137,7 +137,8 @@ def test_history_rotates(tmp_path):
 
 def test_process_appearing_mid_probe_aborts_it_and_frees_the_gpu(tmp_path):
     backend, devices, registry, service = make(tmp_path)
-    service.executor = __import__("gpuperfd.probing.executors", fromlist=["x"]).simulated_executor(2.0, seed=1)
+    # A 20 s window: "given back at once" is told from "after the window" by a wide margin, not by luck.
+    service.executor = __import__("gpuperfd.probing.executors", fromlist=["x"]).simulated_executor(20.0, seed=1)
     gpu = devices[0]
     timer = threading.Timer(0.3, lambda: gpu.add_foreign_process(pid=424242, memory_bytes=1 << 30))
     timer.start()
@@ -145,7 +146,7 @@ def test_process_appearing_mid_probe_aborts_it_and_frees_the_gpu(tmp_path):
     outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60, caps=["max", 500], settle_seconds=0), 0)
     elapsed = __import__("time").monotonic() - started
     timer.join()
-    assert outcome.result == "aborted" and elapsed < 1.5  # given back at once, not after the 2 s window
+    assert outcome.result == "aborted" and elapsed < 10  # given back at once, not after the 20 s window
     assert "424242" in outcome.points[0].result.error_message
     assert gpu.compute_processes() and all(p.pid == 424242 for p in gpu.compute_processes())  # ours is gone
     assert gpu.power_limits().enforced_watts == 680.0  # and the cap is back
