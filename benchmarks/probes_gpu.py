@@ -38,9 +38,9 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gpuperfd.console import format_table  # noqa: E402
-from gpuperfd.probes.result import PRIMARY_METRIC, ProbeResult, summarize  # noqa: E402
-from gpuperfd.probes.runner import run_probe  # noqa: E402
-from gpuperfd.probes.spec import ProbeSpec, default_timeout  # noqa: E402
+from gpuperfd.probe_data.result import PRIMARY_METRIC, ProbeResult, summarize  # noqa: E402
+from gpuperfd.probing.runner import run_probe  # noqa: E402
+from gpuperfd.probe_data.spec import ProbeSpec, default_timeout  # noqa: E402
 
 MAIN_LATENCY = {"llm": "tpot_seconds", "vit": "batch_seconds", "attention": "batch_seconds", "train": "step_seconds"}
 
@@ -92,8 +92,8 @@ def _reference(queue: Any, cpu: bool) -> None:
     try:
         import torch
 
-        from gpuperfd.probes.workloads.gpt2_static import StaticGPT2
-        from gpuperfd.probes.workloads.models import build_gpt2
+        from gpuperfd.probe_child.workloads.gpt2_static import StaticGPT2
+        from gpuperfd.probe_child.workloads.models import build_gpt2
 
         device = torch.device("cpu" if cpu else "cuda")
         out["torch"] = torch.__version__
@@ -158,8 +158,8 @@ def _vit_diag(queue: Any, batch: int, max_seconds: float) -> None:
     try:
         import torch
 
-        from gpuperfd.probes.workloads.models import build_vit
-        from gpuperfd.probes.workloads.vit_fused import FusedViT
+        from gpuperfd.probe_child.workloads.models import build_vit
+        from gpuperfd.probe_child.workloads.vit_fused import FusedViT
 
         t_start = time.monotonic()
         dev = torch.device("cuda")

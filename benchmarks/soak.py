@@ -12,9 +12,13 @@ After --warmup seconds the samples are split into two halves; growth is the
 second half against the first, which ignores the one-off growth of start-up
 and the first sweeps (imports, thread pools, the history file). Targets: mean
 RSS growth <= --max-rss-growth-mb (5 MB); threads and fds: the second half's
-median no higher than the first's, and its maximum at most 2 above the first
-half's maximum (a sample can catch a scrape's short-lived thread and socket). Prints one JSON object; exit code 1 if a target
-is missed, a scrape failed, or the daemon died.
+floor (its fewest, counted while the probes have quiesced between sweeps) no
+higher than the first half's floor. A leak raises every later sample, the quiet
+ones included; a sweep's lock files, a history append or a scrape's socket raise
+only the samples that catch them, so medians and maxima of open fds move by
+chance (a 45 s soak once read medians 8 then 9, range 7-12, with no leak) and
+are reported but not judged (see :func:`leak_targets`). Prints one JSON object;
+exit code 1 if a target is missed, a scrape failed, or the daemon died.
 
 Usage:
   python benchmarks/soak.py                      # one hour
@@ -65,8 +69,22 @@ probes:
 """
 
 
-#: Threads or fds a single sample may show above the first half's maximum without counting as growth.
-TRANSIENT = 2
+
+
+def leak_targets(first: list[dict[str, float]], second: list[dict[str, float]], max_rss_growth_mb: float) -> dict[str, bool]:
+    """Whether each resource stayed flat from the first half of the steady samples to the second.
+
+    Threads and fds are judged by their floor (minimum): the count when nothing transient is open,
+    which the probes reach between sweeps (sampled often enough that each half holds such moments).
+    A leak of even one fd per sweep raises the floor; transient fds never do. RSS by its mean.
+    """
+    rss1 = statistics.fmean(s["rss_bytes"] for s in first) / 2**20
+    rss2 = statistics.fmean(s["rss_bytes"] for s in second) / 2**20
+    return {
+        "rss": rss2 - rss1 <= max_rss_growth_mb,
+        "threads": min(s["threads"] for s in second) <= min(s["threads"] for s in first),
+        "fds": min(s["fds"] for s in second) <= min(s["fds"] for s in first),
+    }
 
 
 def probe_counts(text: str) -> dict[str, float]:
@@ -219,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
             "rss_growth_mb": round(rss2 - rss1, 2),
             "rss_mb_start": round(samples[0]["rss_bytes"] / 2**20, 2),
             "rss_mb_end": round(samples[-1]["rss_bytes"] / 2**20, 2),
+            "threads_first_half_floor": min(s["threads"] for s in first),
+            "threads_second_half_floor": min(s["threads"] for s in second),
+            "fds_first_half_floor": min(s["fds"] for s in first),
+            "fds_second_half_floor": min(s["fds"] for s in second),
             "threads_first_half_median": statistics.median(s["threads"] for s in first),
             "threads_second_half_median": statistics.median(s["threads"] for s in second),
             "threads_first_half_max": max(s["threads"] for s in first),
@@ -232,15 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             "daemon_cpu_seconds": round(samples[-1]["cpu_seconds"] - samples[0]["cpu_seconds"], 1),
         }
         result["growth"] = growth
-        # A leak raises the typical count; a sample that caught a scrape's short-lived handler
-        # thread and socket (or the history file open) is a blip of one or two, not a leak.
-        targets = {
-            "rss": growth["rss_growth_mb"] <= args.max_rss_growth_mb,
-            "threads": growth["threads_second_half_median"] <= growth["threads_first_half_median"]
-            and growth["threads_second_half_max"] <= growth["threads_first_half_max"] + TRANSIENT,
-            "fds": growth["fds_second_half_median"] <= growth["fds_first_half_median"]
-            and growth["fds_second_half_max"] <= growth["fds_first_half_max"] + TRANSIENT,
-        }
+        targets = leak_targets(first, second, args.max_rss_growth_mb)
         result["targets_met"] = targets
         ok = ok and all(targets.values())
     else:

@@ -92,7 +92,8 @@ def parts(result: Any, path: str) -> dict[str, float]:
 def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: list[float], state: Path) -> dict:
     from gpuperfd.probing.executors import ColdSession, open_session
     from gpuperfd.probing.sweep.journal import CapJournal
-    from gpuperfd.probing.sweep.sweeper import rate_noise, run_sweep
+    from gpuperfd.probe_data.recommend import rate_noise
+    from gpuperfd.probing.sweep.sweeper import run_sweep
 
     abort = threading.Event()
     session = open_session(executor, device, schedule, abort) if path == "warm" else \

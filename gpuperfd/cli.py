@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(subparsers)
     _add_check_config(subparsers)
     _add_collectors(subparsers)
-    for module_name in ("gpuperfd.probes.cli", "gpuperfd.probing.sweep.cli", "gpuperfd.dashboards.cli", "gpuperfd.system.install",
+    for module_name in ("gpuperfd.probing.probe_cli", "gpuperfd.probing.sweep.cli", "gpuperfd.dashboards.cli", "gpuperfd.system.install",
                         "gpuperfd.report.cli"):
         try:
             module = __import__(module_name, fromlist=["register"])

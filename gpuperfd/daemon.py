@@ -182,17 +182,9 @@ class Daemon:
         self._stopping = threading.Event()
 
     def _executor(self, config: Config):  # type: ignore[no-untyped-def]
-        from gpuperfd.probing.executors import (
-            child_process_executor,
-            simulated_executor,
-        )
+        from gpuperfd.probing.executors import choose_executor
 
-        kind = config.probes.executor
-        if kind == "simulated" or (kind == "auto" and self.backend.name == "simulated"):
-            return simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed)
-        return child_process_executor(
-            config.probes.timeout_seconds, config.probes.torch_device, state_dir=config.probes.state_dir
-        )
+        return choose_executor(config, self.backend.name)
 
     def restore_caps(self) -> list[str]:
         """Put back any power cap a crashed run left changed (before anything else runs).
@@ -206,7 +198,7 @@ class Daemon:
 
     def end_leftover_children(self) -> list[int]:
         """End probe children a SIGKILLed earlier instance left running (before any probe)."""
-        from gpuperfd.probes.runner import end_leftover_children
+        from gpuperfd.probing.runner import end_leftover_children
 
         return end_leftover_children(self.config.probes.state_dir)
 

@@ -37,7 +37,7 @@ def _output(argv: list[str]) -> str | None:
 
 def _label_new_records(path: Path, before: int, labels: dict[str, str]) -> None:
     """Add ``labels`` to the records after the first ``before`` of ``path`` (rewrites the scratch file)."""
-    from gpuperfd.probes.record import append_records, apply_labels, parse_labels, read_records
+    from gpuperfd.probe_data.record import append_records, apply_labels, parse_labels, read_records
 
     labels = parse_labels([f"{k}={v}" for k, v in labels.items()])
     records = [r for r, _ in read_records([path], include_rotated=False)[0]]
@@ -47,7 +47,7 @@ def _label_new_records(path: Path, before: int, labels: dict[str, str]) -> None:
 
 
 def _count(path: Path) -> int:
-    from gpuperfd.probes.record import read_records
+    from gpuperfd.probe_data.record import read_records
 
     return len(read_records([path], include_rotated=False)[0]) if path.exists() else 0
 

@@ -274,7 +274,7 @@ class ScheduleConfig(_Strict):
 
     @model_validator(mode="after")
     def _valid_probe_options(self) -> "ScheduleConfig":
-        from gpuperfd.probes.spec import OPTION_KEYS, check_options, unknown_key_message  # pure Python: no torch
+        from gpuperfd.probe_data.spec import OPTION_KEYS, check_options, unknown_key_message  # pure Python: no torch
 
         unknown = [key for key in self.options if key not in OPTION_KEYS]
         if unknown:

@@ -542,7 +542,7 @@ def optimal_cap(
 
     ``points`` are (cap watts, operating point) pairs. Throughput is compared
     with that at the highest cap, as a sweep measures it. Ties go to the lower
-    cap, as in ``sweep.sweeper.recommend`` and the recording rules.
+    cap, as in ``probe_data.recommend.recommend`` and the recording rules.
     """
     if not points:
         raise ValueError("no caps to choose from")

@@ -19,7 +19,7 @@ from gpuperfd.device.simulated import (
     simulated_mig_uuid,
     simulated_uuid,
 )
-from gpuperfd.probes.spec import DEFAULT_PRESET
+from gpuperfd.probe_data.spec import DEFAULT_PRESET
 from gpuperfd.probing.executors import SIMULATED_PROFILE
 from gpuperfd.probing.metrics import WORK_UNIT, cap_label
 

@@ -5,7 +5,7 @@ scratch; ``executor.open(device, schedule, abort)`` gives a sweep a *session* th
 builds the probe once and measures one point per cap (:func:`open_session`).
 
 ``child_process_executor`` is the real path: the probe runs torch in a child
-(:mod:`gpuperfd.probes.runner`), so a crash, hang or OOM ends that probe and never
+(:mod:`gpuperfd.probing.runner`), so a crash, hang or OOM ends that probe and never
 the daemon; a sweep keeps one warm child for all its caps. ``simulated_executor`` loads a simulated GPU with
 the profile of the probe and preset (calibrated from the real cards' figures at
 700 W; presets without figures of their own run their probe's default preset
@@ -26,15 +26,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpuperfd.config import ScheduleConfig
+from gpuperfd.config import Config, ScheduleConfig
 from gpuperfd.device.base import Device
-from gpuperfd.probes import wire
-from gpuperfd.probes.result import ProbeResult
-from gpuperfd.probes.settle import wait_steady
-from gpuperfd.probes.spec import DEFAULT_PRESET, ProbeSpec
+from gpuperfd.probe_data import wire
+from gpuperfd.probe_data.result import ProbeResult
+from gpuperfd.probe_data.settle import wait_steady
+from gpuperfd.probe_data.spec import DEFAULT_PRESET, ProbeSpec
+from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD, busy_reason
 
 if TYPE_CHECKING:
-    from gpuperfd.probes.runner import ProbeChild
+    from gpuperfd.probing.runner import ProbeChild
 
 #: Runs a probe once on a device at the cap it holds now: (device, schedule, abort) -> result.
 Executor = Callable[[Device, ScheduleConfig, threading.Event], ProbeResult]
@@ -92,7 +93,8 @@ class WarmChildSession:
     """
 
     def __init__(self, spec: ProbeSpec, device: Device, abort: threading.Event, timeout_seconds: float,
-                 settle_seconds: float, state_dir: Path | str | None, check_idle: bool = True) -> None:
+                 settle_seconds: float, state_dir: Path | str | None, check_idle: bool = True,
+                 idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD) -> None:
         self.spec = spec
         self.device = device
         self.abort = abort
@@ -100,6 +102,7 @@ class WarmChildSession:
         self.settle_seconds = settle_seconds
         self.state_dir = state_dir
         self.check_idle = check_idle
+        self.idle_utilization_threshold = idle_utilization_threshold
         self.child: ProbeChild | None = None
         #: Children started (1 for a sweep without failures).
         self.children = 0
@@ -137,16 +140,16 @@ class WarmChildSession:
 
     def _start(self, deadline: float) -> ProbeResult | None:
         """A new child (the old one closed), built and ready; a failure result if not."""
-        from gpuperfd.probes.runner import ProbeChild, check_idle
+        from gpuperfd.probing.runner import ProbeChild
 
         if self.child is not None:
             self.child.close()
         own = (os.getpid(),)
         if self.check_idle:
-            busy = check_idle(self.device, own_pids=own)
+            busy = busy_reason(self.device, self.idle_utilization_threshold, own, wait_seconds=5.0)
             if busy is not None:
                 return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "",
-                                           "gpu_busy", busy, device=self.spec.device, started_at=time.time())
+                                           "gpu_busy", str(busy), device=self.spec.device, started_at=time.time())
         self.child = ProbeChild(self.spec, device=self.device, own_pids=own, should_abort=self.abort.is_set,
                                 record_dir=self.state_dir)
         self.children += 1
@@ -174,14 +177,17 @@ class ChildProcessExecutor:
     :meth:`open` gives a sweep one warm child for all its caps.
     """
 
-    def __init__(self, timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None) -> None:
+    def __init__(self, timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None,
+                 idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD) -> None:
         self.timeout_seconds = timeout_seconds
+        #: ``probes.idle_utilization_threshold``: the one threshold of the busy check before a child starts.
+        self.idle_utilization_threshold = idle_utilization_threshold
         self.torch_device = torch_device
         #: Where each running child is recorded, so a restarted daemon can end it.
         self.state_dir = state_dir
         # NVML numbers GPUs by PCI bus id; make CUDA agree so cuda:i is NVML's GPU i.
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-        # Probe children yield the CPU to the exporter (see probes/child.py).
+        # Probe children yield the CPU to the exporter (see probe_child/child.py).
         os.environ.setdefault("GPUPERFD_PROBE_NICE", "10")
 
     def spec(self, device: Device, schedule: ScheduleConfig) -> ProbeSpec:
@@ -193,7 +199,7 @@ class ChildProcessExecutor:
         )
 
     def __call__(self, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> ProbeResult:
-        from gpuperfd.probes.runner import run_probe
+        from gpuperfd.probing.runner import run_probe
 
         return run_probe(
             self.spec(device, schedule),
@@ -202,18 +208,35 @@ class ChildProcessExecutor:
             own_pids=(os.getpid(),),
             should_abort=abort.is_set,
             record_dir=self.state_dir,
+            idle_utilization_threshold=self.idle_utilization_threshold,
         )
 
     def open(self, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> WarmChildSession:
         return WarmChildSession(self.spec(device, schedule), device, abort, self.timeout_seconds,
-                                schedule.settle_seconds, self.state_dir)
+                                schedule.settle_seconds, self.state_dir,
+                                idle_utilization_threshold=self.idle_utilization_threshold)
 
 
 def child_process_executor(
-    timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None
+    timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None,
+    idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD,
 ) -> ChildProcessExecutor:
     """The real executor (see :class:`ChildProcessExecutor`)."""
-    return ChildProcessExecutor(timeout_seconds, torch_device, state_dir)
+    return ChildProcessExecutor(timeout_seconds, torch_device, state_dir, idle_utilization_threshold)
+
+
+def choose_executor(config: Config, backend_name: str) -> Executor:
+    """The one executor choice, for the daemon and ``gpuperfd sweep`` alike.
+
+    ``probes.executor``: ``simulated`` (the simulator's physics, in this process), ``child`` (torch in
+    a child process), or ``auto``: simulated on the simulated backend, a child otherwise.
+    """
+    kind = config.probes.executor
+    if kind == "simulated" or (kind == "auto" and backend_name == "simulated"):
+        return simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed)
+    return child_process_executor(config.probes.timeout_seconds, config.probes.torch_device,
+                                  state_dir=config.probes.state_dir,
+                                  idle_utilization_threshold=config.probes.idle_utilization_threshold)
 
 
 def _noisy(rng: random.Random, value: float, sigma: float) -> float:
@@ -366,7 +389,7 @@ def _window_gpm(device: Any) -> Any:
 
 def _simulated_latencies(schedule: ScheduleConfig, rate: float, samples: list[float], device: Any, profile: Any):  # type: ignore[no-untyped-def]
     """Latency lists consistent with the simulated throughput, per probe."""
-    from gpuperfd.probes.spec import PRESETS
+    from gpuperfd.probe_data.spec import PRESETS
 
     preset = PRESETS[schedule.probe].get(schedule.preset or DEFAULT_PRESET[schedule.probe], {})
     options = {**preset, **schedule.options}

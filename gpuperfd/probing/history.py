@@ -2,7 +2,7 @@
 
 A node keeps its own record without Prometheus; `gpuperfd report` reads these
 files. Each line is one probe run at one cap, a ``gpuperfd.run/1`` record
-(:func:`gpuperfd.probes.record.build_record`, the same format ``probe --output`` and
+(:func:`gpuperfd.probe_data.record.build_record`, the same format ``probe --output`` and
 ``sweep --output`` write).
 Rotation renames history.jsonl -> history.jsonl.1 -> ... up to ``backups``.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuperfd.device.base import GpuInfo
-from gpuperfd.probes.record import build_record
+from gpuperfd.probe_data.record import build_record
 
 log = logging.getLogger(__name__)
 

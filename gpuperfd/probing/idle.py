@@ -14,12 +14,18 @@ import fnmatch
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import Enum
 
 from gpuperfd.attribution.allocations import Allocation, AllocationState
-from gpuperfd.config import OursConfig
+from gpuperfd.config import OursConfig, ProbesConfig
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError, NotSupported
 from gpuperfd.telemetry.sampler import Reading
+
+
+#: ``probes.idle_utilization_threshold``'s default: the one threshold, where a caller has no config.
+DEFAULT_IDLE_THRESHOLD: float = ProbesConfig.model_fields["idle_utilization_threshold"].default
 
 
 class IdleTracker:
@@ -72,19 +78,95 @@ class IdleTracker:
             return self.clock() - self._busy_until.get(gpu, self._start)
 
 
-def busy_reason(device: Device, utilization_threshold: float, own_pids: Iterable[int] = ()) -> str | None:
-    """Why the GPU is busy right now (a foreign process, high utilization), or None if idle."""
-    own = set(own_pids)
+class BusyKind(str, Enum):
+    """Why a GPU is not free to probe, as a value callers can branch on (never a message to parse)."""
+
+    ALLOCATED = "allocated"  # a pod holds it (kubelet), or who holds it cannot be known
+    FOREIGN_PROCESS = "foreign_process"  # a compute process that is not ours
+    UTILIZATION = "utilization"  # SM utilization above the configured threshold
+    OWN_TAIL = "own_tail"  # still our own run's load, and the wait for it to pass was cut short
+    UNREADABLE = "unreadable"  # the driver could not say (a lost GPU, an NVML error): busy, to be safe
+
+
+@dataclass(frozen=True)
+class BusyReason:
+    """One reason a GPU is busy: its kind and the words for the operator."""
+
+    kind: BusyKind
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _read_busy(device: Device, utilization_threshold: float, own: set[int]) -> BusyReason | None:
+    """One reading. The one policy for fields the driver cannot read, as in :func:`allocated_reason`:
+    a process list or utilization that cannot be read (not supported, an NVML error, a lost GPU)
+    makes the GPU busy (UNREADABLE): we never probe a GPU we cannot see is free."""
     try:
         foreign = [p.pid for p in device.compute_processes() if p.pid not in own]
         if foreign:
-            return f"compute process(es) {', '.join(map(str, foreign[:5]))} running"
+            return BusyReason(BusyKind.FOREIGN_PROCESS,
+                              f"compute process(es) {', '.join(map(str, foreign[:5]))} running")
         utilization = device.utilization().gpu_ratio
     except DeviceError as exc:
-        return f"cannot check the GPU is idle: {exc.reason}"
+        return BusyReason(BusyKind.UNREADABLE, f"cannot check the GPU is idle: {exc.reason}")
     if utilization > utilization_threshold:
-        return f"utilization {utilization:.0%} above {utilization_threshold:.0%}"
+        return BusyReason(BusyKind.UTILIZATION,
+                          f"utilization {utilization:.0%} above {utilization_threshold:.0%}")
     return None
+
+
+def busy_reason(
+    device: Device,
+    utilization_threshold: float,
+    own_pids: Iterable[int] = (),
+    *,
+    wait_seconds: float = 0.0,
+    poll_interval: float = 0.25,
+) -> BusyReason | None:
+    """The one live "is this GPU busy?" check (daemon gate, CLI sweep, probe runner, warm child).
+
+    Busy: a compute process not in ``own_pids``, SM utilization above ``utilization_threshold``
+    (``probes.idle_utilization_threshold``), or a GPU the driver cannot read (see
+    :func:`_read_busy`). ``wait_seconds``: keep reading (every ``poll_interval``) while a
+    transient reason (a foreign process, utilization) lasts: NVML's utilization covers its
+    last sample period and a child that just exited can still be listed.
+    """
+    own = set(own_pids)
+    deadline = time.monotonic() + max(wait_seconds, 0.0)
+    while True:
+        reason = _read_busy(device, utilization_threshold, own)
+        if reason is None or reason.kind is BusyKind.UNREADABLE or time.monotonic() >= deadline:
+            return reason
+        time.sleep(poll_interval)
+
+
+def busy_after_own_run(
+    device: Device,
+    utilization_threshold: float,
+    own_pids: Iterable[int],
+    since_own_run: float,
+    grace_seconds: float,
+    abort: threading.Event,
+) -> BusyReason | None:
+    """:func:`busy_reason`, except for the tail of our own run that ended ``since_own_run`` seconds ago.
+
+    NVML averages utilization over its last sample period (up to a second), so a check right after
+    our probe's child exits still reads ~100 %: on an H200 the next scheduled probe was skipped as
+    busy 1 ms after the previous one ended. Within ``grace_seconds`` of our own run a utilization
+    reading is taken again once the grace is over (OWN_TAIL if ``abort`` cuts that wait short);
+    foreign processes are never waited for.
+    """
+    reason = busy_reason(device, utilization_threshold, own_pids)
+    if reason is None or reason.kind is not BusyKind.UTILIZATION:
+        return reason
+    wait = grace_seconds - since_own_run
+    if wait <= 0:
+        return reason
+    if abort.wait(wait):
+        return BusyReason(BusyKind.OWN_TAIL, f"{reason.message}, within {grace_seconds:.0f} s of our own run")
+    return busy_reason(device, utilization_threshold, own_pids)
 
 
 def is_ours(allocation: Allocation, ours: OursConfig) -> bool:
@@ -98,7 +180,7 @@ def allocated_reason(
     ours: OursConfig,
     own_pids: Iterable[int] = (),
     kubelet_socket: str | None = None,
-) -> str | None:
+) -> BusyReason | None:
     """Why this GPU belongs to someone else (a pod, a foreign process), or None if it is free.
 
     A kubelet that exists but never answered leaves the allocation unknown: the
@@ -108,12 +190,12 @@ def allocated_reason(
     socket never seen there, or no watcher at all, leaves every GPU allocated.
     """
     if kubelet_socket is not None and state is None:
-        return "allocation unknown: the allocation collector is off, and in Kubernetes the kubelet must answer"
+        return BusyReason(BusyKind.ALLOCATED, "allocation unknown: the allocation collector is off, and in Kubernetes the kubelet must answer")
     if kubelet_socket is not None and state is not None and not state.seen:
-        return (
+        return BusyReason(BusyKind.ALLOCATED, (
             f"allocation unknown: no kubelet PodResources socket at {kubelet_socket} (mount it read-only, "
             "as deploy/kubernetes does, or set attribution.kubernetes.required: false)"
-        )
+        ))
     try:
         uuid = device.info().uuid
         try:
@@ -122,17 +204,19 @@ def allocated_reason(
             ids = [uuid]
         if state is not None and state.seen:
             if not state.answered:
-                return f"kubelet PodResources never answered ({state.reason}): allocation unknown"
+                return BusyReason(BusyKind.ALLOCATED,
+                                  f"kubelet PodResources never answered ({state.reason}): allocation unknown")
             foreign = [a for a in state.for_devices(ids) if not is_ours(a, ours)]
             if foreign:
                 first = foreign[0]
-                return f"allocated to pod {first.namespace}/{first.pod} container {first.container} ({first.resource})"
+                return BusyReason(BusyKind.ALLOCATED, f"allocated to pod {first.namespace}/{first.pod} "
+                                  f"container {first.container} ({first.resource})")
         own = set(own_pids)
         pids = [p.pid for p in device.compute_processes() if p.pid not in own]
     except DeviceError as exc:
-        return f"cannot check who holds the GPU: {exc.reason}"
+        return BusyReason(BusyKind.UNREADABLE, f"cannot check who holds the GPU: {exc.reason}")
     if pids:
-        return f"compute process(es) {', '.join(map(str, pids[:5]))} running"
+        return BusyReason(BusyKind.FOREIGN_PROCESS, f"compute process(es) {', '.join(map(str, pids[:5]))} running")
     return None
 
 

@@ -23,25 +23,18 @@ from gpuperfd.attribution.allocations import AllocationState
 from gpuperfd.config import ProbesConfig, ScheduleConfig
 from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
-from gpuperfd.probes.result import ProbeResult
-from gpuperfd.probes.spec import DEFAULT_PRESET
-from gpuperfd.probing.executors import Executor, open_session
+from gpuperfd.probe_data.recommend import SweepPoint, recommend
+from gpuperfd.probe_data.spec import DEFAULT_PRESET
+from gpuperfd.probing.executors import Executor
 from gpuperfd.probing.history import HistoryWriter
-from gpuperfd.probing.idle import IdleTracker, allocated_reason, busy_reason, mig_reason
+from gpuperfd.probing.idle import BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
-from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
-from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
-from gpuperfd.probing.sweep.sweeper import (
-    SweepAborted,
-    SweepPoint,
-    recommend,
-    run_sweep,
-)
+from gpuperfd.probing.sweep.journal import CapJournal
+from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, SweepRequest, run_owned_sweep
 from gpuperfd.system.memory import release_free_memory
 
 log = logging.getLogger(__name__)
-
 
 
 #: Seconds after our own run on a GPU during which its utilization is read as our run's tail.
@@ -182,7 +175,7 @@ class ProbeService:
             state = self.allocations() if self.allocations is not None else None
             held = allocated_reason(device, state, self.config.ours, (os.getpid(),), self.kubelet_socket)
             if held is not None:  # someone's GPU, even at zero utilization
-                return self._skip(info, schedule, "allocated", held)
+                return self._skip(info, schedule, "allocated", str(held))
             if (why := mig_reason(device, self.config.allow_mig)) is not None:
                 return self._skip(info, schedule, "mig", why)
             idle_for = self.tracker.idle_for(gpu)
@@ -190,7 +183,7 @@ class ProbeService:
                 return self._skip(info, schedule, "not_idle", f"idle {idle_for:.0f} s < {self.config.idle_seconds:.0f} s")
             reason = self._busy_reason(device, gpu)
             if reason is not None:
-                return self._skip(info, schedule, "busy", reason)
+                return self._skip(info, schedule, "busy", str(reason))
             with self._active_lock:
                 self._active += 1
             try:
@@ -206,23 +199,11 @@ class ProbeService:
                 self._node_lock.release()
             lock.release()
 
-    def _busy_reason(self, device: Device, gpu: int) -> str | None:
-        """busy_reason, except for the tail of our own run that just ended on this GPU.
-
-        NVML averages utilization over its last sample period (up to a second), so a
-        check right after our probe's child exits still reads ~100 %: on an H200 the
-        next scheduled probe was skipped as busy 1 ms after the previous one ended.
-        Within OWN_LOAD_GRACE_SECONDS of our own run, a high reading is read again
-        once that grace is over; foreign processes are never waited for.
-        """
-        threshold = self.config.idle_utilization_threshold
-        reason = busy_reason(device, threshold, own_pids=(os.getpid(),))
-        if reason is None or not reason.startswith("utilization"):
-            return reason
-        wait = OWN_LOAD_GRACE_SECONDS - (time.monotonic() - self._own_load_ended.get(gpu, -math.inf))
-        if wait <= 0 or self.abort.wait(wait):
-            return reason
-        return busy_reason(device, threshold, own_pids=(os.getpid(),))
+    def _busy_reason(self, device: Device, gpu: int) -> BusyReason | None:
+        """The one busy check, with the grace for our own run's utilization tail on this GPU."""
+        since = time.monotonic() - self._own_load_ended.get(gpu, -math.inf)
+        return busy_after_own_run(device, self.config.idle_utilization_threshold, (os.getpid(),), since,
+                                  OWN_LOAD_GRACE_SECONDS, self.abort)
 
     def _info(self, device: Device) -> GpuInfo:
         """The GPU's identity, or the last one read while it answered (for labels of a lost GPU)."""
@@ -244,108 +225,36 @@ class ProbeService:
         return RunOutcome("skipped", reason)
 
     def _sweep(self, device: Device, schedule: ScheduleConfig, preset: str) -> RunOutcome:
-        """Own the GPU's cap (cross-process lock), put back what a dead owner left, then sweep."""
+        """The owned sweep (:func:`run_owned_sweep`), its outcome counted and logged."""
         info = self._info(device)
-        name = safe_name(info.uuid)
-        gpu_lock: GpuLock | None = None
-        if self.config.read_only:
-            # Changes no cap, so writes nothing to the state directory; still never on a swept GPU.
-            owner = is_owned(self.journal.state_dir, name)
-            if owner is not None:
-                return self._skip(info, schedule, "busy", str(GpuBusy(name, owner)))
-        else:
-            gpu_lock = GpuLock(self.journal.state_dir, name)
-            try:
-                gpu_lock.acquire()
-            except GpuBusy as busy:
-                return self._skip(info, schedule, "busy", str(busy))
-            except OSError as exc:
-                log.error("gpu %d: cannot take the power-cap lock in %s (%s); not sweeping",
-                          device.index, self.journal.state_dir, exc.strerror or exc)
-                self.metrics.count(info, schedule.probe, preset, "failed", "state_dir")
-                return RunOutcome("failed", "state_dir")
-        try:
-            if gpu_lock is not None:
-                restored = restore_pending(self.journal, [device], only=[info.uuid], lock=False)
-                if restored:
-                    log.warning("gpu %d: took over from an owner that died: restored %s", device.index, "; ".join(restored))
-            return self._sweep_owned(device, info, schedule, preset)
-        finally:
-            if gpu_lock is not None:
-                gpu_lock.release()
+        request = SweepRequest([schedule], parse_cap_list(schedule.caps), read_only=self.config.read_only,
+                               stop_early=self.config.max_slowdown if self.config.stop_early else None)
 
-    def _sweep_owned(self, device: Device, info: GpuInfo, schedule: ScheduleConfig, preset: str) -> RunOutcome:
-        try:
-            limits = device.power_limits()
-        except DeviceError as exc:
-            self.metrics.count(info, schedule.probe, preset, "failed", exc.reason)
-            return RunOutcome("failed", exc.reason)
-        operator_cap = limits.enforced_watts
-        self._operator_caps[device.index] = operator_cap
-        self.metrics.set_original_cap(info, operator_cap)
-        caps = resolve_caps(parse_cap_list(schedule.caps), limits)
-        read_only = self.config.read_only or caps == [round(operator_cap)]
-        sweep_id = uuidlib.uuid4().hex[:12]
-        published: list[SweepPoint] = []
+        def observer_for(schedule: ScheduleConfig, outcome: OwnedSweep) -> ServiceObserver:
+            operator_cap = outcome.original_cap_watts
+            assert operator_cap is not None  # read before any schedule starts
+            self._operator_caps[device.index] = operator_cap
+            self.metrics.set_original_cap(info, operator_cap)
+            return ServiceObserver(self, device, info, schedule, operator_cap)
 
-        session = open_session(self.executor, device, schedule, self.abort)  # one warm child per sweep
-
-        def run_point(cap: float) -> ProbeResult:
-            self.tracker.mark_ours(device.index, True)
-            try:
-                return session.measure(cap)
-            finally:
-                self.tracker.mark_ours(device.index, False)
-
-        def on_point(point: SweepPoint) -> None:
-            published.append(point)
-            if point.result.status != "ok":
-                log.warning(
-                    "gpu %d: %s/%s at %.0f W %s (%s): %s", device.index, schedule.probe, preset, point.cap_watts,
-                    point.result.status, point.result.failure_reason, point.result.error_message,
-                )
-            with self._latest_lock:  # a failed point is no candidate: its last ok result goes too
-                points = self._latest.setdefault((device.index, schedule.probe, preset), {})
-                if point.result.status == "ok":
-                    points[round(point.cap_watts)] = point
-                else:
-                    points.pop(round(point.cap_watts), None)
-            at_operator_cap = round(point.cap_watts) == round(operator_cap)
-            self.metrics.publish(info, point.result, point.cap_watts, at_operator_cap)
-            if self.history is not None:
-                self.history.append(info, point.result.to_dict(), point.cap_watts, operator_cap, sweep_id)
-
-        try:
-            run_sweep(
-                device,
-                self.journal,
-                caps,
-                run_point,
-                settle_seconds=schedule.settle_seconds,
-                read_only=read_only,
-                abort=self.abort,
-                on_cap=lambda watts: self._cap_changed(device, info, watts),
-                on_point=on_point,
-                stop_early=self.config.max_slowdown if self.config.stop_early else None,
-            )
-        except SweepAborted as exc:
-            log.warning("%s", exc)
-            self.metrics.count(info, schedule.probe, preset, "aborted", "shutdown")
-            return RunOutcome("aborted", "shutdown", tuple(published))
-        except DeviceError as exc:
-            log.error("gpu %d: sweep failed: %s", device.index, exc)
-            self.metrics.count(info, schedule.probe, preset, "failed", exc.reason)
-            return RunOutcome("failed", exc.reason, tuple(published))
-        except OSError as exc:  # the journal could not be written: no cap was changed
-            log.error("gpu %d: sweep not run: %s", device.index, exc.strerror or exc)
+        outcome = run_owned_sweep(device, self.journal, request, self.executor, observer_for, self.abort)
+        published = tuple(point for _, points in outcome.sweeps for point in points)
+        status = outcome.status
+        if status is OwnedStatus.OWNED:
+            return self._skip(info, schedule, "busy", outcome.detail)
+        if status is OwnedStatus.STATE_DIR:
+            if not published:
+                log.error("gpu %d: cannot take the power-cap lock or write the journal in %s (%s); not sweeping",
+                          device.index, self.journal.state_dir, outcome.detail)
             self.metrics.count(info, schedule.probe, preset, "failed", "state_dir")
-            return RunOutcome("failed", "state_dir", tuple(published))
-        except Exception:  # a bug must be counted and logged, never kill the scheduler's job
-            log.exception("gpu %d: %s sweep failed", device.index, schedule.probe)
-            self.metrics.count(info, schedule.probe, preset, "failed", "exception")
-            return RunOutcome("failed", "exception", tuple(published))
-        finally:
-            session.close()
+            return RunOutcome("failed", "state_dir", published)
+        if status is OwnedStatus.ABORTED:
+            self.metrics.count(info, schedule.probe, preset, "aborted", "shutdown")
+            return RunOutcome("aborted", "shutdown", published)
+        if status in (OwnedStatus.DEVICE_ERROR, OwnedStatus.EXCEPTION):
+            reason = outcome.reason if status is OwnedStatus.DEVICE_ERROR else "exception"
+            self.metrics.count(info, schedule.probe, preset, "failed", reason)
+            return RunOutcome("failed", reason, published)
         failed = [p for p in published if p.result.status not in ("ok", "skipped")]
         if len(published) > 1:
             best = recommend(published, self.config.max_slowdown)
@@ -356,5 +265,44 @@ class ProbeService:
                     100 * best.energy_saving_ratio, 100 * best.slowdown_ratio, best.baseline_cap_watts,
                 )
         if failed:
-            return RunOutcome(failed[0].result.status, failed[0].result.failure_reason or "unknown", tuple(published))
-        return RunOutcome("ok", "", tuple(published))
+            return RunOutcome(failed[0].result.status, failed[0].result.failure_reason or "unknown", published)
+        return RunOutcome("ok", "", published)
+
+
+class ServiceObserver:
+    """The daemon's :class:`~gpuperfd.probing.observer.SweepObserver`: where a point goes from the sweep.
+
+    Each point: the idle tracker is told the load is ours while it runs (:meth:`on_measuring`), then
+    the result goes to the landing page's latest points (a failed point withdraws its cap's last ok
+    one), the probe series (:class:`~gpuperfd.probing.metrics.ProbeMetrics`) and the history file.
+    Each cap: the served power limit is refreshed, then the sweep flag set.
+    """
+
+    def __init__(self, service: ProbeService, device: Device, info: GpuInfo, schedule: ScheduleConfig,
+                 operator_cap: float) -> None:
+        self.service, self.device, self.info, self.schedule = service, device, info, schedule
+        self.operator_cap = operator_cap
+        self.preset = preset_of(schedule)
+        self.sweep_id = uuidlib.uuid4().hex[:12]
+
+    def on_cap(self, watts: float | None) -> None:
+        self.service._cap_changed(self.device, self.info, watts)
+
+    def on_measuring(self, running: bool) -> None:
+        self.service.tracker.mark_ours(self.device.index, running)
+
+    def on_point(self, point: SweepPoint) -> None:
+        service, result = self.service, point.result
+        if result.status != "ok":
+            log.warning("gpu %d: %s/%s at %.0f W %s (%s): %s", self.device.index, self.schedule.probe, self.preset,
+                        point.cap_watts, result.status, result.failure_reason, result.error_message)
+        with service._latest_lock:  # a failed point is no candidate: its last ok result goes too
+            points = service._latest.setdefault((self.device.index, self.schedule.probe, self.preset), {})
+            if result.status == "ok":
+                points[round(point.cap_watts)] = point
+            else:
+                points.pop(round(point.cap_watts), None)
+        at_operator_cap = round(point.cap_watts) == round(self.operator_cap)
+        service.metrics.publish(self.info, result, point.cap_watts, at_operator_cap)
+        if service.history is not None:
+            service.history.append(self.info, result.to_dict(), point.cap_watts, self.operator_cap, self.sweep_id)

@@ -3,7 +3,7 @@
 Pipeline: load (:mod:`.records` for history files, :mod:`.prometheus` for a
 Prometheus server) -> drop outliers (:mod:`.outliers`, the rule is in
 docs/reports.md) -> aggregate per cap and recommend a cap (:mod:`.aggregate`,
-reusing :func:`gpuperfd.probing.sweep.sweeper.recommend`) -> figures (:mod:`.figures`,
+reusing :func:`gpuperfd.probe_data.recommend.recommend`) -> figures (:mod:`.figures`,
 matplotlib Agg) -> files (:func:`write_report`).
 
 Needs matplotlib (``pip install 'gpuperfd[report]'``); the daemon never imports this package.

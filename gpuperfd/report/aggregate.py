@@ -4,7 +4,7 @@ After the outlier rule, the ok runs of each (GPU, probe, preset, batch size, cap
 group become one :class:`CapPoint` (means of throughput, energy per unit and
 power; latency percentiles over the pooled samples of the kept runs). The caps of
 one (GPU, probe, preset, batch size) form a :class:`Series`, whose recommended
-cap comes from :func:`gpuperfd.probing.sweep.sweeper.recommend`: the same rule the
+cap comes from :func:`gpuperfd.probe_data.recommend.recommend`: the same rule the
 daemon and the Prometheus recording rules use.
 """
 
@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuperfd.probes.record import labels_text
-from gpuperfd.probes.result import ProbeResult, percentile
-from gpuperfd.probing.sweep.sweeper import Recommendation, SweepPoint, recommend
+from gpuperfd.probe_data.record import labels_text
+from gpuperfd.probe_data.result import ProbeResult, percentile
+from gpuperfd.probe_data.recommend import Recommendation, SweepPoint, recommend
 from gpuperfd.report.outliers import Dropped, split_outliers
 from gpuperfd.report.records import (
     PRIMARY_LATENCY,

@@ -74,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
     except ImportError:
         print("gpuperfd: the report needs matplotlib: pip install 'gpuperfd[report]'", file=sys.stderr)
         return 1
-    from gpuperfd.probing.sweep.sweeper import comparison_words
+    from gpuperfd.probe_data.recommend import comparison_words
     from gpuperfd.report import build_report, load_history, write_report
     from gpuperfd.report.prometheus import load_prometheus
 

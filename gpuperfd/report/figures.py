@@ -352,7 +352,7 @@ def _line_name(factors: dict[str, Any], keys: list[str]) -> str:
 
 
 def _model_order(probe: str, models: list[str]) -> list[str]:
-    from gpuperfd.probes.spec import PRESETS
+    from gpuperfd.probe_data.spec import PRESETS
 
     known = list(PRESETS.get(probe, {}))
     return sorted(models, key=lambda m: (known.index(m) if m in known else len(known), m))

@@ -14,7 +14,7 @@ from html import escape
 from typing import Any
 
 import gpuperfd
-from gpuperfd.probes.record import labels_text
+from gpuperfd.probe_data.record import labels_text
 from gpuperfd.report.aggregate import Report, _params_text
 from gpuperfd.report.figures import energy_text, percent, utc
 from gpuperfd.report.outliers import RULE

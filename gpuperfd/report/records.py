@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuperfd.probes.record import RecordError, finite_or_none, normalize, read_records, record_labels
-from gpuperfd.probes.result import MAIN_LATENCY, ProbeResult
-from gpuperfd.probing.sweep.sweeper import work_rate
+from gpuperfd.probe_data.record import RecordError, finite_or_none, normalize, read_records, record_labels
+from gpuperfd.probe_data.result import MAIN_LATENCY, ProbeResult
+from gpuperfd.probe_data.recommend import work_rate
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class Run:
 
 def default_batch_size(probe: str, preset: str) -> int | None:
     """The batch size a preset runs with when the run's params do not say."""
-    from gpuperfd.probes.spec import PRESETS
+    from gpuperfd.probe_data.spec import PRESETS
 
     value = PRESETS.get(probe, {}).get(preset, {}).get("batch_size")
     return int(value) if isinstance(value, int) else None

@@ -4,7 +4,7 @@ Per GPU: a row in the GPU table (index, name, UUID, up/lost, power draw and
 cap), then one row per (probe, preset) with the latest ok result at each cap
 tested, a small hand-written SVG chart (throughput and energy per unit against
 the cap, recommended cap marked) and the recommended cap with its energy saving
-and slowdown (the rule of :func:`gpuperfd.probing.sweep.sweeper.recommend`).
+and slowdown (the rule of :func:`gpuperfd.probe_data.recommend.recommend`).
 
 Cheap by construction: one snapshot of the sampler's store, the probe service's
 latest points (a copy of a small dict), string formatting; no device call, no
@@ -19,13 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 import gpuperfd
-from gpuperfd.probing.sweep.sweeper import (
-    Recommendation,
-    SweepPoint,
-    comparison_words,
-    recommend,
-    work_rate,
-)
+from gpuperfd.probe_data.recommend import Recommendation, SweepPoint, comparison_words, recommend, work_rate
 from gpuperfd.telemetry.sampler import Sampler, lost_gpus
 
 #: (gpu index, probe, preset) -> latest ok point per cap (ProbeService.latest()).

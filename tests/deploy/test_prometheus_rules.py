@@ -185,8 +185,8 @@ RECOMMENDATION_CASES = [
 
 
 def test_recommend_and_the_recording_rules_agree_on_every_case(tmp_path):
-    from gpuperfd.probes.result import ProbeResult
-    from gpuperfd.probing.sweep.sweeper import SweepPoint, recommend
+    from gpuperfd.probe_data.result import ProbeResult
+    from gpuperfd.probe_data.recommend import SweepPoint, recommend
 
     series, expected = [], []
     for number, (case, points, cap) in enumerate(RECOMMENDATION_CASES):

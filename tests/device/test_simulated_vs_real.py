@@ -28,7 +28,7 @@ from gpuperfd.device.simulated import (
     SimulatedBackend,
     WorkloadProfile,
 )
-from gpuperfd.probes.spec import DEFAULT_PRESET, PRESETS
+from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS
 from gpuperfd.probing.executors import (
     SIMULATED_PROFILE,
     simulated_executor,

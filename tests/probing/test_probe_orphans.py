@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gpuperfd.probes.runner import (
+from gpuperfd.probing.runner import (
     RECORD_PREFIX,
     end_leftover_children,
     process_start_time,
@@ -110,7 +110,7 @@ def test_case4_probe_cli_ends_its_child_on_a_stop_signal(tmp_path, sig):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
-        from gpuperfd.probes.runner import _descendants
+        from gpuperfd.probing.runner import _descendants
 
         kids = wait_until(lambda: _descendants(cli.pid), 60, "the probe child")
         time.sleep(1.0)

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
-from gpuperfd.probes.result import ProbeResult
+from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.executors import simulated_executor
 from gpuperfd.probing.history import HistoryWriter, read_history
 from gpuperfd.probing.idle import IdleTracker
@@ -137,7 +137,8 @@ def test_history_rotates(tmp_path):
 
 def test_process_appearing_mid_probe_aborts_it_and_frees_the_gpu(tmp_path):
     backend, devices, registry, service = make(tmp_path)
-    service.executor = __import__("gpuperfd.probing.executors", fromlist=["x"]).simulated_executor(2.0, seed=1)
+    # A 20 s window: "given back at once" is told from "after the window" by a wide margin, not by luck.
+    service.executor = __import__("gpuperfd.probing.executors", fromlist=["x"]).simulated_executor(20.0, seed=1)
     gpu = devices[0]
     timer = threading.Timer(0.3, lambda: gpu.add_foreign_process(pid=424242, memory_bytes=1 << 30))
     timer.start()
@@ -145,7 +146,7 @@ def test_process_appearing_mid_probe_aborts_it_and_frees_the_gpu(tmp_path):
     outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60, caps=["max", 500], settle_seconds=0), 0)
     elapsed = __import__("time").monotonic() - started
     timer.join()
-    assert outcome.result == "aborted" and elapsed < 1.5  # given back at once, not after the 2 s window
+    assert outcome.result == "aborted" and elapsed < 10  # given back at once, not after the 20 s window
     assert "424242" in outcome.points[0].result.error_message
     assert gpu.compute_processes() and all(p.pid == 424242 for p in gpu.compute_processes())  # ours is gone
     assert gpu.power_limits().enforced_watts == 680.0  # and the cap is back
@@ -360,17 +361,19 @@ def test_our_own_runs_utilization_tail_does_not_make_the_gpu_busy(tmp_path, monk
     """NVML averages utilization over its last sample period: right after our own run the GPU
     still reads busy (an H200 skipped the next probe 1 ms after one ended). Within the grace the
     reading is taken again; long after our run, or for a foreign load, busy stays busy."""
+    import gpuperfd.probing.idle as idle_module
     import gpuperfd.probing.service as service_module
+    from gpuperfd.probing.idle import BusyKind, BusyReason
 
     backend, devices, registry, service = make(tmp_path)
     readings: list[str | None] = []
 
     def tail_then_idle(device, threshold, own_pids=()):
         readings.append("read")
-        return "utilization 100% above 5%" if len(readings) == 1 else None
+        return BusyReason(BusyKind.UTILIZATION, "utilization 100% above 5%") if len(readings) == 1 else None
 
     monkeypatch.setattr(service_module, "OWN_LOAD_GRACE_SECONDS", 0.3)
-    monkeypatch.setattr(service_module, "busy_reason", tail_then_idle)
+    monkeypatch.setattr(idle_module, "busy_reason", tail_then_idle)
     service._own_load_ended[0] = time.monotonic()  # our run ended just now
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
     assert len(readings) == 2  # read again once the grace was over
@@ -379,7 +382,8 @@ def test_our_own_runs_utilization_tail_does_not_make_the_gpu_busy(tmp_path, monk
     outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1)
     assert (outcome.result, outcome.reason) == ("skipped", "busy") and len(readings) == 1
     readings.clear()
-    monkeypatch.setattr(service_module, "busy_reason", lambda *a, **k: readings.append(1) or "compute process(es) 42 running")
+    monkeypatch.setattr(idle_module, "busy_reason", lambda *a, **k: readings.append(1) or BusyReason(
+        BusyKind.FOREIGN_PROCESS, "compute process(es) 42 running"))
     service._own_load_ended[0] = time.monotonic()
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).reason == "busy" and len(readings) == 1
 

@@ -11,7 +11,7 @@ import pytest
 
 from gpuperfd.config import ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import WORKLOAD_PROFILES, SimulatedBackend
-from gpuperfd.probes.result import ProbeResult
+from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.executors import SIMULATED_PROFILE, simulated_executor
 from gpuperfd.probing.sweep.caps import (
     CapGuard,
@@ -20,12 +20,8 @@ from gpuperfd.probing.sweep.caps import (
     resolve_caps,
 )
 from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
-from gpuperfd.probing.sweep.sweeper import (
-    SweepAborted,
-    SweepPoint,
-    recommend,
-    run_sweep,
-)
+from gpuperfd.probe_data.recommend import SweepPoint, recommend
+from gpuperfd.probing.sweep.sweeper import SweepAborted, run_sweep
 
 
 @pytest.fixture

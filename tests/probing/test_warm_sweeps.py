@@ -17,14 +17,15 @@ import pytest
 
 from gpuperfd.config import ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
-from gpuperfd.probes.spec import PROBES
+from gpuperfd.probe_data.spec import PROBES
 from gpuperfd.probing.executors import (
     ChildProcessExecutor,
     SimulatedExecutor,
     open_session,
 )
 from gpuperfd.probing.sweep.journal import CapJournal
-from gpuperfd.probing.sweep.sweeper import recommend, run_sweep
+from gpuperfd.probe_data.recommend import recommend
+from gpuperfd.probing.sweep.sweeper import run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"repeats": 2, "measure_seconds": 0.15, "busy_profile_seconds": 0.0}
@@ -224,8 +225,8 @@ def test_executor_in_process_leaves_no_torch_in_sys_modules(tmp_path):
 import json, os, sys, threading
 from gpuperfd.config import ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
-from gpuperfd.probes.runner import run_probe
-from gpuperfd.probes.spec import ProbeSpec
+from gpuperfd.probing.runner import run_probe
+from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probing.executors import ChildProcessExecutor, open_session
 if __name__ == "__main__":
     gpu = SimulatedBackend(SimulationConfig(gpus=1)).devices()[0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuperfd.probing.idle import not_idle_text
-from gpuperfd.probing.sweep.sweeper import Recommendation, comparison_words, read_only_note
+from gpuperfd.probe_data.recommend import Recommendation, comparison_words, read_only_note
 
 
 def _rec(cap: float, base: float, saving: float, slowdown: float) -> Recommendation:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuperfd.cli import main
-from gpuperfd.probes.result import MAIN_LATENCY, ProbeResult
+from gpuperfd.probe_data.result import MAIN_LATENCY, ProbeResult
 
 pytest.importorskip("matplotlib")
 

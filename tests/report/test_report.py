@@ -26,7 +26,7 @@ import pytest
 import requests
 from conftest import free_port
 
-from gpuperfd.probes.result import ProbeResult
+from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.report import cli
 from gpuperfd.report.outliers import split_outliers
 from gpuperfd.report.prometheus import load_prometheus, parse_time

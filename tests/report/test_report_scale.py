@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuperfd.probes.record import append_records, build_record
-from gpuperfd.probes.result import ProbeResult
+from gpuperfd.probe_data.record import append_records, build_record
+from gpuperfd.probe_data.result import ProbeResult
 
 pytest.importorskip("matplotlib")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuperfd.cli import main
-from gpuperfd.probes.record import CSV_COLUMNS
+from gpuperfd.probe_data.record import CSV_COLUMNS
 
 pytest.importorskip("matplotlib")
 
@@ -168,7 +168,7 @@ def _example_module():  # examples/ is not a package: load run.py by path
 
 
 def _records(path: Path) -> list[dict[str, object]]:
-    from gpuperfd.probes.record import read_records, record_row
+    from gpuperfd.probe_data.record import read_records, record_row
 
     return [record_row(r) for r, _ in read_records([path], include_rotated=False)[0]]
 

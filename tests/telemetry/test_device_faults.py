@@ -482,7 +482,7 @@ def probe_runs(text: str) -> dict[tuple[str, str, str], float]:
 
 def test_probe_oom_crash_cuda_error_and_hang_fail_cleanly_and_the_next_probe_runs(start_daemon, tmp_path):
     pytest.importorskip("torch")
-    import gpuperfd.probes.runner  # noqa: F401  (the probe package must import for this test)
+    import gpuperfd.probing.runner  # noqa: F401  (the probe package must import for this test)
 
     daemon = start_daemon(config_text=PROBE_CONFIG.format(state=tmp_path / "state", timeout=PROBE_TIMEOUT))
     conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=10)

@@ -218,7 +218,7 @@ def test_gpu_that_comes_back_is_up_at_its_first_good_read(clock):
 
 
 def _probe_result(cap: float, rate: float, status: str = "ok"):
-    from gpuperfd.probes.result import ProbeResult
+    from gpuperfd.probe_data.result import ProbeResult
 
     return ProbeResult(probe="llm", variant="generate", preset="gpt2", status=status, wall_seconds=2.0,
                        failure_reason=None if status == "ok" else "oom", measured_seconds=1.0,

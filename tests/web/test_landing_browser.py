@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from gpuperfd.probes.result import ProbeResult
-from gpuperfd.probing.sweep.sweeper import SweepPoint, recommend
+from gpuperfd.probe_data.result import ProbeResult
+from gpuperfd.probe_data.recommend import SweepPoint, recommend
 from gpuperfd.telemetry.collectors.base import Point
 from gpuperfd.telemetry.sampler import GpuIdentity, Reading, ReadingStore
 from gpuperfd.web.landing import landing_page

@@ -1,4 +1,10 @@
-"""``gpuperfd sweep`` (one power-cap sweep from the command line) and ``gpuperfd restore-caps``."""
+"""``gpuperfd sweep`` (one power-cap sweep from the command line) and ``gpuperfd restore-caps``.
+
+The flags become one typed :class:`SweepArgs` at the door; the sweep itself is the one owned
+sweep the daemon runs too (:func:`gpuperfd.probing.sweep.owned.run_owned_sweep`), with the executor
+of :func:`gpuperfd.probing.executors.choose_executor`; this module only words its outcome, draws the
+progress bar and writes the run records (:class:`CliObserver`).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,28 @@ import logging
 import os
 import sys
 import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gpuperfd.config import Config, ScheduleConfig, config_with_flags
+from gpuperfd.console import ProgressBar, format_table
+from gpuperfd.device.base import Device, GpuInfo
+from gpuperfd.device.errors import DeviceError
+from gpuperfd.device.factory import open_backend
+from gpuperfd.probe_data.record import RecordError, append_records, build_record, check_output
+from gpuperfd.probe_data.recommend import SweepPoint, recommend, work_rate
+from gpuperfd.probe_data.result import ProbeResult
+from gpuperfd.probe_data.spec import PROBES
+from gpuperfd.probing.executors import choose_executor
+from gpuperfd.probing.idle import busy_reason
+from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list
+from gpuperfd.probing.sweep.journal import CapJournal, journals_for, restore_all
+from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, SweepRequest, run_owned_sweep
+from gpuperfd.probing.sweep.ownership import is_owned
+from gpuperfd.system.logs import setup_logging
+from gpuperfd.system.stopsignals import StopSignals, say
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +52,6 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 
 def _probe_list(text: str) -> list[str]:
-    from gpuperfd.probes.spec import PROBES
-
     probes = [p.strip() for p in text.split(",")]
     for probe in probes:
         if probe not in PROBES:
@@ -89,8 +112,58 @@ def register(subparsers: Any) -> None:
     restore.set_defaults(func=cmd_restore_caps)
 
 
-def _load(args: argparse.Namespace) -> Config:
-    return config_with_flags(args.config, {"probes.state_dir": args.state_dir}, simulate=args.simulate)
+
+@dataclass(frozen=True)
+class SweepArgs:
+    """``gpuperfd sweep``'s flags, typed (see :func:`register` for what each means)."""
+
+    probes: list[str]
+    caps: str
+    gpu: int = 0
+    wait: float = 0.0
+    preset: str | None = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    settle: float = 5.0
+    stop_early: bool = True
+    max_slowdown: float = 0.10
+    read_only: bool = False
+    simulate: int | None = None
+    config: str | None = None
+    state_dir: str | None = None
+    clamp: bool = False
+    output: str | None = None
+    report: str | None = None
+    progress: bool = True
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> SweepArgs:
+        return cls(probes=list(ns.probe), caps=ns.caps, gpu=ns.gpu, wait=ns.wait, preset=ns.preset,
+                   options=dict(ns.option), settle=ns.settle, stop_early=ns.stop_early,
+                   max_slowdown=ns.max_slowdown, read_only=ns.read_only, simulate=ns.simulate, config=ns.config,
+                   state_dir=ns.state_dir, clamp=ns.clamp, output=ns.output, report=ns.report,
+                   progress=not ns.no_progress)
+
+    def usage_error(self) -> str | None:
+        """What is wrong with the flags before any GPU is touched, or None."""
+        if self.output:
+            try:
+                check_output(self.output)
+            except RecordError as exc:
+                return f"--{exc}"
+        if not 0 <= self.max_slowdown < 1:
+            return "--max-slowdown must be in [0, 1)"
+        if not self.wait >= 0:
+            return "--wait must be >= 0 seconds"
+        if self.report:
+            try:
+                import matplotlib  # noqa: F401  (optional dependency, checked before any GPU time is spent)
+            except ImportError:
+                return "--report needs matplotlib: pip install 'gpuperfd[report]'"
+        return None
+
+
+def _load(config: str | None, state_dir: str | None, simulate: int | None) -> Config:
+    return config_with_flags(config, {"probes.state_dir": state_dir}, simulate=simulate)
 
 
 def _one_line(exc: Exception) -> str:
@@ -104,16 +177,15 @@ def _one_line(exc: Exception) -> str:
     return str(exc)
 
 
-def _read_only(args: argparse.Namespace, config: Config) -> bool:
+
+def _read_only(args: SweepArgs, config: Config) -> bool:
     """--read-only, or ``probes.read_only`` when the config file sets it. Its default (true) guards the
     daemon against a half-written file; ``gpuperfd sweep --caps ...`` typed by hand is explicit consent."""
     return bool(args.read_only or ("read_only" in config.probes.model_fields_set and config.probes.read_only))
 
 
-def _cap_report(device: Any, original: float | None, journal: Any) -> str:
+def _cap_report(device: Device, original: float | None, journal: CapJournal) -> str:
     """What the cap really is now (read back from the GPU), for the last line of a stopped sweep."""
-    from gpuperfd.device.errors import DeviceError
-
     try:
         back = device.power_limits().enforced_watts
     except DeviceError as exc:
@@ -125,43 +197,22 @@ def _cap_report(device: Any, original: float | None, journal: Any) -> str:
     return f"gpu {device.index}: power cap NOT restored, reads back {back:.0f} W{kept}; run `gpuperfd restore-caps`"
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from gpuperfd.device.errors import DeviceError
-    from gpuperfd.device.factory import open_backend
-    from gpuperfd.probes.record import RecordError, check_output
-    from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list
-    from gpuperfd.system.logs import setup_logging
-    from gpuperfd.system.stopsignals import StopSignals, say
-
-    if args.output:
-        try:
-            check_output(args.output)
-        except RecordError as exc:
-            print(f"gpuperfd: --{exc}", file=sys.stderr)
-            return 2
-    if not 0 <= args.max_slowdown < 1:
-        print("gpuperfd: --max-slowdown must be in [0, 1)", file=sys.stderr)
+def cmd_sweep(ns: argparse.Namespace) -> int:
+    args = SweepArgs.from_namespace(ns)
+    if (problem := args.usage_error()) is not None:
+        print(f"gpuperfd: {problem}", file=sys.stderr)
         return 2
-    if not args.wait >= 0:
-        print("gpuperfd: --wait must be >= 0 seconds", file=sys.stderr)
-        return 2
-    if args.report:
-        try:
-            import matplotlib  # noqa: F401  (checked before any GPU time is spent)
-        except ImportError:
-            print("gpuperfd: --report needs matplotlib: pip install 'gpuperfd[report]'", file=sys.stderr)
-            return 2
     try:
         caps_spec = parse_cap_list(args.caps)
         schedules = [
             ScheduleConfig(probe=probe, preset=args.preset, interval_seconds=3600, caps=caps_spec,
-                           settle_seconds=args.settle, options=dict(args.option))
-            for probe in args.probe
+                           settle_seconds=args.settle, options=dict(args.options))
+            for probe in args.probes
         ]
     except (CapSpecError, ValueError) as exc:
         print(f"gpuperfd: --caps/--option: {_one_line(exc)}", file=sys.stderr)
         return 2
-    config = _load(args)
+    config = _load(args.config, args.state_dir, args.simulate)
     setup_logging(config.log_level)
     abort = threading.Event()
     # From here on every stop signal only sets `abort`: the cap is put back before we exit.
@@ -176,103 +227,82 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             if args.gpu not in devices:
                 say(f"gpuperfd: --gpu {args.gpu}: no such GPU (have {sorted(devices)})")
                 return 2
-            code = _sweep_owned(args, config, devices[args.gpu], schedules, caps_spec, abort, stop)
+            code = _sweep(args, config, backend.name, devices[args.gpu], schedules, caps_spec, abort, stop)
         finally:
             backend.close()
     return code
 
 
-def _sweep_owned(args, config, device, schedules, caps_spec, abort, stop) -> int:  # type: ignore[no-untyped-def]
-    """Own GPU ``device``'s cap (cross-process lock), restore what a dead owner left, sweep, report."""
-    from gpuperfd.device.errors import DeviceError
-    from gpuperfd.probing.executors import child_process_executor, simulated_executor
-    from gpuperfd.probing.idle import busy_reason
-    from gpuperfd.probing.sweep.caps import CapSpecError, resolve_caps
-    from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
-    from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
-    from gpuperfd.probing.sweep.sweeper import SweepAborted, SweepPoint
-    from gpuperfd.system.stopsignals import say
-
+def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, schedules: list[ScheduleConfig],
+           caps_spec: list[str | float], abort: threading.Event, stop: StopSignals) -> int:
+    """The owned sweep of every schedule on ``device``, its tables and report; the exit code."""
     journal = CapJournal.for_config(config)  # registered: a start with another state_dir finds it
-    read_only = _read_only(args, config)
-    name = safe_name(device.info().uuid)
-    lock: GpuLock | None = GpuLock(journal.state_dir, name)
+    records = SweepRecords(args.output, device.info())
+    request = SweepRequest(schedules, caps_spec, read_only=_read_only(args, config), strict_caps=not args.clamp,
+                           stop_early=args.max_slowdown if args.stop_early else None, wait_seconds=args.wait)
+    threshold = config.probes.idle_utilization_threshold
+    bars: list[CliObserver] = []
+
+    def observer_for(schedule: ScheduleConfig, planned: OwnedSweep) -> CliObserver:
+        records.start(planned.original_cap_watts)
+        total = 1 if planned.read_only else len(planned.caps_watts)
+        bars.append(CliObserver(ProgressBar(total, desc=f"sweep {schedule.probe} gpu{args.gpu}",
+                                            enabled=None if args.progress else False), records))
+        return bars[-1]
+
     try:
-        lock.acquire(wait_seconds=args.wait, cancel=abort.is_set)
-    except GpuBusy as busy:
+        outcome = run_owned_sweep(device, journal, request, choose_executor(config, backend_name), observer_for,
+                                  abort, busy=lambda: busy_reason(device, threshold, (os.getpid(),)))
+    finally:
+        for bar in bars:
+            bar.close()
+    if (early := _refusal(args, device, journal, outcome, stop)) is not None:
+        return early
+    if stop.received is not None:
+        say(f"gpuperfd: sweep stopped by {stop.name}; {_cap_report(device, outcome.original_cap_watts, journal)}")
+        return stop.exit_code
+    code = 0
+    for schedule, points in outcome.sweeps:
+        code = max(code, _print_results(args.max_slowdown, schedule.probe, points))
+    if args.report:
+        code = max(code, _write_report(args.report, args.max_slowdown, records.records))
+    return code
+
+
+def _refusal(args: SweepArgs, device: Device, journal: CapJournal, outcome: OwnedSweep,
+             stop: StopSignals) -> int | None:
+    """The message and exit code of a sweep that was refused or failed; None when it ran (or was stopped)."""
+    status, original = outcome.status, outcome.original_cap_watts
+    if status is OwnedStatus.OWNED:
         if stop.received is not None:
             say(f"gpuperfd: stopped by {stop.name} while waiting for gpu {device.index}; nothing was changed")
             return stop.exit_code
-        say(f"gpuperfd: gpu {device.index}: its power cap is owned by "
-            f"{'pid %d' % busy.owner_pid if busy.owner_pid else 'another process'} (a sweep or probe is running); "
+        owner = f"pid {outcome.owner_pid}" if outcome.owner_pid else "another process"
+        say(f"gpuperfd: gpu {device.index}: its power cap is owned by {owner} (a sweep or probe is running); "
             "not sweeping")
         return 1
-    except OSError as exc:
-        if not read_only:
-            say(f"gpuperfd: cannot use the state directory {journal.state_dir} ({exc.strerror or exc}); not sweeping")
-            return 1
-        if (owner := is_owned(journal.state_dir, name)) is not None:
-            say(f"gpuperfd: gpu {device.index}: its power cap is owned by pid {owner}; not probing")
-            return 1
-        lock = None
-    original: float | None = None
-    records = SweepRecords(args.output, device.info())
-    sweeps: list[tuple[str, list[SweepPoint]]] = []
-    try:
-        if lock is not None:  # a leftover of this GPU only: its owner is dead (we hold its lock)
-            restore_pending(journal, [device], only=[device.info().uuid], lock=False)
-        original = device.power_limits().enforced_watts
-        if abort.is_set():
-            raise SweepAborted("stopped before the sweep started")
-        reason = busy_reason(device, config.probes.idle_utilization_threshold, own_pids=(os.getpid(),))
-        if reason is not None:
-            say(f"gpuperfd: gpu {args.gpu} is busy ({reason}); not sweeping")
-            return 1
-        try:
-            caps = resolve_caps(caps_spec, device.power_limits(), strict=not args.clamp)
-        except CapSpecError as exc:
-            say(f"gpuperfd: --caps: {exc}")
-            return 2
-        if config.device.backend == "simulated":
-            executor = simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed)
-        else:
-            executor = child_process_executor(config.probes.timeout_seconds, config.probes.torch_device,
-                                              state_dir=journal.state_dir)
-        for schedule in schedules:
-            points: list[SweepPoint] = []
-            sweeps.append((schedule.probe, points))
-            records.start(original)
-            _run_with_bar(args, device, journal, caps, schedule, executor, abort, read_only,
-                          lambda point, points=points: (points.append(point), records.add(point)))
-    except SweepAborted:
-        pass  # reported below, with the cap read back
-    except DeviceError as exc:
-        say(f"gpuperfd: gpu {device.index}: {exc}")
+    if status is OwnedStatus.STATE_DIR and not outcome.sweeps:
+        say(f"gpuperfd: cannot use the state directory {journal.state_dir} ({outcome.detail}); not sweeping")
+        return 1
+    if status is OwnedStatus.BUSY:
+        say(f"gpuperfd: gpu {args.gpu} is busy ({outcome.detail}); not sweeping")
+        return 1
+    if status is OwnedStatus.BAD_CAPS:
+        say(f"gpuperfd: --caps: {outcome.detail}")
+        return 2
+    if status in (OwnedStatus.DEVICE_ERROR, OwnedStatus.STATE_DIR, OwnedStatus.EXCEPTION):
+        prefix = f"gpu {device.index}: " if status is OwnedStatus.DEVICE_ERROR else ""
+        say(f"gpuperfd: {prefix}{outcome.detail}")
         say(f"gpuperfd: {_cap_report(device, original, journal)}")
         return 1
-    except OSError as exc:  # the journal could not be written (read-only or full state directory)
-        say(f"gpuperfd: {exc.strerror or exc}")
-        say(f"gpuperfd: {_cap_report(device, original, journal)}")
-        return 1
-    finally:
-        if lock is not None:
-            lock.release()
-    if stop.received is not None:
-        say(f"gpuperfd: sweep stopped by {stop.name}; {_cap_report(device, original, journal)}")
-        return stop.exit_code
-    code = 0
-    for probe, points in sweeps:
-        code = max(code, _print_results(args, probe, points))
-    if args.report:
-        code = max(code, _write_report(args, records.records))
-    return code
+    return None
 
 
 class SweepRecords:
     """Each point as a run record (``gpuperfd.run/1``, what `gpuperfd report` reads), kept for
     ``--report`` and appended to ``path`` as it comes (a stopped sweep keeps its points)."""
 
-    def __init__(self, path: str | None, gpu: Any) -> None:
+    def __init__(self, path: str | None, gpu: GpuInfo) -> None:
         self.path = path
         self.gpu = {k: v for k, v in dataclasses.asdict(gpu).items() if k != "serial"}
         self.records: list[dict[str, Any]] = []
@@ -280,15 +310,10 @@ class SweepRecords:
         self.sweep_id = ""
 
     def start(self, original: float | None) -> None:
-        import uuid
-
         self.original = original
         self.sweep_id = f"cli-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
-    def add(self, point: Any) -> None:
-        from gpuperfd.probes.record import RecordError, append_records, build_record
-        from gpuperfd.system.stopsignals import say
-
+    def add(self, point: SweepPoint) -> None:
         record = build_record(point.result, "sweep", gpu=self.gpu, power_cap_watts=point.cap_watts,
                               original_cap_watts=self.original, sweep_id=self.sweep_id)
         self.records.append(record)
@@ -299,14 +324,43 @@ class SweepRecords:
                 say(f"gpuperfd: --output: {exc}")
 
 
-def _write_report(args: argparse.Namespace, records: list[dict[str, Any]]) -> int:
+class CliObserver:
+    """The CLI's :class:`~gpuperfd.probing.observer.SweepObserver`: the progress bar and the run records."""
+
+    def __init__(self, bar: ProgressBar, records: SweepRecords) -> None:
+        self.bar, self.records = bar, records
+        self._quietly(bar.__enter__)
+
+    @staticmethod
+    def _quietly(action: Callable[[], object]) -> None:
+        try:  # a closed terminal (EIO) must not cut the sweep short of its restore
+            action()
+        except (OSError, ValueError):
+            pass
+
+    def on_cap(self, watts: float | None) -> None:
+        self._quietly(lambda: self.bar.set_message(f"{watts:.0f} W" if watts else "restored"))
+
+    def on_measuring(self, running: bool) -> None:
+        pass
+
+    def on_point(self, point: SweepPoint) -> None:
+        self.records.add(point)
+        self._quietly(lambda: self.bar.update(1))
+
+    def close(self) -> None:
+        self._quietly(lambda: self.bar.__exit__(None, None, None))
+
+
+def _write_report(directory: str, max_slowdown: float, records: list[dict[str, Any]]) -> int:
     """The report of this command's points, written into ``--report DIR`` (inference and training side by side)."""
+    # matplotlib is optional (gpuperfd[report]): the report package is imported only when asked for.
     from gpuperfd.report import build_report, write_report
     from gpuperfd.report.records import Loaded, ReportError, run_from_history
 
     loaded = Loaded([run_from_history(r, "gpuperfd sweep") for r in records], ["gpuperfd sweep"])
     try:
-        files = write_report(build_report(loaded, args.max_slowdown), args.report)
+        files = write_report(build_report(loaded, max_slowdown), directory)
     except ReportError as exc:
         print(f"gpuperfd: --report: {exc}", file=sys.stderr)
         return 1
@@ -317,39 +371,8 @@ def _write_report(args: argparse.Namespace, records: list[dict[str, Any]]) -> in
     return 0
 
 
-def _run_with_bar(args, device, journal, caps, schedule, executor, abort, read_only, on_point) -> None:  # type: ignore[no-untyped-def]
-    from gpuperfd.console import ProgressBar
-    from gpuperfd.probing.executors import open_session
-    from gpuperfd.probing.sweep.sweeper import run_sweep
-
-    bar = ProgressBar(1 if read_only else len(caps), desc=f"sweep {schedule.probe} gpu{args.gpu}",
-                      enabled=False if args.no_progress else None)
-
-    def quietly(action) -> None:  # type: ignore[no-untyped-def]
-        try:  # a closed terminal (EIO) must not cut the sweep short of its restore
-            action()
-        except (OSError, ValueError):
-            pass
-
-    quietly(bar.__enter__)
-    session = open_session(executor, device, schedule, abort)  # one warm child for the whole sweep
-    try:
-        run_sweep(
-            device, journal, caps, session.measure,
-            settle_seconds=args.settle, read_only=read_only, abort=abort,
-            on_cap=lambda watts: quietly(lambda: bar.set_message(f"{watts:.0f} W" if watts else "restored")),
-            on_point=lambda point: (on_point(point), quietly(lambda: bar.update(1))),
-            stop_early=args.max_slowdown if args.stop_early else None,
-        )
-    finally:
-        session.close()
-        quietly(lambda: bar.__exit__(None, None, None))
-
-
-def _rows(points: list) -> list[dict[str, Any]]:  # type: ignore[type-arg]
+def _rows(points: list[SweepPoint]) -> list[dict[str, Any]]:
     """The table's rows (and the CSV's)."""
-    from gpuperfd.probing.sweep.sweeper import work_rate
-
     rows = []
     for point in points:
         r = point.result
@@ -364,18 +387,15 @@ def _rows(points: list) -> list[dict[str, Any]]:  # type: ignore[type-arg]
     return rows
 
 
-def _settle_seconds(result: Any) -> float | None:
+def _settle_seconds(result: ProbeResult) -> float | None:
     """How long the point waited for its cap: the limit's read back plus steady power and clock under load."""
     parts = [result.extra.get("cap_read_back_seconds"), result.extra.get("settle_seconds")]
     known = [p for p in parts if isinstance(p, int | float)]
     return sum(known) if known else None
 
 
-def _print_results(args: argparse.Namespace, probe: str, points: list) -> int:  # type: ignore[type-arg]
+def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint]) -> int:
     """The table of one probe's sweep and its recommendation; 1 when a point failed."""
-    from gpuperfd.console import format_table
-    from gpuperfd.probing.sweep.sweeper import recommend
-
     rows = _rows(points)
     print(f"\n{probe}:")
     print(format_table(
@@ -385,24 +405,18 @@ def _print_results(args: argparse.Namespace, probe: str, points: list) -> int:  
           (row["sm_clock_hertz"] or 0) / 1e6 or None, row["gpu_busy_ratio"], row["settle_seconds"]]
          for row in rows],
     ))
-    best = recommend(points, args.max_slowdown)
+    best = recommend(points, max_slowdown)
     if best is not None and len(points) > 1:
         print(
             f"\nrecommended cap: {best.cap_watts:.0f} W: {100 * best.energy_saving_ratio:.1f}% less energy per "
             f"{points[0].result.work_unit}, {100 * best.slowdown_ratio:.1f}% slower than {best.baseline_cap_watts:.0f} W "
-            f"(rule: lowest energy among caps at most {100 * args.max_slowdown:.0f}% slower than the highest)"
+            f"(rule: lowest energy among caps at most {100 * max_slowdown:.0f}% slower than the highest)"
         )
     return 0 if all(p.result.status in ("ok", "skipped") for p in points) else 1
 
 
 def cmd_restore_caps(args: argparse.Namespace) -> int:
-    from gpuperfd.device.errors import DeviceError
-    from gpuperfd.device.factory import open_backend
-    from gpuperfd.probing.sweep.journal import CapJournal, journals_for, restore_all
-    from gpuperfd.probing.sweep.ownership import is_owned
-    from gpuperfd.system.logs import setup_logging
-
-    config = _load(args)
+    config = _load(args.config, args.state_dir, args.simulate)
     setup_logging(config.log_level)
     journals = journals_for(config)  # the configured state directory and every other one this node used
     if not any(journal.entries() for journal in journals):

@@ -1,9 +1,9 @@
-"""The probe child's entry point (started by :func:`gpuperfd.probes.runner.run_probe`).
+"""The probe child's entry point (started by :func:`gpuperfd.probing.runner.run_probe`).
 
 Kept free of top-level torch imports on purpose: the parent imports this module
 to name the spawn target, and the parent must not load torch.
 
-Protocol over a two-way pipe, JSON messages only (:mod:`gpuperfd.probes.wire`): the
+Protocol over a two-way pipe, JSON messages only (:mod:`gpuperfd.probe_data.wire`): the
 child builds the workload once (model, compile, CUDA graphs) and says ``ready``;
 then for each ``measure`` request it measures one point at whatever cap the parent
 has set and answers ``result``, with ``progress`` messages in between; ``stop`` or
@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any
 
-from gpuperfd.probes import wire
+from gpuperfd.probe_data import wire
 
 __all__ = ["main", "classify_exception"]
 
@@ -92,7 +92,7 @@ def die_with_parent(parent_pid: int | None) -> None:
 def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, parent_pid: int | None = None) -> None:
     """Build the probe once, then measure one point per ``measure`` request; exits with os._exit.
 
-    Every message is JSON (:mod:`gpuperfd.probes.wire`): the parent never unpickles anything.
+    Every message is JSON (:mod:`gpuperfd.probe_data.wire`): the parent never unpickles anything.
     """
     t_start = time.perf_counter()
     die_with_parent(parent_pid)
@@ -118,14 +118,14 @@ def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, pare
     code = 0
     identity: dict[str, Any] = {}
     try:
-        from gpuperfd.probes.spec import ProbeSpec
+        from gpuperfd.probe_data.spec import ProbeSpec
 
         spec = ProbeSpec.from_dict(spec_dict)
 
         def progress(**body: Any) -> None:
             wire.send(conn, "progress", body)
 
-        from gpuperfd.probes import harness
+        from gpuperfd.probe_child import harness
 
         import_seconds = time.perf_counter() - t_start
         prepared = harness.prepare(spec, progress=progress, identity=identity)

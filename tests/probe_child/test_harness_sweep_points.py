@@ -1,4 +1,4 @@
-"""Further points of a warm sweep cost what their noise needs (gpuperfd.probes.harness)."""
+"""Further points of a warm sweep cost what their noise needs (gpuperfd.probe_child.harness)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gpuperfd.probes import harness  # noqa: E402
-from gpuperfd.probes.result import RepeatResult  # noqa: E402
-from gpuperfd.probes.spec import ProbeSpec  # noqa: E402
+from gpuperfd.probe_child import harness  # noqa: E402
+from gpuperfd.probe_data.result import RepeatResult  # noqa: E402
+from gpuperfd.probe_data.spec import ProbeSpec  # noqa: E402
 
 
 def _windows(*rates: float) -> list[RepeatResult]:

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gpuperfd.probes.context import Clock, ProbeContext, WindowStats
-from gpuperfd.probes.spec import ProbeSpec
+from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
+from gpuperfd.probe_data.spec import ProbeSpec
 
 __all__ = ["build", "AttentionWorkload", "attention_flops", "attention_bytes"]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from gpuperfd.probes.context import Clock, ProbeContext, Workload
+from gpuperfd.probe_child.context import Clock, ProbeContext, Workload
 
 #: How many iterations the host may run ahead of the GPU inside a window.
 MAX_AHEAD = 2

@@ -1,6 +1,6 @@
 """GPU-busy fraction of a workload: the union of device-activity intervals over a profiled pass.
 
-Why this method is described in :mod:`gpuperfd.probes.harness`.
+Why this method is described in :mod:`gpuperfd.probe_child.harness`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import os
 import tempfile
 from typing import Any
 
-from gpuperfd.probes.context import ProbeContext, Workload
-from gpuperfd.probes.loop import run_loop
+from gpuperfd.probe_child.context import ProbeContext, Workload
+from gpuperfd.probe_child.loop import run_loop
 
 _BUSY_WINDOW = "gpuperfd_busy_window"
 _DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}

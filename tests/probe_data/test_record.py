@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuperfd.probes.record import (
+from gpuperfd.probe_data.record import (
     CSV_COLUMNS,
     SCHEMA,
     RecordError,
@@ -19,7 +19,7 @@ from gpuperfd.probes.record import (
     record_from_row,
     record_row,
 )
-from gpuperfd.probes.result import ProbeResult, RepeatResult
+from gpuperfd.probe_data.result import ProbeResult, RepeatResult
 
 GPU = {"index": 1, "uuid": "GPU-abc", "name": "NVIDIA H100 80GB HBM3", "driver_version": "580.1",
        "compute_capability": "9.0", "memory_total_bytes": 80 << 30, "backend": "nvml", "pci_bus_id": "0:1", "serial": "s"}
@@ -108,7 +108,7 @@ def test_reading_files_folders_and_older_shapes(tmp_path: Path) -> None:
 
 
 def test_labels_parse_with_clear_errors() -> None:
-    from gpuperfd.probes.record import parse_labels
+    from gpuperfd.probe_data.record import parse_labels
 
     assert parse_labels(["dataset=cifar10", " framework = hf ", "note=a=b"]) == {
         "dataset": "cifar10", "framework": "hf", "note": "a=b"}
@@ -124,7 +124,7 @@ def test_labels_parse_with_clear_errors() -> None:
 
 
 def test_labels_travel_in_json_and_csv(tmp_path: Path) -> None:
-    from gpuperfd.probes.record import apply_labels
+    from gpuperfd.probe_data.record import apply_labels
 
     record = build_record(_result(), "probe", gpu=GPU, host="n", labels={"dataset": "food101", "driver": "580"})
     assert record["labels"] == {"dataset": "food101", "driver": "580"}

@@ -2,7 +2,7 @@
 
 Each module has ``build(spec, ctx) -> Workload``. The registry names the module per probe, so the
 harness picks a workload by name without importing every workload, and the workloads import only
-:mod:`gpuperfd.probes.context`, never the harness that runs them.
+:mod:`gpuperfd.probe_child.context`, never the harness that runs them.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpuperfd.probes.context import ProbeContext, Workload
-    from gpuperfd.probes.spec import ProbeSpec
+    from gpuperfd.probe_child.context import ProbeContext, Workload
+    from gpuperfd.probe_data.spec import ProbeSpec
 
 #: Probe name -> module that builds its workload.
 WORKLOAD_MODULES: dict[str, str] = {
-    "llm": "gpuperfd.probes.workloads.llm",
-    "vit": "gpuperfd.probes.workloads.vit",
-    "attention": "gpuperfd.probes.workloads.attention",
-    "train": "gpuperfd.probes.workloads.train",
+    "llm": "gpuperfd.probe_child.workloads.llm",
+    "vit": "gpuperfd.probe_child.workloads.vit",
+    "attention": "gpuperfd.probe_child.workloads.attention",
+    "train": "gpuperfd.probe_child.workloads.train",
 }
 
 

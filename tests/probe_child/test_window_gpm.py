@@ -6,7 +6,7 @@ import pytest
 
 from gpuperfd.config import FaultConfig, SimulationConfig
 from gpuperfd.device.simulated import WORKLOAD_PROFILES, SimulatedBackend
-from gpuperfd.probes.context import Telemetry, WindowSampler
+from gpuperfd.probe_child.context import Telemetry, WindowSampler
 
 
 class Clock:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from gpuperfd.probes.spec import GPT2_MODELS, VIT_MODELS, ProbeSpec
+from gpuperfd.probe_data.spec import GPT2_MODELS, VIT_MODELS, ProbeSpec
 
 __all__ = ["build_gpt2", "build_vit", "count_parameters"]
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from gpuperfd.device.base import Device
-from gpuperfd.probes.spec import ProbeSpec
+from gpuperfd.probe_data.spec import ProbeSpec
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

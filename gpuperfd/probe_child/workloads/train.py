@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from gpuperfd.probes.context import Clock, ProbeContext, WindowStats
-from gpuperfd.probes.spec import ProbeSpec
-from gpuperfd.probes.workloads import data
-from gpuperfd.probes.workloads.models import build_gpt2, count_parameters
+from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
+from gpuperfd.probe_data.spec import ProbeSpec
+from gpuperfd.probe_child.workloads import data
+from gpuperfd.probe_child.workloads.models import build_gpt2, count_parameters
 
 __all__ = ["build", "TrainWorkload"]
 

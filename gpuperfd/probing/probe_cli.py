@@ -3,15 +3,15 @@
 A run matrix: ``--preset``, ``--variant``, ``--batch-size``, ``--prompt-tokens``,
 ``--output-tokens``, ``--seq-len``, ``--image-size``, ``--n-groups`` and ``--dtype``
 each take several values and the product of them runs, one point per child process
-(:func:`~gpuperfd.probes.runner.run_probe`), under one progress bar with a time
+(:func:`~gpuperfd.probing.runner.run_probe`), under one progress bar with a time
 estimate; a failed point is reported and the matrix goes on. ``--config FILE``
 (YAML or JSON) describes the same matrix plus warmup and repeats; flags override it.
-``--output`` appends one run record per point (:mod:`gpuperfd.probes.record`).
+``--output`` appends one run record per point (:mod:`gpuperfd.probe_data.record`).
 
 Exit codes: 0 every point ok; 1 some point failed or was aborted; 2 bad input
 (the message names the field).
 
-Also runnable without the main CLI: ``python -m gpuperfd.probes.cli llm --preset tiny``.
+Also runnable without the main CLI: ``python -m gpuperfd.probing.probe_cli llm --preset tiny``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuperfd.console import ProgressBar, format_duration, format_table
-from gpuperfd.probes.result import PRIMARY_METRIC, ProbeResult, summarize
-from gpuperfd.probes.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec
+from gpuperfd.probe_data.result import PRIMARY_METRIC, ProbeResult, summarize
+from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec
+from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD
 
 __all__ = ["register", "main", "build_specs", "load_config_file", "write_results", "results_table"]
 
@@ -93,8 +94,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", metavar="PATH", help="local token ids (.npy/.pt/.bin) or images (.npy/.pt/folder)")
     parser.add_argument("--seed", type=_int_arg, metavar="N", help="random seed (default 0)")
     parser.add_argument("--gpu-busy-threshold", type=_number, metavar="R", help="flag results less busy than this")
-    parser.add_argument("--idle-threshold", type=_number, default=0.1, metavar="R",
-                        help="GPU utilization above which the GPU counts as busy before a start (default 0.1)")
+    parser.add_argument("--idle-threshold", type=_number, default=DEFAULT_IDLE_THRESHOLD, metavar="R",
+                        help="GPU utilization above which the GPU counts as busy before a start "
+                             f"(default {DEFAULT_IDLE_THRESHOLD:g}, probes.idle_utilization_threshold's)")
     parser.add_argument("--no-idle-check", action="store_true", help="skip the idle-GPU check and process watch")
     parser.add_argument("--output", metavar="FILE",
                         help="append one run record per point to FILE.csv or FILE.jsonl (gpuperfd report reads it); "
@@ -213,8 +215,8 @@ def build_specs(args: argparse.Namespace) -> list[ProbeSpec]:
 
 
 def write_results(path: str, results: list[ProbeResult], host: str | None = None) -> None:
-    """Append ``results`` to ``path`` as run records (:func:`gpuperfd.probes.record.append_records`)."""
-    from gpuperfd.probes.record import append_records, build_record
+    """Append ``results`` to ``path`` as run records (:func:`gpuperfd.probe_data.record.append_records`)."""
+    from gpuperfd.probe_data.record import append_records, build_record
 
     append_records(path, [build_record(r, "probe", host=host) for r in results])
 
@@ -323,7 +325,7 @@ def _describe_point(spec: ProbeSpec) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Run the points ``args`` describe; returns the exit code."""
-    from gpuperfd.probes.record import RecordError, check_output
+    from gpuperfd.probe_data.record import RecordError, check_output
 
     try:
         specs = build_specs(args)
@@ -355,9 +357,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) -> int:
-    from gpuperfd.probes.record import RecordError
-    from gpuperfd.probes.runner import run_probe
-    from gpuperfd.probes.spec import default_timeout
+    from gpuperfd.probe_data.record import RecordError
+    from gpuperfd.probing.runner import run_probe
+    from gpuperfd.probe_data.spec import default_timeout
 
     results: list[ProbeResult] = []
     total = sum(spec.repeats for spec in specs)

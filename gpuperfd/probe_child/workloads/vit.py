@@ -8,7 +8,7 @@ summary).
 
 Variants:
 
-* ``compiled`` (GPU presets): :class:`~gpuperfd.probes.workloads.vit_fused.FusedViT` (same
+* ``compiled`` (GPU presets): :class:`~gpuperfd.probe_child.workloads.vit_fused.FusedViT` (same
   weights and function as the Hugging Face module; one QKV matmul, the patch
   embedding as a matmul) under ``torch.compile`` (inductor fuses each residual
   add with the next layer norm) and, on CUDA, captured in a CUDA graph, so small
@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
-from gpuperfd.probes.context import Clock, ProbeContext, WindowStats
-from gpuperfd.probes.spec import ProbeSpec
-from gpuperfd.probes.workloads import data
-from gpuperfd.probes.workloads.models import build_vit, count_parameters
-from gpuperfd.probes.workloads.vit_fused import FusedViT
+from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
+from gpuperfd.probe_data.spec import ProbeSpec
+from gpuperfd.probe_child.workloads import data
+from gpuperfd.probe_child.workloads.models import build_vit, count_parameters
+from gpuperfd.probe_child.workloads.vit_fused import FusedViT
 
 __all__ = ["build", "ViTWorkload", "vit_flops_per_image"]
 

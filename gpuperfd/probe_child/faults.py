@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from gpuperfd.probes.context import ProbeContext
+from gpuperfd.probe_child.context import ProbeContext
 
 
 def inject_fault(kind: str, ctx: ProbeContext) -> None:

@@ -6,7 +6,7 @@ library or hang in a kernel. None of that may take the caller (the daemon, a
 sweep, the CLI) down. The child is started with the ``spawn`` context (never
 ``fork``: a forked CUDA or NVML state is undefined), puts itself in its own process
 group so compile workers die with it, and sends back one message: a result or a
-classified error, as JSON (:mod:`gpuperfd.probes.wire`: a pickle would import torch
+classified error, as JSON (:mod:`gpuperfd.probe_data.wire`: a pickle would import torch
 here). :class:`ProbeChild` keeps one child for several points (a warm sweep: build
 once, measure per cap). Everything else is inferred here:
 
@@ -51,12 +51,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuperfd.device.base import Device
-from gpuperfd.probes import child as _child
-from gpuperfd.probes import wire
-from gpuperfd.probes.result import ProbeResult
-from gpuperfd.probes.spec import ProbeSpec, default_timeout
+from gpuperfd.probe_data import wire
+from gpuperfd.probe_data.result import ProbeResult
+from gpuperfd.probe_data.spec import ProbeSpec, default_timeout
+from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD, busy_reason
 
-__all__ = ["run_probe", "ProbeChild", "check_idle", "ProgressCallback", "end_leftover_children"]
+__all__ = ["run_probe", "ProbeChild", "ProgressCallback", "end_leftover_children"]
 
 log = logging.getLogger(__name__)
 
@@ -69,53 +69,15 @@ _FREE_WAIT_SECONDS = 10.0
 _LOG_TAIL_BYTES = 4000
 
 
-def _device_error_types() -> tuple[type[BaseException], ...]:
+def _compute_pids(device: Device) -> list[int] | None:
+    """PIDs with a compute context on ``device`` (the watch while a probe runs); None when the driver cannot tell."""
     from gpuperfd.device.errors import DeviceError
 
-    return (DeviceError,)
-
-
-def _compute_pids(device: Device) -> list[int] | None:
-    """PIDs with a compute context on ``device``; None when the driver cannot tell."""
     try:
         return [p.pid for p in device.compute_processes()]
-    except _device_error_types() as exc:
+    except DeviceError as exc:
         log.debug("compute_processes unavailable: %s", exc)
         return None
-
-
-def check_idle(
-    device: Device,
-    utilization_threshold: float = 0.1,
-    own_pids: Iterable[int] = (),
-    wait_seconds: float = 5.0,
-    poll_interval: float = 0.25,
-) -> str | None:
-    """None if ``device`` is idle, else why not.
-
-    Idle means: no compute process other than ``own_pids`` and SM utilization at or
-    under the threshold. NVML's utilization covers the last sample period (up to a
-    second), so right after a previous probe it can still read high; the check
-    therefore retries for up to ``wait_seconds`` before giving up.
-    """
-    own = set(own_pids)
-    deadline = time.monotonic() + max(wait_seconds, 0.0)
-    while True:
-        reason = None
-        pids = _compute_pids(device)
-        foreign = sorted(set(pids or []) - own)
-        if foreign:
-            reason = f"GPU is in use by other compute process(es): pid {', '.join(map(str, foreign))}"
-        else:
-            try:
-                util = device.utilization().gpu_ratio
-            except _device_error_types():
-                util = None
-            if util is not None and util > utilization_threshold:
-                reason = f"GPU utilization is {util:.0%}, above the idle threshold {utilization_threshold:.0%}"
-        if reason is None or time.monotonic() >= deadline:
-            return reason
-        time.sleep(poll_interval)
 
 
 def _descendants(pid: int) -> set[int]:
@@ -201,6 +163,16 @@ def process_start_time(pid: int) -> int | None:
         return int(stat.rsplit(")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _child_main(*args: Any) -> None:
+    """The spawn target: runs in the child, which imports the child package by name only there.
+
+    The parent never imports :mod:`gpuperfd.probe_child`; pickling this function names this module.
+    """
+    from gpuperfd.probe_child.child import main
+
+    main(*args)
 
 
 def _record_child(record_dir: Path | None, pid: int) -> Path | None:
@@ -344,7 +316,7 @@ class ProbeChild:
         fd, self._log_path = tempfile.mkstemp(prefix=f"gpuperfd-probe-{self.spec.probe}-", suffix=".log")
         os.close(fd)
         self._proc = ctx.Process(
-            target=_child.main,
+            target=_child_main,
             args=(self.spec.to_dict(), theirs, self._log_path, os.getpid()),
             name=f"gpuperfd-probe-{self.spec.probe}",
             daemon=False,  # a daemonic process may not start children; torch.compile needs workers
@@ -532,7 +504,7 @@ def run_probe(
     spec: ProbeSpec,
     timeout_seconds: float | None = None,
     device: Device | None = None,
-    idle_utilization_threshold: float = 0.1,
+    idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD,
     watch_interval: float = 0.5,
     own_pids: Iterable[int] = (),
     on_progress: ProgressCallback | None = None,
@@ -556,9 +528,9 @@ def run_probe(
     child = ProbeChild(spec, device=device, own_pids=own_pids, watch_interval=watch_interval,
                        on_progress=on_progress, should_abort=should_abort, record_dir=record_dir)
     if device is not None:
-        busy = check_idle(device, idle_utilization_threshold, set(own_pids), wait_seconds=idle_wait_seconds)
+        busy = busy_reason(device, idle_utilization_threshold, set(own_pids), wait_seconds=idle_wait_seconds)
         if busy is not None:
-            return child._failure("gpu_busy", busy, started_at, t0)
+            return child._failure("gpu_busy", str(busy), started_at, t0)
     try:
         deadline = t0 + timeout
         outcome = child.start(deadline) or child.measure(deadline)

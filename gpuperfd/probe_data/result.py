@@ -1,7 +1,7 @@
 """What a probe returns: :class:`ProbeResult` and the statistics over its repeats.
 
 One result per probe point (one child process). Inside it, ``repeats`` holds one
-:class:`RepeatResult` per measured window; the top-level numbers pool the windows
+:class:`RepeatResult` per measured window; both are :class:`WindowStats` (one field list); the top-level numbers pool the windows
 (units over total measured time, energy summed, latency samples concatenated),
 and :func:`summarize` gives mean, median, stdev and coefficient of variation of
 the per-window rates plus p50/p95/p99 of the latencies.
@@ -26,6 +26,7 @@ __all__ = [
     "PRIMARY_METRIC",
     "MAIN_LATENCY",
     "canonical_latencies",
+    "WindowStats",
     "RepeatResult",
     "ProbeResult",
     "Stats",
@@ -77,14 +78,13 @@ PRIMARY_METRIC: dict[str, str] = {
 SCHEMA_VERSION = 1
 
 
-@dataclass
-class RepeatResult:
-    """One measured window: the numbers whose spread over repeats gives the CV."""
+@dataclass(kw_only=True)
+class WindowStats:
+    """What a measured window says, for one window (:class:`RepeatResult`) or pooled over a point's
+    windows (:class:`ProbeResult`): one field list, built in one place (the child's harness)."""
 
-    index: int
-    measured_seconds: float
-    units_of_work: float
     throughput: dict[str, float] = field(default_factory=dict)
+    #: Hardware energy counter's difference over the window(s) (summed when pooled).
     energy_joules: float | None = None
     average_power_watts: float | None = None
     energy_per_unit_joules: float | None = None
@@ -94,10 +94,33 @@ class RepeatResult:
     temperature_celsius_max: float | None = None
     gpu_utilization_mean_ratio: float | None = None
     memory_utilization_mean_ratio: float | None = None
-    #: GPM means over the window (between a GPM sample at its start and one at its end).
+    #: GPM means over the window(s) (time-weighted): SM active, tensor active (any precision), DRAM
+    #: bandwidth active; they say whether a point was compute- or memory-bound.
     gpm_sm_active_mean_ratio: float | None = None
     gpm_tensor_active_mean_ratio: float | None = None
     gpm_dram_active_mean_ratio: float | None = None
+
+    @staticmethod
+    def energy_rates(energy_joules: float | None, seconds: float, units: float) -> dict[str, float | None]:
+        """Average power and energy per unit from an energy difference (None where it cannot be told)."""
+        return {
+            "energy_joules": energy_joules,
+            "average_power_watts": energy_joules / seconds if energy_joules is not None and seconds > 0 else None,
+            "energy_per_unit_joules": energy_joules / units if energy_joules is not None and units else None,
+        }
+
+    def window_fields(self) -> dict[str, Any]:
+        """This object's window statistics only, as keyword arguments for a result."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(WindowStats)}
+
+
+@dataclass
+class RepeatResult(WindowStats):
+    """One measured window: the numbers whose spread over repeats gives the CV."""
+
+    index: int
+    measured_seconds: float
+    units_of_work: float
     telemetry_samples: int = 0
     #: Iterations (requests, batches, calls, steps) in the window.
     iterations: int = 0
@@ -112,7 +135,7 @@ class RepeatResult:
 
 
 @dataclass
-class ProbeResult:
+class ProbeResult(WindowStats):
     """The outcome of one probe point, successful or not (the runner never raises)."""
 
     probe: str
@@ -133,26 +156,10 @@ class ProbeResult:
     measured_seconds: float | None = None
     work_unit: str | None = None
     units_of_work: float | None = None
-    throughput: dict[str, float] = field(default_factory=dict)
     latencies: dict[str, list[float]] = field(default_factory=dict)
-    #: Hardware energy counter's difference over the measured windows only (summed).
-    energy_joules: float | None = None
-    average_power_watts: float | None = None
-    energy_per_unit_joules: float | None = None
     #: CUDA: caching allocator's peak/current bytes. CPU: the process's peak/current resident set.
     peak_memory_bytes: int | None = None
     allocated_memory_bytes: int | None = None
-    sm_clock_hertz_mean: float | None = None
-    memory_clock_hertz_mean: float | None = None
-    clock_events_seen: list[str] = field(default_factory=list)
-    temperature_celsius_max: float | None = None
-    gpu_utilization_mean_ratio: float | None = None
-    memory_utilization_mean_ratio: float | None = None
-    #: GPM means over the measured windows (time-weighted): SM active, tensor active (any
-    #: precision), DRAM bandwidth active; they say whether a point was compute- or memory-bound.
-    gpm_sm_active_mean_ratio: float | None = None
-    gpm_tensor_active_mean_ratio: float | None = None
-    gpm_dram_active_mean_ratio: float | None = None
     #: Share of wall time the device was executing work (see docs/probes.md for the method).
     gpu_busy_ratio: float | None = None
     low_gpu_busy: bool = False

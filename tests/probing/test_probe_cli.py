@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuperfd.probes import cli
-from gpuperfd.probes.record import CSV_COLUMNS, build_record, record_row
-from gpuperfd.probes.result import ProbeResult
+from gpuperfd.probing import probe_cli as cli
+from gpuperfd.probe_data.record import CSV_COLUMNS, build_record, record_row
+from gpuperfd.probe_data.result import ProbeResult
 
 FAST = ["--preset", "tiny", "--repeats", "2", "--measure-seconds", "0.1", "--no-progress"]
 

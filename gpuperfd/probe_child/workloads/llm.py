@@ -6,7 +6,7 @@ steps. Every sequence in the batch is a request with the same latency.
 
 Variants:
 
-* ``graph`` (default): :class:`~gpuperfd.probes.workloads.gpt2_static.StaticGPT2`, static
+* ``graph`` (default): :class:`~gpuperfd.probe_child.workloads.gpt2_static.StaticGPT2`, static
   KV cache, SDPA, prefill and the decode step each one CUDA graph replay. Timing
   marks are CUDA events, so no synchronize sits inside a window. On a CPU the
   same code runs without graphs.
@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 
-from gpuperfd.probes.context import Clock, ProbeContext, WindowStats
-from gpuperfd.probes.spec import ProbeSpec
-from gpuperfd.probes.workloads import data
-from gpuperfd.probes.workloads.gpt2_static import StaticGPT2
-from gpuperfd.probes.workloads.models import build_gpt2, count_parameters
+from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
+from gpuperfd.probe_data.spec import ProbeSpec
+from gpuperfd.probe_child.workloads import data
+from gpuperfd.probe_child.workloads.gpt2_static import StaticGPT2
+from gpuperfd.probe_child.workloads.models import build_gpt2, count_parameters
 
 __all__ = ["build", "GraphLLM", "EagerLLM"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuperfd.probes.spec import (
+from gpuperfd.probe_data.spec import (
     DEFAULT_PRESET,
     PRESETS,
     PROBES,
@@ -96,7 +96,7 @@ def test_dtype_aliases() -> None:
 
 
 def test_seed_keys_get_a_translation_not_a_bare_unknown_key() -> None:
-    from gpuperfd.probes.spec import OPTION_KEYS, SEED_KEYS, unknown_key_message
+    from gpuperfd.probe_data.spec import OPTION_KEYS, SEED_KEYS, unknown_key_message
 
     known = ("variant", "prompt_tokens", "output_tokens", "warmup", "repeats", "batch_size")
     text = unknown_key_message("frameworks", known, where="config: bench.json")
@@ -112,7 +112,7 @@ def test_seed_keys_get_a_translation_not_a_bare_unknown_key() -> None:
 
 
 def test_bad_option_names_the_valid_keys_not_a_python_type_error() -> None:
-    from gpuperfd.probes.spec import check_options
+    from gpuperfd.probe_data.spec import check_options
 
     with pytest.raises(ValueError) as info:
         check_options("llm", {"batchsize": 4})

@@ -3,7 +3,7 @@
 One probe point goes: build the workload (model, buffers, CUDA graphs) ->
 warmup (at least ``warmup`` iterations and ``warmup_seconds``; nothing recorded)
 -> ``repeats`` measured windows -> one short profiled pass for the GPU-busy
-fraction -> a :class:`~gpuperfd.probes.result.ProbeResult`.
+fraction -> a :class:`~gpuperfd.probe_data.result.ProbeResult`.
 
 A measured window, and only it, is bracketed by: a device synchronize, the
 hardware energy counter read (NVML ``energy_joules``), an NVTX range, a
@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 
-from gpuperfd.probes import workloads
-from gpuperfd.probes.busy import measure_busy
-from gpuperfd.probes.context import (
+from gpuperfd.probe_child import workloads
+from gpuperfd.probe_child.busy import measure_busy
+from gpuperfd.probe_child.context import (
     ProbeContext,
     Telemetry,
     WindowSampler,
@@ -48,11 +48,11 @@ from gpuperfd.probes.context import (
     cpu_model,
     mean,
 )
-from gpuperfd.probes.faults import inject_fault
-from gpuperfd.probes.loop import run_loop
-from gpuperfd.probes.result import ProbeResult, RepeatResult
-from gpuperfd.probes.settle import wait_steady
-from gpuperfd.probes.spec import ProbeSpec
+from gpuperfd.probe_child.faults import inject_fault
+from gpuperfd.probe_child.loop import run_loop
+from gpuperfd.probe_data.result import ProbeResult, RepeatResult, WindowStats
+from gpuperfd.probe_data.settle import wait_steady
+from gpuperfd.probe_data.spec import ProbeSpec
 
 
 @dataclass
@@ -150,56 +150,83 @@ def _windows_agree(repeats: list[RepeatResult]) -> bool:
     return len(repeats) >= SWEEP_MIN_REPEATS and _rate_cv(repeats) <= SWEEP_TARGET_CV
 
 
-def measure(
-    prepared: Prepared,
-    progress: Callable[..., None] | None = None,
-    settle_seconds: float = 0.0,
-) -> ProbeResult:
-    """Measure one point with the workload ``prepare`` built: warmup, settle, windows, busy pass.
+@dataclass
+class _Plan:
+    """How one point is measured: window length and count, and whether it may stop early."""
 
-    ``settle_seconds`` bounds the wait for steady power and SM clock after a cap change.
-    """
-    spec, ctx, workload = prepared.spec, prepared.ctx, prepared.workload
-    setup_seconds = prepared.setup_seconds if prepared.measured_points == 0 else 0.0
-    prepared.measured_points += 1
-    t_start = time.perf_counter()
-    started_at = time.time()
-    report = progress or (lambda **_: None)
-    ctx.read_power_limit()
-    # A further point of a warm sweep: the workload was built, compiled and loaded moments ago, so
-    # the settle loop (which runs it until power and SM clock are steady) is its warmup, the
-    # profiled busy pass of the first point stands for the sweep, and its windows are shorter.
-    # Every sweep point (settled under load, or a further one) stops once its windows agree.
+    later: bool  # a further point of a warm sweep
+    settles_under_load: bool
+    adaptive: bool  # stops once its windows agree
+    window_seconds: float
+    max_windows: int
+
+
+@dataclass
+class _Windows:
+    """The measured windows of one point and what they pooled."""
+
+    repeats: list[RepeatResult]
+    latencies: dict[str, list[float]]
+    telemetry: Telemetry
+    extras: list[dict[str, Any]]
+
+
+def _plan(prepared: Prepared, settle_seconds: float) -> _Plan:
+    """A further point of a warm sweep: the workload was built, compiled and loaded moments ago, so
+    the settle loop (which runs it until power and SM clock are steady) is its warmup, the profiled
+    busy pass of the first point stands for the sweep, and its windows are shorter. Every sweep
+    point (settled under load, or a further one) stops once its windows agree."""
+    spec, ctx = prepared.spec, prepared.ctx
     later = prepared.measured_points > 1
     settles_under_load = settle_seconds > 0 and ctx.nvml is not None
-    adaptive = later or settles_under_load
     window_seconds, max_windows = spec.measure_seconds, spec.repeats
     if later and spec.iterations is None:  # fixed-iteration windows keep their length
         window_seconds = spec.measure_seconds / SWEEP_LATER_WINDOW_DIVISOR
         max_windows = spec.repeats * SWEEP_LATER_WINDOW_DIVISOR
-    report(phase="warmup")
+    return _Plan(later, settles_under_load, later or settles_under_load, window_seconds, max_windows)
+
+
+def _warm_up(prepared: Prepared, plan: _Plan) -> tuple[int, float]:
+    """The warm-up loop: (iterations, seconds)."""
+    spec, ctx, workload = prepared.spec, prepared.ctx, prepared.workload
     ctx.reset_peak_memory()
     warm_clock = ctx.new_clock(host=workload.host_clock)
     with ctx.nvtx("gpuperfd:warmup"):
-        if spec.warmup > 0 or spec.warmup_seconds > 0:
-            # later points under a settle loop: the warmup's iterations only, not its seconds (a
-            # training step's first window after a pause ran 6% slow on an H200 without them)
-            seconds = 0.0 if later and settles_under_load else spec.warmup_seconds
-            n_warm, warm_seconds = run_loop(ctx, workload, warm_clock, seconds, None,
-                                             min_iterations=max(spec.warmup, 1))
-            workload.end(warm_clock, n_warm, warm_seconds)
-        else:
-            n_warm, warm_seconds = 0, 0.0
-    report(phase="settle")
-    settle_wait, steady = _settle(prepared, settle_seconds)
+        if spec.warmup <= 0 and spec.warmup_seconds <= 0:
+            return 0, 0.0
+        # later points under a settle loop: the warmup's iterations only, not its seconds (a
+        # training step's first window after a pause ran 6% slow on an H200 without them)
+        seconds = 0.0 if plan.later and plan.settles_under_load else spec.warmup_seconds
+        n_warm, warm_seconds = run_loop(ctx, workload, warm_clock, seconds, None, min_iterations=max(spec.warmup, 1))
+        workload.end(warm_clock, n_warm, warm_seconds)
+    return n_warm, warm_seconds
 
+
+def _window_stats(telemetry: Telemetry, energy: float | None, seconds: float, units: float,
+                  throughput: dict[str, float]) -> WindowStats:
+    """One window's (or the pooled windows') statistics from its telemetry and energy difference."""
+    return WindowStats(
+        throughput=throughput,
+        **WindowStats.energy_rates(energy, seconds, units),
+        sm_clock_hertz_mean=mean(telemetry.sm_clock),
+        memory_clock_hertz_mean=mean(telemetry.mem_clock),
+        clock_events_seen=sorted(telemetry.clock_events),
+        temperature_celsius_max=max(telemetry.temperature) if telemetry.temperature else None,
+        gpu_utilization_mean_ratio=mean(telemetry.gpu_util),
+        memory_utilization_mean_ratio=mean(telemetry.mem_util),
+        gpm_sm_active_mean_ratio=telemetry.gpm_mean("sm_active"),
+        gpm_tensor_active_mean_ratio=telemetry.gpm_mean("tensor_any"),
+        gpm_dram_active_mean_ratio=telemetry.gpm_mean("dram_active"),
+    )
+
+
+def _measure_windows(prepared: Prepared, plan: _Plan, report: Callable[..., None]) -> _Windows:
+    """The measured windows: energy counter and telemetry around each; stop early once they agree."""
+    spec, ctx, workload = prepared.spec, prepared.ctx, prepared.workload
     sampler = WindowSampler(ctx.nvml, spec.sample_interval)
     sampler.prime_gpm()
-    repeats: list[RepeatResult] = []
-    latencies: dict[str, list[float]] = {}
-    all_telemetry = Telemetry()
-    extras: list[dict[str, Any]] = []
-    for index in range(max_windows):
+    out = _Windows([], {}, Telemetry(), [])
+    for index in range(plan.max_windows):
         clock = ctx.new_clock(host=workload.host_clock)
         ctx.synchronize()
         with ctx.nvtx(f"gpuperfd:measure[{index}]"):
@@ -207,83 +234,51 @@ def measure(
             sampler.start()
             if index == 0 and spec.inject_fault is not None and prepared.measured_points == 1:
                 inject_fault(spec.inject_fault, ctx)
-            n, seconds = run_loop(ctx, workload, clock, window_seconds, spec.iterations)
+            n, seconds = run_loop(ctx, workload, clock, plan.window_seconds, spec.iterations)
             e1 = ctx.energy()
         telemetry = sampler.stop()
-        all_telemetry.merge(telemetry)
+        out.telemetry.merge(telemetry)
         stats = workload.end(clock, n, seconds)
         energy = e1 - e0 if e0 is not None and e1 is not None else None
-        repeats.append(RepeatResult(
-            index=index,
-            measured_seconds=seconds,
-            units_of_work=stats.units,
-            throughput=stats.throughput,
-            energy_joules=energy,
-            average_power_watts=energy / seconds if energy is not None and seconds > 0 else None,
-            energy_per_unit_joules=energy / stats.units if energy is not None and stats.units else None,
-            sm_clock_hertz_mean=mean(telemetry.sm_clock),
-            memory_clock_hertz_mean=mean(telemetry.mem_clock),
-            clock_events_seen=sorted(telemetry.clock_events),
-            temperature_celsius_max=max(telemetry.temperature) if telemetry.temperature else None,
-            gpu_utilization_mean_ratio=mean(telemetry.gpu_util),
-            memory_utilization_mean_ratio=mean(telemetry.mem_util),
-            gpm_sm_active_mean_ratio=telemetry.gpm_mean("sm_active"),
-            gpm_tensor_active_mean_ratio=telemetry.gpm_mean("tensor_any"),
-            gpm_dram_active_mean_ratio=telemetry.gpm_mean("dram_active"),
-            telemetry_samples=telemetry.samples,
+        window = _window_stats(telemetry, energy, seconds, stats.units, stats.throughput)
+        out.repeats.append(RepeatResult(
+            index=index, measured_seconds=seconds, units_of_work=stats.units, telemetry_samples=telemetry.samples,
             iterations=n,
             extra={**stats.extra, "counts": {k: [float(c), float(t)] for k, (c, t) in stats.counts.items()}},
+            **window.window_fields(),
         ))
-        extras.append(stats.extra)
+        out.extras.append(stats.extra)
         for name, samples in stats.latencies.items():
-            latencies.setdefault(name, []).extend(samples)
-        report(phase="measure", repeat=index + 1, repeats=max_windows)
-        if adaptive and _windows_agree(repeats):
+            out.latencies.setdefault(name, []).extend(samples)
+        report(phase="measure", repeat=index + 1, repeats=plan.max_windows)
+        if plan.adaptive and _windows_agree(out.repeats):
             break
+    return out
 
-    peak, allocated = ctx.memory()
 
+def _busy_pass(prepared: Prepared, plan: _Plan, telemetry: Telemetry,
+               report: Callable[..., None]) -> tuple[float | None, str | None, dict[str, Any]]:
+    """The GPU-busy fraction (profiler pass, else NVML's utilization): (ratio, method, details)."""
+    spec, ctx = prepared.spec, prepared.ctx
     busy: float | None = None
     busy_info: dict[str, Any] = {}
     busy_method = None
-    if spec.busy_profile_seconds > 0 and not (later and ctx.nvml is not None):  # later points: NVML's view
+    if spec.busy_profile_seconds > 0 and not (plan.later and ctx.nvml is not None):  # later points: NVML's view
         report(phase="busy_profile")
         try:
-            busy, busy_info = measure_busy(ctx, workload, spec.busy_profile_seconds)
+            busy, busy_info = measure_busy(ctx, prepared.workload, spec.busy_profile_seconds)
             busy_method = "profiler_kernel_union" if ctx.is_cuda else "profiler_cpu_op_union"
         except Exception as exc:  # noqa: BLE001 - fall back to NVML's view rather than lose the point
             busy_info = {"busy_error": f"{type(exc).__name__}: {exc}"}
-    if busy is None and all_telemetry.gpu_util:
-        busy = mean(all_telemetry.gpu_util)
+    if busy is None and telemetry.gpu_util:
+        busy = mean(telemetry.gpu_util)
         busy_method = "nvml_utilization"
+    return busy, busy_method, busy_info
 
-    measured = sum(r.measured_seconds for r in repeats)
-    units = sum(r.units_of_work for r in repeats)
-    energies = [r.energy_joules for r in repeats]
-    energy_total = sum(energies) if energies and all(e is not None for e in energies) else None  # type: ignore[misc]
-    pooled = _pool_throughput(repeats)
 
-    extra: dict[str, Any] = dict(workload.describe())
-    extra.update({
-        "setup_seconds": setup_seconds,
-        "point_index": prepared.measured_points - 1,
-        "settle_seconds": settle_wait,
-        "settle_steady": steady,
-        "warmup_iterations": n_warm,
-        "warmup_seconds": warm_seconds,
-        "gpu_busy_method": busy_method,
-        "windows_measured": len(repeats),
-        "window_seconds": window_seconds,
-        **busy_info,
-        "torch_version": torch.__version__,
-        "iterations": sum(r.iterations for r in repeats),
-        "power_samples_mean_watts": mean(all_telemetry.power),
-        "temperature_celsius_mean": mean(all_telemetry.temperature),
-        "telemetry_samples": all_telemetry.samples,
-    })
-    if extras and "loss" in extras[-1]:
-        extra["loss"] = extras[-1]["loss"]
-        extra["loss_first"] = extras[0].get("loss_first")
+def _environment(ctx: ProbeContext) -> dict[str, Any]:
+    """Versions and identity the record carries (driver, CPU, torch, transformers)."""
+    extra: dict[str, Any] = {"torch_version": torch.__version__}
     if ctx.nvml is not None:
         try:
             extra["driver_version"] = ctx.nvml.info().driver_version
@@ -300,43 +295,80 @@ def measure(
         extra["transformers_version"] = transformers.__version__
     except ImportError:  # attention needs no transformers
         pass
+    return extra
 
+
+def measure(
+    prepared: Prepared,
+    progress: Callable[..., None] | None = None,
+    settle_seconds: float = 0.0,
+) -> ProbeResult:
+    """Measure one point with the workload ``prepare`` built: warm-up, settle, measured windows,
+    busy pass, then the aggregate (:func:`_aggregate`).
+
+    ``settle_seconds`` bounds the wait for steady power and SM clock after a cap change.
+    """
+    ctx = prepared.ctx
+    setup_seconds = prepared.setup_seconds if prepared.measured_points == 0 else 0.0
+    prepared.measured_points += 1
+    t_start = time.perf_counter()
+    started_at = time.time()
+    report = progress or (lambda **_: None)
+    ctx.read_power_limit()
+    plan = _plan(prepared, settle_seconds)
+    report(phase="warmup")
+    n_warm, warm_seconds = _warm_up(prepared, plan)
+    report(phase="settle")
+    settle_wait, steady = _settle(prepared, settle_seconds)
+    windows = _measure_windows(prepared, plan, report)
+    peak, allocated = ctx.memory()
+    busy, busy_method, busy_info = _busy_pass(prepared, plan, windows.telemetry, report)
+    extra: dict[str, Any] = {
+        "setup_seconds": setup_seconds,
+        "point_index": prepared.measured_points - 1,
+        "settle_seconds": settle_wait,
+        "settle_steady": steady,
+        "warmup_iterations": n_warm,
+        "warmup_seconds": warm_seconds,
+        "gpu_busy_method": busy_method,
+        "window_seconds": plan.window_seconds,
+        **busy_info,
+    }
+    result = _aggregate(prepared, windows, extra, peak, allocated, busy)
+    result.started_at, result.wall_seconds = started_at, time.perf_counter() - t_start
+    return result
+
+
+def _aggregate(prepared: Prepared, windows: _Windows, point_extra: dict[str, Any], peak: int | None,
+               allocated: int | None, busy: float | None) -> ProbeResult:
+    """Pool the windows into the point's result: units over total time, energy summed, latencies joined."""
+    spec, ctx, workload = prepared.spec, prepared.ctx, prepared.workload
+    repeats, telemetry = windows.repeats, windows.telemetry
+    measured = sum(r.measured_seconds for r in repeats)
+    units = sum(r.units_of_work for r in repeats)
+    energies = [r.energy_joules for r in repeats]
+    energy_total = sum(energies) if energies and all(e is not None for e in energies) else None  # type: ignore[misc]
+    extra: dict[str, Any] = dict(workload.describe())
+    extra.update(point_extra)
+    extra.update({
+        "windows_measured": len(repeats),
+        "iterations": sum(r.iterations for r in repeats),
+        "power_samples_mean_watts": mean(telemetry.power),
+        "temperature_celsius_mean": mean(telemetry.temperature),
+        "telemetry_samples": telemetry.samples,
+    })
+    if windows.extras and "loss" in windows.extras[-1]:
+        extra["loss"] = windows.extras[-1]["loss"]
+        extra["loss_first"] = windows.extras[0].get("loss_first")
+    extra.update(_environment(ctx))
+    pooled = _window_stats(telemetry, energy_total, measured, units, _pool_throughput(repeats))
     return ProbeResult(
-        probe=spec.probe,
-        variant=spec.variant,
-        preset=spec.preset,
-        params=spec.params(),
-        status="ok",
-        device=str(ctx.device),
-        gpu_name=ctx.gpu_name,
-        compute_capability=ctx.compute_capability,
-        gpu_uuid=ctx.gpu_uuid,
-        started_at=started_at,
-        wall_seconds=time.perf_counter() - t_start,
-        measured_seconds=measured,
-        work_unit=workload.work_unit,
-        units_of_work=units,
-        throughput=pooled,
-        latencies=latencies,
-        energy_joules=energy_total,
-        average_power_watts=energy_total / measured if energy_total is not None and measured > 0 else None,
-        energy_per_unit_joules=energy_total / units if energy_total is not None and units else None,
-        peak_memory_bytes=peak,
-        allocated_memory_bytes=allocated,
-        sm_clock_hertz_mean=mean(all_telemetry.sm_clock),
-        memory_clock_hertz_mean=mean(all_telemetry.mem_clock),
-        clock_events_seen=sorted(all_telemetry.clock_events),
-        temperature_celsius_max=max(all_telemetry.temperature) if all_telemetry.temperature else None,
-        gpu_utilization_mean_ratio=mean(all_telemetry.gpu_util),
-        memory_utilization_mean_ratio=mean(all_telemetry.mem_util),
-        gpm_sm_active_mean_ratio=all_telemetry.gpm_mean("sm_active"),
-        gpm_tensor_active_mean_ratio=all_telemetry.gpm_mean("tensor_any"),
-        gpm_dram_active_mean_ratio=all_telemetry.gpm_mean("dram_active"),
-        gpu_busy_ratio=busy,
-        low_gpu_busy=busy is not None and busy < spec.gpu_busy_threshold,
-        power_limit_watts=ctx.power_limit_watts,
-        repeats=repeats,
-        extra=extra,
+        probe=spec.probe, variant=spec.variant, preset=spec.preset, params=spec.params(), status="ok",
+        device=str(ctx.device), gpu_name=ctx.gpu_name, compute_capability=ctx.compute_capability,
+        gpu_uuid=ctx.gpu_uuid, measured_seconds=measured, work_unit=workload.work_unit, units_of_work=units,
+        latencies=windows.latencies, peak_memory_bytes=peak, allocated_memory_bytes=allocated,
+        gpu_busy_ratio=busy, low_gpu_busy=busy is not None and busy < spec.gpu_busy_threshold,
+        power_limit_watts=ctx.power_limit_watts, repeats=repeats, extra=extra, **pooled.window_fields(),
     )
 
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from gpuperfd.probes.result import (
+from gpuperfd.probe_data.result import (
     ProbeResult,
     RepeatResult,
     describe,

@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpuperfd.probes.result import ProbeResult, percentile
+from gpuperfd.probe_data.result import ProbeResult, percentile
 
 __all__ = [
     "SCHEMA",

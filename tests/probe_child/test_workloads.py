@@ -9,14 +9,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuperfd.probes import harness  # noqa: E402
-from gpuperfd.probes.busy import busy_ratio_from_trace  # noqa: E402
-from gpuperfd.probes.spec import ProbeSpec  # noqa: E402
-from gpuperfd.probes.workloads.attention import attention_bytes, attention_flops  # noqa: E402
-from gpuperfd.probes.workloads.gpt2_static import StaticGPT2  # noqa: E402
-from gpuperfd.probes.workloads.models import build_gpt2, build_vit  # noqa: E402
-from gpuperfd.probes.workloads.vit import vit_flops_per_image  # noqa: E402
-from gpuperfd.probes.workloads.vit_fused import FusedViT  # noqa: E402
+from gpuperfd.probe_child import harness  # noqa: E402
+from gpuperfd.probe_child.busy import busy_ratio_from_trace  # noqa: E402
+from gpuperfd.probe_data.spec import ProbeSpec  # noqa: E402
+from gpuperfd.probe_child.workloads.attention import attention_bytes, attention_flops  # noqa: E402
+from gpuperfd.probe_child.workloads.gpt2_static import StaticGPT2  # noqa: E402
+from gpuperfd.probe_child.workloads.models import build_gpt2, build_vit  # noqa: E402
+from gpuperfd.probe_child.workloads.vit import vit_flops_per_image  # noqa: E402
+from gpuperfd.probe_child.workloads.vit_fused import FusedViT  # noqa: E402
 
 CPU = torch.device("cpu")
 QUICK = {"repeats": 1, "measure_seconds": 0.05, "busy_profile_seconds": 0.0}

@@ -1,0 +1,125 @@
+"""The recommendation rule and the early-stop rule over plain sweep points (no device, no I/O).
+
+Apart from the loop that changes caps (:mod:`gpuperfd.probing.sweep.sweeper`), as Zeus keeps its
+power-limit selection apart from the measurement it consumes: the report, the landing page and the
+CLI import this without importing anything that can set a power limit. The same rule is held by
+the Prometheus recording rules (docs/architecture.md, "Where the recommendation lives").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuperfd.probe_data.result import ProbeResult, describe
+
+__all__ = ["SweepPoint", "Recommendation", "work_rate", "recommend", "rate_noise", "clearly_slower",
+           "DEFAULT_RATE_NOISE", "EARLY_STOP_SIGMAS", "read_only_note", "comparison_words"]
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One cap of a sweep and what the probe measured there."""
+
+    cap_watts: float
+    result: ProbeResult
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The cap with the lowest energy per unit among caps within ``max_slowdown`` of the fastest cap."""
+
+    cap_watts: float
+    baseline_cap_watts: float
+    energy_saving_ratio: float
+    slowdown_ratio: float
+    max_slowdown: float
+
+
+def work_rate(result: ProbeResult) -> float | None:
+    """Units of work per second over the measured window (the probe's primary throughput)."""
+    if result.status != "ok" or not result.measured_seconds:
+        return None
+    return result.units_of_work / result.measured_seconds
+
+
+def recommend(points: Sequence[SweepPoint], max_slowdown: float = 0.10) -> Recommendation | None:
+    """Apply the recommendation rule (the same one the Prometheus recording rules hold).
+
+    The baseline is the highest cap tested. An exact tie in energy per unit goes to
+    the lower cap, as in the rules. None when no ok point has energy data.
+    """
+    usable = [
+        (p.cap_watts, work_rate(p.result), p.result.energy_per_unit_joules)
+        for p in points
+        if work_rate(p.result) and p.result.energy_per_unit_joules
+    ]
+    if not usable:
+        return None
+    baseline_cap, baseline_rate, baseline_energy = max(usable, key=lambda u: u[0])
+    eligible = [u for u in usable if u[1] >= (1.0 - max_slowdown) * baseline_rate]
+    cap, rate, energy = min(eligible, key=lambda u: (u[2], u[0]))  # ties: the lower cap (docs/architecture.md)
+    return Recommendation(
+        cap_watts=cap,
+        baseline_cap_watts=baseline_cap,
+        energy_saving_ratio=1.0 - energy / baseline_energy,
+        slowdown_ratio=1.0 - rate / baseline_rate,
+        max_slowdown=max_slowdown,
+    )
+
+
+#: A result without repeats (or one) is given this relative noise for the early-stop margin.
+DEFAULT_RATE_NOISE = 0.01
+#: How many standard deviations of the two points' combined noise "clearly" means.
+EARLY_STOP_SIGMAS = 3.0
+
+
+def rate_noise(result: ProbeResult) -> float:
+    """Relative spread (CV) of the work rate over the result's measured windows."""
+    rates = [r.units_of_work / r.measured_seconds for r in result.repeats if r.measured_seconds > 0]
+    stats = describe(rates)
+    if stats is None or stats.n < 2 or stats.cv is None:
+        return DEFAULT_RATE_NOISE
+    return stats.cv
+
+
+def clearly_slower(baseline: ProbeResult, point: ProbeResult, max_slowdown: float) -> bool:
+    """True when ``point`` is slower than ``baseline`` by more than ``max_slowdown`` plus three
+    standard deviations of the two measurements' noise: no lower cap can be recommended then."""
+    base, rate = work_rate(baseline), work_rate(point)
+    if not base or rate is None:
+        return False
+    margin = EARLY_STOP_SIGMAS * math.hypot(rate_noise(baseline), rate_noise(point))
+    return 1.0 - rate / base > max_slowdown + margin
+
+
+def read_only_note(caps_watts: Sequence[float], current_watts: float) -> str:
+    """What a run that changes no cap measured, in words (the sweep CLI and the daemon's log).
+
+    A one-cap schedule whose cap is the current one is not "read-only mode"; asked-for caps that
+    were not measured are named, never dropped silently (``--read-only --caps current,max``).
+    """
+    others = sorted({round(c) for c in caps_watts} - {round(current_watts)}, reverse=True)
+    if not others:
+        return f"one cap, the current {current_watts:.0f} W: measured without changing the cap"
+    listed = ", ".join(f"{c} W" for c in others)
+    return (f"read-only: measured the current cap {current_watts:.0f} W only; {listed} not measured "
+            "(changing a cap needs read_only: false, or no --read-only)")
+
+
+def comparison_words(rec: Recommendation, unit: str = "unit") -> str:
+    """The recommendation against its baseline in words, for pages and logs.
+
+    ``"25.0% less energy per token, 5.0% slower than 700 W"``; a recommended cap that is the
+    baseline itself says so (not "0.0% less energy, 0.0% slower than 700 W"), and a cap that
+    measured faster than the baseline says "faster" (not "-0.9% slower").
+    """
+    if round(rec.cap_watts) == round(rec.baseline_cap_watts):
+        return f"the highest cap tested; no lower cap saves energy per {unit} within the allowed slowdown"
+    slowdown = 100 * rec.slowdown_ratio
+    if abs(slowdown) < 0.05:
+        speed = "as fast as"
+    else:
+        speed = f"{abs(slowdown):.1f}% {'slower' if slowdown > 0 else 'faster'} than"
+    return f"{100 * rec.energy_saving_ratio:.1f}% less energy per {unit}, {speed} {rec.baseline_cap_watts:.0f} W"
