@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from gpuperfd.device.base import Device
-from gpuperfd.probe_data.recommend import SweepPoint, clearly_slower
+from gpuperfd.probe_data.recommend import SweepPoint, clearly_slower, read_only_note
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.sweep.caps import CapGuard
 from gpuperfd.probing.sweep.journal import CapJournal
