@@ -223,7 +223,8 @@ class Daemon:
             "/": lambda _h: Response(
                 200,
                 landing_page(
-                    self.sampler, self.backend.name, telemetry_path, self.probes.latest(), self.config.probes.max_slowdown
+                    self.sampler, self.backend.name, telemetry_path, self.probes.latest(), self.config.probes.max_slowdown,
+                    self.health.verdicts() if self.health is not None else None,
                 ),
                 "text/html; charset=utf-8",
             ),

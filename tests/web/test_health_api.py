@@ -88,7 +88,11 @@ def test_health_api_shape_node_verdict_and_evidence(start_daemon, tmp_path) -> N
     # the node verdict is the worst GPU's
     assert (body["state"], body["action"]) == ("unhealthy", "reset_gpu")
 
-    # the same verdict shows on /metrics
+    # ... on the landing page
+    page = requests.get(daemon.url + "/", timeout=5).text
+    row = page.split('data-gpu="1"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-state="unhealthy" data-action="reset_gpu"' in row and "uncorrectable ECC" in row
+    # ... and on /metrics
     metrics = requests.get(daemon.url + "/metrics", timeout=5).text
     uuid1 = gpus[1]["uuid"]
     assert f'gpuperf_gpu_health_state{{gpu="1",uuid="{uuid1}",state="unhealthy"}} 1' in metrics
