@@ -421,6 +421,7 @@ RESTART_ONLY: tuple[tuple[str, str], ...] = (
     ("probes.torch_device", "the probe executor is built at start"),
     ("probes.simulated_measure_seconds", "the probe executor is built at start"),
     ("probes.history", "the history file is opened at start"),
+    ("health", "the health monitor (its thresholds and interval) is built at start"),
 )
 
 
