@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The rule files Prometheus loads (a timing-accelerated copy of them by default).
 RULES_DIR = REPO_ROOT / "deploy" / "prometheus" / "rules"
-RULE_FILES = ("recording.yml", "alerts.yml", "attribution.yml", "health.yml")
+RULE_FILES = ("recording.yml", "alerts.yml", "attribution.yml")
 #: The global tier's rules (a two-tier fleet, FleetSpec.shards).
 GLOBAL_RULES_DIR = REPO_ROOT / "deploy" / "prometheus" / "global"
 GLOBAL_RULE_FILES = ("recording.yml",)
