@@ -79,7 +79,7 @@ INCIDENT_XID = 13
 #: succeeds (no collector failure, no alert).
 INCIDENT_SLOW_CALL = "ecc_errors"
 #: The daemons' health.interval_seconds in the fleet.
-HEALTH_INTERVAL_SECONDS = 1.0
+HEALTH_INTERVAL_SECONDS = 2.0
 #: What each defect's GPU must show in its daemon's verdict (GET /api/v1/health): state, action,
 #: and checks that must be among its reasons (docs/health.md). Without a defect: healthy, none, no reasons.
 EXPECTED_VERDICTS: dict[str | None, tuple[str, str, frozenset[str]]] = {
@@ -447,7 +447,7 @@ def daemon_config(node: FleetNode, spec: FleetSpec) -> dict[str, Any]:
             "ours": {"namespaces": list(POD_NAMESPACES)},
             "schedules": schedules,
         },
-        # Verdicts every second: a defect must show within one probe interval (tests/fleet/test_fleet.py).
+        # Verdicts every 2 s: a defect must show within one probe interval (tests/fleet/test_fleet.py).
         "health": {"interval_seconds": HEALTH_INTERVAL_SECONDS},
     }
 

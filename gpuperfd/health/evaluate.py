@@ -237,11 +237,16 @@ def baseline(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: 
     limit = settings[check.threshold.key]
     span = settings["baseline_days"] * 86400.0
     out = []
-    for key, latest in _latest_ok(gpu.runs, check.field).items():
+    # One pass over the runs, grouped by key (runs are oldest first): a week of history is
+    # thousands of runs, and this runs every evaluation.
+    by_key: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    for run in gpu.runs:
+        if run.get("status") == "ok" and isinstance(run.get(check.field), (int, float)):
+            by_key.setdefault(_key(run), []).append(run)
+    for key, runs in by_key.items():
+        latest = runs[-1]
         t = float(latest.get("time") or 0.0)
-        earlier = [float(r[check.field]) for r in gpu.runs
-                   if r is not latest and r.get("status") == "ok" and _key(r) == key
-                   and isinstance(r.get(check.field), (int, float)) and t - span <= float(r.get("time") or 0) <= t]
+        earlier = [float(r[check.field]) for r in runs[:-1] if t - span <= float(r.get("time") or 0) <= t]
         if len(earlier) < settings["baseline_min_runs"]:
             continue
         median = statistics.median(earlier)
