@@ -48,6 +48,10 @@ class GpuInputs:
     xids: dict[int, float] = field(default_factory=dict)
     runs: list[dict[str, Any]] = field(default_factory=list)
     store_error: str | None = None
+    #: latest ok run per key, by value field: filled on first use in one evaluation (the peer
+    #: check reads every GPU's for every GPU; GpuInputs are built anew for each evaluation).
+    latest_cache: dict[str, dict[tuple[str, str, str], Mapping[str, Any]]] = field(
+        default_factory=dict, repr=False, compare=False)
 
 
 def metric_name(signal: str) -> str:
@@ -225,6 +229,14 @@ def _latest_ok(runs: Sequence[Mapping[str, Any]], value_field: str) -> dict[tupl
     return latest
 
 
+def _latest_of(gpu: GpuInputs, value_field: str) -> dict[tuple[str, str, str], Mapping[str, Any]]:
+    """_latest_ok of this GPU's runs, computed once per evaluation."""
+    cached = gpu.latest_cache.get(value_field)
+    if cached is None:
+        cached = gpu.latest_cache[value_field] = _latest_ok(gpu.runs, value_field)
+    return cached
+
+
 def _bad(check: Check, ratio: float, limit: float) -> bool:
     return ratio < limit if check.bad == "below" else ratio > limit
 
@@ -268,9 +280,9 @@ def peers(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Map
     assert check.threshold is not None
     limit = settings[check.threshold.key]
     group = [g for g in node if g.name == gpu.name and not g.missing]
-    latest_by_gpu = [_latest_ok(g.runs, check.field) for g in group]
+    latest_by_gpu = [_latest_of(g, check.field) for g in group]
     out = []
-    for key, latest in _latest_ok(gpu.runs, check.field).items():
+    for key, latest in _latest_of(gpu, check.field).items():
         values = [float(latest_runs[key][check.field]) for latest_runs in latest_by_gpu if key in latest_runs]
         if len(values) < settings["peer_min_count"]:
             continue
