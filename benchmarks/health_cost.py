@@ -15,7 +15,7 @@ directory (never /var/lib/gpuperfd), the probe history is read only if --history
 A healthy card must come out ``healthy`` with no reasons (exit 0); otherwise exit 1.
 
 Usage:
-  python benchmarks/health_cost.py --simulate 8 [--seconds 60] [--interval 5]
+  python benchmarks/health_cost.py --simulate 8 [--seconds 60] [--interval 5] [--synthetic-history 40]
   python benchmarks/health_cost.py --nvml [--seconds 300] [--history /var/lib/gpuperfd/history.jsonl]
 """
 
@@ -49,6 +49,24 @@ def build_config(args: argparse.Namespace, state_dir: str) -> Config:
     return Config.model_validate(data)
 
 
+def write_synthetic_history(gpus: int, per_key: int, directory: Path) -> str:
+    """A healthy probe history of the simulated GPUs, as the fleet simulation writes it."""
+    from gpuperfd.config import SimulationConfig
+    from gpuperfd.device.simulated import SimulatedBackend
+    from gpuperfd.fleet.backfill import healthy_run_records
+    from gpuperfd.fleet.spec import FleetGpu, FleetSpec
+
+    path = directory / "history.jsonl"
+    backend = SimulatedBackend(SimulationConfig(gpus=gpus, seed=1))
+    now = time.time()
+    with path.open("w", encoding="utf-8") as handle:
+        for device in backend.devices():
+            gpu = FleetGpu(node="", instance="", index=device.index, uuid=device.info().uuid, model="H100")
+            handle.writelines(line + "\n" for line in healthy_run_records(gpu, FleetSpec(), now, per_key=per_key))
+    backend.close()
+    return str(path)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
@@ -57,10 +75,17 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="how long the health thread runs")
     parser.add_argument("--interval", type=float, default=5.0, help="health.interval_seconds (daemon default 5)")
     parser.add_argument("--history", default=None, help="probe history file to read (default: none)")
+    parser.add_argument("--synthetic-history", type=int, default=0, metavar="RUNS",
+                        help="--simulate only: first write RUNS healthy results per probe and cap of every "
+                             "simulated GPU (4 probes x 11 caps) to a temporary history file and read it")
     parser.add_argument("--json", default=None, help="also write the figures and the verdict here")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="gpuperfd-health-cost-") as state_dir:
+        if args.synthetic_history:
+            if args.nvml:
+                parser.error("--synthetic-history needs --simulate")
+            args.history = write_synthetic_history(args.simulate, args.synthetic_history, Path(state_dir))
         daemon = Daemon(build_config(args, state_dir))
         health = daemon.health
         assert health is not None, "health.enabled is on by default"
@@ -90,6 +115,7 @@ def main() -> int:
         "backend": daemon.backend.name,
         "gpus": len(daemon.devices),
         "interval_seconds": args.interval,
+        "history_runs": sum(len(runs) for runs in health.history.runs.values()),
         "wall_seconds": round(wall, 1),
         "evaluations": evaluations,
         "health_cpu_seconds_per_minute": round(cpu / wall * 60.0, 5),

@@ -229,11 +229,33 @@ def _latest_ok(runs: Sequence[Mapping[str, Any]], value_field: str) -> dict[tupl
     return latest
 
 
+def _ok_by_key(gpu: GpuInputs) -> dict[tuple[str, str, str], list[Mapping[str, Any]]]:
+    """This GPU's ok runs grouped by (probe, preset, cap), oldest first; once per evaluation."""
+    cached = gpu.latest_cache.get("")
+    if cached is None:
+        groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+        for run in gpu.runs:
+            if run.get("status") == "ok":
+                groups.setdefault(_key(run), []).append(run)
+        cached = gpu.latest_cache[""] = groups  # type: ignore[assignment]
+    return cached  # type: ignore[return-value]
+
+
+def _field_runs(gpu: GpuInputs, value_field: str) -> dict[tuple[str, str, str], list[Mapping[str, Any]]]:
+    """Ok runs with a number in ``value_field``, by key, oldest first."""
+    out = {}
+    for key, runs in _ok_by_key(gpu).items():
+        kept = [r for r in runs if isinstance(r.get(value_field), (int, float))]
+        if kept:
+            out[key] = kept
+    return out
+
+
 def _latest_of(gpu: GpuInputs, value_field: str) -> dict[tuple[str, str, str], Mapping[str, Any]]:
-    """_latest_ok of this GPU's runs, computed once per evaluation."""
+    """The latest ok run per key with a number in ``value_field`` (as _latest_ok), once per evaluation."""
     cached = gpu.latest_cache.get(value_field)
     if cached is None:
-        cached = gpu.latest_cache[value_field] = _latest_ok(gpu.runs, value_field)
+        cached = gpu.latest_cache[value_field] = {key: runs[-1] for key, runs in _field_runs(gpu, value_field).items()}
     return cached
 
 
@@ -249,13 +271,8 @@ def baseline(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: 
     limit = settings[check.threshold.key]
     span = settings["baseline_days"] * 86400.0
     out = []
-    # One pass over the runs, grouped by key (runs are oldest first): a week of history is
-    # thousands of runs, and this runs every evaluation.
-    by_key: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
-    for run in gpu.runs:
-        if run.get("status") == "ok" and isinstance(run.get(check.field), (int, float)):
-            by_key.setdefault(_key(run), []).append(run)
-    for key, runs in by_key.items():
+    # Runs grouped by key once per evaluation (a week of history is thousands of runs).
+    for key, runs in _field_runs(gpu, check.field).items():
         latest = runs[-1]
         t = float(latest.get("time") or 0.0)
         earlier = [float(r[check.field]) for r in runs[:-1] if t - span <= float(r.get("time") or 0) <= t]
