@@ -30,6 +30,8 @@ from gpuperfd.config import (
 from gpuperfd.device.base import Backend
 from gpuperfd.device.errors import DriverNotFound
 from gpuperfd.device.factory import open_backend, selected_devices
+from gpuperfd.health.monitor import HealthMonitor
+from gpuperfd.health.verdict import node_verdict_json
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker
 from gpuperfd.probing.metrics import ProbeMetrics
@@ -163,6 +165,17 @@ class Daemon:
         # setting), so a later start finds it whatever probes.state_dir then says.
         self.probes.journal.registry = node_registry(config)
         self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices])
+        #: The per-GPU verdict (docs/health.md): evaluated on its own thread from cached readings.
+        self.health = (
+            HealthMonitor(
+                self.sampler, config.probes.state_dir, config.probes.history.path,
+                thresholds=config.health.thresholds, interval_seconds=config.health.interval_seconds,
+            )
+            if config.health.enabled
+            else None
+        )
+        if self.health is not None:
+            self.exporter.extra_families.append(self.health.families)
         host, port = parse_listen_address(config.web.listen_address)
         raise_fd_limit()  # connections are capped below the open-files limit; take what the hard limit allows
         self.web = WebServer(host, port, self._routes(), limits=Limits(
@@ -207,14 +220,24 @@ class Daemon:
         return {
             telemetry_path: metrics_route(self.exporter.render),
             "/healthz": self._healthz,
+            "/api/v1/health": self._health_api,
             "/": lambda _h: Response(
                 200,
                 landing_page(
-                    self.sampler, self.backend.name, telemetry_path, self.probes.latest(), self.config.probes.max_slowdown
+                    self.sampler, self.backend.name, telemetry_path, self.probes.latest(), self.config.probes.max_slowdown,
+                    self.health.verdicts() if self.health is not None else None,
                 ),
                 "text/html; charset=utf-8",
             ),
         }
+
+    def _health_api(self, _handler: object) -> Response:
+        """Every GPU's verdict and the node's (its worst GPU's); same gate (TLS, auth) as /metrics."""
+        if self.health is None:
+            body = {"error": "health verdicts are off (health.enabled: false)"}
+            return Response(404, (json.dumps(body) + "\n").encode(), "application/json")
+        body = node_verdict_json(self.health.verdicts(), self.health.node)
+        return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
 
     def _healthz(self, _handler: object) -> Response:
         lost = [d.index for d in self.devices if self.sampler.gpu_lost(d.index)]
@@ -237,6 +260,9 @@ class Daemon:
             self.pod_resources.start()
         self.sampler.sample_once()
         self.sampler.start()
+        if self.health is not None:
+            self.health.evaluate_once()  # the first scrape and request see a verdict
+            self.health.start()
         self.web.start()
         self.scheduler.apply(self.config.probes)
         self.scheduler.start()
@@ -253,6 +279,8 @@ class Daemon:
         self.probes.stop()
         self.restore_caps()  # a sweep that could not restore in time is restored here
         self.web.stop()
+        if self.health is not None:
+            self.health.stop()
         self.sampler.stop()
         if self.pod_resources is not None:
             self.pod_resources.stop()

@@ -52,6 +52,8 @@ DeviceCall = Literal[
     "retired_pages",
     "violation_seconds",
     "pcie_replays",
+    "pcie_link",
+    "gpu_recovery_action",
     "codec_utilization",
     "nvlink",
     "mig_enabled",
@@ -150,6 +152,9 @@ class DegradeConfig(_Strict):
     memory_bandwidth_factor: Annotated[float, Field(gt=0, le=1)] = 1.0
     #: Keep this GPU thermally throttled while it is busy.
     thermal_throttle: bool = False
+    #: Train this GPU's PCIe link below its maximum generation / width (None: at the maximum).
+    pcie_generation: Annotated[int, Field(ge=1, le=6)] | None = None
+    pcie_width: Annotated[int, Field(ge=1, le=32)] | None = None
 
 
 class MigConfig(_Strict):
@@ -346,6 +351,26 @@ class ProbesConfig(_Strict):
     schedules: list[ScheduleConfig] = []
 
 
+class HealthConfig(_Strict):
+    """The per-GPU verdict (docs/health.md)."""
+
+    enabled: bool = True
+    #: Seconds between evaluations of the checks (reads cached readings only).
+    interval_seconds: Annotated[float, Field(ge=0.5, le=300)] = 5.0
+    #: Overrides of the checks' thresholds and settings, by key (docs/health.md lists them).
+    thresholds: dict[str, float] = {}
+
+    @model_validator(mode="after")
+    def _known_keys(self) -> "HealthConfig":
+        from gpuperfd.health.checks import defaults  # late: plain data, no config import
+
+        unknown = sorted(set(self.thresholds) - set(defaults()))
+        if unknown:
+            raise ValueError(f"health.thresholds: unknown key(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(sorted(defaults()))}")
+        return self
+
+
 class Config(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     web: WebConfig = WebConfig()
@@ -354,6 +379,7 @@ class Config(_Strict):
     sampler: SamplerConfig = SamplerConfig()
     attribution: AttributionConfig = AttributionConfig()
     probes: ProbesConfig = ProbesConfig()
+    health: HealthConfig = HealthConfig()
 
     @model_validator(mode="after")
     def _check_collectors(self) -> "Config":
@@ -396,6 +422,7 @@ RESTART_ONLY: tuple[tuple[str, str], ...] = (
     ("probes.torch_device", "the probe executor is built at start"),
     ("probes.simulated_measure_seconds", "the probe executor is built at start"),
     ("probes.history", "the history file is opened at start"),
+    ("health", "the health monitor (its thresholds and interval) is built at start"),
 )
 
 

@@ -207,6 +207,20 @@ class RemappedRows:
 
 
 @dataclass(frozen=True)
+class PcieLink:
+    """PCIe link generation and width: as trained now, and the most the GPU and slot allow.
+
+    Links train down at idle to save power on many boards, so a current value below the
+    maximum means something only while the GPU is busy (the health check counts busy samples).
+    """
+
+    generation: int
+    width: int
+    max_generation: int
+    max_width: int
+
+
+@dataclass(frozen=True)
 class RetiredPages:
     """Pages retired (pre-Ampere page retirement) by cause."""
 
@@ -356,6 +370,15 @@ class Device(abc.ABC):
     def pcie_replays(self) -> int:
         """PCIe replay (link-level retransmission) count since the driver loaded; monotonic."""
         raise _unsupported(self, "PCIe replay counter")
+
+    def pcie_link(self) -> PcieLink:
+        """Current and maximum PCIe link generation and width."""
+        raise _unsupported(self, "PCIe link state")
+
+    def gpu_recovery_action(self) -> int:
+        """The driver's GPU recovery action (nvmlGpuRecoveryAction_t: 0 none, 1 GPU reset,
+        2 node reboot, 3 drain P2P, 4 drain and reset); NotSupported on older drivers."""
+        raise _unsupported(self, "GPU recovery action")
 
     def codec_utilization(self) -> CodecUtilization:
         """Video encoder and decoder utilization over the driver's sampling period."""

@@ -53,6 +53,7 @@ from gpuperfd.device.base import (
     MemoryUsage,
     MigInstance,
     NvLinkStatus,
+    PcieLink,
     PcieThroughput,
     PowerLimits,
     RemappedRows,
@@ -195,6 +196,10 @@ def _translate(error: pynvml.NVMLError, what: str = "NVML") -> DeviceError:
     if code in _DRIVER_NOT_FOUND_CODES:
         return DriverNotFound(f"no NVIDIA driver found ({message}). {_SIMULATE_HINT}")
     return UnknownDeviceError(message)
+
+
+#: nvml.h NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvidia-ml-py 12.570+ names it; the number is stable).
+_GPU_RECOVERY_ACTION_FIELD = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)
 
 
 def _call(what: str, fn: Callable[..., T], *args: Any) -> T:
@@ -601,6 +606,23 @@ class NvmlDevice(Device):
     def pcie_replays(self) -> int:
         """PCIe replay counter since the driver loaded."""
         return int(self._read("pcie_replays", pynvml.nvmlDeviceGetPcieReplayCounter))
+
+    def pcie_link(self) -> PcieLink:
+        """Current and maximum PCIe link generation and width (the maximum is the lower of the
+        GPU's and the slot's, as nvidia-smi's "Max"; ~1 us each)."""
+        return PcieLink(
+            generation=int(self._read("pcie_link_generation", pynvml.nvmlDeviceGetCurrPcieLinkGeneration)),
+            width=int(self._read("pcie_link_width", pynvml.nvmlDeviceGetCurrPcieLinkWidth)),
+            max_generation=int(self._read("pcie_link_max_generation", pynvml.nvmlDeviceGetMaxPcieLinkGeneration)),
+            max_width=int(self._read("pcie_link_max_width", pynvml.nvmlDeviceGetMaxPcieLinkWidth)),
+        )
+
+    def gpu_recovery_action(self) -> int:
+        """Field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (id 230): 0 none, 1 GPU reset, 2 node reboot,
+        3 drain P2P, 4 drain and reset. NotSupported where the driver does not report it."""
+        (value,) = self._fields("gpu_recovery_action", [_GPU_RECOVERY_ACTION_FIELD])
+        assert value is not None  # _fields raises when every entry is unsupported
+        return int(value)
 
     def codec_utilization(self) -> CodecUtilization:
         """Encoder and decoder utilization (NVML: percent -> ratio); NotSupported if neither is there."""

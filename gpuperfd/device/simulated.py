@@ -96,6 +96,7 @@ from gpuperfd.device.base import (
     MemoryUsage,
     MigInstance,
     NvLinkStatus,
+    PcieLink,
     PcieThroughput,
     PowerLimits,
     RemappedRows,
@@ -1145,7 +1146,8 @@ class SimulatedGpu(Device):
                 uncorrected += u
         with self._lock:
             extra_c, extra_u = self._ecc_injected
-        return EccErrors(corrected_total=corrected + extra_c, uncorrected_total=uncorrected + extra_u)
+        base_c, base_u = self._ecc_reset_base
+        return EccErrors(corrected_total=corrected + extra_c - base_c, uncorrected_total=uncorrected + extra_u - base_u)
 
     def compute_processes(self) -> list[ComputeProcess]:
         self._check_faults("compute_processes")
@@ -1162,6 +1164,59 @@ class SimulatedGpu(Device):
             if self._mig_uuids is None:
                 raise NotSupported(f"GPU {self.index}: MIG is not supported")
             return list(self._mig_uuids)
+
+    # -- health faults: PCIe link state, recovery action, GPU reset (issue 30) --------------
+    #: (generation, width) the link trained at instead of the maximum; None: at the maximum.
+    _link_degraded: tuple[int, int] | None = None
+    _recovery_action: int = 0
+    _ecc_reset_base: tuple[int, int] = (0, 0)
+
+    def _pcie_max(self) -> tuple[int, int]:
+        return (4, 16) if self.model.compute_capability.startswith("8.") else (5, 16)
+
+    def inject_pcie_link(self, generation: int | None = None, width: int | None = None) -> None:
+        """Make the link train below its maximum (a bad riser, a dirty connector)."""
+        max_gen, max_width = self._pcie_max()
+        with self._lock:
+            self._link_degraded = (generation or max_gen, width or max_width)
+
+    def inject_recovery_action(self, action: int) -> None:
+        """Set the driver's GPU recovery action (NVML field 230's value)."""
+        with self._lock:
+            self._recovery_action = action
+
+    def pcie_link(self) -> PcieLink:
+        """Trained at the maximum, except while busy with an injected link fault; at idle the link
+        trains down to gen 1, as real boards do to save power."""
+        self._check_faults("pcie_link")
+        max_gen, max_width = self._pcie_max()
+        with self._lock:
+            busy = self._load is not None
+            degraded = self._link_degraded
+        gen, width = degraded if degraded is not None else (max_gen, max_width)
+        if not busy:
+            gen = 1
+        return PcieLink(gen, width, max_gen, max_width)
+
+    def gpu_recovery_action(self) -> int:
+        self._check_faults("gpu_recovery_action")
+        with self._lock:
+            return self._recovery_action
+
+    def reset(self) -> None:
+        """A GPU reset (``nvidia-smi -r``): volatile counters start again from 0, a pending row remap
+        takes effect, links retrain, the recovery action clears. Injected link faults stay (hardware)."""
+        ecc = self.ecc_errors()
+        with self._lock:
+            self._advance()
+            self._energy_joules = 0.0
+            self._pcie_replays = 0
+            base = self._ecc_reset_base
+            self._ecc_reset_base = (base[0] + ecc.corrected_total, base[1] + ecc.uncorrected_total)
+            rows = self._remapped
+            self._remapped = RemappedRows(rows.correctable, rows.uncorrectable, False, rows.failure)
+            self._nvlink_down = set()
+            self._recovery_action = 0
 
 
 class SimulatedBackend(Backend):
@@ -1209,6 +1264,9 @@ class SimulatedBackend(Backend):
             )
             for index in range(config.gpus)
         ]
+        for item in config.degrade:
+            if item.gpu < len(self._gpus) and (item.pcie_generation or item.pcie_width):
+                self._gpus[item.gpu].inject_pcie_link(item.pcie_generation, item.pcie_width)
         self._load_limits()
         for gpu in self._gpus:
             gpu._on_limit_change = lambda index=gpu.index: self._save_limits(index)

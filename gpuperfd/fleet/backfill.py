@@ -76,3 +76,37 @@ def healthy_history(
     yield "# EOF"
 
 
+
+
+def healthy_run_records(gpu: FleetGpu, spec: FleetSpec, now: float, per_key: int = 24) -> Iterator[str]:
+    """JSON lines of the daemon's probe history (gpuperfd.run/1): the last ``per_key`` backfilled
+    results of each probe and cap of ``gpu``'s healthy self, the same points Prometheus gets.
+
+    The daemon's own health checks (probe_throughput_baseline, probe_energy_baseline) compare a
+    run with the median of this GPU's earlier runs; this is the past they compare with. Only the
+    most recent points: the checks need a few (baseline_min_runs), and a week of every cap would
+    be ~30,000 lines per GPU.
+    """
+    import json
+
+    from gpuperfd.probe_data.record import build_record
+    from gpuperfd.probe_data.result import ProbeResult
+    from gpuperfd.probe_data.spec import DEFAULT_PRESET
+
+    times = history_timestamps(spec, now)[-per_key:]
+    for probe in spec.probes:
+        for cap in spec.caps:
+            point = gpu.operating_point(probe, cap, healthy=True)
+            for t in times:
+                rng = random.Random(f"{spec.seed}:{gpu.uuid}:{probe}:{cap}:{t}:run")
+                rate = max(point.units_per_second * (1 + rng.gauss(0.0, PROBE_NOISE)), 1e-9)
+                result = ProbeResult(
+                    probe=probe, variant="simulated", preset=DEFAULT_PRESET[probe], status="ok",
+                    device=f"sim:{gpu.index}", gpu_uuid=gpu.uuid, started_at=float(t), wall_seconds=1.0,
+                    measured_seconds=1.0, units_of_work=rate, energy_per_unit_joules=point.power_watts / rate,
+                    power_limit_watts=float(cap),
+                )
+                record = build_record(result, "daemon", gpu={"index": gpu.index, "uuid": gpu.uuid,
+                                                             "backend": "simulated"},
+                                      host=gpu.node, power_cap_watts=float(cap))
+                yield json.dumps(record, separators=(",", ":"))

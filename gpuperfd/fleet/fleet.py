@@ -23,7 +23,7 @@ from gpuperfd.fleet.alerting import (
     WebhookRecorder,
     alertmanager_test_config,
 )
-from gpuperfd.fleet.backfill import healthy_history, history_timestamps
+from gpuperfd.fleet.backfill import healthy_history, healthy_run_records, history_timestamps
 from gpuperfd.fleet.prometheus import (
     LOOPBACK_OPENER,
     accelerate_rules,
@@ -294,6 +294,11 @@ class Fleet:
     def _start_daemon(self, node: FleetNode) -> None:
         node.directory.mkdir(parents=True, exist_ok=True)
         node.config_path.write_text(yaml.safe_dump(daemon_config(node, self.spec), sort_keys=False), encoding="utf-8")
+        # The daemon's own past (its health checks' baselines): the same healthy points Prometheus got.
+        now = time.time()
+        with (node.directory / "history.jsonl").open("w", encoding="utf-8") as history:
+            for gpu in node.gpus:
+                history.writelines(line + "\n" for line in healthy_run_records(gpu, self.spec, now))
         node.proc_root.mkdir(parents=True, exist_ok=True)
         node.process = self._popen(
             [self.python, "-m", "gpuperfd", "run", "--config", str(node.config_path)], node.log_path, node.directory

@@ -78,6 +78,16 @@ INCIDENT_XID = 13
 #: so it counts as gpuperf_device_errors_total{reason="slow"} while the read still
 #: succeeds (no collector failure, no alert).
 INCIDENT_SLOW_CALL = "ecc_errors"
+#: The daemons' health.interval_seconds in the fleet.
+HEALTH_INTERVAL_SECONDS = 2.0
+#: What each defect's GPU must show in its daemon's verdict (GET /api/v1/health): state, action,
+#: and checks that must be among its reasons (docs/health.md). Without a defect: healthy, none, no reasons.
+EXPECTED_VERDICTS: dict[str | None, tuple[str, str, frozenset[str]]] = {
+    None: ("healthy", "none", frozenset()),
+    "slow_clock": ("degraded", "check_hardware", frozenset({"probe_throughput_baseline"})),
+    "slow_memory": ("degraded", "check_hardware", frozenset({"probe_throughput_baseline"})),
+    "thermal_throttle": ("degraded", "check_hardware", frozenset({"probe_throughput_baseline"})),
+}
 INCIDENT_SLOW_DELAY_SECONDS = 0.8
 INCIDENT_CALL_TIMEOUT_SECONDS = 0.5
 
@@ -437,6 +447,8 @@ def daemon_config(node: FleetNode, spec: FleetSpec) -> dict[str, Any]:
             "ours": {"namespaces": list(POD_NAMESPACES)},
             "schedules": schedules,
         },
+        # Verdicts every 2 s: a defect must show within one probe interval (tests/fleet/test_fleet.py).
+        "health": {"interval_seconds": HEALTH_INTERVAL_SECONDS},
     }
 
 

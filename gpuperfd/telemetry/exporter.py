@@ -53,6 +53,8 @@ class Exporter:
         self._cache: dict[tuple[int, bool], tuple[tuple[int, frozenset[int]], str]] = {}
         self._cache_lock = threading.Lock()
         self._spec_labels = {spec.name: spec.labels for cls in COLLECTORS.values() for spec in cls.metrics}
+        #: Callables returning extra families rendered with the telemetry (the health verdicts).
+        self.extra_families: list[Callable[[], list[Family]]] = []
         self._build_labels = label_string(
             ("version", "python_version", "backend"), (gpuperfd.__version__, platform.python_version(), backend_name)
         )
@@ -135,6 +137,8 @@ class Exporter:
 
     def render(self, openmetrics: bool = False) -> bytes:
         families, lost = self.telemetry_families()
+        for extra in self.extra_families:
+            families = families + extra()
         parts = [render(families, openmetrics)]
         parts += [self._registry_text(i, openmetrics, lost) for i in range(len(self.registries))]
         return assemble(parts, openmetrics).encode()

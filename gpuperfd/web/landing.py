@@ -1,7 +1,9 @@
 """The landing page at /: the GPUs this daemon sees and each GPU's latest probe results.
 
 Per GPU: a row in the GPU table (index, name, UUID, up/lost, power draw and
-cap), then one row per (probe, preset) with the latest ok result at each cap
+cap, the health verdict: state, action and its reasons, worst first, each reason's
+evidence in its title), a row per GPU that was here at the first start and is missing
+now, then one row per (probe, preset) with the latest ok result at each cap
 tested, a small hand-written SVG chart (throughput and energy per unit against
 the cap, recommended cap marked) and the recommended cap with its energy saving
 and slowdown (the rule of :func:`gpuperfd.probe_data.recommend.recommend`).
@@ -19,6 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 import gpuperfd
+from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.recommend import Recommendation, SweepPoint, comparison_words, recommend, work_rate
 from gpuperfd.telemetry.sampler import Sampler, lost_gpus
 
@@ -34,8 +37,12 @@ table{border-collapse:collapse;margin:.4em 0 1.2em}td,th{border:1px solid #ccc;p
 th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 h2{margin:1.2em 0 .2em;font-size:1.15em}.lost{color:#b00;font-weight:bold}.up{color:#2e7d32}
 .rec b{color:#2e7d32}.muted{color:#666}.key{font-size:12px}.key i{display:inline-block;width:14px;height:3px;vertical-align:middle;margin:0 3px 0 8px}
-svg{display:block}
+svg{display:block}.health ul{margin:.2em 0 0;padding-left:1.2em;font-size:12px}
+.h-healthy{color:#2e7d32}.h-unknown{color:#8a6d00}.h-degraded{color:#c25e00}.h-unhealthy{color:#b00;font-weight:bold}
 """
+
+#: Reasons listed in a GPU's health cell (worst first); the rest are counted.
+MAX_REASONS_SHOWN = 3
 
 
 def _e(value: object) -> str:
@@ -133,6 +140,25 @@ def _probe_row(probe: str, preset: str, points: Sequence[SweepPoint], max_slowdo
     )
 
 
+def _health_cell(verdict: Verdict | None) -> str:
+    """State and action, then the worst reasons (message shown, check and evidence in the title)."""
+    if verdict is None:
+        return '<td class="health muted">-</td>'
+    data = verdict.to_dict()
+    action = "" if data["action"] == "none" else f" &middot; {_e(data['action'].replace('_', ' '))}"
+    items = []
+    for reason in data["reasons"][:MAX_REASONS_SHOWN]:
+        evidence = ", ".join(f"{k}={v}" for k, v in sorted(reason["evidence"].items()))
+        title = f"{reason['check']} ({reason['severity']}, {reason['action']}): {evidence}"
+        items.append(f'<li title="{_e(title)}" data-check="{_e(reason["check"])}">{_e(reason["message"])}</li>')
+    more = len(data["reasons"]) - MAX_REASONS_SHOWN
+    if more > 0:
+        items.append(f'<li class="muted">and {more} more (<a href="/api/v1/health">all</a>)</li>')
+    listing = f"<ul>{''.join(items)}</ul>" if items else ""
+    return (f'<td class="health" data-state="{_e(data["state"])}" data-action="{_e(data["action"])}">'
+            f'<span class="h-{_e(data["state"])}">{_e(data["state"])}</span>{action}{listing}</td>')
+
+
 def _gpu_section(gpu: int, name: str, latest: Latest, max_slowdown: float) -> str:
     rows = [
         _probe_row(probe, preset, points, max_slowdown)
@@ -158,8 +184,13 @@ def landing_page(
     telemetry_path: str,
     latest: Latest | None = None,
     max_slowdown: float = 0.10,
+    verdicts: Sequence[Verdict] | None = None,
 ) -> bytes:
-    """The page's HTML. ``latest`` is ``ProbeService.latest()``; None or empty: telemetry only."""
+    """The page's HTML. ``latest`` is ``ProbeService.latest()``; None or empty: telemetry only.
+
+    ``verdicts`` is ``HealthMonitor.verdicts()``; None (health off): the health column shows "-".
+    """
+    by_gpu = {v.gpu: v for v in verdicts or () if v.gpu is not None}
     readings, last_info, identities, _ = sampler.store.snapshot()
     latest = latest or {}
     rows = []
@@ -177,8 +208,14 @@ def landing_page(
             f'<tr class="gpu-row" data-gpu="{gpu}"><td>{gpu}</td><td>{_e(name)}</td><td><code>{_e(identity.uuid)}</code></td>'
             f'<td class="{"lost" if lost else "up"}">{"lost" if lost else "up"}</td>'
             f'<td class="num">{f"{draw:.0f} W" if draw is not None else "-"}</td>'
-            f'<td class="num">{f"{cap:.0f} W" if cap is not None else "-"}</td></tr>'
+            f'<td class="num">{f"{cap:.0f} W" if cap is not None else "-"}</td>{_health_cell(by_gpu.get(gpu))}</tr>'
         )
+    for verdict in verdicts or ():
+        if verdict.gpu is None:
+            rows.append(
+                f'<tr class="gpu-row missing"><td>-</td><td>?</td><td><code>{_e(verdict.uuid)}</code></td>'
+                f'<td class="lost">missing</td><td class="num">-</td><td class="num">-</td>{_health_cell(verdict)}</tr>'
+            )
     sections = "".join(_gpu_section(gpu, names[gpu], latest, max_slowdown) for gpu in sorted(identities))
     key = (f'<p class="key">Charts: <i style="background:{RATE_COLOR}"></i>throughput '
            f'<i style="background:{ENERGY_COLOR}"></i>energy per unit (each on its own scale) '
@@ -190,8 +227,8 @@ def landing_page(
 <style>{CSS}</style>
 </head><body>
 <h1>gpuperfd {_e(gpuperfd.__version__)}</h1>
-<p>Backend: <b>{_e(backend_name)}</b> &middot; <a href="{_e(telemetry_path)}">Metrics</a> &middot; <a href="/healthz">Health</a></p>
-<table id="gpus"><tr><th>GPU</th><th>Name</th><th>UUID</th><th>State</th><th>Power</th><th>Power cap</th></tr>
+<p>Backend: <b>{_e(backend_name)}</b> &middot; <a href="{_e(telemetry_path)}">Metrics</a> &middot; <a href="/healthz">Liveness</a> &middot; <a href="/api/v1/health">Health verdicts (JSON)</a></p>
+<table id="gpus"><tr><th>GPU</th><th>Name</th><th>UUID</th><th>State</th><th>Power</th><th>Power cap</th><th>Health</th></tr>
 {''.join(rows)}
 </table>
 {key}

@@ -29,7 +29,8 @@ def amtool(*args: str, cwd: Path = AM_DIR) -> subprocess.CompletedProcess:
 
 
 def alert_rules() -> dict[str, dict]:
-    return {r["alert"]: r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    return {r["alert"]: r for path in sorted(ALERTS.parent.glob("*.yml"))
+            for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"] if "alert" in r}
 
 
 def test_amtool_check_config():
@@ -64,6 +65,28 @@ def test_routes_by_severity(severity, receiver):
     out = amtool("config", "routes", "test", f"--config.file={CONFIG}", *labels)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == receiver
+
+
+@pytest.mark.parametrize("action, severity, receivers", [
+    ("reset_gpu", "critical", "gpuperfd-node-actions,gpuperfd-critical"),
+    ("reboot_node", "critical", "gpuperfd-node-actions,gpuperfd-critical"),
+    ("check_hardware", "warning", "gpuperfd-hardware"),
+    ("contact_support", "warning", "gpuperfd-hardware"),
+    ("update_software", "warning", "gpuperfd-warning"),
+    ("restart_app", "info", "gpuperfd-warning"),
+])
+def test_health_alerts_route_by_action(action, severity, receivers):
+    name = "GpuAction" + "".join(part.title() for part in action.split("_"))
+    rule = alert_rules()[name]
+    assert rule["labels"]["severity"] == severity and f'action="{action}"' in rule["expr"]
+    labels = [f"alertname={name}", "instance=n1:10187", "gpu=1", f"action={action}", f"severity={severity}"]
+    out = amtool("config", "routes", "test", f"--config.file={CONFIG}", *labels)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == receivers
+    # an `action` label on some other alert is not a health verdict: severity routing only
+    out = amtool("config", "routes", "test", f"--config.file={CONFIG}", "alertname=Other", f"action={action}",
+                 "severity=warning")
+    assert out.stdout.strip() == "gpuperfd-warning"
 
 
 def test_every_alert_severity_has_a_route_and_none_is_the_sweep_source_only():

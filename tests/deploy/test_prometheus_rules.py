@@ -40,6 +40,14 @@ EXPECTED_ALERTS = {
     "GpuperfdDown",
     "GpuperfdCollectorFailing",
     "GpuperfdSweepInProgress",  # severity none: Alertmanager's inhibition source (issue 15)
+    # issue 30: one alert per action of the health verdict (rules/health.yml), and unknown
+    "GpuActionResetGpu",
+    "GpuActionRebootNode",
+    "GpuActionCheckHardware",
+    "GpuActionContactSupport",
+    "GpuActionUpdateSoftware",
+    "GpuActionRestartApp",
+    "GpuHealthUnknown",
 }
 #: What runbook_url renders to without the external label runbook_base_url (promtool's unit tests).
 RUNBOOK_FALLBACK = "https://set-runbook-base-url.invalid/docs/runbook.md"
@@ -64,7 +72,7 @@ def recorded_names() -> set[str]:
 
 
 def test_there_are_rule_and_test_files():
-    assert [p.name for p in RULE_FILES] == ["alerts.yml", "attribution.yml", "recording.yml"]
+    assert [p.name for p in RULE_FILES] == ["alerts.yml", "attribution.yml", "health.yml", "recording.yml"]
     assert [p.name for p in GLOBAL_RULE_FILES] == ["recording.yml"]
     assert len(TEST_FILES) >= 4
 
@@ -88,7 +96,7 @@ def test_example_prometheus_config_is_valid():
     config = yaml.safe_load((PROM / "prometheus.example.yml").read_text())
     job = next(j for j in config["scrape_configs"] if j["job_name"] == "gpuperfd")
     assert job["scrape_interval"] == "15s"
-    assert sorted(config["rule_files"]) == ["rules/alerts.yml", "rules/attribution.yml", "rules/recording.yml"]
+    assert sorted(config["rule_files"]) == ["rules/alerts.yml", "rules/attribution.yml", "rules/health.yml", "rules/recording.yml"]
 
 
 def test_every_expected_alert_exists():
@@ -210,3 +218,17 @@ def test_recommend_and_the_recording_rules_agree_on_every_case(tmp_path):
     path.write_text(yaml.safe_dump(test, sort_keys=False))
     out = promtool("test", "rules", str(path))
     assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
+
+
+def test_every_health_action_has_its_alert():
+    """Each action of the verdict (but none) has exactly one alert, keyed by the action label."""
+    from gpuperfd.health.verdict import ACTIONS
+
+    keyed = {}
+    for name, rule in alerts().items():
+        match = re.fullmatch(r'gpuperf_gpu_health_action\{action="(\w+)"\} == 1', rule["expr"].strip())
+        if match:
+            keyed[match.group(1)] = name
+    assert set(keyed) == set(ACTIONS) - {"none"}
+    for action, name in keyed.items():
+        assert name == "GpuAction" + "".join(part.title() for part in action.split("_"))

@@ -7,14 +7,16 @@ gpuperfd.device.nvml imports, and return values are real pynvml ctypes structs.
 from __future__ import annotations
 
 import ctypes
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
 import pytest
 
 from gpuperfd.device import nvml as nvml_module
-from gpuperfd.device.base import GPM_FIELDS
+from gpuperfd.device.base import GPM_FIELDS, PcieLink
 from gpuperfd.device.errors import GpuLost, NoPermission, NotSupported
 from gpuperfd.device.nvml import GPM_METRICS, NvmlBackend, NvmlDevice
 
@@ -37,6 +39,10 @@ FUNCTIONS = (
     "nvmlDeviceGetRetiredPages",
     "nvmlDeviceGetViolationStatus",
     "nvmlDeviceGetPcieReplayCounter",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
     "nvmlDeviceGetEncoderUtilization",
     "nvmlDeviceGetDecoderUtilization",
     "nvmlDeviceGetNvLinkState",
@@ -367,3 +373,94 @@ def test_mig_instances_with_memory_and_gpm_per_gpu_instance(nvml: SimpleNamespac
     assert instances[0].memory_used_bytes == 5 * 1024**3
     assert instances[0].gpm is not None and instances[0].gpm.values["tensor_any"] == pytest.approx(0.929)
     assert [call.args[1] for call in nvml.nvmlGpmMigSampleGet.call_args_list] == [1, 1, 2, 2]
+
+
+# --- PCIe link and GPU recovery action (health checks) -------------------------------------------
+
+#: Read-only NVML reads on a real, healthy H100 (driver 580.159.04), kept by the lead developer.
+H100_FIELDS = Path("/work/shared/reference/h100-health-fields.json")
+
+
+def h100_reference() -> dict:
+    """The first GPU's fields from the reference file; the figures below are copied from it and
+    checked against it here, so the test also runs where /work/shared is absent."""
+    expected = {"pcie_gen_current": 5, "pcie_gen_max": 5, "pcie_width_current": 16, "pcie_width_max": 16,
+                "gpu_recovery_action": 0}
+    if H100_FIELDS.exists():
+        gpu = json.loads(H100_FIELDS.read_text())["gpus"][0]
+        for key in ("pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max"):
+            assert gpu[key] == {"ok": True, "value": expected[key]}, key
+        assert gpu["gpu_recovery_action"]["ok"] and "'value_ui': 0" in gpu["gpu_recovery_action"]["value"]
+        assert "'field_id': 230" in gpu["gpu_recovery_action"]["value"]
+    return expected
+
+
+def test_pcie_link_as_on_a_healthy_h100(nvml: SimpleNamespace, gpu: NvmlDevice) -> None:
+    ref = h100_reference()
+    nvml.nvmlDeviceGetCurrPcieLinkGeneration.return_value = ref["pcie_gen_current"]
+    nvml.nvmlDeviceGetCurrPcieLinkWidth.return_value = ref["pcie_width_current"]
+    nvml.nvmlDeviceGetMaxPcieLinkGeneration.return_value = ref["pcie_gen_max"]
+    nvml.nvmlDeviceGetMaxPcieLinkWidth.return_value = ref["pcie_width_max"]
+    assert gpu.pcie_link() == PcieLink(generation=5, width=16, max_generation=5, max_width=16)
+    for fn in ("nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
+               "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth"):
+        assert address(getattr(nvml, fn).call_args.args[0]) == 0x7F00_0000_1000, fn
+
+
+def test_pcie_link_trained_down(nvml: SimpleNamespace, gpu: NvmlDevice) -> None:
+    nvml.nvmlDeviceGetCurrPcieLinkGeneration.return_value = 3
+    nvml.nvmlDeviceGetCurrPcieLinkWidth.return_value = 8
+    nvml.nvmlDeviceGetMaxPcieLinkGeneration.return_value = 5
+    nvml.nvmlDeviceGetMaxPcieLinkWidth.return_value = 16
+    assert gpu.pcie_link() == PcieLink(generation=3, width=8, max_generation=5, max_width=16)
+
+
+def test_pcie_link_not_supported_is_remembered(nvml: SimpleNamespace, gpu: NvmlDevice) -> None:
+    nvml.nvmlDeviceGetCurrPcieLinkGeneration.side_effect = nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    for _ in range(2):
+        with pytest.raises(NotSupported):
+            gpu.pcie_link()
+    assert nvml.nvmlDeviceGetCurrPcieLinkGeneration.call_count == 1
+    assert nvml.nvmlDeviceGetMaxPcieLinkWidth.call_count == 0
+
+
+def test_pcie_link_lost_gpu_is_not_not_supported(nvml: SimpleNamespace, gpu: NvmlDevice) -> None:
+    nvml.nvmlDeviceGetCurrPcieLinkGeneration.return_value = 5
+    nvml.nvmlDeviceGetCurrPcieLinkWidth.side_effect = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+    with pytest.raises(GpuLost):
+        gpu.pcie_link()
+
+
+def test_gpu_recovery_action_as_on_a_healthy_h100(nvml: SimpleNamespace, gpu: NvmlDevice) -> None:
+    ref = h100_reference()
+    nvml.nvmlDeviceGetFieldValues.return_value = [field_value(230, ref["gpu_recovery_action"])]
+    assert gpu.gpu_recovery_action() == 0
+    assert nvml.nvmlDeviceGetFieldValues.call_args.args[1] == [230]
+
+
+@pytest.mark.parametrize("value", [1, 2, 3, 4])
+def test_gpu_recovery_action_values(nvml: SimpleNamespace, gpu: NvmlDevice, value: int) -> None:
+    nvml.nvmlDeviceGetFieldValues.return_value = [field_value(230, value)]
+    assert gpu.gpu_recovery_action() == value
+
+
+def test_gpu_recovery_action_not_supported_by_the_driver(nvml: SimpleNamespace, gpu: NvmlDevice) -> None:
+    """An older driver answers the field entry NOT_SUPPORTED: NotSupported, asked once."""
+    nvml.nvmlDeviceGetFieldValues.return_value = [field_value(230, None)]
+    for _ in range(2):
+        with pytest.raises(NotSupported):
+            gpu.gpu_recovery_action()
+    assert nvml.nvmlDeviceGetFieldValues.call_count == 1
+
+
+def test_gpu_recovery_action_unknown_field_call(nvml: SimpleNamespace, gpu: NvmlDevice) -> None:
+    """A driver without nvmlDeviceGetFieldValues support at all."""
+    nvml.nvmlDeviceGetFieldValues.side_effect = nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    with pytest.raises(NotSupported):
+        gpu.gpu_recovery_action()
+
+
+def test_gpu_recovery_action_field_id_is_nvmls() -> None:
+    assert nvml_module._GPU_RECOVERY_ACTION_FIELD == 230
+    if hasattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"):
+        assert pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION == 230

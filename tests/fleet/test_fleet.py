@@ -45,6 +45,7 @@ What is checked (docs/fleet-simulation.md has the table):
 from __future__ import annotations
 
 import bisect
+import json
 import math
 import re
 import shutil
@@ -54,6 +55,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from gpuperfd.config import SimulationConfig, config_from_mapping
@@ -85,7 +87,7 @@ from gpuperfd.fleet.alerting import (
     alertmanager_test_config,
 )
 from gpuperfd.fleet.prometheus import http_get_json
-from gpuperfd.fleet.spec import kubelet_pods, slurm_cgroup
+from gpuperfd.fleet.spec import EXPECTED_VERDICTS, HEALTH_INTERVAL_SECONDS, INCIDENT_XID, kubelet_pods, slurm_cgroup
 
 #: The default fleet plus the two-tier servers (2 shards, a global one); Alertmanager is on by default.
 SPEC = FleetSpec(shards=2)
@@ -713,3 +715,71 @@ def test_global_tier_answers_equal_one_prometheus(fleet):
     assert set(shards) == {(str(s),) for s in range(SPEC.shards)}
     assert tier_query(fleet.global_url, 'count({__name__=~"gpuperf_.*"})') == []
     print(f"\nglobal tier == single Prometheus: recommended caps {recommended}")
+
+
+# -- the daemons' own health verdicts (issue 30) -------------------------------------
+
+
+def node_health(node) -> dict:
+    return requests.get(f"http://{node.instance}/api/v1/health", timeout=5).json()
+
+
+def first_live_run(node, uuid: str, after: float) -> float | None:
+    """Time of this GPU's first probe result the daemon wrote (the backfilled ones end before ``after``)."""
+    times = []
+    with (node.directory / "history.jsonl").open() as handle:
+        for line in handle:
+            record = json.loads(line)
+            if record["gpu"]["uuid"] == uuid and record["time"] > after and record["result"]["status"] == "ok":
+                times.append(record["time"])
+    return min(times, default=None)
+
+
+@pytest.mark.prometheus
+def test_health_verdicts_every_defect_within_one_probe_interval_and_no_healthy_gpu_otherwise(fleet):
+    """Each daemon's GET /api/v1/health, polled for at least three probe intervals: every degraded
+    GPU reaches its expected verdict (EXPECTED_VERDICTS) within one probe interval of its first
+    probe result, and every healthy GPU is healthy with no reasons in every answer."""
+    gpus = {gpu.uuid: gpu for gpu in fleet.gpus}
+    nodes = {node.name: node for node in fleet.nodes}
+    backfill_end = fleet.started_at - SPEC.history_gap_seconds + 1
+    reached: dict[str, dict] = {}
+    wrong: list[str] = []
+    answers = 0
+    watch_until = time.monotonic() + 3 * SPEC.probe_interval_seconds
+    deadline = time.monotonic() + remaining(fleet, BUDGET) + 3 * SPEC.probe_interval_seconds
+    degraded = {uuid for uuid, gpu in gpus.items() if gpu.defect is not None}
+    assert len(degraded) == len(DEFECTS) and len(gpus) > len(degraded)
+    while time.monotonic() < watch_until or (set(reached) < degraded and time.monotonic() < deadline):
+        for node in fleet.nodes:
+            body = node_health(node)
+            answers += 1
+            for verdict in body["gpus"]:
+                gpu = gpus[verdict["uuid"]]
+                state, action, checks = EXPECTED_VERDICTS[gpu.defect]
+                fired = {r["check"] for r in verdict["reasons"]}
+                if gpu.defect is None:
+                    if (verdict["state"], verdict["action"], verdict["reasons"]) != ("healthy", "none", []):
+                        wrong.append(f"{gpu.node}/{gpu.index} ({gpu.uuid}) healthy GPU got {json.dumps(verdict)[:600]}")
+                elif gpu.uuid not in reached and (verdict["state"], verdict["action"]) == (state, action) \
+                        and checks <= fired:
+                    reached[gpu.uuid] = verdict
+        assert not wrong, "\n".join(wrong[:5])
+        time.sleep(HEALTH_INTERVAL_SECONDS)
+    assert answers >= 3 * len(fleet.nodes)
+    assert set(reached) == degraded, f"never reached their verdict: {sorted(degraded - set(reached))}"
+    for uuid, verdict in reached.items():
+        gpu = gpus[uuid]
+        first = first_live_run(nodes[gpu.node], uuid, backfill_end)
+        assert first is not None
+        since = min(r["since"] for r in verdict["reasons"] if r["check"] in EXPECTED_VERDICTS[gpu.defect][2])
+        assert since - first <= SPEC.probe_interval_seconds, (gpu.defect, since - first, verdict)
+        # the evidence says what was compared
+        drift = next(r for r in verdict["reasons"] if r["check"] == "probe_throughput_baseline")
+        assert drift["evidence"]["ratio"] < 0.90 and drift["evidence"]["baseline_runs"] >= 3
+    # the throttled GPU's XID 13 (catalog: RESTART_APP) is among its reasons once it came
+    throttled = next(gpu for gpu in fleet.gpus if gpu.defect == "thermal_throttle")
+    final = {v["uuid"]: v for v in node_health(nodes[throttled.node])["gpus"]}[throttled.uuid]
+    assert final["state"] == "degraded" and final["action"] == "check_hardware"
+    xid = [r for r in final["reasons"] if r["check"] == "xid"]
+    assert [(r["key"], r["severity"], r["action"]) for r in xid] == [(str(INCIDENT_XID), "info", "restart_app")]

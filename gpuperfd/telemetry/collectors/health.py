@@ -41,6 +41,8 @@ class HealthCollector(Collector):
             labels=("cause",),
         ),
         MetricSpec("gpuperf_pcie_replays_total", "PCIe link-level replays since the driver loaded.", kind="counter"),
+        MetricSpec("gpuperf_gpu_recovery_action", "The driver's GPU recovery action: 0 none, 1 GPU reset, "
+                   "2 node reboot, 3 drain P2P, 4 drain and reset (NVML field 230)."),
     )
 
     def read(self, device: Device) -> list[Point]:
@@ -65,6 +67,9 @@ class HealthCollector(Collector):
         replays = optional(device.pcie_replays)
         if replays is not None:
             points.append(Point("gpuperf_pcie_replays_total", replays))
+        recovery = optional(device.gpu_recovery_action)
+        if recovery is not None:
+            points.append(Point("gpuperf_gpu_recovery_action", recovery))
         if not points:
             raise NotSupported("no memory-health field is supported")
         return points

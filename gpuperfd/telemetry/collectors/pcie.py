@@ -1,4 +1,4 @@
-"""PCIe throughput (slow: NVML samples a 20 ms window per direction, ~42 ms a read).
+"""PCIe throughput and link state (slow: NVML samples a 20 ms window per direction, ~42 ms a read).
 
 Read every 30 s by default: the value is a 20 ms snapshot, not an average, so
 reading it more often adds cost without adding truth.
@@ -26,4 +26,30 @@ class PcieCollector(Collector):
         return [
             Point("gpuperf_pcie_tx_bytes_per_second", pcie.tx_bytes_per_second),
             Point("gpuperf_pcie_rx_bytes_per_second", pcie.rx_bytes_per_second),
+        ]
+
+
+@register
+class PcieLinkCollector(Collector):
+    """Link generation and width, current and maximum: a link trained below its maximum while
+    busy is a hardware problem (riser, connector, slot) the health checks report."""
+
+    name = "pcie_link"
+    help = "PCIe link generation and width, current and maximum"
+    slow = True
+    default_interval_seconds = 10.0
+    metrics = (
+        MetricSpec("gpuperf_pcie_link_generation", "PCIe link generation the link trained at now (drops at idle)."),
+        MetricSpec("gpuperf_pcie_link_width", "PCIe link width (lanes) the link trained at now."),
+        MetricSpec("gpuperf_pcie_link_max_generation", "Highest PCIe generation the GPU and its slot support."),
+        MetricSpec("gpuperf_pcie_link_max_width", "Widest PCIe link (lanes) the GPU and its slot support."),
+    )
+
+    def read(self, device: Device) -> list[Point]:
+        link = device.pcie_link()
+        return [
+            Point("gpuperf_pcie_link_generation", link.generation),
+            Point("gpuperf_pcie_link_width", link.width),
+            Point("gpuperf_pcie_link_max_generation", link.max_generation),
+            Point("gpuperf_pcie_link_max_width", link.max_width),
         ]

@@ -1,0 +1,190 @@
+"""The health checks, as one table of plain data (docs/health.md is generated from it).
+
+Each row names the signal it reads, the evaluator *kind* that reads it (one generic
+function per kind in :mod:`gpuperfd.health.evaluate`; no check has code of its own), its
+threshold as a config key with a default (``health.thresholds.<key>`` overrides it), the
+severity and action of its reason, how the reason clears, and the source it follows.
+
+Clearing (``clears``):
+- ``condition``: the reason goes when the check no longer fires.
+- ``quiet_window``: goes ``health.quiet_window_seconds`` after the check last fired (events).
+- ``reset_and_probe``: stays until a GPU reset is seen (a driver counter went back, or a new
+  boot id) and a probe passed after it. Every reset_gpu / reboot_node row clears this way.
+- ``passing_probes``: goes after ``clear_passing_probes`` ok probe runs of the same key.
+- ``probe_passed``: goes after one ok probe run.
+- ``per action``: rows whose action varies (XID, recovery action) clear by ACTION_CLEARS.
+
+The drift thresholds (throughput_drift_ratio, energy_drift_ratio, peer_ratio, peer_min_count)
+are those of the drift alerts in deploy/prometheus/rules/alerts.yml; a test holds the rules'
+numbers equal to these defaults, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Threshold:
+    key: str
+    default: float
+    unit: str
+    help: str
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    kind: str
+    signal: str
+    severity: str
+    action: str
+    clears: str
+    source: str
+    summary: str
+    threshold: Threshold | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: Second series a ``busy_share`` condition compares against (value < reference).
+    reference: str | None = None
+    #: ``enum`` kind: value -> (severity, action, meaning).
+    mapping: Mapping[int, tuple[str, str, str]] = field(default_factory=dict)
+    #: ``baseline``/``peers`` kind: the run-record field compared, and which side is bad.
+    field: str = ""
+    bad: str = "below"
+
+
+#: Settings every row may read (not tied to one row).
+GLOBAL_SETTINGS: tuple[Threshold, ...] = (
+    Threshold("quiet_window_seconds", 3600.0, "s", "an event reason (XID) goes this long after its last event"),
+    Threshold("busy_window_seconds", 600.0, "s", "window of busy samples a busy_share check looks at"),
+    Threshold("busy_min_samples", 12.0, "samples", "busy samples needed before a busy_share check may fire"),
+    Threshold("busy_utilization_ratio", 0.5, "ratio", "GPU utilization at or above which a sample counts as busy"),
+    Threshold("rate_window_seconds", 600.0, "s", "window over which a counter's rate is taken"),
+    Threshold("baseline_days", 7.0, "d", "how far back the own-baseline median looks (as the 7-day rules)"),
+    Threshold("baseline_min_runs", 3.0, "runs", "ok runs of a key needed before its baseline is used"),
+    Threshold("clear_passing_probes", 3.0, "runs", "ok runs that clear a performance reason"),
+)
+
+_NVML_ECC = "NVIDIA GPU Memory Error Management (volatile DBE: reset the GPU)"
+_NVML_REMAP = "NVIDIA GPU Memory Error Management, row remapping (pending: reset; failure: RMA)"
+
+CHECKS: tuple[Check, ...] = (
+    # -- passive: events -------------------------------------------------------------
+    Check("xid", "xid", "gpuperf_xid_errors_total{xid}", "per catalog", "per catalog", "per action",
+          "NVIDIA XID catalog, Resolution Bucket (Immediate Action); see the XID table below",
+          "XID {xid} ({name}): catalog bucket {bucket}"),
+    Check("gpu_recovery_action", "enum", "gpuperf_gpu_recovery_action", "per value", "per value", "per action",
+          "NVML field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (id 230), nvmlGpuRecoveryAction_t (5, RECOVER_IMEX_DOMAIN, is left unknown)",
+          "the driver asks for recovery: {meaning}",
+          mapping={1: ("unhealthy", "reset_gpu", "GPU reset required"),
+                   2: ("unhealthy", "reboot_node", "node reboot required"),
+                   3: ("degraded", "restart_app", "drain peer-to-peer traffic"),
+                   4: ("unhealthy", "reset_gpu", "drain and reset"),
+                   6: ("unhealthy", "reset_gpu", "reset the GPU's PCIe bus"),
+                   7: ("unhealthy", "reboot_node", "reboot the system")}),
+    # -- passive: memory ---------------------------------------------------------------
+    Check("ecc_uncorrectable_volatile", "at_least", "gpuperf_ecc_errors_total{type=\"uncorrected\"}",
+          "unhealthy", "reset_gpu", "reset_and_probe", _NVML_ECC,
+          "{value:.0f} uncorrectable ECC error(s) since the driver loaded",
+          Threshold("ecc_uncorrectable", 1.0, "errors", "volatile uncorrectable ECC errors that make a GPU unhealthy"),
+          labels={"type": "uncorrected"}),
+    Check("row_remap_pending", "at_least", "gpuperf_remapped_rows_pending", "degraded", "reset_gpu",
+          "reset_and_probe", _NVML_REMAP, "a row remap waits for a GPU reset to take effect",
+          Threshold("remap_pending", 1.0, "flag", "1: a remap is pending")),
+    Check("row_remap_failed", "at_least", "gpuperf_remapped_rows_failure", "unhealthy", "contact_support",
+          "condition", _NVML_REMAP, "a row remap failed: the GPU has no spare rows left",
+          Threshold("remap_failure", 1.0, "flag", "1: a remap failed")),
+    Check("retired_pages", "at_least", "gpuperf_retired_pages{cause=\"double_bit_ecc\"}", "unhealthy",
+          "contact_support", "condition", "NVIDIA Dynamic Page Retirement (pre-Ampere): RMA threshold",
+          "{value:.0f} pages retired for double-bit errors",
+          Threshold("retired_pages_dbe", 60.0, "pages", "pages retired for double-bit ECC that make a GPU unhealthy"),
+          labels={"cause": "double_bit_ecc"}),
+    # -- passive: links -----------------------------------------------------------------
+    Check("pcie_generation_below_max", "busy_share", "gpuperf_pcie_link_generation", "degraded", "check_hardware",
+          "condition", "PCIe link training (nvmlDeviceGetCurrPcieLinkGeneration vs GetMaxPcieLinkGeneration)",
+          "PCIe link at gen {value:.0f} of {reference:.0f} in {share:.0%} of busy samples",
+          Threshold("pcie_below_max_share", 0.5, "ratio", "share of busy samples with the link below its maximum"),
+          reference="gpuperf_pcie_link_max_generation"),
+    Check("pcie_width_below_max", "busy_share", "gpuperf_pcie_link_width", "degraded", "check_hardware",
+          "condition", "PCIe link training (nvmlDeviceGetCurrPcieLinkWidth vs GetMaxPcieLinkWidth)",
+          "PCIe link at x{value:.0f} of x{reference:.0f} in {share:.0%} of busy samples",
+          Threshold("pcie_below_max_share", 0.5, "ratio", "share of busy samples with the link below its maximum"),
+          reference="gpuperf_pcie_link_max_width"),
+    Check("pcie_replay_rate", "rate_above", "gpuperf_pcie_replays_total", "degraded", "check_hardware", "condition",
+          "PCIe replay counter (nvmlDeviceGetPcieReplayCounter); gpud's pcie replay check",
+          "{value:.1f} PCIe replays per minute",
+          Threshold("pcie_replays_per_minute", 10.0, "1/min", "PCIe replays per minute that mark a marginal link")),
+    Check("nvlink_link_down", "at_most", "gpuperf_nvlink_up{link}", "degraded", "reset_gpu", "reset_and_probe",
+          "NVIDIA XID catalog WORKFLOW_NVLINK_ERR; nvmlDeviceGetNvLinkState",
+          "NVLink link {link} is down",
+          Threshold("nvlink_up", 0.0, "flag", "a link whose state is at most this is down")),
+    # -- passive: clocks ----------------------------------------------------------------
+    *(
+        Check(f"clock_{reason}", "busy_share", "gpuperf_clock_event_active{reason=\"" + reason + "\"}", "degraded",
+              "check_hardware", "condition", "NVML clock event reasons; the GpuThrottling alert (10 % of 10 min)",
+              "clock event " + reason + " active in {share:.0%} of busy samples",
+              Threshold("clock_event_share", 0.10, "ratio", "share of busy samples with a slowdown active"),
+              labels={"reason": reason})
+        for reason in ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+    ),
+    # -- passive: presence --------------------------------------------------------------
+    Check("gpu_lost", "flag", "gpu_lost (sampler: NVML_ERROR_GPU_IS_LOST)", "unhealthy", "reboot_node",
+          "reset_and_probe", "NVIDIA XID catalog XID 79 (RESTART_BM); NVML_ERROR_GPU_IS_LOST",
+          "the GPU does not answer (lost or fallen off the bus)"),
+    Check("gpu_missing", "gpu_count", "GPUs present vs the first start (state file)", "unhealthy", "reboot_node",
+          "condition", "gpud's GPU count check; Meta GCM nvidia-smi GPU count",
+          "GPU {uuid} was present at the first start on this node and is missing now"),
+    # -- active: probes -----------------------------------------------------------------
+    Check("probe_throughput_baseline", "baseline", "probe units_per_second vs own median", "degraded",
+          "check_hardware", "passing_probes", "deploy/prometheus/rules/alerts.yml GpuProbeThroughputDrift",
+          "{probe}/{preset} at {cap} W: {ratio:.0%} of this GPU's baseline throughput",
+          Threshold("throughput_drift_ratio", 0.90, "ratio", "throughput below this share of the baseline fires"),
+          field="units_per_second", bad="below"),
+    Check("probe_energy_baseline", "baseline", "probe energy_per_unit_joules vs own median", "degraded",
+          "check_hardware", "passing_probes", "deploy/prometheus/rules/alerts.yml GpuProbeEnergyDrift",
+          "{probe}/{preset} at {cap} W: {ratio:.0%} of this GPU's baseline energy per unit",
+          Threshold("energy_drift_ratio", 1.10, "ratio", "energy per unit above this share of the baseline fires"),
+          field="energy_per_unit_joules", bad="above"),
+    Check("probe_slower_than_peers", "peers", "probe units_per_second vs node peers of the same model", "degraded",
+          "check_hardware", "passing_probes", "deploy/prometheus/rules/alerts.yml GpuSlowerThanPeers",
+          "{probe}/{preset} at {cap} W: {ratio:.0%} of the median of {peers} {name} GPUs",
+          Threshold("peer_ratio", 0.90, "ratio", "throughput below this share of the peer median fires"),
+          field="units_per_second", bad="below"),
+    Check("probe_failures", "consecutive_failures", "probe runs (status, failure_reason)", "degraded", "reset_gpu",
+          "reset_and_probe", "gpud / NVIDIA Health Validation: a check that cannot run is not a pass",
+          "{count} probe runs in a row failed ({reasons})",
+          Threshold("probe_failures", 3.0, "runs", "consecutive failed or timed-out runs that fire")),
+    # -- the daemon's own memory ------------------------------------------------------------
+    Check("health_state_unreadable", "store", "the saved verdict file (state directory)", "unknown", "none",
+          "probe_passed", "this daemon: a lost memory of sticky verdicts is not a clean bill of health",
+          "the saved verdicts could not be read ({error}); unknown until a probe passes"),
+)
+
+#: How a reason of a row whose action varies (``clears == "per action"``) clears: drastic
+#: actions stay until a reset and a passing probe, the others after a quiet window.
+ACTION_CLEARS: Mapping[str, str] = {
+    "none": "quiet_window", "restart_app": "quiet_window", "update_software": "quiet_window",
+    "reset_gpu": "reset_and_probe", "reboot_node": "reset_and_probe", "check_hardware": "reset_and_probe",
+    "contact_support": "reset_and_probe",
+}
+
+#: Extra settings of some kinds, not thresholds of one row.
+PEER_MIN_COUNT = Threshold("peer_min_count", 4.0, "GPUs", "GPUs of one model (itself included) a peer check needs")
+
+#: Failure reasons that say nothing about the GPU (skipped by probe_failures).
+NON_GPU_FAILURES: frozenset[str] = frozenset({"gpu_busy", "aborted", "early_stop"})
+
+
+def defaults() -> dict[str, float]:
+    """Every threshold key with its default (one value per key)."""
+    values: dict[str, float] = {t.key: t.default for t in GLOBAL_SETTINGS}
+    values[PEER_MIN_COUNT.key] = PEER_MIN_COUNT.default
+    for check in CHECKS:
+        if check.threshold is not None:
+            values[check.threshold.key] = check.threshold.default
+    return values
+
+
+def by_id() -> dict[str, Check]:
+    return {check.id: check for check in CHECKS}

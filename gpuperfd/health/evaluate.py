@@ -1,0 +1,353 @@
+"""Pure evaluation: one GPU's inputs + a check row -> the reasons that fire now.
+
+One function per *kind* of signal (EVALUATORS); every row of the table in
+:mod:`gpuperfd.health.checks` is read by the function of its kind, so no check has code
+of its own. Stickiness and clearing are not decided here but in the monitor, from the
+row's ``clears``.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuperfd.health import xid_catalog
+from gpuperfd.health.checks import CHECKS, NON_GPU_FAILURES, Check
+from gpuperfd.health.verdict import Reason
+
+log = logging.getLogger(__name__)
+
+#: Series value: (labels by name, value).
+Series = list[tuple[dict[str, str], float]]
+
+
+@dataclass
+class GpuInputs:
+    """What the checks read for one GPU, gathered by the monitor.
+
+    ``points``: latest value of every series by metric name; ``busy_samples``: (time,
+    points) of the samples taken while the GPU was busy, within the busy window;
+    ``counters``: (time, value) of rate signals; ``xids``: XID code -> time of its last
+    event within the quiet window; ``runs``: this GPU's probe runs as flat record rows
+    (time, status, failure_reason, probe, preset, power_cap_watts, units_per_second,
+    energy_per_unit_joules), oldest first. ``missing``: a GPU seen at the first start and
+    absent now (gpu is None). ``store_error``: the saved verdicts could not be read.
+    """
+
+    gpu: int | None
+    uuid: str
+    name: str = ""
+    lost: bool = False
+    missing: bool = False
+    points: dict[str, Series] = field(default_factory=dict)
+    busy_samples: list[tuple[float, dict[str, Series]]] = field(default_factory=list)
+    counters: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    xids: dict[int, float] = field(default_factory=dict)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    store_error: str | None = None
+    #: latest ok run per key, by value field: filled on first use in one evaluation (the peer
+    #: check reads every GPU's for every GPU; GpuInputs are built anew for each evaluation).
+    latest_cache: dict[str, dict[tuple[str, str, str], Mapping[str, Any]]] = field(
+        default_factory=dict, repr=False, compare=False)
+
+
+def metric_name(signal: str) -> str:
+    return signal.split("{", 1)[0].split(" ", 1)[0]
+
+
+def _matching(series: Series, labels: Mapping[str, str]) -> Series:
+    return [(lab, v) for lab, v in series if all(lab.get(k) == want for k, want in labels.items())]
+
+
+def _fmt(template: str, values: Mapping[str, Any]) -> str:
+    try:
+        return template.format(**values)
+    except (KeyError, ValueError, IndexError):
+        return template
+
+
+def _reason(check: Check, now: float, evidence: dict[str, Any], key: str = "",
+            severity: str | None = None, action: str | None = None) -> Reason:
+    return Reason(check.id, severity or check.severity, action or check.action, _fmt(check.summary, evidence),
+                  since=now, evidence=evidence, key=key)
+
+
+def _free_key(check: Check, labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in check.labels)
+
+
+# -- kinds ------------------------------------------------------------------------------
+
+
+def _compare(check: Check, gpu: GpuInputs, settings: Mapping[str, float], now: float,
+             ok: Callable[[float, float], bool]) -> list[Reason]:
+    assert check.threshold is not None
+    limit = settings[check.threshold.key]
+    out = []
+    for labels, value in _matching(gpu.points.get(metric_name(check.signal), []), check.labels):
+        if ok(value, limit):
+            evidence = {"series": metric_name(check.signal), **labels, "value": value, "threshold": limit}
+            out.append(_reason(check, now, evidence, _free_key(check, labels)))
+    return out
+
+
+def at_least(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+             now: float) -> list[Reason]:
+    return _compare(check, gpu, settings, now, lambda v, t: v >= t)
+
+
+def at_most(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+            now: float) -> list[Reason]:
+    return _compare(check, gpu, settings, now, lambda v, t: v <= t)
+
+
+def busy_share(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+               now: float) -> list[Reason]:
+    """Share of busy samples in the window where the condition held (value < reference, or
+    value >= 1 without a reference); fires above the threshold with enough samples."""
+    assert check.threshold is not None
+    start = now - settings["busy_window_seconds"]
+    name = metric_name(check.signal)
+    samples = hits = 0
+    last: dict[str, Any] = {}
+    for when, points in gpu.busy_samples:
+        if when < start:
+            continue
+        values = _matching(points.get(name, []), check.labels)
+        if not values:
+            continue
+        value = values[0][1]
+        if check.reference is not None:
+            refs = points.get(check.reference, [])
+            if not refs:
+                continue
+            hit = value < refs[0][1]
+            reference: float | None = refs[0][1]
+        else:
+            hit, reference = value >= 1, None
+        samples += 1
+        if hit:
+            hits += 1
+            last = {"value": value, "reference": reference}
+    if samples < settings["busy_min_samples"] or samples == 0:
+        return []
+    share = hits / samples
+    limit = settings[check.threshold.key]
+    if share <= limit:
+        return []
+    evidence = {"series": name, **check.labels, "share": share, "busy_samples": samples, "threshold": limit, **last}
+    return [_reason(check, now, evidence)]
+
+
+def rate_above(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+               now: float) -> list[Reason]:
+    """Per-minute increase of a counter over the rate window (a counter that went back is a reset: no rate)."""
+    assert check.threshold is not None
+    window = settings["rate_window_seconds"]
+    samples = [(t, v) for t, v in gpu.counters.get(metric_name(check.signal), []) if t >= now - window]
+    if len(samples) < 2:
+        return []
+    (t0, v0), (t1, v1) = samples[0], samples[-1]
+    if t1 - t0 < min(60.0, window / 2) or v1 < v0:
+        return []
+    per_minute = (v1 - v0) / (t1 - t0) * 60.0
+    limit = settings[check.threshold.key]
+    if per_minute <= limit:
+        return []
+    return [_reason(check, now, {"series": metric_name(check.signal), "value": per_minute, "threshold": limit,
+                                  "increase": v1 - v0, "seconds": t1 - t0})]
+
+
+def enum(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+         now: float) -> list[Reason]:
+    out = []
+    for _labels, value in gpu.points.get(metric_name(check.signal), []):
+        code = int(value)
+        if code == 0:
+            continue
+        if code in check.mapping:
+            severity, action, meaning = check.mapping[code]
+        else:
+            log.warning("gpu %s: %s value %d is not one this daemon knows; verdict unknown", gpu.gpu, check.id, code)
+            severity, action, meaning = "unknown", "contact_support", f"unknown value {code}"
+        out.append(_reason(check, now, {"series": metric_name(check.signal), "value": code, "meaning": meaning},
+                           str(code), severity, action))
+    return out
+
+
+def xid(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+        now: float) -> list[Reason]:
+    """One reason per XID code seen in the quiet window, with the catalog's bucket."""
+    out = []
+    seen = frozenset(gpu.xids)
+    for code, when in sorted(gpu.xids.items()):
+        severity, action, bucket = xid_catalog.resolve(code, seen)
+        entry = xid_catalog.CATALOG.get(code)
+        name = entry.name if entry is not None else "not in the catalog"
+        if bucket == "UNKNOWN":
+            log.warning("gpu %s: XID %d has no action in gpuperfd's XID catalog (%s); verdict unknown",
+                        gpu.gpu, code, "listed without a bucket" if entry is not None else "code not listed")
+        evidence = {"xid": code, "name": name, "bucket": bucket, "last_event": when,
+                    "catalog": f"{xid_catalog.CATALOG_URL} (transcribed {xid_catalog.CATALOG_DATE})"}
+        reason = _reason(check, now, evidence, str(code), severity, action)
+        reason.since = min(when, now)
+        reason.last_seen = when
+        out.append(reason)
+    return out
+
+
+def flag(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+         now: float) -> list[Reason]:
+    return [_reason(check, now, {"lost": True})] if gpu.lost else []
+
+
+def gpu_count(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+              now: float) -> list[Reason]:
+    present = sum(1 for g in node if not g.missing)
+    return [_reason(check, now, {"uuid": gpu.uuid, "present": present, "at_first_start": len(node)})] \
+        if gpu.missing else []
+
+
+def store(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+          now: float) -> list[Reason]:
+    return [_reason(check, now, {"error": gpu.store_error})] if gpu.store_error else []
+
+
+def _key(run: Mapping[str, Any]) -> tuple[str, str, str]:
+    cap = run.get("power_cap_watts")
+    return (str(run.get("probe")), str(run.get("preset")), "" if cap is None else f"{float(cap):.0f}")
+
+
+def _latest_ok(runs: Sequence[Mapping[str, Any]], value_field: str) -> dict[tuple[str, str, str], Mapping[str, Any]]:
+    latest: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+    for run in runs:
+        if run.get("status") == "ok" and isinstance(run.get(value_field), (int, float)):
+            latest[_key(run)] = run
+    return latest
+
+
+def _ok_by_key(gpu: GpuInputs) -> dict[tuple[str, str, str], list[Mapping[str, Any]]]:
+    """This GPU's ok runs grouped by (probe, preset, cap), oldest first; once per evaluation."""
+    cached = gpu.latest_cache.get("")
+    if cached is None:
+        groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+        for run in gpu.runs:
+            if run.get("status") == "ok":
+                groups.setdefault(_key(run), []).append(run)
+        cached = gpu.latest_cache[""] = groups  # type: ignore[assignment]
+    return cached  # type: ignore[return-value]
+
+
+def _field_runs(gpu: GpuInputs, value_field: str) -> dict[tuple[str, str, str], list[Mapping[str, Any]]]:
+    """Ok runs with a number in ``value_field``, by key, oldest first."""
+    out = {}
+    for key, runs in _ok_by_key(gpu).items():
+        kept = [r for r in runs if isinstance(r.get(value_field), (int, float))]
+        if kept:
+            out[key] = kept
+    return out
+
+
+def _latest_of(gpu: GpuInputs, value_field: str) -> dict[tuple[str, str, str], Mapping[str, Any]]:
+    """The latest ok run per key with a number in ``value_field`` (as _latest_ok), once per evaluation."""
+    cached = gpu.latest_cache.get(value_field)
+    if cached is None:
+        cached = gpu.latest_cache[value_field] = {key: runs[-1] for key, runs in _field_runs(gpu, value_field).items()}
+    return cached
+
+
+def _bad(check: Check, ratio: float, limit: float) -> bool:
+    return ratio < limit if check.bad == "below" else ratio > limit
+
+
+def baseline(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+             now: float) -> list[Reason]:
+    """The latest ok run of each (probe, preset, cap) against the median of this GPU's earlier
+    ok runs of that key within ``baseline_days``."""
+    assert check.threshold is not None
+    limit = settings[check.threshold.key]
+    span = settings["baseline_days"] * 86400.0
+    out = []
+    # Runs grouped by key once per evaluation (a week of history is thousands of runs).
+    for key, runs in _field_runs(gpu, check.field).items():
+        latest = runs[-1]
+        t = float(latest.get("time") or 0.0)
+        earlier = [float(r[check.field]) for r in runs[:-1] if t - span <= float(r.get("time") or 0) <= t]
+        if len(earlier) < settings["baseline_min_runs"]:
+            continue
+        median = statistics.median(earlier)
+        if median <= 0:
+            continue
+        ratio = float(latest[check.field]) / median
+        if _bad(check, ratio, limit):
+            evidence = {"probe": key[0], "preset": key[1], "cap": key[2], "value": latest[check.field],
+                        "baseline_median": median, "baseline_runs": len(earlier), "ratio": ratio, "threshold": limit,
+                        "run_time": t}
+            out.append(_reason(check, now, evidence, "/".join(key)))
+    return out
+
+
+def peers(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+          now: float) -> list[Reason]:
+    """The latest ok run of each key against the median of the latest ok runs of the same key on
+    every GPU of the same model on this node (itself included, as the peer alert)."""
+    assert check.threshold is not None
+    limit = settings[check.threshold.key]
+    group = [g for g in node if g.name == gpu.name and not g.missing]
+    latest_by_gpu = [_latest_of(g, check.field) for g in group]
+    out = []
+    for key, latest in _latest_of(gpu, check.field).items():
+        values = [float(latest_runs[key][check.field]) for latest_runs in latest_by_gpu if key in latest_runs]
+        if len(values) < settings["peer_min_count"]:
+            continue
+        median = statistics.median(values)
+        if median <= 0:
+            continue
+        ratio = float(latest[check.field]) / median
+        if _bad(check, ratio, limit):
+            evidence = {"probe": key[0], "preset": key[1], "cap": key[2], "value": latest[check.field],
+                        "peer_median": median, "peers": len(values), "name": gpu.name, "ratio": ratio,
+                        "threshold": limit, "run_time": float(latest.get("time") or 0.0)}
+            out.append(_reason(check, now, evidence, "/".join(key)))
+    return out
+
+
+def consecutive_failures(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+                         now: float) -> list[Reason]:
+    """Failed runs since this GPU's last ok run (runs failed for reasons that say nothing about
+    the GPU, such as gpu_busy, and skipped runs neither count nor break the streak)."""
+    assert check.threshold is not None
+    count, reasons = 0, []
+    for run in reversed(gpu.runs):
+        if run.get("status") == "ok":
+            break
+        if run.get("status") == "failed" and run.get("failure_reason") not in NON_GPU_FAILURES:
+            count += 1
+            reasons.append(str(run.get("failure_reason")))
+    limit = settings[check.threshold.key]
+    if count < limit:
+        return []
+    return [_reason(check, now, {"count": count, "reasons": ", ".join(sorted(set(reasons))), "threshold": limit})]
+
+
+Evaluator = Callable[[Check, GpuInputs, Sequence[GpuInputs], Mapping[str, float], float], list[Reason]]
+
+EVALUATORS: dict[str, Evaluator] = {
+    "at_least": at_least, "at_most": at_most, "busy_share": busy_share, "rate_above": rate_above,
+    "enum": enum, "xid": xid, "flag": flag, "gpu_count": gpu_count, "store": store,
+    "baseline": baseline, "peers": peers, "consecutive_failures": consecutive_failures,
+}
+
+
+def evaluate_gpu(gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float], now: float,
+                 checks: Sequence[Check] = CHECKS) -> list[Reason]:
+    """Every reason that fires now for one GPU. A missing GPU is judged by gpu_count only."""
+    out: list[Reason] = []
+    for check in checks:
+        if gpu.missing and check.kind != "gpu_count":
+            continue
+        out.extend(EVALUATORS[check.kind](check, gpu, node, settings, now))
+    return out

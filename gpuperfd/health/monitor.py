@@ -1,0 +1,421 @@
+"""Daemon side of the health stage: gather inputs, keep sticky reasons, publish verdicts.
+
+A background thread evaluates every ``health.interval_seconds``: it reads the sampler's
+ReadingStore and XID counts (no device call), the new lines of the probe history file
+(read incrementally; rotation is noticed), runs every check of the table
+(:func:`gpuperfd.health.evaluate.evaluate_gpu`) and merges the fresh reasons into the
+sticky book (:class:`VerdictBook`), which is saved in the state directory so a restart
+forgets nothing. The scrape path and ``GET /api/v1/health`` read only the last verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuperfd.health.checks import ACTION_CLEARS, CHECKS, Check, by_id, defaults
+from gpuperfd.health.evaluate import GpuInputs, Series, evaluate_gpu, metric_name
+from gpuperfd.health.store import HealthStore, SavedState
+from gpuperfd.health.verdict import ACTIONS, STATES, Reason, Verdict
+from gpuperfd.probe_data.record import record_row
+from gpuperfd.telemetry.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec
+from gpuperfd.telemetry.exposition import Family, label_string
+
+log = logging.getLogger(__name__)
+
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+#: Counters that go back only when the driver reloads or the GPU is reset: a drop is a reset seen.
+RESET_COUNTERS: tuple[str, ...] = ("gpuperf_energy_joules_total", "gpuperf_ecc_errors_total",
+                                   "gpuperf_pcie_replays_total")
+
+#: Flat run fields the checks read.
+RUN_FIELDS = ("time", "status", "failure_reason", "probe", "preset", "power_cap_watts", "units_per_second",
+              "energy_per_unit_joules")
+
+HEALTH_METRICS = (
+    MetricSpec("gpuperf_gpu_health_state", "1 for the GPU's current health verdict state, 0 for the others "
+               "(healthy, unknown, degraded, unhealthy); see docs/health.md.", labels=("state",)),
+    MetricSpec("gpuperf_gpu_health_action", "1 for the action the GPU's health verdict asks for, 0 for the others.",
+               labels=("action",)),
+    MetricSpec("gpuperf_gpu_health_reason_info", "A check that fired for this GPU (at most one series per check).",
+               labels=("check", "severity", "action")),
+)
+
+
+def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def clears_of(check: Check, reason: Reason) -> str:
+    """How a reason clears: its row's ``clears``, or for rows whose action varies, by the action."""
+    return ACTION_CLEARS[reason.action] if check.clears == "per action" else check.clears
+
+
+class VerdictBook:
+    """Sticky reasons per GPU, merged from each evaluation's fresh reasons (no I/O, no threads)."""
+
+    def __init__(self, settings: Mapping[str, float], saved: SavedState | None = None) -> None:
+        self.settings = dict(settings)
+        self.checks = by_id()
+        self.reasons: dict[str, dict[tuple[str, str], Reason]] = {}
+        self.resets: dict[str, float] = {}
+        if saved is not None:
+            self.resets = dict(saved.resets)
+            for uuid, reasons in saved.reasons.items():
+                self.reasons[uuid] = {r.ident: r for r in reasons if r.check in self.checks}
+
+    def reset_seen(self, uuid: str, when: float) -> None:
+        self.resets[uuid] = when
+
+    def merge(self, uuid: str, fresh: Iterable[Reason], runs: Sequence[Mapping[str, Any]], now: float,
+              probe_required: bool = True) -> list[Reason]:
+        """Add or refresh fresh reasons; drop the others whose clearing condition is met."""
+        active = self.reasons.setdefault(uuid, {})
+        seen = set()
+        for reason in fresh:
+            seen.add(reason.ident)
+            old = active.get(reason.ident)
+            if old is None:
+                active[reason.ident] = reason
+            else:
+                old.severity, old.action, old.message = reason.severity, reason.action, reason.message
+                old.evidence, old.last_seen = reason.evidence, max(old.last_seen, reason.last_seen)
+        for ident, reason in list(active.items()):
+            if ident not in seen and self._cleared(uuid, reason, runs, now, probe_required):
+                log.info("gpu %s: %s%s cleared", uuid, reason.check, f" ({reason.key})" if reason.key else "")
+                del active[ident]
+        return list(active.values())
+
+    def _cleared(self, uuid: str, reason: Reason, runs: Sequence[Mapping[str, Any]], now: float,
+                 probe_required: bool) -> bool:
+        check = self.checks[reason.check]
+        clears = clears_of(check, reason)
+        ok_runs = [float(r.get("time") or 0) for r in runs if r.get("status") == "ok"]
+        if clears == "condition":
+            return True
+        if clears == "quiet_window":
+            return now - reason.last_seen > self.settings["quiet_window_seconds"]
+        if clears == "reset_and_probe":
+            reset = self.resets.get(uuid)
+            if reset is None or reset < reason.last_seen:
+                return False
+            return not probe_required or any(t > reset for t in ok_runs)
+        if clears == "passing_probes":
+            same = [r for r in runs if r.get("status") == "ok" and float(r.get("time") or 0) > reason.last_seen
+                    and "/".join(_run_key(r)) == reason.key]
+            return len(same) >= self.settings["clear_passing_probes"]
+        if clears == "probe_passed":
+            return any(t > reason.since for t in ok_runs) or not probe_required
+        raise ValueError(f"check {check.id}: unknown clears {clears!r}")
+
+
+def _run_key(run: Mapping[str, Any]) -> tuple[str, str, str]:
+    cap = run.get("power_cap_watts")
+    return (str(run.get("probe")), str(run.get("preset")), "" if cap is None else f"{float(cap):.0f}")
+
+
+class HistoryTail:
+    """Incremental reader of the JSON-lines probe history: new complete lines only, per GPU uuid.
+
+    Rotation (a new inode or a shorter file) restarts at the new file's beginning; the
+    rotated backups are read once, at start, so the baseline survives a rotation.
+    """
+
+    def __init__(self, path: Path | str | None, keep_seconds: float, max_runs: int = 2000) -> None:
+        self.path = Path(path) if path is not None else None
+        self.keep_seconds = keep_seconds
+        self.max_runs = max_runs
+        self.runs: dict[str, deque[dict[str, Any]]] = {}
+        self._inode: int | None = None
+        self._offset = 0
+        self._started = False
+
+    def _add_line(self, line: str, where: str) -> None:
+        try:
+            record = json.loads(line)
+            row = record_row(record)
+        except Exception as exc:  # noqa: BLE001 - a bad line is skipped, never fatal
+            log.warning("%s: skipped a probe history line the health checks cannot read (%s)", where, exc)
+            return
+        uuid = row.get("gpu_uuid")
+        if not uuid:
+            return
+        self.runs.setdefault(str(uuid), deque(maxlen=self.max_runs)).append({k: row.get(k) for k in RUN_FIELDS})
+
+    def _read_file(self, path: Path, offset: int = 0) -> int:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+        end = data.rfind(b"\n")
+        if end < 0:
+            return offset
+        for line in data[: end + 1].decode("utf-8", "replace").splitlines():
+            if line.strip():
+                self._add_line(line, str(path))
+        return offset + end + 1
+
+    def poll(self, now: float) -> None:
+        if self.path is None:
+            return
+        if not self._started:
+            self._started = True
+            backups = sorted((p for p in self.path.parent.glob(self.path.name + ".*") if p.suffix[1:].isdigit()),
+                             key=lambda p: -int(p.suffix[1:]))
+            for backup in backups:
+                try:
+                    self._read_file(backup)
+                except OSError as exc:
+                    log.warning("cannot read probe history %s: %s", backup, exc)
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("cannot read probe history %s: %s", self.path, exc)
+            return
+        if stat.st_ino != self._inode or stat.st_size < self._offset:
+            self._inode, self._offset = stat.st_ino, 0
+        if stat.st_size > self._offset:
+            try:
+                self._offset = self._read_file(self.path, self._offset)
+            except OSError as exc:
+                log.warning("cannot read probe history %s: %s", self.path, exc)
+        horizon = now - self.keep_seconds
+        for runs in self.runs.values():
+            while runs and float(runs[0].get("time") or 0) < horizon:
+                runs.popleft()
+
+    def of(self, uuid: str) -> list[dict[str, Any]]:
+        return sorted(self.runs.get(uuid, ()), key=lambda r: float(r.get("time") or 0))
+
+
+class HealthMonitor:
+    """Evaluates the checks on a background thread; thread-safe readers for the scrape and the API."""
+
+    def __init__(
+        self,
+        sampler: Any,
+        state_dir: Path | str,
+        history_path: Path | str | None,
+        *,
+        thresholds: Mapping[str, float] | None = None,
+        interval_seconds: float = 5.0,
+        clock: Callable[[], float] = time.time,
+        boot_id: Callable[[], str] = read_boot_id,
+        node: str | None = None,
+    ) -> None:
+        self.sampler = sampler
+        self.settings = {**defaults(), **(thresholds or {})}
+        self.interval_seconds = interval_seconds
+        self.clock = clock
+        self.node = node if node is not None else socket.gethostname()
+        self.store = HealthStore(state_dir)
+        self.history = HistoryTail(history_path, keep_seconds=self.settings["baseline_days"] * 86400.0 + 86400.0)
+        self.probe_required = history_path is not None
+        if not self.probe_required:
+            log.warning("probe history is off: reset_gpu verdicts clear on a reset alone, performance checks are off")
+        saved, self.store_error = self.store.load()
+        self.book = VerdictBook(self.settings, saved)
+        self.first_gpus: list[str] = list(saved.first_gpus) if saved else []
+        now = clock()
+        current_boot = boot_id()
+        self.boot_id = current_boot
+        if saved is not None and saved.boot_id and current_boot and saved.boot_id != current_boot:
+            log.info("new boot id since the saved verdicts: every GPU counts as reset")
+            for uuid in set(saved.reasons) | set(saved.first_gpus):
+                self.book.reset_seen(uuid, now)
+        self._busy_signals = sorted({metric_name(c.signal) for c in CHECKS if c.kind == "busy_share"}
+                                    | {c.reference for c in CHECKS if c.reference})
+        self._rate_signals = sorted({metric_name(c.signal) for c in CHECKS if c.kind == "rate_above"})
+        self._spec_labels = {spec.name: spec.labels for cls in COLLECTORS.values() for spec in cls.metrics}
+        self._busy: dict[str, deque[tuple[float, dict[str, Series]]]] = {}
+        self._counters: dict[str, dict[str, deque[tuple[float, float]]]] = {}
+        self._xid_counts: dict[int, dict[int, int]] = {}
+        self._xid_last: dict[str, dict[int, float]] = {}
+        self._reset_values: dict[str, dict[str, float]] = {}
+        self._lock = threading.Lock()
+        self._verdicts: list[Verdict] = []
+        self._version = 0
+        self._saved_signature: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.evaluations = 0
+        self.cpu_seconds = 0.0
+
+    # -- gathering ------------------------------------------------------------------------
+
+    def _points(self, gpu: int, readings: Mapping[tuple[int, str], Any]) -> dict[str, Series]:
+        points: dict[str, Series] = {}
+        for (index, _name), reading in readings.items():
+            if index != gpu or not reading.ok:
+                continue
+            for point in reading.points:
+                names = self._spec_labels.get(point.metric, ())
+                points.setdefault(point.metric, []).append((dict(zip(names, point.labels)), float(point.value)))
+        return points
+
+    def _new_xids(self, gpu: int, uuid: str, now: float) -> None:
+        counts: dict[int, int] = {}
+        for point in self.sampler.xid_counts.points(gpu):
+            if point.metric == "gpuperf_xid_errors_total":
+                counts[int(point.labels[0])] = int(point.value)
+        previous = self._xid_counts.get(gpu, {})
+        for code, count in counts.items():
+            if count > previous.get(code, 0):
+                self._xid_last.setdefault(uuid, {})[code] = now
+        self._xid_counts[gpu] = counts
+
+    def _check_reset(self, uuid: str, points: Mapping[str, Series], now: float) -> None:
+        values = {name: sum(v for _, v in points[name]) for name in RESET_COUNTERS if name in points}
+        before = self._reset_values.get(uuid, {})
+        if any(values[name] < before[name] for name in values if name in before):
+            log.info("gpu %s: a driver counter went back: GPU reset seen", uuid)
+            self.book.reset_seen(uuid, now)
+            self._xid_last.pop(uuid, None)
+            self._busy.pop(uuid, None)
+            self._counters.pop(uuid, None)
+        self._reset_values[uuid] = {**before, **values}
+
+    def gather(self, now: float) -> list[GpuInputs]:
+        readings, last_info, identities, _errors = self.sampler.store.snapshot()
+        busy_limit = self.settings["busy_utilization_ratio"]
+        window = max(self.settings["busy_window_seconds"], self.settings["rate_window_seconds"])
+        inputs: list[GpuInputs] = []
+        for device in self.sampler.devices:
+            identity = identities.get(device.index)
+            if identity is None:
+                continue
+            uuid = identity.uuid
+            points = self._points(device.index, readings)
+            info = [dict(zip(self._spec_labels["gpuperf_gpu_info"], p.labels)) for p in last_info.get(device.index, ())]
+            lost = self.sampler.gpu_lost(device.index)
+            if not lost:
+                self._check_reset(uuid, points, now)
+            self._new_xids(device.index, uuid, now)
+            util = [v for _, v in points.get("gpuperf_gpu_utilization_ratio", [])]
+            samples = self._busy.setdefault(uuid, deque())
+            if util and util[0] >= busy_limit and not lost:
+                samples.append((now, {name: points[name] for name in self._busy_signals if name in points}))
+            while samples and samples[0][0] < now - window:
+                samples.popleft()
+            counters = self._counters.setdefault(uuid, {})
+            for name in self._rate_signals:
+                if name in points:
+                    series = counters.setdefault(name, deque())
+                    series.append((now, sum(v for _, v in points[name])))
+                    while series and series[0][0] < now - window:
+                        series.popleft()
+            quiet = self.settings["quiet_window_seconds"]
+            xids = {code: t for code, t in self._xid_last.get(uuid, {}).items() if now - t <= quiet}
+            inputs.append(GpuInputs(
+                gpu=device.index, uuid=uuid, name=info[0].get("name", "") if info else "", lost=lost,
+                points=points, busy_samples=list(samples), counters={k: list(v) for k, v in counters.items()},
+                xids=xids, runs=self.history.of(uuid),
+                store_error=self.store_error if self.evaluations == 0 else None,
+            ))
+        present = {g.uuid for g in inputs}
+        if len(present) < len(self.first_gpus):
+            inputs += [GpuInputs(gpu=None, uuid=u, missing=True) for u in self.first_gpus if u not in present]
+        return inputs
+
+    # -- evaluating -----------------------------------------------------------------------
+
+    def evaluate_once(self) -> list[Verdict]:
+        start_cpu = time.thread_time()
+        now = self.clock()
+        self.history.poll(now)
+        inputs = self.gather(now)
+        if not self.first_gpus and inputs:
+            self.first_gpus = [g.uuid for g in inputs if not g.missing]
+        verdicts = []
+        for gpu in inputs:
+            fresh = evaluate_gpu(gpu, inputs, self.settings, now)
+            reasons = self.book.merge(gpu.uuid, fresh, gpu.runs, now, self.probe_required)
+            verdicts.append(Verdict(gpu.gpu, gpu.uuid, list(reasons), evaluated_at=now))
+        with self._lock:
+            changed = [(v.gpu, v.uuid, sorted(r.ident for r in v.reasons)) for v in verdicts] != \
+                [(v.gpu, v.uuid, sorted(r.ident for r in v.reasons)) for v in self._verdicts]
+            self._verdicts = verdicts
+            if changed:
+                self._version += 1
+        self._save()
+        self.evaluations += 1
+        self.cpu_seconds += time.thread_time() - start_cpu
+        return verdicts
+
+    def _save(self) -> None:
+        state = SavedState(
+            boot_id=self.boot_id, first_gpus=self.first_gpus,
+            reasons={uuid: list(rs.values()) for uuid, rs in self.book.reasons.items() if rs},
+            resets=dict(self.book.resets),
+        )
+        signature = (state.boot_id, tuple(state.first_gpus),
+                     tuple(sorted((u, r.ident, r.since) for u, rs in state.reasons.items() for r in rs)),
+                     tuple(sorted(state.resets.items())))
+        if signature != self._saved_signature:
+            self.store.save(state)
+            self._saved_signature = signature
+
+    # -- readers --------------------------------------------------------------------------
+
+    def verdicts(self) -> list[Verdict]:
+        with self._lock:
+            return list(self._verdicts)
+
+    def version(self) -> int:
+        with self._lock:
+            return self._version
+
+    def families(self) -> list[Family]:
+        """The three health families for /metrics (cheap: formats the last verdicts)."""
+        state_f, action_f, reason_f = (Family(s.name, s.kind, s.help) for s in HEALTH_METRICS)
+        for verdict in self.verdicts():
+            if verdict.gpu is None:
+                continue  # a missing GPU has no series of its own; its reason shows in the API
+            prefix = label_string(GPU_LABELS, (str(verdict.gpu), verdict.uuid))
+            state, action = verdict.state, verdict.action
+            for name in STATES:
+                state_f.add(f'{prefix},state="{name}"', 1.0 if name == state else 0.0)
+            for name in ACTIONS:
+                action_f.add(f'{prefix},action="{name}"', 1.0 if name == action else 0.0)
+            worst: dict[str, Reason] = {}
+            for reason in verdict.reasons:
+                if reason.check not in worst or reason.rank() > worst[reason.check].rank():
+                    worst[reason.check] = reason
+            for check, reason in sorted(worst.items()):
+                reason_f.add(prefix + "," + label_string(("check", "severity", "action"),
+                                                         (check, reason.severity, reason.action)), 1.0)
+        return [state_f, action_f, reason_f]
+
+    # -- thread ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="health", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.evaluate_once()
+            except Exception:  # a bug here must not stop the verdicts forever
+                log.exception("health evaluation failed")
+            self._stop.wait(self.interval_seconds)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
