@@ -49,7 +49,7 @@ def _example() -> str:
     return json.dumps(node_verdict_json(verdicts, "node-a"), indent=2)
 
 
-def render() -> str:
+def _intro() -> list[str]:
     out = [
         "# Health verdicts",
         "",
@@ -76,7 +76,11 @@ def render() -> str:
             "\"we don't know\", and \"we don't know\" is never a silent `healthy`.", "",
             "Actions, least drastic first: " + ", ".join(f"`{a}`" for a in ACTIONS) + ".", ""]
     assert tuple(SEVERITY_STATE.values()) == STATES
+    return out
 
+
+def _checks_section() -> list[str]:
+    out: list[str] = []
     out += ["## The checks", "",
             "Every check is a row of `gpuperfd/health/checks.py` (plain data) read by the generic evaluator",
             "of its *kind* (`gpuperfd/health/evaluate.py`). Thresholds are overridden per node with",
@@ -116,7 +120,11 @@ def render() -> str:
                    for t in (*table.GLOBAL_SETTINGS, table.PEER_MIN_COUNT)])
     out += ["Probe failures with these reasons say nothing about the GPU and are skipped by `probe_failures`: "
             + ", ".join(f"`{r}`" for r in sorted(table.NON_GPU_FAILURES)) + ".", ""]
+    return out
 
+
+def _xid_section() -> list[str]:
+    out: list[str] = []
     out += ["## XID catalog", "",
             f"Source: NVIDIA, [Analyzing Xid Errors with the Xid Catalog]({xc.CATALOG_URL}), column",
             "\"Resolution Bucket (Immediate Action)\", Ampere and newer. " + xc.CATALOG_PROVENANCE, "",
@@ -133,7 +141,11 @@ def render() -> str:
         shown = entry.bucket or "(none)"
         rows.append((code, entry.name, shown, severity, action, table.ACTION_CLEARS.get(action, "-")))
     out += _table(["XID", "name", "catalog bucket", "severity (alone)", "action (alone)", "clears"], rows)
+    return out
 
+
+def _reference_section() -> list[str]:
+    out: list[str] = []
     sev, act = xc.UNKNOWN_BUCKET
     out += ["## Bad input", "",
             "None of these crashes the daemon or leaves a GPU silently `healthy`; each is logged.", ""]
@@ -167,6 +179,12 @@ def render() -> str:
                   [(f"`{m.name}`", ", ".join(("gpu", "uuid", *m.labels)), m.help) for m in HEALTH_METRICS])
     out += [f"Per GPU: {len(STATES)} state series, {len(ACTIONS)} action series, and at most one reason series "
             f"per check ({len(table.CHECKS)} checks).", ""]
+    return out
+
+
+def render() -> str:
+    """docs/health.md, section by section."""
+    out = _intro() + _checks_section() + _xid_section() + _reference_section()
     return "\n".join(out).rstrip() + "\n"
 
 
