@@ -13,6 +13,7 @@ import logging
 import signal
 import threading
 import time
+from pathlib import Path
 from collections.abc import Callable
 from types import FrameType
 
@@ -23,12 +24,13 @@ from gpuperfd.config import (
     RESTART_ONLY,
     Config,
     ConfigError,
+    ProbesConfig,
     keep_restart_only,
     parse_listen_address,
     restart_only_changes,
 )
 from gpuperfd.device.base import Backend
-from gpuperfd.device.errors import DriverNotFound
+from gpuperfd.device.errors import DeviceError, DriverNotFound
 from gpuperfd.device.factory import open_backend, selected_devices
 from gpuperfd.health.monitor import HealthMonitor
 from gpuperfd.health.verdict import node_verdict_json
@@ -70,6 +72,31 @@ def build_collectors(config: Config, names: list[str], watcher: PodResourcesWatc
         "processes": {"top_n": processes.top_n, "expose_names": processes.expose_names, "proc_root": processes.proc_root},
     }
     return [COLLECTORS[name](**options.get(name, {})) for name in names]  # type: ignore[call-arg]
+
+
+def health_state_dir(config: Config) -> Path | None:
+    """Where the verdicts are kept across restarts; None keeps them in memory only.
+
+    Simulated GPUs with neither a ``simulation.state_file`` nor a state directory of their own
+    have no identity beyond the process: kept in the node's default directory, their verdicts and
+    first-start GPU list would leak into every later, unrelated simulated run on the machine
+    (a run with fewer GPUs would see "GPU missing").
+    """
+    if (config.device.backend == "simulated" and config.simulation.state_file is None
+            and config.probes.state_dir == ProbesConfig().state_dir):
+        return None
+    return config.probes.state_dir
+
+
+def node_uuids(backend: Backend) -> list[str]:
+    """The UUID of every GPU the driver lists now (lost or unreadable ones are left out)."""
+    uuids = []
+    for device in backend.devices():
+        try:
+            uuids.append(device.info().uuid)
+        except DeviceError as exc:
+            log.warning("gpu %d: cannot read its identity: %s", device.index, exc)
+    return uuids
 
 
 def open_backend_waiting(config: Config, sleep: Callable[[float], None] = time.sleep) -> Backend:
@@ -168,7 +195,8 @@ class Daemon:
         #: The per-GPU verdict (docs/health.md): evaluated on its own thread from cached readings.
         self.health = (
             HealthMonitor(
-                self.sampler, config.probes.state_dir, config.probes.history.path,
+                self.sampler, health_state_dir(config), config.probes.history.path,
+                node_uuids=node_uuids(self.backend),
                 thresholds=config.health.thresholds, interval_seconds=config.health.interval_seconds,
             )
             if config.health.enabled

@@ -20,6 +20,16 @@ from gpuperfd.health.verdict import Reason
 
 log = logging.getLogger(__name__)
 
+#: Warnings already logged: an unknown value stays in the verdict for its whole window, and the
+#: evaluation runs every few seconds; the log says it once per process, not once per evaluation.
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning("%s", message)
+
 #: Series value: (labels by name, value).
 Series = list[tuple[dict[str, str], float]]
 
@@ -171,7 +181,7 @@ def enum(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapp
         if code in check.mapping:
             severity, action, meaning = check.mapping[code]
         else:
-            log.warning("gpu %s: %s value %d is not one this daemon knows; verdict unknown", gpu.gpu, check.id, code)
+            warn_once(f"gpu {gpu.gpu}: {check.id} value {code} is not one this daemon knows; verdict unknown")
             severity, action, meaning = "unknown", "contact_support", f"unknown value {code}"
         out.append(_reason(check, now, {"series": metric_name(check.signal), "value": code, "meaning": meaning},
                            str(code), severity, action))
@@ -188,8 +198,8 @@ def xid(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mappi
         entry = xid_catalog.CATALOG.get(code)
         name = entry.name if entry is not None else "not in the catalog"
         if bucket == "UNKNOWN":
-            log.warning("gpu %s: XID %d has no action in gpuperfd's XID catalog (%s); verdict unknown",
-                        gpu.gpu, code, "listed without a bucket" if entry is not None else "code not listed")
+            why = "listed without a bucket" if entry is not None else "code not listed"
+            warn_once(f"gpu {gpu.gpu}: XID {code} has no action in gpuperfd's XID catalog ({why}); verdict unknown")
         evidence = {"xid": code, "name": name, "bucket": bucket, "last_event": when,
                     "catalog": f"{xid_catalog.CATALOG_URL} (transcribed {xid_catalog.CATALOG_DATE})"}
         reason = _reason(check, now, evidence, str(code), severity, action)

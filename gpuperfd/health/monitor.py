@@ -207,9 +207,10 @@ class HealthMonitor:
     def __init__(
         self,
         sampler: Any,
-        state_dir: Path | str,
+        state_dir: Path | str | None,
         history_path: Path | str | None,
         *,
+        node_uuids: Sequence[str] = (),
         thresholds: Mapping[str, float] | None = None,
         interval_seconds: float = 5.0,
         clock: Callable[[], float] = time.time,
@@ -217,6 +218,9 @@ class HealthMonitor:
         node: str | None = None,
     ) -> None:
         self.sampler = sampler
+        #: Every GPU the driver listed at this start, selected by ``device.gpus`` or not: "fewer GPUs
+        #: than at the first start" is a fact of the node, not of the selection.
+        self.node_uuids = list(node_uuids)
         self.settings = {**defaults(), **(thresholds or {})}
         self.interval_seconds = interval_seconds
         self.clock = clock
@@ -325,9 +329,8 @@ class HealthMonitor:
                 xids=xids, runs=self.history.of(uuid),
                 store_error=self.store_error if self.evaluations == 0 else None,
             ))
-        present = {g.uuid for g in inputs}
-        if len(present) < len(self.first_gpus):
-            inputs += [GpuInputs(gpu=None, uuid=u, missing=True) for u in self.first_gpus if u not in present]
+        present = {g.uuid for g in inputs} | set(self.node_uuids)
+        inputs += [GpuInputs(gpu=None, uuid=u, missing=True) for u in self.first_gpus if u not in present]
         return inputs
 
     # -- evaluating -----------------------------------------------------------------------
@@ -338,7 +341,7 @@ class HealthMonitor:
         self.history.poll(now)
         inputs = self.gather(now)
         if not self.first_gpus and inputs:
-            self.first_gpus = [g.uuid for g in inputs if not g.missing]
+            self.first_gpus = self.node_uuids or [g.uuid for g in inputs if not g.missing]
         verdicts = []
         for gpu in inputs:
             fresh = evaluate_gpu(gpu, inputs, self.settings, now)

@@ -56,11 +56,14 @@ class SavedState:
 class HealthStore:
     """Load and save :class:`SavedState` in ``state_dir``."""
 
-    def __init__(self, state_dir: Path | str) -> None:
-        self.path = Path(state_dir) / FILE_NAME
+    def __init__(self, state_dir: Path | str | None) -> None:
+        #: None: kept in memory only (simulated GPUs without an identity of their own; see the daemon).
+        self.path = Path(state_dir) / FILE_NAME if state_dir is not None else None
 
     def load(self) -> tuple[SavedState | None, str | None]:
         """(state, None); (None, None) when there is no file yet; (None, error) when it is unreadable."""
+        if self.path is None:
+            return None, None
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
@@ -87,6 +90,8 @@ class HealthStore:
 
     def save(self, state: SavedState) -> None:
         """Atomic replace; an error is logged (the verdicts in memory stay right)."""
+        if self.path is None:
+            return
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ import pytest
 
 from gpuperfd.config import FaultConfig
 from gpuperfd.health.checks import CHECKS
+from gpuperfd.health.monitor import HealthMonitor
 from gpuperfd.health.store import HealthStore, SavedState
 
 from simnode import Node
@@ -237,3 +238,39 @@ def test_row(check, node):
         verdicts = node.monitor.verdicts()
         healthy_others({v.gpu if v.gpu is not None else v.uuid: v for v in verdicts}, bad)
         assert any(r.check == check for v in verdicts for r in v.reasons)
+
+
+def test_gpus_left_out_by_the_selection_are_not_missing(tmp_path) -> None:
+    """``device.gpus`` may select 2 of the node's 4 GPUs: the other two are not "missing"; a GPU the
+    driver no longer lists at all is, whether it was selected or not."""
+    node = Node(tmp_path)
+    everyone = [node.uuid(g) for g in range(4)]
+    HealthStore(node.tmp).save(SavedState("boot-1", everyone))
+    node.sampler.devices = node.gpus[:2]  # what selected_devices() gives for device.gpus: [0, 1]
+    node.monitor = HealthMonitor(node.sampler, node.tmp, node.history, node_uuids=everyone,
+                                 thresholds=node.thresholds, clock=lambda: node.now, boot_id=lambda: node.boot)
+    verdicts = node.step()
+    assert sorted(k for k in verdicts if isinstance(k, int)) == [0, 1]
+    assert not [k for k in verdicts if isinstance(k, str)], verdicts
+    assert all(v.state == "healthy" for v in verdicts.values())
+    node.monitor = HealthMonitor(node.sampler, node.tmp, node.history, node_uuids=everyone[:3],
+                                 thresholds=node.thresholds, clock=lambda: node.now, boot_id=lambda: node.boot)
+    gone = node.step()[everyone[3]]
+    assert (gone.gpu, gone.state, gone.action) == (None, "unhealthy", "reboot_node")
+
+
+def test_unnamed_simulated_nodes_keep_verdicts_in_memory(tmp_path) -> None:
+    """A simulated node without a state file or state directory of its own writes nothing to the
+    machine's default directory (its verdicts would leak into later, unrelated runs)."""
+    from gpuperfd.config import Config
+    from gpuperfd.daemon import health_state_dir
+
+    simulated = Config.model_validate({"device": {"backend": "simulated"}, "simulation": {"gpus": 2}})
+    assert health_state_dir(simulated) is None
+    own_dir = Config.model_validate({"device": {"backend": "simulated"}, "probes": {"state_dir": str(tmp_path)}})
+    assert health_state_dir(own_dir) == tmp_path
+    nvml = Config.model_validate({"device": {"backend": "nvml"}})
+    assert str(health_state_dir(nvml)) == "/var/lib/gpuperfd"
+    store = HealthStore(None)
+    store.save(SavedState("boot-1", ["GPU-a"]))
+    assert store.load() == (None, None)
