@@ -27,10 +27,21 @@ from typing import Any
 import attr
 from grafanalib import core as g
 
+from gpuperfd.health.verdict import ACTIONS, STATES
+
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 #: Where the runbook lives; dashboards link to it.
 RUNBOOK_URL = "docs/runbook.md"
 TAG = "gpuperfd"
+#: Colour of each health verdict state and action (docs/health.md); a state or action without one fails at import.
+STATE_COLORS = {"healthy": "green", "unknown": "text", "degraded": "orange", "unhealthy": "red"}
+ACTION_COLORS = {
+    "none": "green", "restart_app": "yellow", "update_software": "yellow", "reset_gpu": "orange",
+    "reboot_node": "orange", "check_hardware": "red", "contact_support": "red",
+}
+#: (name, colour) in the verdict's order, least severe first: the value-mapping codes 0, 1, 2, ...
+HEALTH_STATES: tuple[tuple[str, str], ...] = tuple((name, STATE_COLORS[name]) for name in STATES)
+HEALTH_ACTIONS: tuple[tuple[str, str], ...] = tuple((name, ACTION_COLORS[name]) for name in ACTIONS)
 #: Dashboard JSON schema the panels below are written for (Grafana 9+).
 SCHEMA_VERSION = 37
 
@@ -182,6 +193,14 @@ def value_mappings(names: tuple[tuple[str, str], ...]) -> list[dict]:
     """Grafana value mappings 0, 1, 2, ... -> (text, colour) of ``names``, in order."""
     options = {str(i): {"text": text, "color": color, "index": i} for i, (text, color) in enumerate(names)}
     return [{"type": "value", "options": options}]
+
+
+def fixed_colors(names: tuple[tuple[str, str], ...]) -> list[dict]:
+    """Overrides colouring each series named ``text`` (its legend) with its fixed ``color``."""
+    return [
+        {"matcher": {"id": "byName", "options": text}, "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
+        for text, color in names
+    ]
 
 
 def label_code(metric: str, selector: str, label: str, names: tuple[tuple[str, str], ...], by: str) -> str:

@@ -9,7 +9,16 @@ from typing import Any
 
 from grafanalib import core as g
 
-from gpuperfd.dashboards.common import Panel, Row, dashboard, label_code, query_variable, value_mappings
+from gpuperfd.dashboards.common import (
+    HEALTH_ACTIONS as ACTIONS,
+    HEALTH_STATES as STATES,
+    Panel,
+    Row,
+    dashboard,
+    label_code,
+    query_variable,
+    value_mappings,
+)
 
 TITLE = "gpuperfd / Node and GPU detail"
 UID = "gpuperfd-node"
@@ -18,12 +27,6 @@ DESCRIPTION = "Every gpuperfd telemetry series for the selected instances and GP
 SEL = 'instance=~"$instance", gpu=~"$gpu"'
 GPU = "{{instance}} GPU {{gpu}}"
 RATIO = {"valueMin": 0, "valueMax": 1}
-#: Health verdict states and actions (docs/health.md), in the order of their value-mapping codes.
-STATES = (("healthy", "green"), ("unknown", "text"), ("degraded", "orange"), ("unhealthy", "red"))
-ACTIONS = (
-    ("none", "green"), ("restart_app", "yellow"), ("update_software", "yellow"), ("reset_gpu", "orange"),
-    ("reboot_node", "orange"), ("check_hardware", "red"), ("contact_support", "red"),
-)
 
 
 def per_gpu(title: str, metric: str, unit: str = "", legend: str = GPU, w: int = 8, **options: Any) -> Panel:
@@ -42,10 +45,10 @@ def health_code(metric: str, label: str, names: tuple[tuple[str, str], ...]) -> 
 
 
 HEALTH = Row("GPU health verdict", (
-    Panel("Health state", (health_code("gpuperf_gpu_health_state", "state", STATES),), w=6, h=6,
+    Panel("Health state", (health_code("gpuperf_gpu_health_state", "state", STATES),), kind="stat", w=6, h=6,
           description="Each GPU's verdict (docs/health.md): healthy, unknown, degraded or unhealthy.",
           options={"mappings": value_mappings(STATES), "colorMode": "background", "textMode": "value_and_name"}),
-    Panel("Action asked for", (health_code("gpuperf_gpu_health_action", "action", ACTIONS),), w=6, h=6,
+    Panel("Action asked for", (health_code("gpuperf_gpu_health_action", "action", ACTIONS),), kind="stat", w=6, h=6,
           description="What the verdict asks the operator to do (docs/runbook.md, alerts GpuAction*).",
           options={"mappings": value_mappings(ACTIONS), "colorMode": "background", "textMode": "value_and_name"}),
     Panel("Reasons (checks firing)",
@@ -65,7 +68,7 @@ ROWS = (
         Panel("gpuperfd build", (('gpuperf_build_info{instance=~"$instance"}', ""),), kind="table", w=4, h=6,
               options={"hide": ("Value",)}),
     )),
-    # HEALTH,
+    HEALTH,
     Row("Utilization and memory", (
         per_gpu("GPU utilization", "gpuperf_gpu_utilization_ratio", "percentunit"),
         per_gpu("Memory utilization (bandwidth)", "gpuperf_memory_utilization_ratio", "percentunit"),
