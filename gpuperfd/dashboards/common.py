@@ -198,7 +198,10 @@ def value_mappings(names: tuple[tuple[str, str], ...]) -> list[dict]:
 def fixed_colors(names: tuple[tuple[str, str], ...]) -> list[dict]:
     """Overrides colouring each series named ``text`` (its legend) with its fixed ``color``."""
     return [
-        {"matcher": {"id": "byName", "options": text}, "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
+        {
+            "matcher": {"id": "byName", "options": text},
+            "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}],
+        }
         for text, color in names
     ]
 

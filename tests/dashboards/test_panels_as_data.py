@@ -105,9 +105,10 @@ SERIES = [
       for a in verdict.ACTIONS),
     *(f'gpuperf_gpu_health_action{{{LABELS}, gpu="1", uuid="GPU-b", action="{a}"}}'
       + (" 1x5" if a == "check_hardware" else " 0x5") for a in verdict.ACTIONS),
-    f'gpuperf_gpu_health_reason_info{{{LABELS}, gpu="1", uuid="GPU-b", check="probe_drift", severity="degraded", action="check_hardware"}} 1x5',
-    f'gpuperf_gpu_health_reason_info{{{LABELS}, gpu="1", uuid="GPU-b", check="slower_than_peers", severity="degraded", action="check_hardware"}} 1x5',
-    *(f'gpuperf:gpu_name:info{{{LABELS}, gpu="{g}", uuid="{u}", name="NVIDIA H100"}} 1x5' for g, u in (("0", "GPU-a"), ("1", "GPU-b"))),
+    *(f'gpuperf_gpu_health_reason_info{{{LABELS}, gpu="1", uuid="GPU-b", check="{c}", severity="degraded",'
+      ' action="check_hardware"} 1x5' for c in ("probe_drift", "slower_than_peers")),
+    *(f'gpuperf:gpu_name:info{{{LABELS}, gpu="{g}", uuid="{u}", name="NVIDIA H100"}} 1x5'
+      for g, u in (("0", "GPU-a"), ("1", "GPU-b"))),
     'gpuperf:power_saving_watts:by_model{name="NVIDIA H100", probe="llm", preset="small"} 100x5',
     'gpuperf:energy_saving_joules_per_year:by_model{name="NVIDIA H100", probe="llm", preset="small"} 3155760000x5',
 ]
