@@ -10,17 +10,38 @@ multi-value and "All" selections are regexes, and the query check in
 :class:`Layout` places panels left to right on Grafana's 24-column grid and
 starts a new line when a panel does not fit, so the dashboard modules list
 panels in reading order without hand-computed coordinates.
+
+A dashboard is data: rows (:class:`Row`) of panel specs (:class:`Panel`: title,
+queries, unit, kind, size, options), turned into grafanalib panels by one loop
+(:func:`build_panel`, :func:`layout`). The kind decides the panel type and how
+its queries run (tables and bar gauges: instant; heatmaps: heatmap format).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
 import attr
 from grafanalib import core as g
+
+from gpuperfd.health.verdict import ACTIONS, STATES
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 #: Where the runbook lives; dashboards link to it.
 RUNBOOK_URL = "docs/runbook.md"
 TAG = "gpuperfd"
+#: Colour of each health verdict state and action (docs/health.md); a state or action without one fails at import.
+STATE_COLORS = {"healthy": "green", "unknown": "text", "degraded": "orange", "unhealthy": "red"}
+ACTION_COLORS = {
+    "none": "green", "restart_app": "yellow", "update_software": "yellow", "reset_gpu": "orange",
+    "reboot_node": "orange", "check_hardware": "red", "contact_support": "red",
+}
+#: (name, colour) in the verdict's order, least severe first: the value-mapping codes 0, 1, 2, ...
+HEALTH_STATES: tuple[tuple[str, str], ...] = tuple((name, STATE_COLORS[name]) for name in STATES)
+HEALTH_ACTIONS: tuple[tuple[str, str], ...] = tuple((name, ACTION_COLORS[name]) for name in ACTIONS)
 #: Dashboard JSON schema the panels below are written for (Grafana 9+).
 SCHEMA_VERSION = 37
 
@@ -135,14 +156,18 @@ def bar_gauge(title: str, queries: list[g.Target], unit: str = "", description: 
     )
 
 
-def heatmap(title: str, bucket_metric: str, selector: str, unit: str = "s", description: str = "") -> g.Heatmap:
+def heatmap_query(bucket_metric: str, selector: str) -> tuple[str, str]:
+    """A histogram's observations per bucket and time slot, for :func:`heatmap`."""
+    return f"sum by (le) (increase({bucket_metric}{{{selector}}}[$__interval]))", "{{le}}"
+
+
+def heatmap(title: str, queries: list[g.Target], unit: str = "s", description: str = "") -> g.Heatmap:
     """The histogram's observations per bucket and time slot (buckets de-cumulated by Grafana)."""
-    expr = f"sum by (le) (increase({bucket_metric}{{{selector}}}[$__interval]))"
     return g.Heatmap(
         title=title,
         description=description or None,
         dataSource=DATASOURCE,
-        targets=[target(expr, "{{le}}", fmt="heatmap")],
+        targets=queries,
         dataFormat="tsbuckets",
         yBucketBound="upper",
         hideZeroBuckets=True,
@@ -150,6 +175,112 @@ def heatmap(title: str, bucket_metric: str, selector: str, unit: str = "s", desc
         maxDataPoints=60,
         extraJson={"options": {"calculate": False, "yAxis": {"unit": unit}, "cellGap": 1}},
     )
+
+
+def state_timeline(title: str, queries: list[g.Target], unit: str = "", description: str = "", **kwargs) -> g.StateTimeline:
+    """One lane per series, coloured by value (value mappings name the states)."""
+    return g.StateTimeline(
+        title=title,
+        description=description or None,
+        dataSource=DATASOURCE,
+        targets=queries,
+        extraJson={"fieldConfig": {"defaults": {"unit": unit}}} if unit else None,
+        **kwargs,
+    )
+
+
+def value_mappings(names: tuple[tuple[str, str], ...]) -> list[dict]:
+    """Grafana value mappings 0, 1, 2, ... -> (text, colour) of ``names``, in order."""
+    options = {str(i): {"text": text, "color": color, "index": i} for i, (text, color) in enumerate(names)}
+    return [{"type": "value", "options": options}]
+
+
+def fixed_colors(names: tuple[tuple[str, str], ...]) -> list[dict]:
+    """Overrides colouring each series named ``text`` (its legend) with its fixed ``color``."""
+    return [
+        {
+            "matcher": {"id": "byName", "options": text},
+            "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}],
+        }
+        for text, color in names
+    ]
+
+
+def label_code(metric: str, selector: str, label: str, names: tuple[tuple[str, str], ...], by: str) -> str:
+    """PromQL giving, per ``by`` group, the index in ``names`` of the ``label`` value whose series is 1.
+
+    For one-hot series like ``gpuperf_gpu_health_state{state=...}`` (1 for the current state): a number a
+    stat or state timeline can colour and name through :func:`value_mappings`.
+    """
+    sel = f"{selector}, " if selector else ""
+    parts = [f'({metric}{{{sel}{label}="{name}"}} == 1) * {i}' for i, (name, _color) in enumerate(names)]
+    return f"max by ({by}) (" + " or ".join(parts) + ")"
+
+
+# --- dashboards as data ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel as data: what it shows (queries of (expr, legend)), how (kind, unit, options), and its size.
+
+    ``options`` are passed to the kind's builder as keyword arguments (``drawStyle``, ``overrides``,
+    ``hide``, ``thresholds``, ...).
+    """
+
+    title: str
+    queries: tuple[tuple[str, str], ...]
+    unit: str | None = None  # None: the kind's default ("none" for stats, "" otherwise)
+    kind: str = "timeseries"
+    w: int = 12
+    h: int = 8
+    description: str = ""
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"panel {self.title!r}: unknown kind {self.kind!r}; one of {sorted(KINDS)}")
+        if not self.queries or not all(expr for expr, _legend in self.queries):
+            raise ValueError(f"panel {self.title!r}: every panel needs at least one query, none empty")
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+
+@dataclass(frozen=True)
+class Row:
+    """A titled row of panels, placed left to right."""
+
+    title: str
+    panels: tuple[Panel, ...]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How a panel kind is built: its builder and how its queries run."""
+
+    build: Callable[..., g.Panel]
+    instant: bool = False
+    fmt: str = "time_series"
+
+
+KINDS: dict[str, Kind] = {
+    "timeseries": Kind(timeseries),
+    "stat": Kind(stat),
+    "table": Kind(table, instant=True, fmt="table"),
+    "bargauge": Kind(bar_gauge, instant=True),
+    "heatmap": Kind(heatmap, fmt="heatmap"),
+    "state-timeline": Kind(state_timeline),
+}
+
+
+def build_panel(spec: Panel) -> g.Panel:
+    """The grafanalib panel of one spec."""
+    kind = KINDS[spec.kind]
+    kwargs = dict(spec.options)
+    if spec.unit is not None:
+        kwargs["unit"] = spec.unit
+    if spec.description:
+        kwargs["description"] = spec.description
+    return kind.build(spec.title, targets(*spec.queries, instant=kind.instant, fmt=kind.fmt), **kwargs)
 
 
 class Layout:
@@ -182,8 +313,23 @@ class Layout:
         self._line_height = max(self._line_height, h)
 
 
-def dashboard(title: str, uid: str, description: str, layout: Layout, variables: list[g.Template]) -> g.Dashboard:
-    """A dashboard with the gpuperfd tag, links to its siblings and stable panel ids."""
+def layout(rows: tuple[Row, ...]) -> Layout:
+    """The one loop from rows of panel specs to placed grafanalib panels."""
+    lay = Layout()
+    for row in rows:
+        lay.row(row.title)
+        for spec in row.panels:
+            lay.add(build_panel(spec), w=spec.w, h=spec.h)
+    return lay
+
+
+def textbox_variable(name: str, label: str, default: str) -> g.Template:
+    """A free-text variable (a number the user types, e.g. a price), ``default`` until changed."""
+    return g.Template(name=name, label=label, query=default, type="textbox", default=default)
+
+
+def dashboard(title: str, uid: str, description: str, rows: tuple[Row, ...], variables: list[g.Template]) -> g.Dashboard:
+    """A dashboard of ``rows`` with the gpuperfd tag, links to its siblings and stable panel ids."""
     return g.Dashboard(
         title=title,
         uid=uid,
@@ -194,7 +340,7 @@ def dashboard(title: str, uid: str, description: str, layout: Layout, variables:
         schemaVersion=SCHEMA_VERSION,
         graphTooltip=1,  # shared crosshair
         time=g.Time("now-6h", "now"),
-        panels=layout.panels,
+        panels=layout(rows).panels,
         templating=g.Templating(list=[datasource_variable(), *variables]),
         links=[
             g.DashboardLink(

@@ -4,24 +4,19 @@ time, run outcomes, and latency heatmaps from the probe histograms.
 Probe histograms only change while a probe runs, so quantiles pool the
 observations of a whole ``$window`` (default 1 h) instead of ``$__rate_interval``,
 which would be empty between runs.
+
+The dashboard is data: :data:`ROWS` of :class:`~gpuperfd.dashboards.common.Panel` specs.
 """
 
 from __future__ import annotations
 
 from grafanalib import core as g
 
-from gpuperfd.dashboards.common import (
-    Layout,
-    dashboard,
-    heatmap,
-    interval_variable,
-    query_variable,
-    targets,
-    timeseries,
-)
+from gpuperfd.dashboards.common import Panel, Row, dashboard, heatmap_query, interval_variable, query_variable
 
 TITLE = "gpuperfd / Probes"
 UID = "gpuperfd-probes"
+DESCRIPTION = "Scheduled probe workloads: results per cap over time, baselines and peers, run outcomes and latency histograms."
 
 GPU_SEL = 'instance=~"$instance", gpu=~"$gpu"'
 SEL = f'{GPU_SEL}, probe=~"$probe", preset=~"$preset"'
@@ -39,147 +34,67 @@ HISTOGRAMS = (
 )
 
 
-def _quantiles(title: str, metric: str) -> g.TimeSeries:
+def quantiles(title: str, metric: str) -> Panel:
+    """p50 and p99 of a probe histogram, pooled over ``$window``."""
     by = "le, instance, gpu, probe, preset"
-    queries = [
+    queries = tuple(
         (f"histogram_quantile({q}, sum by ({by}) (rate({metric}_bucket{{{SEL}}}[$window])))", f"{RUN} p{int(q * 100)}")
         for q in (0.5, 0.99)
-    ]
-    return timeseries(f"{title}: p50 / p99", targets(*queries), unit="s")
+    )
+    return Panel(f"{title}: p50 / p99", queries, "s")
+
+
+ROWS = (
+    Row("Results at each cap", (
+        Panel("Throughput (work units per second)",
+              ((f"gpuperf_probe_work_units_per_second{{{SEL}}}", AT_CAP + " ({{unit}}/s)"),),
+              description="Output tokens/s (llm), images/s (vit), iterations/s (attention), tokens/s (train)."),
+        Panel("Energy per unit of work", ((f"gpuperf_probe_energy_per_unit_joules{{{SEL}}}", AT_CAP + " (J/{{unit}})"),),
+              "joule"),
+        Panel("Throughput vs 7-day baseline", ((
+            f"gpuperf_probe_work_units_per_second{{{SEL}}}"
+            f" / last_over_time(gpuperf:probe_work_units_per_second:median_7d{{{SEL}}}[1h])", AT_CAP),), "percentunit",
+            description="1.0 = the GPU's own 7-day median at that cap; alert GpuProbeThroughputDrift below 0.9."),
+        Panel("Throughput vs peers (same model, probe, preset, cap)", ((
+            f"gpuperf_probe_work_units_per_second{{{SEL}}}"
+            " * on (instance, gpu, uuid) group_left (name) gpuperf:gpu_name:info"
+            " / on (name, probe, preset, power_cap) group_left () gpuperf:probe_work_units_per_second:peer_median",
+            AT_CAP),), "percentunit",
+            description="1.0 = the median of all GPUs of the same model; alert GpuSlowerThanPeers below 0.9 (with 4 or"
+            " more GPUs)."),
+        Panel("Average power during the probe", ((f"gpuperf_probe_average_power_watts{{{SEL}}}", AT_CAP),), "watt", w=8),
+        Panel("GPU busy during the probe", ((f"gpuperf_probe_gpu_busy_ratio{{{SEL}}}", AT_CAP),), "percentunit", w=8),
+        Panel("Peak memory of the probe", ((f"gpuperf_probe_peak_memory_bytes{{{SEL}}}", RUN),), "bytes", w=8),
+        Panel("LLM prompt tokens and requests per second", (
+            (f"gpuperf_probe_prompt_tokens_per_second{{{SEL}}}", AT_CAP + " prompt tokens/s"),
+            (f"gpuperf_probe_requests_per_second{{{SEL}}}", AT_CAP + " requests/s"),
+        ), w=24),
+    )),
+    Row("Runs", (
+        Panel("Runs per hour by result", ((
+            f"sum by (instance, gpu, probe, preset, result, reason) (increase(gpuperf_probe_runs_total{{{SEL}}}[1h]))",
+            RUN + " {{result}} {{reason}}"),), w=8),
+        Panel("Time since the last ok run",
+              ((f"time() - max without (power_cap) (gpuperf_probe_last_run_timestamp_seconds{{{SEL}}})", RUN),), "s", w=8,
+              description="Alert GpuProbeStale after 6 h."),
+        Panel("Run duration (wall time of the last run)", ((f"gpuperf_probe_run_duration_seconds{{{SEL}}}", RUN),), "s",
+              w=8),
+        Panel("Scheduler runs missed or coalesced per hour", ((
+            'increase(gpuperf_scheduler_runs_missed_total{instance=~"$instance", probe=~"$probe"}[1h])',
+            "{{instance}} {{probe}}"),), w=24, h=6),
+    )),
+    Row("Latency quantiles (pooled over $window)", tuple(quantiles(title, metric) for title, metric, _ in HISTOGRAMS)),
+    Row("Latency heatmaps (observations per bucket)", tuple(
+        Panel(f"{title} heatmap", (heatmap_query(f"{metric}_bucket", SEL),), kind="heatmap") for title, metric, _ in HISTOGRAMS
+    )),
+)
 
 
 def build() -> g.Dashboard:
-    lay = Layout()
-    lay.row("Results at each cap")
-    lay.add(
-        timeseries(
-            "Throughput (work units per second)",
-            targets((f"gpuperf_probe_work_units_per_second{{{SEL}}}", AT_CAP + " ({{unit}}/s)")),
-            description="Output tokens/s (llm), images/s (vit), iterations/s (attention), tokens/s (train).",
-        ),
-        w=12,
-    )
-    lay.add(
-        timeseries(
-            "Energy per unit of work",
-            targets((f"gpuperf_probe_energy_per_unit_joules{{{SEL}}}", AT_CAP + " (J/{{unit}})")),
-            unit="joule",
-        ),
-        w=12,
-    )
-    lay.add(
-        timeseries(
-            "Throughput vs 7-day baseline",
-            targets(
-                (
-                    f"gpuperf_probe_work_units_per_second{{{SEL}}} / last_over_time(gpuperf:probe_work_units_per_second:median_7d{{{SEL}}}[1h])",
-                    AT_CAP,
-                )
-            ),
-            unit="percentunit",
-            description="1.0 = the GPU's own 7-day median at that cap; alert GpuProbeThroughputDrift below 0.9.",
-        ),
-        w=12,
-    )
-    lay.add(
-        timeseries(
-            "Throughput vs peers (same model, probe, preset, cap)",
-            targets(
-                (
-                    f"gpuperf_probe_work_units_per_second{{{SEL}}}"
-                    " * on (instance, gpu, uuid) group_left (name) gpuperf:gpu_name:info"
-                    " / on (name, probe, preset, power_cap) group_left () gpuperf:probe_work_units_per_second:peer_median",
-                    AT_CAP,
-                )
-            ),
-            unit="percentunit",
-            description="1.0 = the median of all GPUs of the same model; alert GpuSlowerThanPeers below 0.9 (with 4 or more GPUs).",
-        ),
-        w=12,
-    )
-    lay.add(
-        timeseries("Average power during the probe", targets((f"gpuperf_probe_average_power_watts{{{SEL}}}", AT_CAP)), unit="watt"),
-        w=8,
-    )
-    lay.add(
-        timeseries("GPU busy during the probe", targets((f"gpuperf_probe_gpu_busy_ratio{{{SEL}}}", AT_CAP)), unit="percentunit"),
-        w=8,
-    )
-    lay.add(
-        timeseries("Peak memory of the probe", targets((f"gpuperf_probe_peak_memory_bytes{{{SEL}}}", RUN)), unit="bytes"),
-        w=8,
-    )
-    lay.add(
-        timeseries(
-            "LLM prompt tokens and requests per second",
-            targets(
-                (f"gpuperf_probe_prompt_tokens_per_second{{{SEL}}}", AT_CAP + " prompt tokens/s"),
-                (f"gpuperf_probe_requests_per_second{{{SEL}}}", AT_CAP + " requests/s"),
-            ),
-        ),
-        w=24,
-    )
-
-    lay.row("Runs")
-    lay.add(
-        timeseries(
-            "Runs per hour by result",
-            targets(
-                (
-                    f"sum by (instance, gpu, probe, preset, result, reason) (increase(gpuperf_probe_runs_total{{{SEL}}}[1h]))",
-                    RUN + " {{result}} {{reason}}",
-                )
-            ),
-        ),
-        w=8,
-    )
-    lay.add(
-        timeseries(
-            "Time since the last ok run",
-            targets((f"time() - max without (power_cap) (gpuperf_probe_last_run_timestamp_seconds{{{SEL}}})", RUN)),
-            unit="s",
-            description="Alert GpuProbeStale after 6 h.",
-        ),
-        w=8,
-    )
-    lay.add(
-        timeseries(
-            "Run duration (wall time of the last run)", targets((f"gpuperf_probe_run_duration_seconds{{{SEL}}}", RUN)), unit="s"
-        ),
-        w=8,
-    )
-    lay.add(
-        timeseries(
-            "Scheduler runs missed or coalesced per hour",
-            targets(
-                (
-                    'increase(gpuperf_scheduler_runs_missed_total{instance=~"$instance", probe=~"$probe"}[1h])',
-                    "{{instance}} {{probe}}",
-                )
-            ),
-        ),
-        w=24,
-        h=6,
-    )
-
-    lay.row("Latency quantiles (pooled over $window)")
-    for title, metric, _probe in HISTOGRAMS:
-        lay.add(_quantiles(title, metric), w=12)
-
-    lay.row("Latency heatmaps (observations per bucket)")
-    for title, metric, _probe in HISTOGRAMS:
-        lay.add(heatmap(f"{title} heatmap", f"{metric}_bucket", SEL), w=12)
-
-    return dashboard(
-        TITLE,
-        UID,
-        "Scheduled probe workloads: results per cap over time, baselines and peers, run outcomes and latency histograms.",
-        lay,
-        [
-            query_variable("instance", "Instance", "gpuperf_gpu_up", "instance"),
-            query_variable("gpu", "GPU", 'gpuperf_gpu_up{instance=~"$instance"}', "gpu"),
-            query_variable("probe", "Probe", "gpuperf_probe_runs_total", "probe"),
-            query_variable("preset", "Preset", 'gpuperf_probe_runs_total{probe=~"$probe"}', "preset"),
-            interval_variable("window", "Quantile window", "15m,1h,6h,1d", "1h"),
-        ],
-    )
+    return dashboard(TITLE, UID, DESCRIPTION, ROWS, [
+        query_variable("instance", "Instance", "gpuperf_gpu_up", "instance"),
+        query_variable("gpu", "GPU", 'gpuperf_gpu_up{instance=~"$instance"}', "gpu"),
+        query_variable("probe", "Probe", "gpuperf_probe_runs_total", "probe"),
+        query_variable("preset", "Preset", 'gpuperf_probe_runs_total{probe=~"$probe"}', "preset"),
+        interval_variable("window", "Quantile window", "15m,1h,6h,1d", "1h"),
+    ])
