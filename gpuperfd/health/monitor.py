@@ -126,6 +126,12 @@ def _run_key(run: Mapping[str, Any]) -> tuple[str, str, str]:
     return (str(run.get("probe")), str(run.get("preset")), "" if cap is None else f"{float(cap):.0f}")
 
 
+#: Check kinds whose answer depends on the probe history alone.
+HISTORY_KINDS = frozenset({"baseline", "peers", "consecutive_failures"})
+HISTORY_CHECKS = tuple(c for c in CHECKS if c.kind in HISTORY_KINDS)
+LIVE_CHECKS = tuple(c for c in CHECKS if c.kind not in HISTORY_KINDS)
+
+
 class HistoryTail:
     """Incremental reader of the JSON-lines probe history: new complete lines only, per GPU uuid.
 
@@ -138,6 +144,9 @@ class HistoryTail:
         self.keep_seconds = keep_seconds
         self.max_runs = max_runs
         self.runs: dict[str, deque[dict[str, Any]]] = {}
+        #: Bumped on every run added or aged out: history-derived reasons are recomputed only then.
+        self.version = 0
+        self._sorted: dict[str, tuple[int, list[dict[str, Any]]]] = {}
         self._inode: int | None = None
         self._offset = 0
         self._started = False
@@ -153,6 +162,7 @@ class HistoryTail:
         if not uuid:
             return
         self.runs.setdefault(str(uuid), deque(maxlen=self.max_runs)).append({k: row.get(k) for k in RUN_FIELDS})
+        self.version += 1
 
     def _read_file(self, path: Path, offset: int = 0) -> int:
         with open(path, "rb") as handle:
@@ -196,9 +206,15 @@ class HistoryTail:
         for runs in self.runs.values():
             while runs and float(runs[0].get("time") or 0) < horizon:
                 runs.popleft()
+                self.version += 1
 
     def of(self, uuid: str) -> list[dict[str, Any]]:
-        return sorted(self.runs.get(uuid, ()), key=lambda r: float(r.get("time") or 0))
+        """This GPU's runs, oldest first (sorted once per history version)."""
+        cached = self._sorted.get(uuid)
+        if cached is None or cached[0] != self.version:
+            cached = self._sorted[uuid] = (self.version, sorted(self.runs.get(uuid, ()),
+                                                                key=lambda r: float(r.get("time") or 0)))
+        return cached[1]
 
 
 class HealthMonitor:
@@ -253,6 +269,9 @@ class HealthMonitor:
         self._verdicts: list[Verdict] = []
         self._version = 0
         self._saved_signature: Any = None
+        self._history_version = -1
+        self._history_gpus = -1
+        self._history_reasons: dict[str, list[Reason]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.evaluations = 0
@@ -343,8 +362,15 @@ class HealthMonitor:
         if not self.first_gpus and inputs:
             self.first_gpus = self.node_uuids or [g.uuid for g in inputs if not g.missing]
         verdicts = []
+        # Checks that read only the probe history are evaluated again only when it changed: with
+        # a week of runs they are most of an evaluation's cost, and their answer cannot move otherwise.
+        history_changed = self.history.version != self._history_version or len(inputs) != self._history_gpus
+        self._history_version, self._history_gpus = self.history.version, len(inputs)
         for gpu in inputs:
-            fresh = evaluate_gpu(gpu, inputs, self.settings, now)
+            fresh = evaluate_gpu(gpu, inputs, self.settings, now, LIVE_CHECKS)
+            if history_changed or gpu.uuid not in self._history_reasons:
+                self._history_reasons[gpu.uuid] = evaluate_gpu(gpu, inputs, self.settings, now, HISTORY_CHECKS)
+            fresh = fresh + self._history_reasons[gpu.uuid]
             reasons = self.book.merge(gpu.uuid, fresh, gpu.runs, now, self.probe_required)
             verdicts.append(Verdict(gpu.gpu, gpu.uuid, list(reasons), evaluated_at=now))
         with self._lock:
