@@ -411,8 +411,8 @@ def _measured_text(run: Mapping[str, Any], figure: Mapping[str, Any] | None) -> 
         parts[0] += f" ({rate / figure['units_per_second']:.0%} of expected {figure['units_per_second']:,.0f})"
     if isinstance(energy, (int, float)):
         parts.append(f"{energy * 1e3:.3g} mJ/{unit}")
-    if not figure:
-        parts.append("no expected figure for this model/preset: peers only")
+    if not figure or not figure.get("units_per_second"):
+        parts.append((figure or {}).get("note") or "no expected figure for this model/preset: peers only")
     status = ((run.get("correctness") or {}).get("status") if isinstance(run.get("correctness"), Mapping)
               else None) or "not_checked"
     parts.append(f"correctness {status}")
