@@ -423,8 +423,8 @@ def measured(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: 
              now: float) -> list[Reason]:
     """An info reason carrying what the check's probe measured and what was expected (the table's columns)."""
     run = _check_run(gpu)
-    if run is None:
-        return []
+    if run is None or run.get("status") != "ok":
+        return []  # a run that did not pass is check_probe_failed's
     key = f"{run.get('probe')}/{run.get('preset')}"
     figure = gpu.expected.get(key)
     correct = run.get("correctness") if isinstance(run.get("correctness"), Mapping) else None

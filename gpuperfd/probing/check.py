@@ -49,6 +49,8 @@ DEFAULT_PROBE, DEFAULT_PRESET = "llm", "gpt2"
 CHECK_TIMING: dict[str, Any] = {"repeats": 2, "measure_seconds": 1.0, "warmup_seconds": 1.0}
 #: The simulated executor's measured window in a check (the simulator builds nothing).
 SIMULATED_MEASURE_SECONDS = 1.0
+#: Share of ``--timeout`` the passive read (and, after it, the busy checks) may take at most.
+PASSIVE_SHARE = 0.2
 MIG_TEXT = "MIG enabled: checked at the parent GPU's level, not probed"
 
 
@@ -246,6 +248,43 @@ def _power_limit(device: Device) -> float | None:
         return None
 
 
+def gate(config: Config, request: CheckRequest, devices: Sequence[Device], inputs: dict[int | None, GpuInputs],
+         outcome: CheckOutcome, deadline: float) -> tuple[list[Device], list[GpuLock]]:
+    """Which GPUs to probe (their locks held), in parallel under ``deadline``; the others get their
+    ``not_probed`` words, and a GPU whose busy check does not answer in time is unknown."""
+    decided: dict[int, tuple[str | None, GpuLock | None]] = {}
+
+    def decide(device: Device) -> None:
+        gpu = inputs[device.index]
+        why = "--quick: passive checks only" if request.quick else why_not_probed(device, config, gpu.lost)
+        lock = None
+        if why is None:
+            lock, why = take_lock(config, gpu.uuid)
+        decided[device.index] = (why, lock)
+
+    threads = [threading.Thread(target=decide, args=(d,), name=f"check-gate-gpu{d.index}", daemon=True)
+               for d in devices]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    to_probe, locks = [], []
+    for device in devices:
+        gpu = inputs[device.index]
+        if device.index not in decided:
+            gpu.runs = [{"status": "failed", "failure_reason": "timeout", "probe": "busy check", "preset": "read",
+                         "error": "the GPU did not answer the busy check in time"}]
+            continue
+        why, lock = decided[device.index]
+        if lock is not None:
+            locks.append(lock)
+        if why is None:
+            to_probe.append(device)
+        else:
+            gpu.not_probed = outcome.not_probed[device.index] = why
+    return to_probe, locks
+
+
 def run_check(config: Config, request: CheckRequest,
               opener: Callable[[Config], Backend] | None = None) -> CheckOutcome:
     """The whole check under one deadline; raises CannotCheck or CheckUsageError before any verdict."""
@@ -257,7 +296,9 @@ def run_check(config: Config, request: CheckRequest,
     backend, devices = open_devices(config, request, deadline, opener or open_backend)
     phases["open"] = time.monotonic() - t0
     mark = time.monotonic()
-    sampler, read = passive_read(backend, devices, deadline)
+    # The passive read has its own share of the budget: one hung GPU must not starve the others' probes.
+    passive_seconds = min(deadline - mark, max(2.0, PASSIVE_SHARE * request.timeout_seconds))
+    sampler, read = passive_read(backend, devices, mark + passive_seconds)
     now = time.time()
     inputs = {g.gpu: g for g in snapshot_inputs(sampler, sorted(read), now)}
     phases["passive"] = time.monotonic() - mark
@@ -265,23 +306,12 @@ def run_check(config: Config, request: CheckRequest,
         if device.index not in inputs:  # the read did not finish (or the GPU has no identity)
             inputs[device.index] = GpuInputs(gpu=device.index, uuid="", runs=[{
                 "status": "failed", "failure_reason": "timeout", "probe": "telemetry", "preset": "read",
-                "error": f"the GPU did not answer within the {request.timeout_seconds:g} s timeout"}])
+                "error": f"the GPU's telemetry read did not finish within {passive_seconds:.1f} s"}])
     outcome = CheckOutcome(node=socket.gethostname(), verdicts=[])
-    to_probe: list[Device] = []
-    locks: list[GpuLock] = []
-    for device in devices:
-        gpu = inputs[device.index]
-        if gpu.runs:
-            continue
-        why = "--quick: passive checks only" if request.quick else why_not_probed(device, config, gpu.lost)
-        if why is None:
-            lock, why = take_lock(config, gpu.uuid)
-            if lock is not None:
-                locks.append(lock)
-        if why is None:
-            to_probe.append(device)
-        else:
-            gpu.not_probed = outcome.not_probed[device.index] = why
+    mark = time.monotonic()
+    to_probe, locks = gate(config, request, [d for d in devices if not inputs[d.index].runs], inputs, outcome,
+                           min(deadline, mark + max(2.0, PASSIVE_SHARE * request.timeout_seconds)))
+    phases["gate"] = time.monotonic() - mark
     mark = time.monotonic()
     try:
         if to_probe:

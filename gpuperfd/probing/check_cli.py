@@ -103,7 +103,13 @@ def render_table(verdicts: list[Verdict], node: str, summary: dict[str, Any]) ->
     for gpu in body["gpus"]:
         label = "-" if gpu["gpu"] is None else str(gpu["gpu"])
         measured = next((r for r in gpu["reasons"] if r["check"] == "check_probe_measured"), None)
-        cols = _fmt_rate(measured["evidence"]) if measured else ("not probed", "-", "-", "-")
+        failed = next((r for r in gpu["reasons"] if r["check"] == "check_probe_failed"), None)
+        if measured:
+            cols = _fmt_rate(measured["evidence"])
+        elif failed:
+            cols = (f"failed ({failed['evidence'].get('failure_reason')})", "-", "-", "-")
+        else:
+            cols = ("not probed", "-", "-", "-")
         rows.append((label, gpu["state"], gpu["action"], *cols))
         for reason in gpu["reasons"]:
             if reason["check"] != "check_probe_measured":
