@@ -190,7 +190,7 @@ ACTIVE_CHECKS: tuple[Check, ...] = (
           field="energy_per_unit_joules", bad="above"),
     Check("check_not_probed", "not_probed", "the GPU lock, the busy check, MIG mode, --quick", "info", "none",
           "condition", "this command: a GPU it could not probe is said so, never a silent pass",
-          "not probed: {why}",
+          "{why}",
           Threshold("require_probe", 0.0, "flag", "1: a GPU that was not probed is unknown (burn-in), not info")),
     Check("check_probe_measured", "measured", "the check's probe result", "info", "none", "condition",
           "this command: what the probe measured, beside what was expected",

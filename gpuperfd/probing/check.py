@@ -161,12 +161,12 @@ def passive_read(backend: Backend, devices: Sequence[Device], deadline: float) -
 def why_not_probed(device: Device, config: Config, lost: bool) -> str | None:
     """Why this GPU must not be probed now (lost, MIG, busy), or None; the lock is taken apart."""
     if lost:
-        return "the GPU does not answer"
+        return "not probed: the GPU does not answer"
     mig = mig_reason(device, allow_mig=False)
     if mig is not None:
-        return MIG_TEXT if mig.startswith("MIG mode is on") else mig
+        return MIG_TEXT if mig.startswith("MIG mode is on") else f"not probed: {mig}"
     busy = busy_reason(device, config.probes.idle_utilization_threshold, (os.getpid(),))
-    return None if busy is None else f"busy: {busy} ({busy.kind.value})"
+    return None if busy is None else f"not probed: busy, {busy} ({busy.kind.value})"
 
 
 def take_lock(config: Config, uuid: str) -> tuple[GpuLock | None, str | None]:
@@ -179,11 +179,11 @@ def take_lock(config: Config, uuid: str) -> tuple[GpuLock | None, str | None]:
         lock.acquire(0.0)
         return lock, None
     except GpuBusy as exc:
-        return None, f"owned by pid {exc.owner_pid} (a sweep or probe of the daemon or the CLI)"
+        return None, f"not probed: owned by pid {exc.owner_pid} (a sweep or probe of the daemon or the CLI)"
     except OSError as exc:
         owner = is_owned(config.probes.state_dir, safe_name(uuid))
         if owner is not None:
-            return None, f"owned by pid {owner} (a sweep or probe of the daemon or the CLI)"
+            return None, f"not probed: owned by pid {owner} (a sweep or probe of the daemon or the CLI)"
         log.info("no lock for %s (%s): probing without one, as a read-only sweep does", uuid, exc)
         return None, None
 
@@ -256,7 +256,7 @@ def gate(config: Config, request: CheckRequest, devices: Sequence[Device], input
 
     def decide(device: Device) -> None:
         gpu = inputs[device.index]
-        why = "--quick: passive checks only" if request.quick else why_not_probed(device, config, gpu.lost)
+        why = "not probed: --quick (passive checks only)" if request.quick else why_not_probed(device, config, gpu.lost)
         lock = None
         if why is None:
             lock, why = take_lock(config, gpu.uuid)
