@@ -67,6 +67,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="passive checks only (under a second)")
     parser.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPU indices, e.g. 0,2,4-7 (default: all)")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON (the shape of GET /api/v1/health)")
+    parser.add_argument("--line", action="store_true",
+                        help="print one line (state, action, each failing GPU's worst reason): for a Slurm drain "
+                        "reason or a node-problem-detector message")
     parser.add_argument("--config", metavar="FILE", help=f"YAML config (default: $GPUPERFD_CONFIG or "
                         f"{DEFAULT_CONFIG_PATH} if it exists)")
     parser.add_argument("--simulate", type=int, metavar="N", help="N simulated GPUs (demos, tests)")
@@ -126,6 +129,22 @@ def render_table(verdicts: list[Verdict], node: str, summary: dict[str, Any]) ->
     return "\n".join(lines)
 
 
+def one_line(body: dict[str, Any], limit: int = 240) -> str:
+    """``unhealthy (reset_gpu): gpu 1 ecc_uncorrectable_volatile: 2 uncorrectable ...; gpu 3 ...``."""
+    bad = []
+    for gpu in body["gpus"]:
+        worst = next((r for r in gpu["reasons"] if r["severity"] != "info"), None)
+        if worst is not None:
+            label = "missing GPU" if gpu["gpu"] is None else f"gpu {gpu['gpu']}"
+            bad.append(f"{label} {worst['check']}: {worst['message']}")
+    if not bad:
+        probed = len((body.get("check") or {}).get("probed") or [])
+        text = f"healthy: {len(body['gpus'])} GPU(s), {probed} probed"
+    else:
+        text = f"{body['state']} ({body['action']}): " + "; ".join(bad)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def main(args: argparse.Namespace) -> int:
     from gpuperfd.probing.check import CannotCheck, CheckRequest, CheckUsageError, run_check
 
@@ -155,11 +174,15 @@ def main(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(node_verdict_json([], config.simulation.node or outcome_node(),
                                                check={"error": str(exc)}) | {"state": "unknown"}, indent=2))
+        elif args.line:
+            print(f"unknown: could not check: {exc}"[:240])
         return EXIT_UNKNOWN
     node = config.simulation.node or outcome.node
     summary = outcome.summary()
     if args.json:
         print(json.dumps(node_verdict_json(outcome.verdicts, node, check=summary), indent=2))
+    elif args.line:
+        print(one_line(node_verdict_json(outcome.verdicts, node, check=summary)))
     else:
         print(render_table(outcome.verdicts, node, summary))
     state = node_verdict_json(outcome.verdicts, node)["state"]
