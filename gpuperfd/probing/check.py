@@ -174,9 +174,13 @@ def take_lock(config: Config, uuid: str) -> tuple[GpuLock | None, str | None]:
 
     Where the state directory cannot hold a lock (a user without rights to it), the probe still
     runs if no live process holds the lock (read like a read-only sweep does, never fought for)."""
-    lock = GpuLock(config.probes.state_dir, safe_name(uuid))
+    state_dir = config.probes.state_dir
+    if not state_dir.is_dir():
+        return None, None  # no daemon or sweep ever ran here: nobody to own the GPU, nothing to create
+    lock = GpuLock(state_dir, safe_name(uuid))
     try:
         lock.acquire(0.0)
+        _give_to_directory_owner(lock)
         return lock, None
     except GpuBusy as exc:
         return None, f"not probed: owned by pid {exc.owner_pid} (a sweep or probe of the daemon or the CLI)"
@@ -186,6 +190,18 @@ def take_lock(config: Config, uuid: str) -> tuple[GpuLock | None, str | None]:
             return None, f"not probed: owned by pid {owner} (a sweep or probe of the daemon or the CLI)"
         log.info("no lock for %s (%s): probing without one, as a read-only sweep does", uuid, exc)
         return None, None
+
+
+def _give_to_directory_owner(lock: GpuLock) -> None:
+    """A lock file root's check created must stay usable by the daemon's user (it opens it to lock):
+    hand it to the state directory's owner, as if the daemon had made it."""
+    if os.geteuid() != 0:
+        return
+    try:
+        owner = os.stat(lock.path.parent)
+        os.chown(lock.path, owner.st_uid, owner.st_gid, follow_symlinks=False)
+    except OSError as exc:
+        log.warning("cannot give %s to the state directory's owner: %s", lock.path, exc)
 
 
 def _probe_config(config: Config, seconds: float) -> Config:
@@ -306,7 +322,8 @@ def run_check(config: Config, request: CheckRequest,
         if device.index not in inputs:  # the read did not finish (or the GPU has no identity)
             inputs[device.index] = GpuInputs(gpu=device.index, uuid="", runs=[{
                 "status": "failed", "failure_reason": "timeout", "probe": "telemetry", "preset": "read",
-                "error": f"the GPU's telemetry read did not finish within {passive_seconds:.1f} s"}])
+                "error": f"the GPU's telemetry read did not finish within {passive_seconds:.1f} s, "
+                         "or the GPU gave no identity"}])
     outcome = CheckOutcome(node=socket.gethostname(), verdicts=[])
     mark = time.monotonic()
     to_probe, locks = gate(config, request, [d for d in devices if not inputs[d.index].runs], inputs, outcome,

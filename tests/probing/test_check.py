@@ -213,6 +213,7 @@ def test_gpu_owned_by_a_sweep_is_not_probed_and_the_lock_is_never_fought(tmp_pat
 
 def test_our_lock_is_held_during_the_probe_and_released_after(tmp_path: Path, monkeypatch) -> None:
     config = _config(tmp_path, gpus=1)
+    config.probes.state_dir.mkdir()  # the daemon's state directory exists
     backend = SimulatedBackend(config.simulation)
     uuid = backend.devices()[0].info().uuid
     seen = []
@@ -285,3 +286,22 @@ def test_check_changes_no_power_cap(tmp_path: Path) -> None:
     # GPU 0 runs at 500 W: the 700 W figure does not apply, and the output says so.
     measured = next(r for r in _by_gpu(outcome)[0].reasons if r.check == "check_probe_measured")
     assert "500 W: peers only" in measured.message and measured.evidence["expected"].get("units_per_second") is None
+
+
+def test_no_state_directory_is_probed_without_creating_one(tmp_path: Path) -> None:
+    config = config_from_mapping({"device": {"backend": "simulated"}, "simulation": {"gpus": 1, "seed": 1},
+                                  "probes": {"state_dir": str(tmp_path / "never-made")}})
+    outcome = _run(config, SimulatedBackend(config.simulation))
+    assert outcome.probed == [0] and not (tmp_path / "never-made").exists()
+
+
+def test_lock_file_made_by_root_belongs_to_the_state_directory_owner(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to hand a file to another user")  # CI and the dev VMs run as root
+    config = _config(tmp_path, gpus=1)
+    config.probes.state_dir.mkdir()
+    os.chown(config.probes.state_dir, 4321, 4321)
+    backend = SimulatedBackend(config.simulation)
+    _run(config, backend)
+    lock = config.probes.state_dir / (safe_name(backend.devices()[0].info().uuid) + ".cap.lock")
+    assert (lock.stat().st_uid, lock.stat().st_gid) == (4321, 4321)
