@@ -3,6 +3,8 @@
 Exit codes (also in docs/operations.md):
   0 success; 1 runtime failure; 2 invalid configuration or usage;
   3 no usable GPU backend (e.g. no NVIDIA driver); 4 cannot listen on the address.
+``gpuperfd check`` has its own: 0 healthy, 10 degraded, 11 unhealthy, 12 could not check
+(no driver included), 2 usage (gpuperfd/probing/check_cli.py).
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(subparsers)
     _add_check_config(subparsers)
     _add_collectors(subparsers)
-    for module_name in ("gpuperfd.probing.probe_cli", "gpuperfd.probing.sweep.cli", "gpuperfd.dashboards.cli", "gpuperfd.system.install",
+    for module_name in ("gpuperfd.probing.check_cli", "gpuperfd.probing.probe_cli", "gpuperfd.probing.sweep.cli", "gpuperfd.dashboards.cli", "gpuperfd.system.install",
                         "gpuperfd.report.cli"):
         try:
             module = __import__(module_name, fromlist=["register"])

@@ -33,6 +33,7 @@ from gpuperfd.device.base import Backend
 from gpuperfd.device.errors import DeviceError, DriverNotFound
 from gpuperfd.device.factory import open_backend, selected_devices
 from gpuperfd.health.monitor import HealthMonitor
+from gpuperfd.health.nfd import NfdFeatureFile
 from gpuperfd.health.verdict import node_verdict_json
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker
@@ -204,6 +205,8 @@ class Daemon:
         )
         if self.health is not None:
             self.exporter.extra_families.append(self.health.families)
+            if config.health.nfd_features_file is not None:
+                self.health.listeners.append(NfdFeatureFile(config.health.nfd_features_file))
         host, port = parse_listen_address(config.web.listen_address)
         raise_fd_limit()  # connections are capped below the open-files limit; take what the hard limit allows
         self.web = WebServer(host, port, self._routes(), limits=Limits(

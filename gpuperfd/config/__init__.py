@@ -359,6 +359,9 @@ class HealthConfig(_Strict):
     interval_seconds: Annotated[float, Field(ge=0.5, le=300)] = 5.0
     #: Overrides of the checks' thresholds and settings, by key (docs/health.md lists them).
     thresholds: dict[str, float] = {}
+    #: node-feature-discovery local feature file the daemon keeps current with the verdict
+    #: (e.g. /etc/kubernetes/node-feature-discovery/features.d/gpuperfd); None: not written.
+    nfd_features_file: Path | None = None
 
     @model_validator(mode="after")
     def _known_keys(self) -> "HealthConfig":

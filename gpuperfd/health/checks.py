@@ -161,6 +161,55 @@ CHECKS: tuple[Check, ...] = (
           "the saved verdicts could not be read ({error}); unknown until a probe passes"),
 )
 
+#: The one-shot ``gpuperfd check``'s active rows (docs/health.md, "gpuperfd check"): they judge the
+#: short probe it runs on each idle GPU, with the passive rows above and ``probe_slower_than_peers``
+#: (the same peer rule as the daemon's). The daemon does not evaluate them: its probes are judged
+#: by the baseline, peer and failure rows over its history.
+ACTIVE_CHECKS: tuple[Check, ...] = (
+    Check("check_probe_failed", "probe_outcome", "the check's probe (status, failure_reason)", "per outcome",
+          "per outcome", "condition", "gpud / NVIDIA Health Validation: a check that cannot run is not a pass",
+          "{probe}/{preset} did not pass: {failure_reason} ({error})"),
+    Check("check_correctness", "correctness", "the check's probe: correctness status vs a reference computation",
+          "unhealthy", "reset_gpu", "condition",
+          "a result that differs from the reference is silent data corruption (DCGM diag's SM stress and "
+          "memory tests check results too): reset the GPU, re-run, and contact support if it repeats",
+          "{probe}/{preset}: results differ from the reference (max abs error {max_abs_error}, "
+          "max rel error {max_rel_error})"),
+    Check("check_below_expected", "expected", "the check's probe units_per_second vs the shipped figure of the model",
+          "degraded", "check_hardware", "condition",
+          "gpuperfd/device/reference_figures.py (our H100/H200 measurements at 700 W)",
+          "{probe}/{preset}: {ratio:.0%} of the expected {expected:,.0f} {unit}/s of an {model} at {power_limit:.0f} W",
+          Threshold("expected_ratio", 0.85, "ratio", "throughput below this share of the expected figure fires"),
+          field="units_per_second", bad="below"),
+    Check("check_energy_above_expected", "expected",
+          "the check's probe energy_per_unit_joules vs the shipped figure of the model",
+          "degraded", "check_hardware", "condition",
+          "gpuperfd/device/reference_figures.py (our H100/H200 measurements at 700 W)",
+          "{probe}/{preset}: {ratio:.0%} of the expected energy per {unit} of an {model} at {power_limit:.0f} W",
+          Threshold("expected_energy_ratio", 1.15, "ratio", "energy per unit above this share of the expected fires"),
+          field="energy_per_unit_joules", bad="above"),
+    Check("check_not_probed", "not_probed", "the GPU lock, the busy check, MIG mode, --quick", "info", "none",
+          "condition", "this command: a GPU it could not probe is said so, never a silent pass",
+          "{why}",
+          Threshold("require_probe", 0.0, "flag", "1: a GPU that was not probed is unknown (burn-in), not info")),
+    Check("check_probe_measured", "measured", "the check's probe result", "info", "none", "condition",
+          "this command: what the probe measured, beside what was expected",
+          "{probe}/{preset}: {measured}"),
+)
+
+#: ``probe_outcome``: the check probe's failure reason -> (severity, action). A probe that did not
+#: finish in time, or could not run for a reason that says nothing about the GPU, is unknown (never
+#: healthy); a crash or a CUDA error is the GPU's (DCGM's diag fails a GPU on either).
+PROBE_OUTCOMES: Mapping[str, tuple[str, str]] = {
+    "timeout": ("unknown", "none"),
+    "aborted": ("unknown", "none"),
+    "gpu_busy": ("unknown", "none"),
+    "exception": ("unknown", "contact_support"),
+    "oom": ("degraded", "reset_gpu"),
+    "crash": ("unhealthy", "reset_gpu"),
+    "cuda_error": ("unhealthy", "reset_gpu"),
+}
+
 #: How a reason of a row whose action varies (``clears == "per action"``) clears: drastic
 #: actions stay until a reset and a passing probe, the others after a quiet window.
 ACTION_CLEARS: Mapping[str, str] = {
@@ -180,7 +229,7 @@ def defaults() -> dict[str, float]:
     """Every threshold key with its default (one value per key)."""
     values: dict[str, float] = {t.key: t.default for t in GLOBAL_SETTINGS}
     values[PEER_MIN_COUNT.key] = PEER_MIN_COUNT.default
-    for check in CHECKS:
+    for check in (*CHECKS, *ACTIVE_CHECKS):
         if check.threshold is not None:
             values[check.threshold.key] = check.threshold.default
     return values
@@ -188,3 +237,7 @@ def defaults() -> dict[str, float]:
 
 def by_id() -> dict[str, Check]:
     return {check.id: check for check in CHECKS}
+
+
+def active_by_id() -> dict[str, Check]:
+    return {check.id: check for check in ACTIVE_CHECKS}

@@ -123,6 +123,27 @@ def _checks_section() -> list[str]:
     return out
 
 
+def _check_command_section() -> list[str]:
+    out: list[str] = []
+    out += ["## gpuperfd check (one shot)", "",
+            "`gpuperfd check` ([operations.md](operations.md#node-readiness-gpuperfd-check)) runs every row above",
+            "on one synchronous read (rows that need a window of samples or a history, such as `busy_share`,",
+            "`rate_above`, `baseline`, `gpu_missing`, and XIDs that arrived before it started, need the daemon),",
+            "then a short read-only probe on each free GPU judged by `probe_slower_than_peers` (the same rule",
+            "as the daemon) and by these rows of `ACTIVE_CHECKS`, which only the command evaluates:", ""]
+    out += _table(
+        ["check", "signal", "kind", "threshold", "severity", "action", "message", "source"],
+        [(f"`{c.id}`", c.signal, c.kind, _threshold(c), c.severity, c.action, c.summary, c.source)
+         for c in table.ACTIVE_CHECKS],
+    )
+    out += ["`check_probe_failed` by the probe's failure reason (a probe that could not run in time is never a "
+            "pass):", ""]
+    out += _table(["failure reason", "severity", "action"],
+                  [(f"`{r}`", s, a) for r, (s, a) in table.PROBE_OUTCOMES.items()])
+    out += ["Any other reason: severity `unknown`, action `contact_support`.", ""]
+    return out
+
+
 def _xid_section() -> list[str]:
     out: list[str] = []
     out += ["## XID catalog", "",
@@ -184,7 +205,7 @@ def _reference_section() -> list[str]:
 
 def render() -> str:
     """docs/health.md, section by section."""
-    out = _intro() + _checks_section() + _xid_section() + _reference_section()
+    out = _intro() + _checks_section() + _check_command_section() + _xid_section() + _reference_section()
     return "\n".join(out).rstrip() + "\n"
 
 

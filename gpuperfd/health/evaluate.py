@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuperfd.health import xid_catalog
-from gpuperfd.health.checks import CHECKS, NON_GPU_FAILURES, Check
+from gpuperfd.health.checks import CHECKS, NON_GPU_FAILURES, PROBE_OUTCOMES, Check
 from gpuperfd.health.verdict import Reason
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,10 @@ class GpuInputs:
     xids: dict[int, float] = field(default_factory=dict)
     runs: list[dict[str, Any]] = field(default_factory=list)
     store_error: str | None = None
+    #: ``gpuperfd check`` only: expected figures by "probe/preset" (unit, units_per_second,
+    #: energy_per_unit_joules, model, power_limit), and why the GPU was not probed (None: probed).
+    expected: dict[str, dict[str, Any]] = field(default_factory=dict)
+    not_probed: str | None = None
     #: latest ok run per key, by value field: filled on first use in one evaluation (the peer
     #: check reads every GPU's for every GPU; GpuInputs are built anew for each evaluation).
     latest_cache: dict[str, dict[tuple[str, str, str], Mapping[str, Any]]] = field(
@@ -343,12 +347,115 @@ def consecutive_failures(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs]
     return [_reason(check, now, {"count": count, "reasons": ", ".join(sorted(set(reasons))), "threshold": limit})]
 
 
+# -- kinds of the one-shot check (ACTIVE_CHECKS): they read the check's run, gpu.runs[-1] ----------
+
+
+def _check_run(gpu: GpuInputs) -> Mapping[str, Any] | None:
+    return gpu.runs[-1] if gpu.runs and gpu.not_probed is None else None
+
+
+def probe_outcome(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+                  now: float) -> list[Reason]:
+    """A check probe that did not pass: severity and action by its failure reason (PROBE_OUTCOMES)."""
+    run = _check_run(gpu)
+    if run is None or run.get("status") == "ok":
+        return []
+    why = str(run.get("failure_reason") or run.get("status") or "unknown")
+    severity, action = PROBE_OUTCOMES.get(why, ("unknown", "contact_support"))
+    evidence = {"probe": run.get("probe"), "preset": run.get("preset"), "status": run.get("status"),
+                "failure_reason": why, "error": run.get("error") or "no message"}
+    return [_reason(check, now, evidence, why, severity, action)]
+
+
+def correctness(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+                now: float) -> list[Reason]:
+    """The probe's own correctness check said ``mismatch`` (read defensively: absent is not_checked)."""
+    run = _check_run(gpu)
+    verdict = (run or {}).get("correctness") or {}
+    if not isinstance(verdict, Mapping) or verdict.get("status") != "mismatch":
+        return []
+    evidence = {"probe": run.get("probe"), "preset": run.get("preset"),  # type: ignore[union-attr]
+                **{k: verdict.get(k) for k in ("status", "checks", "max_abs_error", "max_rel_error",
+                                               "elements_checked")}}
+    return [_reason(check, now, evidence)]
+
+
+def expected(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+             now: float) -> list[Reason]:
+    """The check's ok run against the figure shipped for this model (none shipped: nothing fires;
+    the measured row says "peers only")."""
+    assert check.threshold is not None
+    run = _check_run(gpu)
+    if run is None or run.get("status") != "ok" or not isinstance(run.get(check.field), (int, float)):
+        return []
+    figure = gpu.expected.get(f"{run.get('probe')}/{run.get('preset')}")
+    want = (figure or {}).get(check.field)
+    if not isinstance(want, (int, float)) or want <= 0:
+        return []
+    ratio = float(run[check.field]) / float(want)
+    limit = settings[check.threshold.key]
+    if not _bad(check, ratio, limit):
+        return []
+    evidence = {"probe": run.get("probe"), "preset": run.get("preset"), "value": run[check.field],
+                "expected": want, "ratio": ratio, "threshold": limit, "unit": figure.get("unit"),  # type: ignore[union-attr]
+                "model": figure.get("model"), "power_limit": figure.get("power_limit")}  # type: ignore[union-attr]
+    return [_reason(check, now, evidence)]
+
+
+def not_probed(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+               now: float) -> list[Reason]:
+    """Says why the GPU was not probed: info, or unknown where a probe is required (burn-in)."""
+    if gpu.not_probed is None or gpu.missing:
+        return []
+    severity = "unknown" if settings.get("require_probe", 0.0) >= 1 else check.severity
+    return [_reason(check, now, {"why": gpu.not_probed}, severity=severity)]
+
+
+def _measured_text(run: Mapping[str, Any], figure: Mapping[str, Any] | None) -> str:
+    if run.get("status") != "ok":
+        return f"{run.get('status')} ({run.get('failure_reason')})"
+    unit = run.get("work_unit") or "unit"
+    rate, energy = run.get("units_per_second"), run.get("energy_per_unit_joules")
+    parts = [f"{rate:,.0f} {unit}/s" if isinstance(rate, (int, float)) else "no rate"]
+    if figure and isinstance(rate, (int, float)) and figure.get("units_per_second"):
+        parts[0] += f" ({rate / figure['units_per_second']:.0%} of expected {figure['units_per_second']:,.0f})"
+    if isinstance(energy, (int, float)):
+        parts.append(f"{energy * 1e3:.3g} mJ/{unit}")
+    if not figure or not figure.get("units_per_second"):
+        parts.append((figure or {}).get("note") or "no expected figure for this model/preset: peers only")
+    status = ((run.get("correctness") or {}).get("status") if isinstance(run.get("correctness"), Mapping)
+              else None) or "not_checked"
+    parts.append(f"correctness {status}")
+    return ", ".join(parts)
+
+
+def measured(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+             now: float) -> list[Reason]:
+    """An info reason carrying what the check's probe measured and what was expected (the table's columns)."""
+    run = _check_run(gpu)
+    if run is None or run.get("status") != "ok":
+        return []  # a run that did not pass is check_probe_failed's
+    key = f"{run.get('probe')}/{run.get('preset')}"
+    figure = gpu.expected.get(key)
+    correct = run.get("correctness") if isinstance(run.get("correctness"), Mapping) else None
+    evidence = {"probe": run.get("probe"), "preset": run.get("preset"), "status": run.get("status"),
+                "work_unit": run.get("work_unit"), "units_per_second": run.get("units_per_second"),
+                "energy_per_unit_joules": run.get("energy_per_unit_joules"),
+                "power_limit_watts": run.get("power_cap_watts"), "wall_seconds": run.get("wall_seconds"),
+                "expected": dict(figure) if figure else None,
+                "correctness": dict(correct) if correct else {"status": "not_checked"},
+                "fingerprint": run.get("fingerprint"), "measured": _measured_text(run, figure)}
+    return [_reason(check, now, evidence, key)]
+
+
 Evaluator = Callable[[Check, GpuInputs, Sequence[GpuInputs], Mapping[str, float], float], list[Reason]]
 
 EVALUATORS: dict[str, Evaluator] = {
     "at_least": at_least, "at_most": at_most, "busy_share": busy_share, "rate_above": rate_above,
     "enum": enum, "xid": xid, "flag": flag, "gpu_count": gpu_count, "store": store,
     "baseline": baseline, "peers": peers, "consecutive_failures": consecutive_failures,
+    "probe_outcome": probe_outcome, "correctness": correctness, "expected": expected, "not_probed": not_probed,
+    "measured": measured,
 }
 
 

@@ -63,6 +63,43 @@ def clears_of(check: Check, reason: Reason) -> str:
     return ACTION_CLEARS[reason.action] if check.clears == "per action" else check.clears
 
 
+def spec_labels() -> dict[str, tuple[str, ...]]:
+    """Label names of every collector series, by metric name."""
+    return {spec.name: spec.labels for cls in COLLECTORS.values() for spec in cls.metrics}
+
+
+def points_of(gpu: int, readings: Mapping[tuple[int, str], Any],
+              labels: Mapping[str, tuple[str, ...]]) -> dict[str, Series]:
+    """The latest value of every series of one GPU, from the sampler's readings (ok ones only)."""
+    points: dict[str, Series] = {}
+    for (index, _name), reading in readings.items():
+        if index != gpu or not reading.ok:
+            continue
+        for point in reading.points:
+            names = labels.get(point.metric, ())
+            points.setdefault(point.metric, []).append((dict(zip(names, point.labels)), float(point.value)))
+    return points
+
+
+def snapshot_inputs(sampler: Any, gpus: Iterable[int], now: float) -> list[GpuInputs]:
+    """One GPU's inputs per read GPU from one synchronous read of the sampler (``gpuperfd check``):
+    the monitor's latest values, lost flag and XIDs, without its windows (busy samples, counter
+    rates) or history, which a one-shot read does not have. GPUs without an identity are left out."""
+    readings, last_info, identities, _errors = sampler.store.snapshot()
+    labels = spec_labels()
+    inputs = []
+    for index in gpus:
+        identity = identities.get(index)
+        if identity is None:
+            continue
+        info = [dict(zip(labels["gpuperf_gpu_info"], p.labels)) for p in last_info.get(index, ())]
+        xids = {int(p.labels[0]): now for p in sampler.xid_counts.points(index)
+                if p.metric == "gpuperf_xid_errors_total" and p.value > 0}
+        inputs.append(GpuInputs(gpu=index, uuid=identity.uuid, name=info[0].get("name", "") if info else "",
+                                lost=sampler.gpu_lost(index), points=points_of(index, readings, labels), xids=xids))
+    return inputs
+
+
 class VerdictBook:
     """Sticky reasons per GPU, merged from each evaluation's fresh reasons (no I/O, no threads)."""
 
@@ -259,7 +296,7 @@ class HealthMonitor:
         self._busy_signals = sorted({metric_name(c.signal) for c in CHECKS if c.kind == "busy_share"}
                                     | {c.reference for c in CHECKS if c.reference})
         self._rate_signals = sorted({metric_name(c.signal) for c in CHECKS if c.kind == "rate_above"})
-        self._spec_labels = {spec.name: spec.labels for cls in COLLECTORS.values() for spec in cls.metrics}
+        self._spec_labels = spec_labels()
         self._busy: dict[str, deque[tuple[float, dict[str, Series]]]] = {}
         self._counters: dict[str, dict[str, deque[tuple[float, float]]]] = {}
         self._xid_counts: dict[int, dict[int, int]] = {}
@@ -276,18 +313,14 @@ class HealthMonitor:
         self._thread: threading.Thread | None = None
         self.evaluations = 0
         self.cpu_seconds = 0.0
+        #: Called with the verdicts after an evaluation that changed them (and after the first):
+        #: e.g. the node-feature-discovery file (:mod:`gpuperfd.health.nfd`). A failing one is logged.
+        self.listeners: list[Callable[[list[Verdict]], None]] = []
 
     # -- gathering ------------------------------------------------------------------------
 
     def _points(self, gpu: int, readings: Mapping[tuple[int, str], Any]) -> dict[str, Series]:
-        points: dict[str, Series] = {}
-        for (index, _name), reading in readings.items():
-            if index != gpu or not reading.ok:
-                continue
-            for point in reading.points:
-                names = self._spec_labels.get(point.metric, ())
-                points.setdefault(point.metric, []).append((dict(zip(names, point.labels)), float(point.value)))
-        return points
+        return points_of(gpu, readings, self._spec_labels)
 
     def _new_xids(self, gpu: int, uuid: str, now: float) -> None:
         counts: dict[int, int] = {}
@@ -380,6 +413,8 @@ class HealthMonitor:
             if changed:
                 self._version += 1
         self._save()
+        if changed or self.evaluations == 0:
+            self._notify(verdicts)
         self.evaluations += 1
         self.cpu_seconds += time.thread_time() - start_cpu
         return verdicts
@@ -396,6 +431,13 @@ class HealthMonitor:
         if signature != self._saved_signature:
             self.store.save(state)
             self._saved_signature = signature
+
+    def _notify(self, verdicts: list[Verdict]) -> None:
+        for listener in self.listeners:
+            try:
+                listener(verdicts)
+            except Exception:  # noqa: BLE001 - a listener must not stop the verdicts
+                log.exception("health verdict listener failed")
 
     # -- readers --------------------------------------------------------------------------
 

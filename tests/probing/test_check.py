@@ -1,0 +1,307 @@
+"""``gpuperfd check`` end to end: the real CLI (subprocess) on simulated GPUs with faults from a
+config file, as an operator writes them, and the one-shot flow in-process where a test needs to
+hold a lock, start a foreign process or swap the executor."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuperfd.config import config_from_mapping
+from gpuperfd.device.simulated import SimulatedBackend
+from gpuperfd.probing import check as check_mod
+from gpuperfd.probing.check import CheckRequest, run_check
+from gpuperfd.probing.check_cli import EXIT_DEGRADED, EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN, EXIT_USAGE
+from gpuperfd.probing.sweep.ownership import GpuLock, safe_name
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_config(tmp_path: Path, gpus: int = 2, simulation: str = "", extra: str = "") -> Path:
+    path = tmp_path / "check.yaml"
+    path.write_text(f"""
+device: {{backend: simulated}}
+simulation:
+  gpus: {gpus}
+  seed: 1
+{simulation}
+probes: {{state_dir: {tmp_path / "state"}}}
+{extra}
+""")
+    return path
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPUPERFD_CONFIG": ""}
+    proc = subprocess.run([sys.executable, "-m", "gpuperfd", "check", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def gpus_of(body: dict) -> dict:
+    return {g["gpu"]: g for g in body["gpus"]}
+
+
+def checks_of(gpu: dict) -> set[str]:
+    return {r["check"] for r in gpu["reasons"]}
+
+
+def test_healthy_node_exits_0_and_measures_against_the_shipped_figure(tmp_path: Path) -> None:
+    proc = cli("--config", str(write_config(tmp_path)), "--json")
+    assert proc.returncode == EXIT_HEALTHY, proc.stdout + proc.stderr
+    body = json.loads(proc.stdout)
+    assert body["state"] == "healthy" and body["check"]["probed"] == [0, 1]
+    for gpu in body["gpus"]:
+        assert gpu["state"] == "healthy"
+        measured = next(r for r in gpu["reasons"] if r["check"] == "check_probe_measured")
+        evidence = measured["evidence"]
+        assert evidence["probe"] == "llm" and evidence["preset"] == "gpt2"
+        assert evidence["expected"]["model"] == "H100" and evidence["expected"]["units_per_second"] == 104_269.5
+        assert 0.9 < evidence["units_per_second"] / evidence["expected"]["units_per_second"] < 1.1
+        assert evidence["correctness"] == {"status": "not_checked"}
+
+
+def test_slow_gpu_is_degraded_against_expected_and_peers(tmp_path: Path) -> None:
+    config = write_config(tmp_path, gpus=4, simulation="  degrade: [{gpu: 1, sm_clock_factor: 0.5, "
+                          "memory_bandwidth_factor: 0.5}]")
+    proc = cli("--config", str(config), "--json")
+    assert proc.returncode == EXIT_DEGRADED, proc.stdout + proc.stderr
+    gpus = gpus_of(json.loads(proc.stdout))
+    assert gpus[1]["state"] == "degraded" and gpus[1]["action"] == "check_hardware"
+    assert {"check_below_expected", "probe_slower_than_peers"} <= checks_of(gpus[1])
+    assert all(gpus[i]["state"] == "healthy" for i in (0, 2, 3))
+
+
+def test_table_output_names_state_action_reasons_and_expected(tmp_path: Path) -> None:
+    config = write_config(tmp_path, gpus=4, simulation="  degrade: [{gpu: 1, sm_clock_factor: 0.5, "
+                          "memory_bandwidth_factor: 0.5}]")
+    proc = cli("--config", str(config))
+    assert proc.returncode == EXIT_DEGRADED
+    lines = proc.stdout.splitlines()
+    assert lines[0].endswith("degraded (action check_hardware)")
+    row = next(line for line in lines if line.startswith("1 "))
+    assert "degraded" in row and "check_hardware" in row and "104,270" in row and "not_checked" in row
+    assert any("check_below_expected" in line and "of the expected 104,270 token/s of an H100" in line
+               for line in lines)
+
+
+def test_passive_faults_make_the_node_unhealthy(tmp_path: Path) -> None:
+    config = write_config(tmp_path, gpus=3, simulation="  ecc_errors: [{gpu: 1, uncorrected: 2}]\n"
+                          "  xid_events: [{gpu: 2, xid: 48}]")
+    proc = cli("--config", str(config), "--json", "--quick")
+    assert proc.returncode == EXIT_UNHEALTHY, proc.stdout + proc.stderr
+    gpus = gpus_of(json.loads(proc.stdout))
+    assert (gpus[1]["state"], gpus[1]["action"]) == ("unhealthy", "reset_gpu")
+    assert "ecc_uncorrectable_volatile" in checks_of(gpus[1])
+    assert "xid" in checks_of(gpus[2]) and gpus[2]["state"] == "unhealthy"
+    assert gpus[0]["state"] == "healthy"
+    assert all("--quick" in r["message"] for g in gpus.values() for r in g["reasons"] if r["check"] == "check_not_probed")
+
+
+def test_quick_probes_nothing(tmp_path: Path) -> None:
+    proc = cli("--config", str(write_config(tmp_path)), "--json", "--quick")
+    assert proc.returncode == EXIT_HEALTHY
+    body = json.loads(proc.stdout)
+    assert body["check"]["probed"] == [] and body["check"]["phases_seconds"]["probe"] < 0.5
+    assert all(checks_of(g) == {"check_not_probed"} for g in body["gpus"])
+
+
+def test_quick_with_require_probe_is_could_not_check(tmp_path: Path) -> None:
+    proc = cli("--config", str(write_config(tmp_path)), "--quick", "--require-probe")
+    assert proc.returncode == EXIT_UNKNOWN, proc.stdout
+
+
+def test_gpu_that_does_not_answer_is_unknown_within_the_timeout(tmp_path: Path) -> None:
+    config = write_config(tmp_path, simulation="  faults: [{gpu: 1, call: utilization, kind: slow, "
+                          "delay_seconds: 120}]")
+    start = time.monotonic()
+    proc = cli("--config", str(config), "--json", "--timeout", "6")
+    took = time.monotonic() - start
+    assert proc.returncode == EXIT_UNKNOWN, proc.stdout + proc.stderr
+    gpus = gpus_of(json.loads(proc.stdout))
+    assert gpus[1]["state"] == "unknown" and "check_probe_failed" in checks_of(gpus[1])
+    assert gpus[0]["state"] == "healthy" and "check_probe_measured" in checks_of(gpus[0])
+    assert took < 60  # bounded by --timeout (6 s) plus start-up, far from the fault's 120 s
+
+
+def test_mig_gpu_is_checked_at_the_parent_level_and_not_probed(tmp_path: Path) -> None:
+    proc = cli("--config", str(write_config(tmp_path, simulation="  mig: [{gpu: 1}]")), "--json")
+    assert proc.returncode == EXIT_HEALTHY, proc.stdout + proc.stderr
+    body = json.loads(proc.stdout)
+    gpus = gpus_of(body)
+    assert body["check"]["probed"] == [0]
+    reason = next(r for r in gpus[1]["reasons"] if r["check"] == "check_not_probed")
+    assert reason["message"] == "MIG enabled: checked at the parent GPU's level, not probed"
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+def test_gpu_index_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:
+    proc = cli("--config", str(write_config(tmp_path)), "--gpus", "9")
+    assert proc.returncode == EXIT_USAGE
+    assert "GPU index 9 does not exist" in proc.stderr and "0, 1" in proc.stderr
+
+
+def test_config_that_does_not_parse_is_a_usage_error_naming_file_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("simulation: {gpus: many}\n")
+    proc = cli("--config", str(bad), "--simulate", "2")
+    assert proc.returncode == EXIT_USAGE and str(bad) in proc.stderr and "simulation.gpus" in proc.stderr
+    bad.write_text("simulation: [\n")
+    proc = cli("--config", str(bad))
+    assert proc.returncode == EXIT_USAGE and "not valid YAML" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["--gpus", "x"], ["--timeout", "0"], ["--preset", "nope"]])
+def test_bad_flags_are_usage_errors(tmp_path: Path, args: list[str]) -> None:
+    proc = cli("--config", str(write_config(tmp_path)), *args)
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+
+
+def test_no_driver_is_could_not_check(tmp_path: Path) -> None:
+    config = tmp_path / "nvml.yaml"
+    config.write_text(f"device: {{backend: nvml}}\nprobes: {{state_dir: {tmp_path}}}\n")
+    proc = cli("--config", str(config), "--json")
+    if proc.returncode == EXIT_HEALTHY:
+        pytest.fail("a node with a driver ran this test; it checks the no-driver path")
+    assert proc.returncode == EXIT_UNKNOWN
+    assert "could not check" in proc.stderr and "driver" in proc.stderr
+    assert json.loads(proc.stdout)["state"] == "unknown"
+
+
+# -- in-process: locks, busy GPUs, deadline, correctness, read-only ------------------------
+
+
+def _config(tmp_path: Path, gpus: int = 2, **simulation):
+    return config_from_mapping({"device": {"backend": "simulated"},
+                                "simulation": {"gpus": gpus, "seed": 1, **simulation},
+                                "probes": {"state_dir": str(tmp_path / "state")}})
+
+
+def _run(config, backend, **request):
+    return run_check(config, CheckRequest(timeout_seconds=request.pop("timeout_seconds", 30), **request),
+                     opener=lambda _c: backend)
+
+
+def _by_gpu(outcome):
+    return {v.gpu: v for v in outcome.verdicts}
+
+
+def test_gpu_owned_by_a_sweep_is_not_probed_and_the_lock_is_never_fought(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    backend = SimulatedBackend(config.simulation)
+    lock = GpuLock(config.probes.state_dir, safe_name(backend.devices()[0].info().uuid))
+    lock.acquire()
+    try:
+        outcome = _run(config, backend)
+        assert lock.held
+    finally:
+        lock.release()
+    assert outcome.probed == [1]
+    assert outcome.not_probed[0].startswith(f"not probed: owned by pid {os.getpid()}")
+    assert _by_gpu(outcome)[0].state == "healthy"
+    assert _run(config, backend, require_probe=True).probed == [0, 1]  # released: both probed now
+
+
+def test_our_lock_is_held_during_the_probe_and_released_after(tmp_path: Path, monkeypatch) -> None:
+    config = _config(tmp_path, gpus=1)
+    config.probes.state_dir.mkdir()  # the daemon's state directory exists
+    backend = SimulatedBackend(config.simulation)
+    uuid = backend.devices()[0].info().uuid
+    seen = []
+    real = check_mod.choose_executor
+
+    def spying(cfg, name):
+        executor = real(cfg, name)
+
+        def run(device, schedule, abort):
+            from gpuperfd.probing.sweep.ownership import is_owned
+            seen.append(is_owned(config.probes.state_dir, safe_name(uuid)))
+            return executor(device, schedule, abort)
+        return run
+
+    monkeypatch.setattr(check_mod, "choose_executor", spying)
+    _run(config, backend)
+    from gpuperfd.probing.sweep.ownership import is_owned
+    assert seen == [os.getpid()] and is_owned(config.probes.state_dir, safe_name(uuid)) is None
+
+
+def test_gpu_with_a_foreign_process_is_not_probed(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    backend = SimulatedBackend(config.simulation)
+    backend.devices()[1].add_foreign_process(424242, 1 << 30)
+    outcome = _run(config, backend)
+    assert outcome.probed == [0]
+    assert "424242" in outcome.not_probed[1] and "foreign_process" in outcome.not_probed[1]
+    assert _by_gpu(_run(config, backend, require_probe=True))[1].state == "unknown"
+
+
+def test_probe_that_outlives_the_deadline_is_unknown_never_healthy(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(check_mod, "SIMULATED_MEASURE_SECONDS", 60.0)
+    config = _config(tmp_path)
+    start = time.monotonic()
+    outcome = _run(config, SimulatedBackend(config.simulation), timeout_seconds=4)
+    assert time.monotonic() - start < 15  # the deadline (4 s) holds, not the 60 s window
+    for verdict in outcome.verdicts:
+        assert verdict.state == "unknown"
+        assert [r.evidence["failure_reason"] for r in verdict.reasons if r.check == "check_probe_failed"] == ["timeout"]
+
+
+def test_correctness_mismatch_is_unhealthy(tmp_path: Path, monkeypatch) -> None:
+    real = check_mod.choose_executor
+
+    def corrupting(cfg, name):
+        executor = real(cfg, name)
+
+        def run(device, schedule, abort):
+            result = executor(device, schedule, abort)
+            if device.index == 1:
+                result.extra["correctness"] = {"status": "mismatch", "checks": ["logits"], "max_abs_error": 3.5,
+                                               "max_rel_error": 0.8, "elements_checked": 4096}
+            return result
+        return run
+
+    monkeypatch.setattr(check_mod, "choose_executor", corrupting)
+    config = _config(tmp_path)
+    verdicts = _by_gpu(_run(config, SimulatedBackend(config.simulation)))
+    reason = next(r for r in verdicts[1].reasons if r.check == "check_correctness")
+    assert (verdicts[1].state, verdicts[1].action) == ("unhealthy", "reset_gpu")
+    assert reason.evidence["max_abs_error"] == 3.5 and verdicts[0].state == "healthy"
+
+
+def test_check_changes_no_power_cap(tmp_path: Path) -> None:
+    config = _config(tmp_path, initial_power_limits={0: 500.0})
+    backend = SimulatedBackend(config.simulation)
+    before = [d.power_limits().enforced_watts for d in backend.devices()]
+    outcome = _run(config, backend)
+    assert [d.power_limits().enforced_watts for d in backend.devices()] == before == [500.0, 700.0]
+    # GPU 0 runs at 500 W: the 700 W figure does not apply, and the output says so.
+    measured = next(r for r in _by_gpu(outcome)[0].reasons if r.check == "check_probe_measured")
+    assert "500 W: peers only" in measured.message and measured.evidence["expected"].get("units_per_second") is None
+
+
+def test_no_state_directory_is_probed_without_creating_one(tmp_path: Path) -> None:
+    config = config_from_mapping({"device": {"backend": "simulated"}, "simulation": {"gpus": 1, "seed": 1},
+                                  "probes": {"state_dir": str(tmp_path / "never-made")}})
+    outcome = _run(config, SimulatedBackend(config.simulation))
+    assert outcome.probed == [0] and not (tmp_path / "never-made").exists()
+
+
+def test_lock_file_made_by_root_belongs_to_the_state_directory_owner(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to hand a file to another user")  # CI and the dev VMs run as root
+    config = _config(tmp_path, gpus=1)
+    config.probes.state_dir.mkdir()
+    os.chown(config.probes.state_dir, 4321, 4321)
+    backend = SimulatedBackend(config.simulation)
+    _run(config, backend)
+    lock = config.probes.state_dir / (safe_name(backend.devices()[0].info().uuid) + ".cap.lock")
+    assert (lock.stat().st_uid, lock.stat().st_gid) == (4321, 4321)
