@@ -101,6 +101,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="FILE",
                         help="append one run record per point to FILE.csv or FILE.jsonl (gpuperfd report reads it); "
                              "an existing file of another format is refused, never overwritten")
+    parser.add_argument("--label", action="append", default=None, metavar="KEY=VALUE",
+                        help="repeatable: a label kept in each record and the CSV (dataset=cifar10); the report "
+                             "never merges runs whose labels differ and can plot, group or facet by a label")
+    parser.add_argument("--simulate", type=_int_arg, metavar="N",
+                        help="run on N simulated GPUs (the simulator's physics, no torch; the output says "
+                             "simulated): the point runs on simulated GPU I of --device cuda:I (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print results as JSON instead of a table")
 
@@ -214,11 +220,12 @@ def build_specs(args: argparse.Namespace) -> list[ProbeSpec]:
 # --- flattening and output --------------------------------------------------------------
 
 
-def write_results(path: str, results: list[ProbeResult], host: str | None = None) -> None:
+def write_results(path: str, results: list[ProbeResult], host: str | None = None,
+                  labels: dict[str, str] | None = None, gpu: dict[str, Any] | None = None) -> None:
     """Append ``results`` to ``path`` as run records (:func:`gpuperfd.probe_data.record.append_records`)."""
     from gpuperfd.probe_data.record import append_records, build_record
 
-    append_records(path, [build_record(r, "probe", host=host) for r in results])
+    append_records(path, [build_record(r, "probe", host=host, labels=labels, gpu=gpu) for r in results])
 
 
 def _params_text(result: ProbeResult) -> str:
@@ -325,11 +332,12 @@ def _describe_point(spec: ProbeSpec) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Run the points ``args`` describe; returns the exit code."""
-    from gpuperfd.probe_data.record import RecordError, check_output
+    from gpuperfd.probe_data.record import RecordError, check_output, parse_labels
 
     try:
         specs = build_specs(args)
         args = _merge_config(args)
+        labels = parse_labels(getattr(args, "label", None))
         if args.output:
             check_output(args.output)
         if args.timeout is not None and args.timeout <= 0:
