@@ -505,7 +505,7 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
     total = sum(spec.repeats for spec in specs)
     devices: dict[str, Any] = {}
     estimate = estimate_seconds(specs, simulated=simulated is not None)
-    if len(specs) > 1:
+    if len(specs) > 1 and estimate >= 2:
         print(f"gpuperfd probe: {len(specs)} points, about {format_duration(estimate)} (the bar refines it)",
               file=sys.stderr)
     try:

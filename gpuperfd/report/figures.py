@@ -91,8 +91,8 @@ def cap_workloads(report: Report) -> list[tuple[str, str]]:
 
 
 _EMPTY_WHY = {
-    "temperature": "no GPU temperature in the input\n(CPU run, simulated probe or no NVML)",
-    "utilization": "no GPU utilization in the input\n(CPU run, simulated probe or no NVML)",
+    "temperature": "no GPU temperature in the input\n(CPU run, older simulated run or no NVML)",
+    "utilization": "no GPU utilization in the input\n(CPU run, older simulated run or no NVML)",
     "loss": "no loss: only the train\nprobe reports one",
     "latency": "no latency samples\n(Prometheus input)",
     "energy": "no energy readings\n(CPU run: no energy counter)",
