@@ -183,7 +183,12 @@ def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], styl
             names.append("recommended cap")
             ax.legend(handles, names, fontsize=6.5, loc="lower right", framealpha=0.8)
         has = any(y == y for line in ax.get_lines() for y in line.get_ydata())
-        if not has and row in _EMPTY_WHY:
+        if not has and row == "loss" and workload[0] != "train":
+            # Not missing data: an inference workload has no loss (the row is there for training's).
+            ax.set_yticks([])
+            ax.text(0.5, 0.5, "inference: no training loss", ha="center", va="center", transform=ax.transAxes,
+                    fontsize=8, color="grey")
+        elif not has and row in _EMPTY_WHY:
             _empty(ax, _EMPTY_WHY[row])
         if row == rows[-1]:
             ax.set_xlabel("power cap (W)", fontsize=8)
