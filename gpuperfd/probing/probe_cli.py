@@ -478,9 +478,10 @@ def _pool(windows: list[ProbeResult], params: dict[str, Any], repeats: list[Any]
             extra[key] = mean([w.extra.get(key) for w in windows])
     extra["simulated"] = True
     return dataclasses.replace(
-        first, params={**params, **first.params}, repeats=repeats, wall_seconds=sum(w.wall_seconds or 0 for w in windows),
-        measured_seconds=seconds, units_of_work=units, energy_joules=energy,
-        average_power_watts=energy / seconds if seconds else None, energy_per_unit_joules=energy / units if units else None,
+        first, params={**params, **first.params}, repeats=repeats,
+        wall_seconds=sum(w.wall_seconds or 0 for w in windows), measured_seconds=seconds, units_of_work=units,
+        energy_joules=energy, average_power_watts=energy / seconds if seconds else None,
+        energy_per_unit_joules=energy / units if units else None,
         throughput={k: mean([w.throughput.get(k) for w in windows]) for k in first.throughput},
         latencies=latencies, temperature_celsius_max=max((w.temperature_celsius_max for w in windows
                                                           if w.temperature_celsius_max is not None), default=None),
@@ -543,10 +544,11 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                     bar.write(f"gpuperfd probe: {label}: {result.status} ({result.failure_reason}): {first_line}")
                 bar.point_done(what, point_words(result))
                 if number == 1 and len(specs) > 1 and bar.mode != "off":
-                    left = refined_estimate(spec, time.monotonic() - point_started, specs[1:], simulated is not None)
-                    if not estimate / 1.5 <= left + (time.monotonic() - point_started) <= estimate * 1.5:
-                        bar.write(f"gpuperfd probe: the first point took {format_duration(time.monotonic() - point_started)}"
-                                  f": about {format_duration(left)} left for {len(specs) - 1} more")
+                    took = time.monotonic() - point_started
+                    left = refined_estimate(spec, took, specs[1:], simulated is not None)
+                    if not estimate / 1.5 <= left + took <= estimate * 1.5:
+                        bar.write(f"gpuperfd probe: the first point took {format_duration(took)}: "
+                                  f"about {format_duration(left)} left for {len(specs) - 1} more")
                 results.append(result)
                 if args.output:  # one record per point as it lands: an interrupted matrix keeps what it measured
                     try:
