@@ -6,8 +6,7 @@ Each ``seed-NNN.yaml`` here holds the seed's question, the gpuperfd command line
 it (tiny presets on the CPU, simulated GPUs where the seed needs GPU columns; each under two
 minutes), the report command, and the columns the seed names (checked filled by
 tests/report/test_seed_examples.py). Commands run in-process, in DIR, as a newcomer would type
-them. ``labels`` on a run are applied to the records that run appended (until ``--label`` lands
-on probe and sweep: then they become ``--label KEY=VALUE`` on the command line).
+them (labels as ``--label KEY=VALUE`` on the command line).
 """
 
 from __future__ import annotations
@@ -31,27 +30,6 @@ def load(seed: str) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
 
 
-def _output(argv: list[str]) -> str | None:
-    return argv[argv.index("--output") + 1] if "--output" in argv else None
-
-
-def _label_new_records(path: Path, before: int, labels: dict[str, str]) -> None:
-    """Add ``labels`` to the records after the first ``before`` of ``path`` (rewrites the scratch file)."""
-    from gpuperfd.probe_data.record import append_records, apply_labels, parse_labels, read_records
-
-    labels = parse_labels([f"{k}={v}" for k, v in labels.items()])
-    records = [r for r, _ in read_records([path], include_rotated=False)[0]]
-    records = records[:before] + apply_labels(records[before:], labels)
-    path.unlink()
-    append_records(path, records)
-
-
-def _count(path: Path) -> int:
-    from gpuperfd.probe_data.record import read_records
-
-    return len(read_records([path], include_rotated=False)[0]) if path.exists() else 0
-
-
 def run(seed: str, workdir: Path) -> Path:
     """Run the example's commands in ``workdir``; returns the report folder."""
     from gpuperfd.cli import main
@@ -68,13 +46,9 @@ def run(seed: str, workdir: Path) -> Path:
         for step in spec["runs"]:
             argv = [str(a) for a in step["argv"]]
             for _ in range(int(step.get("times", 1))):
-                output = _output(argv)
-                before = _count(Path(output)) if output else 0
                 code = main(argv)
                 if code != 0:
                     raise RuntimeError(f"seed {seed}: gpuperfd {' '.join(argv)} exited {code}")
-                if step.get("labels") and output:
-                    _label_new_records(Path(output), before, step["labels"])
         report = [str(a) for a in spec["report"]]
         if main(report) != 0:
             raise RuntimeError(f"seed {seed}: gpuperfd {' '.join(report)} failed")

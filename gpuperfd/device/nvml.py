@@ -143,8 +143,9 @@ assert tuple(NVLINK_ERROR_COUNTERS) == NVLINK_ERROR_TYPES
 _ALL_LINKS_SCOPE = 0xFFFFFFFF
 _FIELD_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
-_SIMULATE_HINT = ("Without a GPU: run probes on the CPU with `gpuperfd probe PROBE --device cpu`; try sweeps and the "
-                  "daemon on simulated GPUs with `gpuperfd sweep --simulate N ...` and `gpuperfd run --simulate N`.")
+_SIMULATE_HINT = ("Without a GPU: run probes on the CPU with `gpuperfd probe PROBE --device cpu`; try probes, sweeps "
+                  "and the daemon on simulated GPUs with `gpuperfd probe PROBE --simulate N`, "
+                  "`gpuperfd sweep --simulate N ...` and `gpuperfd run --simulate N`.")
 
 #: Most XID events returned by one wait_xid_events call (the rest wait for the next call).
 _MAX_EVENTS_PER_WAIT = 64

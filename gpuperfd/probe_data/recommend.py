@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from gpuperfd.probe_data.result import ProbeResult, describe
 
 __all__ = ["SweepPoint", "Recommendation", "work_rate", "recommend", "rate_noise", "clearly_slower",
-           "DEFAULT_RATE_NOISE", "EARLY_STOP_SIGMAS", "read_only_note", "comparison_words"]
+           "DEFAULT_RATE_NOISE", "EARLY_STOP_SIGMAS", "read_only_note", "comparison_words",
+           "point_words"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,18 @@ def work_rate(result: ProbeResult) -> float | None:
     if result.status != "ok" or not result.measured_seconds:
         return None
     return result.units_of_work / result.measured_seconds
+
+
+def point_words(result: ProbeResult) -> str:
+    """A finished point in a few words, for the one line per point of ``probe`` and ``sweep`` when
+    stderr is not a terminal: ``ok 1234 token/s`` or ``failed (timeout)``."""
+    if result.status != "ok":
+        return f"{result.status} ({result.failure_reason or 'no reason given'})"
+    rate = work_rate(result)
+    if rate is None:
+        return "ok"
+    shown = f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}"
+    return f"ok {shown} {result.work_unit or 'unit'}/s"
 
 
 def recommend(points: Sequence[SweepPoint], max_slowdown: float = 0.10) -> Recommendation | None:

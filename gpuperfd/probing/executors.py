@@ -308,16 +308,16 @@ class SimulatedExecutor:
             # Like the child runner: a process of someone else's appearing mid-probe aborts it
             # and gives the GPU back at once.
             deadline = time.monotonic() + self.measure_seconds
+            watch = _WindowTelemetry(device)
             while why is None and (left := deadline - time.monotonic()) > 0:
                 if abort.wait(min(left, self.watch_interval)):
                     why = "aborted by shutdown"
                 elif foreign := [p.pid for p in device.compute_processes() if p.pid != own]:
                     why = f"compute process {foreign[0]} appeared on the GPU"
+                else:
+                    watch.sample()
             energy_end = device.energy_joules()
-            try:  # what the GPU shows at the end of the loaded window
-                temperature, utilization = device.temperature_celsius(), device.utilization().gpu_ratio
-            except Exception:  # noqa: BLE001 - a faulty simulated part: leave the telemetry out
-                temperature = utilization = None
+            watch.sample()  # what the GPU shows at the end of the loaded window
         finally:
             device.end_load()
         measured = time.monotonic() - wall_start
@@ -358,13 +358,16 @@ class SimulatedExecutor:
             sm_clock_hertz_mean=point.sm_hertz,
             clock_events_seen=sorted(point.clock_events),
             gpu_busy_ratio=profile.activity,
-            temperature_celsius_max=temperature,
-            gpu_utilization_mean_ratio=utilization,
+            temperature_celsius_max=watch.max("temperature"),
+            gpu_utilization_mean_ratio=watch.mean("gpu"),
+            memory_utilization_mean_ratio=watch.mean("memory"),
             power_limit_watts=device.power_limits().enforced_watts,
             gpm_sm_active_mean_ratio=None if gpm is None else gpm.sm_active,
             gpm_tensor_active_mean_ratio=None if gpm is None else gpm.tensor_active,
             gpm_dram_active_mean_ratio=None if gpm is None else gpm.dram_active,
-            extra={"settle_seconds": settled[0], "settle_steady": settled[1]},
+            extra={"settle_seconds": settled[0], "settle_steady": settled[1],
+                   "temperature_celsius_mean": watch.mean("temperature"),
+                   **_simulated_loss(schedule, units, rng, lock, noise)},
         )
 
 
@@ -372,6 +375,51 @@ def simulated_executor(measure_seconds: float, seed: int | None = None, noise: f
                        watch_interval: float = 0.1) -> SimulatedExecutor:
     """The simulator's executor (see :class:`SimulatedExecutor`)."""
     return SimulatedExecutor(measure_seconds, seed, noise, watch_interval)
+
+
+class _WindowTelemetry:
+    """What the simulated GPU shows over a loaded window, sampled at each watch tick (means and
+    maximum, as the child's telemetry sampler gives them); a faulty simulated part leaves it out."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.values: dict[str, list[float]] = {"temperature": [], "gpu": [], "memory": []}
+
+    def sample(self) -> None:
+        try:
+            temperature, utilization = self.device.temperature_celsius(), self.device.utilization()
+        except Exception:  # noqa: BLE001 - a faulty simulated part: leave the telemetry out
+            return
+        self.values["temperature"].append(float(temperature))
+        self.values["gpu"].append(float(utilization.gpu_ratio))
+        self.values["memory"].append(float(utilization.memory_ratio))
+
+    def mean(self, name: str) -> float | None:
+        values = self.values[name]
+        return sum(values) / len(values) if values else None
+
+    def max(self, name: str) -> float | None:
+        return max(self.values[name], default=None)
+
+
+def _simulated_loss(schedule: ScheduleConfig, steps_tokens: float, rng: random.Random, lock: threading.Lock,
+                    noise: float) -> dict[str, float]:
+    """A train point's loss, as the train probe reports it (``loss`` over the window, ``loss_first``):
+    the simulator trains nothing, so it is the cross-entropy of an untrained model of the preset's
+    vocabulary (ln V) with a small noisy decrease over the window's tokens; other probes have none."""
+    if schedule.probe != "train":
+        return {}
+    import math
+
+    from gpuperfd.probe_data.spec import GPT2_MODELS, PRESETS
+
+    preset = schedule.preset or DEFAULT_PRESET["train"]
+    model = schedule.options.get("model") or PRESETS["train"].get(preset, {}).get("model", preset)
+    vocab = int(GPT2_MODELS.get(str(model), {}).get("vocab_size", 50257))
+    first = math.log(vocab)
+    with lock:
+        drop = 0.02 * (1.0 - math.exp(-steps_tokens / 1e5)) + abs(rng.gauss(0.0, noise))
+    return {"loss_first": first, "loss": first * (1.0 - drop)}
 
 
 def _window_gpm(device: Any) -> Any:

@@ -21,20 +21,26 @@ import itertools
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from gpuperfd.console import ProgressBar, format_duration, format_table
-from gpuperfd.probe_data.result import PRIMARY_METRIC, ProbeResult, summarize
+from gpuperfd.probe_data.result import MAIN_LATENCY, PRIMARY_METRIC, ProbeResult, canonical_latencies, summarize
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec
 from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD
 
-__all__ = ["register", "main", "build_specs", "load_config_file", "write_results", "results_table"]
+__all__ = ["register", "main", "build_specs", "load_config_file", "write_results", "results_table",
+           "estimate_seconds", "POINT_OVERHEAD_SECONDS"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
-#: The latency each probe's table shows percentiles of.
-_MAIN_LATENCY = {"llm": "tpot_seconds", "vit": "batch_seconds", "attention": "batch_seconds", "train": "step_seconds"}
+#: A point's time besides its timed phases (a child's start, torch's import, the model's build,
+#: the first calls): on a GPU the CUDA context and kernels' first launch dominate; a tiny CPU model
+#: starts in a few seconds (the seed 002 CPU matrix: about 3 s a point on a quiet 2-core machine, 12 s
+#: for its 4 points where 8 s a point estimated 33 s; a loaded machine is slower: after the first
+#: point the estimate is redone from its measured time, :func:`refined_estimate`).
+POINT_OVERHEAD_SECONDS = {"cuda": 20.0, "cpu": 3.0, "simulated": 0.0}
 _UNIT_SHORT = {"token": "tok", "image": "img", "step": "step", "iteration": "call"}
 
 
@@ -101,6 +107,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="FILE",
                         help="append one run record per point to FILE.csv or FILE.jsonl (gpuperfd report reads it); "
                              "an existing file of another format is refused, never overwritten")
+    parser.add_argument("--label", action="append", default=None, metavar="KEY=VALUE",
+                        help="repeatable: a label kept in each record and the CSV (dataset=cifar10); the report "
+                             "never merges runs whose labels differ and can plot, group or facet by a label")
+    parser.add_argument("--simulate", type=_int_arg, metavar="N",
+                        help="run on N simulated GPUs (the simulator's physics, no torch; the output says "
+                             "simulated): the point runs on simulated GPU I of --device cuda:I (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print results as JSON instead of a table")
 
@@ -214,11 +226,12 @@ def build_specs(args: argparse.Namespace) -> list[ProbeSpec]:
 # --- flattening and output --------------------------------------------------------------
 
 
-def write_results(path: str, results: list[ProbeResult], host: str | None = None) -> None:
+def write_results(path: str, results: list[ProbeResult], host: str | None = None,
+                  labels: dict[str, str] | None = None, gpu: dict[str, Any] | None = None) -> None:
     """Append ``results`` to ``path`` as run records (:func:`gpuperfd.probe_data.record.append_records`)."""
     from gpuperfd.probe_data.record import append_records, build_record
 
-    append_records(path, [build_record(r, "probe", host=host) for r in results])
+    append_records(path, [build_record(r, "probe", host=host, labels=labels, gpu=gpu) for r in results])
 
 
 def _params_text(result: ProbeResult) -> str:
@@ -250,9 +263,11 @@ def results_table(results: list[ProbeResult]) -> str:
     for r in results:
         metric = PRIMARY_METRIC.get(r.probe, "")
         summary = summarize(r) if r.ok else {"throughput": {}, "latencies": {}}
+        if metric not in summary["throughput"] and summary["throughput"]:  # a simulated point's own rate
+            metric = next(iter(summary["throughput"]))
         stats = summary["throughput"].get(metric)
-        lat_name = _MAIN_LATENCY.get(r.probe, "")
-        lat = summary["latencies"].get(lat_name)
+        lat_name = MAIN_LATENCY.get(r.probe, "")
+        lat = canonical_latencies(r.probe, summary["latencies"]).get(lat_name)
         ttft = summary["latencies"].get("ttft_seconds")
         status = r.status if r.ok else f"{r.status}:{r.failure_reason}"
         if r.ok and r.low_gpu_busy:
@@ -281,7 +296,7 @@ def results_table(results: list[ProbeResult]) -> str:
             r.wall_seconds,
         ])
     align = ["l", "l", "l", "l", "r", "r", "r", "r", "r", "r", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r"]
-    return format_table(headers, rows, align=align)
+    return format_table(headers, rows, align=align, drop_empty=True)
 
 
 # --- running ----------------------------------------------------------------------------
@@ -325,17 +340,25 @@ def _describe_point(spec: ProbeSpec) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Run the points ``args`` describe; returns the exit code."""
-    from gpuperfd.probe_data.record import RecordError, check_output
+    from gpuperfd.probe_data.record import RecordError, check_output, parse_labels
 
     try:
         specs = build_specs(args)
         args = _merge_config(args)
+        labels = parse_labels(getattr(args, "label", None))
         if args.output:
             check_output(args.output)
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"timeout: must be > 0, got {args.timeout}")
         if not 0 <= args.idle_threshold <= 1:
             raise UsageError(f"idle_threshold: must be between 0 and 1, got {args.idle_threshold}")
+        if getattr(args, "simulate", None) is not None:
+            if args.simulate < 1:
+                raise UsageError(f"simulate: give at least 1 simulated GPU, got {args.simulate}")
+            if args.device is not None and not str(args.device).startswith("cuda"):
+                raise UsageError(f"device: --simulate runs on simulated GPUs; use cuda or cuda:N, not {args.device!r}")
+            for spec in specs:
+                _simulate_index(spec, args.simulate)
     except (UsageError, RecordError) as exc:
         print(f"gpuperfd probe: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -356,71 +379,216 @@ def main(args: argparse.Namespace) -> int:
     return code
 
 
-def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) -> int:
-    from gpuperfd.probe_data.record import RecordError
-    from gpuperfd.probing.runner import run_probe
-    from gpuperfd.probe_data.spec import default_timeout
+def estimate_seconds(specs: Sequence[ProbeSpec], simulated: bool = False,
+                     overhead_seconds: float | None = None) -> float:
+    """The matrix's starting estimate: each point's timed phases plus its device's fixed cost
+    (:data:`POINT_OVERHEAD_SECONDS`), or ``overhead_seconds`` measured on an earlier point."""
+    total = 0.0
+    for spec in specs:
+        timed = spec.warmup_seconds + spec.repeats * (spec.measure_seconds or 0.0) + spec.busy_profile_seconds
+        if overhead_seconds is not None:
+            fixed = overhead_seconds
+        else:
+            fixed = POINT_OVERHEAD_SECONDS["simulated" if simulated else "cuda" if spec.is_cuda else "cpu"]
+        total += (spec.repeats * (spec.measure_seconds or 0.0) if simulated else timed) + fixed
+    return total
 
+
+def refined_estimate(first: ProbeSpec, first_seconds: float, rest: Sequence[ProbeSpec],
+                     simulated: bool = False) -> float:
+    """The time left after the first point took ``first_seconds``: its fixed cost, so measured,
+    stands for every remaining point's (on this machine, under its load now)."""
+    timed = estimate_seconds([first], simulated=simulated, overhead_seconds=0.0)
+    return estimate_seconds(rest, simulated=simulated, overhead_seconds=max(first_seconds - timed, 0.0))
+
+
+def _simulate_index(spec: ProbeSpec, gpus: int) -> int:
+    """The simulated GPU a point runs on: cuda:I's I, else 0 (UsageError for an index past ``gpus``)."""
+    index = (spec.cuda_index or 0) if spec.is_cuda else 0
+    if index >= gpus:
+        raise UsageError(f"device: cuda:{index} but --simulate {gpus} makes GPUs 0..{gpus - 1}")
+    return index
+
+
+class _Simulated:
+    """``--simulate N``: each point runs on a simulated GPU through the simulator's executor (its
+    physics: power, clocks, temperature, energy; no torch, no workload), one window per repeat."""
+
+    def __init__(self, gpus: int, measure_seconds: float | None) -> None:
+        from gpuperfd.config import config_with_flags
+        from gpuperfd.device.factory import open_backend
+        from gpuperfd.probing.executors import simulated_executor
+
+        config = config_with_flags(None, {}, simulate=gpus)
+        self.backend = open_backend(config)
+        self.devices = {d.index: d for d in self.backend.devices()}
+        self.window = measure_seconds or 1.0
+        self.executor = simulated_executor(self.window, seed=config.simulation.seed)
+
+    def gpu(self, spec: ProbeSpec) -> dict[str, Any]:
+        import dataclasses
+
+        info = self.devices[_simulate_index(spec, len(self.devices))].info()
+        return {k: v for k, v in dataclasses.asdict(info).items() if k != "serial"}
+
+    def run(self, spec: ProbeSpec, on_progress: Any, abort: Any) -> ProbeResult:
+        """One point: ``spec.repeats`` simulated windows pooled as the child pools its windows."""
+        from gpuperfd.config import ScheduleConfig
+        from gpuperfd.probe_data.result import RepeatResult
+
+        device = self.devices[_simulate_index(spec, len(self.devices))]
+        params = spec.params()
+        options = {k: params[k] for k in ("batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size")
+                   if k in params}
+        schedule = ScheduleConfig(probe=spec.probe, preset=spec.preset, interval_seconds=3600, options=options)
+        windows: list[ProbeResult] = []
+        for number in range(1, spec.repeats + 1):
+            window = self.executor.measure(device, schedule, abort, 0.0)
+            if not window.ok:
+                return window
+            windows.append(window)
+            on_progress({"phase": "measure", "repeat": number, "repeats": spec.repeats})
+        return _pool(windows, params, [RepeatResult(index=i, measured_seconds=w.measured_seconds,
+                                                    units_of_work=w.units_of_work, **w.window_fields())
+                                       for i, w in enumerate(windows)])
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def _pool(windows: list[ProbeResult], params: dict[str, Any], repeats: list[Any]) -> ProbeResult:
+    """Simulated windows as one point: rates and telemetry means, energy summed, latencies pooled."""
+    import dataclasses
+
+    def mean(values: list[Any]) -> float | None:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else None
+
+    first = windows[0]
+    seconds = sum(w.measured_seconds or 0.0 for w in windows)
+    units = sum(w.units_of_work or 0.0 for w in windows)
+    energy = sum(w.energy_joules or 0.0 for w in windows)
+    latencies: dict[str, list[float]] = {}
+    for w in windows:
+        for name, samples in w.latencies.items():
+            latencies.setdefault(name, []).extend(samples)
+    extra = dict(first.extra)
+    for key in ("temperature_celsius_mean", "loss", "loss_first", "settle_seconds"):
+        if any(key in w.extra for w in windows):
+            extra[key] = mean([w.extra.get(key) for w in windows])
+    extra["simulated"] = True
+    return dataclasses.replace(
+        first, params={**params, **first.params}, repeats=repeats,
+        wall_seconds=sum(w.wall_seconds or 0 for w in windows), measured_seconds=seconds, units_of_work=units,
+        energy_joules=energy, average_power_watts=energy / seconds if seconds else None,
+        energy_per_unit_joules=energy / units if units else None,
+        throughput={k: mean([w.throughput.get(k) for w in windows]) for k in first.throughput},
+        latencies=latencies, temperature_celsius_max=max((w.temperature_celsius_max for w in windows
+                                                          if w.temperature_celsius_max is not None), default=None),
+        gpu_utilization_mean_ratio=mean([w.gpu_utilization_mean_ratio for w in windows]),
+        memory_utilization_mean_ratio=mean([w.memory_utilization_mean_ratio for w in windows]),
+        sm_clock_hertz_mean=mean([w.sm_clock_hertz_mean for w in windows]), extra=extra,
+    )
+
+
+def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) -> int:
+    from gpuperfd.probe_data.record import RecordError, parse_labels
+    from gpuperfd.probe_data.recommend import point_words
+    from gpuperfd.probe_data.spec import default_timeout
+    from gpuperfd.probing.runner import run_probe
+
+    labels = parse_labels(getattr(args, "label", None))
+    simulated = _Simulated(args.simulate, args.measure_seconds) if args.simulate is not None else None
+    if simulated is not None:
+        print(f"gpuperfd probe: SIMULATED: {args.simulate} simulated GPU(s), the simulator's physics "
+              f"({simulated.window:g} s windows); no workload runs and no real GPU is measured", file=sys.stderr)
     results: list[ProbeResult] = []
     total = sum(spec.repeats for spec in specs)
     devices: dict[str, Any] = {}
-    estimate = sum(spec.warmup_seconds + spec.repeats * (spec.measure_seconds or 0) + spec.busy_profile_seconds
-                   + (20.0 if spec.is_cuda else 8.0) for spec in specs)
-    if len(specs) > 1:
+    estimate = estimate_seconds(specs, simulated=simulated is not None)
+    if len(specs) > 1 and estimate >= 2:
         print(f"gpuperfd probe: {len(specs)} points, about {format_duration(estimate)} (the bar refines it)",
               file=sys.stderr)
-    with ProgressBar(total, desc=f"probe {len(specs)} points", enabled=None if not args.no_progress else False) as bar:
-        for number, spec in enumerate(specs, 1):
-            if abort.is_set():
-                break
-            device = None
-            if spec.is_cuda and not args.no_idle_check:
-                if spec.device not in devices:
-                    try:
-                        devices[spec.device] = _nvml_device(spec)
-                    except Exception as exc:  # noqa: BLE001 - run without the check, but say so
-                        bar.write(f"gpuperfd probe: warning: no idle check for {spec.device}: {exc}")
-                        devices[spec.device] = None
-                device = devices[spec.device]
-            label = f"[{number}/{len(specs)}] {_describe_point(spec)}"
-            bar.set_message(label)
-            done = 0
+    try:
+        with ProgressBar(total, desc=f"probe {len(specs)} points",
+                         enabled=None if not args.no_progress else False) as bar:
+            for number, spec in enumerate(specs, 1):
+                if abort.is_set():
+                    break
+                what = _describe_point(spec)
+                if simulated is not None:  # never silently: every line names the simulated variant
+                    what = what.replace(f"{spec.probe}/{spec.variant}", f"{spec.probe}/simulated", 1)
+                label = f"[{number}/{len(specs)}] {what}"
+                bar.set_message(label)
+                done = 0
 
-            def on_progress(body: dict[str, Any], label: str = label) -> None:
-                nonlocal done
-                if body.get("phase") == "measure":
-                    done += 1
-                    bar.update(1, f"{label} {body.get('repeat')}/{body.get('repeats')}")
+                def on_progress(body: dict[str, Any], label: str = label) -> None:
+                    nonlocal done
+                    if body.get("phase") == "measure":
+                        done += 1
+                        bar.update(1, f"{label} {body.get('repeat')}/{body.get('repeats')}")
+                    else:
+                        bar.set_message(f"{label} {body.get('phase', '')}")
+
+                gpu = None
+                point_started = time.monotonic()
+                if simulated is not None:
+                    result = simulated.run(spec, on_progress, abort)
+                    gpu = simulated.gpu(spec)
                 else:
-                    bar.set_message(f"{label} {body.get('phase', '')}")
-
-            timeout = args.timeout if args.timeout is not None else default_timeout(spec)
-            result = run_probe(spec, timeout_seconds=timeout, device=device,
-                               idle_utilization_threshold=args.idle_threshold, on_progress=on_progress,
-                               should_abort=abort.is_set)
-            if done < spec.repeats:
-                bar.update(spec.repeats - done)
-            if not result.ok:
-                first_line = (result.error_message or "").splitlines()[0] if result.error_message else ""
-                bar.write(f"gpuperfd probe: {label}: {result.status} ({result.failure_reason}): {first_line}")
-            results.append(result)
-            if args.output:  # one record per point as it lands: an interrupted matrix keeps what it measured
-                try:
-                    write_results(args.output, [result])
-                except (RecordError, OSError) as exc:
-                    bar.write(f"gpuperfd probe: output: {exc}")
+                    result = _run_real(args, spec, devices, bar, on_progress, abort, run_probe, default_timeout)
+                if done < spec.repeats:
+                    bar.update(spec.repeats - done)
+                if not result.ok:
+                    first_line = (result.error_message or "").splitlines()[0] if result.error_message else ""
+                    bar.write(f"gpuperfd probe: {label}: {result.status} ({result.failure_reason}): {first_line}")
+                bar.point_done(what, point_words(result))
+                if number == 1 and len(specs) > 1 and bar.mode != "off":
+                    took = time.monotonic() - point_started
+                    left = refined_estimate(spec, took, specs[1:], simulated is not None)
+                    if not estimate / 1.5 <= left + took <= estimate * 1.5:
+                        bar.write(f"gpuperfd probe: the first point took {format_duration(took)}: "
+                                  f"about {format_duration(left)} left for {len(specs) - 1} more")
+                results.append(result)
+                if args.output:  # one record per point as it lands: an interrupted matrix keeps what it measured
+                    try:
+                        write_results(args.output, [result], labels=labels, gpu=gpu)
+                    except (RecordError, OSError) as exc:
+                        bar.write(f"gpuperfd probe: output: {exc}")
+    finally:
+        if simulated is not None:
+            simulated.close()
 
     if args.json:
         json.dump([r.to_dict() for r in results], sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(results_table(results))
-        gpu = next((r.gpu_name for r in results if r.gpu_name), None)
-        if gpu:
-            print(f"GPU: {gpu} (compute capability {next(r.compute_capability for r in results if r.gpu_name)})")
+        gpu_name = next((r.gpu_name for r in results if r.gpu_name), None)
+        if gpu_name:
+            capability = next(r.compute_capability for r in results if r.gpu_name)
+            where = " SIMULATED (the simulator's physics, not a measurement)" if simulated is not None else ""
+            print(f"GPU: {gpu_name} (compute capability {capability}){where}")
         if any(r.ok and r.low_gpu_busy for r in results):
             print("LOW-BUSY: the device was idle for part of the window; the figure measures the host as much as the GPU.")
     return EXIT_OK if all(r.ok for r in results) else EXIT_FAILURE
+
+
+def _run_real(args: argparse.Namespace, spec: ProbeSpec, devices: dict[str, Any], bar: ProgressBar,
+              on_progress: Any, abort: Any, run_probe: Any, default_timeout: Any) -> ProbeResult:
+    """One point in a child process (torch), with the idle check on a GPU."""
+    device = None
+    if spec.is_cuda and not args.no_idle_check:
+        if spec.device not in devices:
+            try:
+                devices[spec.device] = _nvml_device(spec)
+            except Exception as exc:  # noqa: BLE001 - run without the check, but say so
+                bar.write(f"gpuperfd probe: warning: no idle check for {spec.device}: {exc}")
+                devices[spec.device] = None
+        device = devices[spec.device]
+    timeout = args.timeout if args.timeout is not None else default_timeout(spec)
+    return run_probe(spec, timeout_seconds=timeout, device=device, idle_utilization_threshold=args.idle_threshold,
+                     on_progress=on_progress, should_abort=abort.is_set)
 
 
 def _standalone(argv: Sequence[str] | None = None) -> int:

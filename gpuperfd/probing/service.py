@@ -27,7 +27,8 @@ from gpuperfd.probe_data.recommend import SweepPoint, recommend
 from gpuperfd.probe_data.spec import DEFAULT_PRESET
 from gpuperfd.probing.executors import Executor
 from gpuperfd.probing.history import HistoryWriter
-from gpuperfd.probing.idle import BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason
+from gpuperfd.probing.idle import (BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason,
+                                   not_idle_text)
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal
@@ -180,7 +181,7 @@ class ProbeService:
                 return self._skip(info, schedule, "mig", why)
             idle_for = self.tracker.idle_for(gpu)
             if idle_for < self.config.idle_seconds:
-                return self._skip(info, schedule, "not_idle", f"idle {idle_for:.0f} s < {self.config.idle_seconds:.0f} s")
+                return self._skip(info, schedule, "not_idle", not_idle_text(idle_for, self.config.idle_seconds))
             reason = self._busy_reason(device, gpu)
             if reason is not None:
                 return self._skip(info, schedule, "busy", str(reason))

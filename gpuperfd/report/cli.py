@@ -49,6 +49,9 @@ def register(subparsers: Any) -> None:
     scale.add_argument("--linear-y", dest="log_y", action="store_const", const=False,
                        help="linear y axes everywhere, even where values span > 2 decades")
     parser.add_argument("--no-rotated", action="store_true", help="read only the named history files, not FILE.1...")
+    parser.add_argument("--facet", metavar="KEY",
+                        help="one report per value of the run label KEY (--label KEY=VALUE), in DIR/KEY=VALUE/, "
+                             "and DIR/index.html with every value's figure side by side")
     parser.set_defaults(func=main)
 
 
@@ -74,7 +77,6 @@ def main(args: argparse.Namespace) -> int:
     except ImportError:
         print("gpuperfd: the report needs matplotlib: pip install 'gpuperfd[report]'", file=sys.stderr)
         return 1
-    from gpuperfd.probe_data.recommend import comparison_words
     from gpuperfd.report import build_report, load_history, write_report
     from gpuperfd.report.prometheus import load_prometheus
 
@@ -85,6 +87,8 @@ def main(args: argparse.Namespace) -> int:
             loaded = load_prometheus(args.prometheus, start, end if end is not None else time.time(), step)
         else:
             loaded = load_history(args.history, start, end, include_rotated=not args.no_rotated)
+        if getattr(args, "facet", None):
+            return _write_facets(args, loaded)
         report = build_report(loaded, args.max_slowdown, remove_outliers=not args.keep_outliers, rule=args.rule,
                               log_y=args.log_y)
         files = write_report(report, args.out)
@@ -94,6 +98,33 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"gpuperfd: cannot write the report: {exc}", file=sys.stderr)
         return 1
+    _print_summary(report, files)
+    return 0
+
+
+def _write_facets(args: argparse.Namespace, loaded: Any) -> int:
+    """``--facet KEY``: a report per label value and the index page that sets them side by side."""
+    from pathlib import Path
+
+    from gpuperfd.report import build_report, write_report
+    from gpuperfd.report.facets import FacetFiles, facet_folder, split_by_label, write_index
+
+    out = Path(args.out)
+    facets = []
+    for value, subset in split_by_label(loaded, args.facet).items():
+        report = build_report(subset, args.max_slowdown, remove_outliers=not args.keep_outliers, rule=args.rule,
+                              log_y=args.log_y)
+        folder = facet_folder(out, args.facet, value)
+        print(f"{args.facet} = {value}:")
+        _print_summary(report, write_report(report, folder))
+        facets.append(FacetFiles(value, folder))
+    print(write_index(out, args.facet, facets))
+    return 0
+
+
+def _print_summary(report: Any, files: Any) -> None:
+    from gpuperfd.probe_data.recommend import comparison_words
+
     print(f"{len(report.gpus)} GPU(s), {len(report.series)} series, {report.runs_total} runs "
           f"({len(report.dropped)} outliers removed, {len(report.failed)} failed)")
     print(report.rule_text)
@@ -106,4 +137,3 @@ def main(args: argparse.Namespace) -> int:
                   + ")")
     for path in (files.html, files.png, files.summary_csv, files.points_csv):
         print(path)
-    return 0

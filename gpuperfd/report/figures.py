@@ -91,9 +91,9 @@ def cap_workloads(report: Report) -> list[tuple[str, str]]:
 
 
 _EMPTY_WHY = {
-    "temperature": "no GPU temperature in the input\n(CPU run, simulated probe or no NVML)",
-    "utilization": "no GPU utilization in the input\n(CPU run, simulated probe or no NVML)",
-    "loss": "no loss: only the train probe\nreports one (not simulated runs)",
+    "temperature": "no GPU temperature in the input\n(CPU run, older simulated run or no NVML)",
+    "utilization": "no GPU utilization in the input\n(CPU run, older simulated run or no NVML)",
+    "loss": "no loss: only the train\nprobe reports one",
     "latency": "no latency samples\n(Prometheus input)",
     "energy": "no energy readings\n(CPU run: no energy counter)",
     "power": "no power readings\n(CPU run: no energy counter)",
@@ -183,7 +183,12 @@ def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], styl
             names.append("recommended cap")
             ax.legend(handles, names, fontsize=6.5, loc="lower right", framealpha=0.8)
         has = any(y == y for line in ax.get_lines() for y in line.get_ydata())
-        if not has and row in _EMPTY_WHY:
+        if not has and row == "loss" and workload[0] != "train":
+            # Not missing data: an inference workload has no loss (the row is there for training's).
+            ax.set_yticks([])
+            ax.text(0.5, 0.5, "inference: no training loss", ha="center", va="center", transform=ax.transAxes,
+                    fontsize=8, color="grey")
+        elif not has and row in _EMPTY_WHY:
             _empty(ax, _EMPTY_WHY[row])
         if row == rows[-1]:
             ax.set_xlabel("power cap (W)", fontsize=8)

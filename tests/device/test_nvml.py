@@ -463,6 +463,7 @@ def test_missing_driver_raises_driver_not_found(nvml: SimpleNamespace, failure: 
     message = str(caught.value)
     assert "no NVIDIA driver found" in message
     assert "gpuperfd run --simulate N" in message and "--device cpu" in message and "sweep --simulate N" in message
+    assert "probe PROBE --simulate N" in message
     assert str(failure) in message  # names the underlying error
     backend.close()
     nvml.nvmlShutdown.assert_not_called()

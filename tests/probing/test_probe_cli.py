@@ -140,3 +140,78 @@ def test_config_file_describes_the_matrix(tmp_path: Path, capsys: pytest.Capture
     config.write_text("probe: llm\nbatch_size: [1, 0]\n")
     assert cli.main(parse(["--config", str(config)])) == 2
     assert "gpuperfd probe: batch_size:" in capsys.readouterr().err
+
+
+SIM = ["--simulate", "1", "--repeats", "3", "--measure-seconds", "0.05"]
+
+
+def test_simulate_runs_on_the_simulator_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "gpt2.csv"
+    code = cli.main(parse(["llm", "--preset", "gpt2", *SIM, "--label", "dataset=synthetic", "--output", str(out)]))
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "SIMULATED" in captured.err and "SIMULATED" in captured.out
+    assert "llm/simulated" in captured.out
+    # off a terminal: one line for the finished point, naming it simulated
+    assert "llm/simulated gpt2 b=" in captured.err and ": ok " in captured.err and "token/s" in captured.err
+    with out.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["variant"] == "simulated" and row["gpu_backend"] == "simulated" and row["labels"] == "dataset=synthetic"
+    for column in ("requests_per_second", "request_mean_seconds", "gpu_utilization_ratio", "temperature_celsius_mean",
+                   "temperature_celsius_max", "memory_utilization_ratio", "average_power_watts",
+                   "energy_per_unit_joules", "peak_memory_bytes"):
+        assert row[column] not in ("", None), column
+    assert float(row["average_power_watts"]) > 100  # an H100 under load, not a CPU
+
+
+def test_simulate_pools_one_window_per_repeat(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    code = cli.main(parse(["train", *SIM, "--simulate", "2", "--device", "cuda:1", "--no-progress",
+                           "--output", str(out)]))
+    assert code == 0
+    record = json.loads(out.read_text())
+    result = ProbeResult.from_dict(record["result"])
+    assert len(result.repeats) == 3 and result.device == "sim:1"
+    assert result.extra["loss"] > 0 and result.extra["loss_first"] >= result.extra["loss"]
+    rates = [rep.throughput["tokens_per_second"] for rep in result.repeats]
+    assert min(rates) <= result.throughput["tokens_per_second"] <= max(rates)
+    assert result.energy_joules == pytest.approx(sum(rep.energy_joules for rep in result.repeats))
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--simulate", "1", "--device", "cpu"], "--simulate runs on simulated GPUs"),
+    (["--simulate", "1", "--device", "cuda:1"], "--simulate 1 makes GPUs 0..0"),
+    (["--simulate", "0"], "at least 1 simulated GPU"),
+    (["--label", "nolabel"], "expected KEY=VALUE"),
+    (["--label", "variant=x"], "already a column"),
+])
+def test_simulate_and_label_usage_errors(argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(parse(["vit", *argv])) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_table_drops_columns_no_point_has_and_shows_attention_latency(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(parse(["attention", *SIM, "--no-progress"]))
+    assert code == 0
+    table = capsys.readouterr().out
+    header = table.splitlines()[0]
+    assert "TTFT" not in header and "req/s" not in header
+    assert "iteration" in table and "p99 ms" in header
+
+
+def test_starting_estimate_depends_on_the_device_and_is_redone_from_the_first_point() -> None:
+    """Seed 002's CPU matrix took about 12 s for 4 points on a quiet machine (the old estimate, 8 s
+    of fixed cost a point, said 33 s: 2.7 times too high)."""
+    matrix = cli.build_specs(parse(["llm", "--preset", "tiny", "tiny-x2", "--batch-size", "1", "4",
+                                    "--prompt-tokens", "16", "--output-tokens", "4", "--repeats", "2",
+                                    "--measure-seconds", "0.1", "--warmup", "1"]))
+    estimate = cli.estimate_seconds(matrix)
+    assert 12.0 / 1.5 <= estimate <= 12.0 * 1.5
+    on_gpu = cli.build_specs(parse(["llm", "--preset", "tiny", "--device", "cuda", "--repeats", "2",
+                                    "--measure-seconds", "0.1"]))
+    assert cli.estimate_seconds(on_gpu) > cli.estimate_seconds(matrix[:1]) + 10
+    # a loaded machine: the first point took 11 s, so the 3 left take about 3 x 11 s
+    assert cli.refined_estimate(matrix[0], 11.0, matrix[1:]) == pytest.approx(33.0, rel=0.05)
+    assert cli.estimate_seconds(matrix, simulated=True) == pytest.approx(4 * 2 * 0.1)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 import threading
 import time
 from dataclasses import replace
@@ -92,10 +95,13 @@ def test_gpu_with_a_foreign_process_is_skipped_as_allocated(tmp_path):
     assert sample(registry, "gpuperf_probe_runs_total", **labels, result="skipped", reason="busy") is None
 
 
-def test_gpu_not_idle_long_enough_is_skipped(tmp_path):
+def test_gpu_not_idle_long_enough_is_skipped(tmp_path, caplog):
     backend, devices, registry, service = make(tmp_path, idle_seconds=3600)
-    outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0)
+    with caplog.at_level(logging.INFO, logger="gpuperfd.probing.service"):
+        outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0)
     assert (outcome.result, outcome.reason) == ("skipped", "not_idle")
+    # the log line says how long it was idle against what it needs (not_idle_text), never "idle 5 s < 5 s"
+    assert re.search(r"skipped: not_idle \(idle for [0-9.]+ s, needs 3600 s\)", caplog.text)
 
 
 def test_no_two_runs_on_one_gpu(tmp_path):

@@ -253,3 +253,54 @@ def test_sweep_cli_rejects_bad_input(tmp_path, capsys, args, words):
     code = main(["sweep", "--simulate", "1", "--probe", "vit", "--state-dir", str(tmp_path), *args])
     assert code == 2
     assert words in capsys.readouterr().err
+
+
+def _fast_config(tmp_path):
+    path = tmp_path / "sim.yaml"
+    path.write_text("probes:\n  simulated_measure_seconds: 0.2\n")
+    return str(path)
+
+
+def test_sweep_labels_simulated_telemetry_and_one_line_per_point(tmp_path, capsys):
+    """--label lands in every record and the CSV; simulated points fill temperature mean, memory
+    utilization and (train) the loss; off a terminal each finished point is one line on stderr."""
+    from gpuperfd.cli import main
+
+    out = tmp_path / "train.csv"
+    code = main(["sweep", "--simulate", "1", "--config", _fast_config(tmp_path), "--probe", "train",
+                 "--caps", "700,400", "--no-stop-early", "--settle", "0", "--state-dir", str(tmp_path / "state"),
+                 "--label", "dataset=wikitext", "--label", "framework=hf", "--output", str(out)])
+    assert code == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("sweep train gpu0 ")]
+    assert len(lines) == 2
+    assert "1/2: 700 W: ok " in lines[0] and "token/s" in lines[0] and "left)" in lines[0]
+    assert "2/2: 400 W: ok " in lines[1] and "(done in " in lines[1]
+    with out.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["labels"] for r in rows] == ["dataset=wikitext;framework=hf"] * 2
+    for row in rows:
+        assert 20 < float(row["temperature_celsius_mean"]) <= float(row["temperature_celsius_max"]) < 110
+        assert 0 < float(row["memory_utilization_ratio"]) <= 1
+        assert 0 < float(row["loss"]) <= float(row["loss_first"])
+
+
+def test_sweep_label_errors_are_usage_errors(tmp_path, capsys):
+    from gpuperfd.cli import main
+
+    for label, words in (("dataset", "expected KEY=VALUE"), ("batch_size=4", "already a column")):
+        code = main(["sweep", "--simulate", "1", "--probe", "vit", "--caps", "700", "--state-dir", str(tmp_path),
+                     "--label", label])
+        err = capsys.readouterr().err
+        assert code == 2 and words in err and len(err.splitlines()) == 1
+
+
+def test_sweep_read_only_says_which_caps_it_did_not_measure(tmp_path, capsys):
+    from gpuperfd.cli import main
+
+    code = main(["sweep", "--simulate", "1", "--config", _fast_config(tmp_path), "--probe", "vit",
+                 "--caps", "current,400", "--read-only", "--settle", "0", "--state-dir", str(tmp_path / "s"),
+                 "--no-progress"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "read-only: measured the current cap 700 W only; 400 W not measured" in err

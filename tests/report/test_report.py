@@ -483,3 +483,23 @@ def test_report_from_a_real_prometheus(start_daemon, tmp_path, capsys):
     # Prometheus gives no batch sizes and one GPU: no parameter or comparison charts, so no such sections
     assert tables.ids == [s for s in SECTIONS if s not in ("batch-size", "compare")]
     assert "no per-cap latency percentiles" in html
+
+
+def test_simulated_train_loss_has_a_panel_and_inference_columns_say_they_have_none(tmp_path):
+    """Seed 001: the simulated train sweep fills the loss, so the cap grid gets its loss row; the
+    inference column's loss panel is not counted as missing data (llm has no loss by nature)."""
+    from gpuperfd.cli import main
+    from gpuperfd.report import build_report, load_history
+    from gpuperfd.report.figures import cap_figure, cap_rows, empty_panels
+
+    config = tmp_path / "sim.yaml"
+    config.write_text("probes:\n  simulated_measure_seconds: 0.2\n")
+    out = tmp_path / "runs.jsonl"
+    assert main(["sweep", "--simulate", "1", "--config", str(config), "--probe", "llm,train", "--caps", "700,400",
+                 "--no-stop-early", "--settle", "0", "--state-dir", str(tmp_path / "s"), "--no-progress",
+                 "--output", str(out)]) == 0
+    report = build_report(load_history([out]))
+    assert "loss" in cap_rows(report, [("llm", "gpt2"), ("train", "gpt2")])
+    train = [s for s in report.series if s.probe == "train"]
+    assert train and all(p.loss is not None and p.loss > 0 for s in train for p in s.points)
+    assert empty_panels(cap_figure(report)) == []

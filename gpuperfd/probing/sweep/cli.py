@@ -25,8 +25,8 @@ from gpuperfd.console import ProgressBar, format_table
 from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.device.factory import open_backend
-from gpuperfd.probe_data.record import RecordError, append_records, build_record, check_output
-from gpuperfd.probe_data.recommend import SweepPoint, recommend, work_rate
+from gpuperfd.probe_data.record import RecordError, append_records, build_record, check_output, parse_labels
+from gpuperfd.probe_data.recommend import SweepPoint, point_words, read_only_note, recommend, work_rate
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.spec import PROBES
 from gpuperfd.probing.executors import choose_executor
@@ -98,6 +98,9 @@ def register(subparsers: Any) -> None:
                        help="append each point as a run record to FILE.csv or FILE.jsonl (docs/reports.md); "
                             "an existing file of another format is refused, never overwritten")
     sweep.add_argument("--report", metavar="DIR", help="also write the report (HTML, PNG, CSV) into DIR")
+    sweep.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                       help="repeatable: a label kept in each record and the CSV (dataset=cifar10); the report "
+                            "never merges runs whose labels differ and can plot, group or facet by a label")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
     sweep.set_defaults(func=cmd_sweep)
 
@@ -134,6 +137,7 @@ class SweepArgs:
     output: str | None = None
     report: str | None = None
     progress: bool = True
+    labels: list[str] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> SweepArgs:
@@ -141,10 +145,14 @@ class SweepArgs:
                    options=dict(ns.option), settle=ns.settle, stop_early=ns.stop_early,
                    max_slowdown=ns.max_slowdown, read_only=ns.read_only, simulate=ns.simulate, config=ns.config,
                    state_dir=ns.state_dir, clamp=ns.clamp, output=ns.output, report=ns.report,
-                   progress=not ns.no_progress)
+                   progress=not ns.no_progress, labels=list(getattr(ns, "label", None) or []))
 
     def usage_error(self) -> str | None:
         """What is wrong with the flags before any GPU is touched, or None."""
+        try:
+            parse_labels(self.labels)
+        except RecordError as exc:
+            return f"--{exc}"
         if self.output:
             try:
                 check_output(self.output)
@@ -237,13 +245,16 @@ def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, s
            caps_spec: list[str | float], abort: threading.Event, stop: StopSignals) -> int:
     """The owned sweep of every schedule on ``device``, its tables and report; the exit code."""
     journal = CapJournal.for_config(config)  # registered: a start with another state_dir finds it
-    records = SweepRecords(args.output, device.info())
+    records = SweepRecords(args.output, device.info(), parse_labels(args.labels))
     request = SweepRequest(schedules, caps_spec, read_only=_read_only(args, config), strict_caps=not args.clamp,
                            stop_early=args.max_slowdown if args.stop_early else None, wait_seconds=args.wait)
     threshold = config.probes.idle_utilization_threshold
     bars: list[CliObserver] = []
 
     def observer_for(schedule: ScheduleConfig, planned: OwnedSweep) -> CliObserver:
+        if planned.read_only and planned.original_cap_watts is not None and not bars:
+            # Never drop an asked-for cap silently (`--read-only --caps current,max`).
+            say(f"gpuperfd: gpu {args.gpu}: {read_only_note(planned.caps_watts, planned.original_cap_watts)}")
         records.start(planned.original_cap_watts)
         total = 1 if planned.read_only else len(planned.caps_watts)
         bars.append(CliObserver(ProgressBar(total, desc=f"sweep {schedule.probe} gpu{args.gpu}",
@@ -302,8 +313,9 @@ class SweepRecords:
     """Each point as a run record (``gpuperfd.run/1``, what `gpuperfd report` reads), kept for
     ``--report`` and appended to ``path`` as it comes (a stopped sweep keeps its points)."""
 
-    def __init__(self, path: str | None, gpu: GpuInfo) -> None:
+    def __init__(self, path: str | None, gpu: GpuInfo, labels: dict[str, str] | None = None) -> None:
         self.path = path
+        self.labels = dict(labels or {})
         self.gpu = {k: v for k, v in dataclasses.asdict(gpu).items() if k != "serial"}
         self.records: list[dict[str, Any]] = []
         self.original: float | None = None
@@ -315,7 +327,8 @@ class SweepRecords:
 
     def add(self, point: SweepPoint) -> None:
         record = build_record(point.result, "sweep", gpu=self.gpu, power_cap_watts=point.cap_watts,
-                              original_cap_watts=self.original, sweep_id=self.sweep_id)
+                              original_cap_watts=self.original, sweep_id=self.sweep_id,
+                              labels=self.labels)
         self.records.append(record)
         if self.path is not None:
             try:
@@ -347,9 +360,14 @@ class CliObserver:
     def on_point(self, point: SweepPoint) -> None:
         self.records.add(point)
         self._quietly(lambda: self.bar.update(1))
+        self._quietly(lambda: self.bar.point_done(_point_what(point), point_words(point.result)))
 
     def close(self) -> None:
         self._quietly(lambda: self.bar.__exit__(None, None, None))
+
+
+def _point_what(point: SweepPoint) -> str:
+    return f"{point.cap_watts:.0f} W" if point.cap_watts else "current cap"
 
 
 def _write_report(directory: str, max_slowdown: float, records: list[dict[str, Any]]) -> int:
