@@ -345,7 +345,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         specs = build_specs(args)
         args = _merge_config(args)
-        labels = parse_labels(getattr(args, "label", None))
+        parse_labels(getattr(args, "label", None))  # a bad label is a usage error before anything runs
         if args.output:
             check_output(args.output)
         if args.timeout is not None and args.timeout <= 0:
