@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_child.workloads import data
@@ -141,6 +142,20 @@ class GraphLLM(_LLMBase):
         if traced:
             self.traces.append(steps)
 
+    def check_plan(self) -> correctness.CheckPlan:
+        """The window's first request batch through the window's path (graphs or not): its greedy
+        tokens and the last decode step's logits; the slice is a product with the model's largest weight."""
+        s = self.static
+
+        def output() -> list[torch.Tensor]:
+            with torch.inference_mode():
+                tokens = s.generate(self.prompts[0])
+                return [s.last_logits().clone(), tokens]
+
+        return correctness.CheckPlan(
+            output, lambda _: correctness.matmul_slice(correctness.largest_matrix(self.model), self.ctx.dtype),
+            path="cuda_graph" if s.graphs else "eager")
+
     def describe(self) -> dict[str, Any]:
         out = {
             "model_parameters": self.n_params,
@@ -219,6 +234,21 @@ class EagerLLM(_LLMBase):
         self.marks.append((start, first, done))
         if traced:
             self.traces.append([start, *streamer.tokens])
+
+    def check_plan(self) -> correctness.CheckPlan:
+        """The window's first request batch through generate(): logits of every step and the tokens."""
+        ids = self.prompts[0]
+
+        def output() -> list[torch.Tensor]:
+            with torch.inference_mode():
+                out = self.model.generate(ids, attention_mask=self.mask, max_new_tokens=self.O, min_new_tokens=self.O,
+                                          do_sample=False, pad_token_id=0, output_logits=True,
+                                          return_dict_in_generate=True)
+            return [torch.stack(list(out.logits)), out.sequences]
+
+        return correctness.CheckPlan(
+            output, lambda _: correctness.matmul_slice(correctness.largest_matrix(self.model), self.ctx.dtype),
+            path="eager")
 
     def describe(self) -> dict[str, Any]:
         return {
