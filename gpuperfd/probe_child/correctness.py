@@ -161,8 +161,9 @@ class SliceCheck:
         max_rel = float(rel.max()) if rel.numel() else 0.0
         ok = finite and norm_rel <= tol.norm and max_rel <= tol.element
         return {"name": self.name, "ok": ok, "precision": self.precision, "elements": int(ref.numel()),
-                "max_abs_error": max_abs if finite else math.inf, "max_rel_error": max_rel if finite else math.inf,
-                "norm_rel_error": norm_rel if finite else math.inf}
+                # None where a NaN/inf made the error unmeasurable (JSON has no NaN; the check failed)
+                "max_abs_error": max_abs if finite else None, "max_rel_error": max_rel if finite else None,
+                "norm_rel_error": norm_rel if finite else None}
 
 
 def fresh_generator() -> torch.Generator:

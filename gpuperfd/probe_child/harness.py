@@ -343,8 +343,8 @@ def measure(
     if checked["status"] == "mismatch":
         result.status, result.failure_reason = "failed", "wrong_result"
         result.error_message = (f"wrong result: {', '.join(checked['failed_checks'])} check failed "
-                                f"(max abs error {checked['max_abs_error']:.3g}, max rel error "
-                                f"{checked['max_rel_error']:.3g}, {checked['precision']})")
+                                f"(slice max abs error {checked['max_abs_error']}, max rel error "
+                                f"{checked['max_rel_error']}, {checked['precision']}, {checked['path']})")
     result.started_at, result.wall_seconds = started_at, time.perf_counter() - t_start
     return result
 
