@@ -150,6 +150,9 @@ class DegradeConfig(_Strict):
     memory_bandwidth_factor: Annotated[float, Field(gt=0, le=1)] = 1.0
     #: Keep this GPU thermally throttled while it is busy.
     thermal_throttle: bool = False
+    #: Silent data corruption: this GPU's probe answers are wrong (their correctness checks report a
+    #: mismatch, the run fails with reason wrong_result), while its telemetry looks normal.
+    wrong_results: bool = False
 
 
 class MigConfig(_Strict):
