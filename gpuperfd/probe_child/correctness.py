@@ -46,6 +46,8 @@ __all__ = [
 from gpuperfd.probe_data.spec import TEST_FAULTS_ENV  # the switch without which wrong-result faults are refused
 #: Elements of the strided raw-byte sample hashed into the fingerprint.
 SAMPLE_ELEMENTS = 4096
+#: Columns of a matrix-product slice recomputed on the CPU (rows x columns x inner float64 products).
+MAX_SLICE_COLUMNS = 4096
 
 
 @dataclass(frozen=True)
@@ -175,13 +177,16 @@ def matmul_slice(weight: torch.Tensor, dtype: torch.dtype, rows: int = 8, name: 
     """``rows`` fresh random rows times ``weight`` (the model's own, cast to ``dtype``) on its device,
     against the same product of the same rounded operands in float64 on the CPU."""
     w = weight.detach()
+    if w.shape[0] > w.shape[1]:  # the short side is the inner dimension: an embedding's is its width, not
+        w = w.T                  # its vocabulary (a 50k-term sum would test split-K reductions, not units)
     if w.dtype != dtype:
         w = w.to(dtype)
     x_cpu = torch.randn(rows, w.shape[0], generator=fresh_generator(), dtype=torch.float32).to(dtype)
     with torch.inference_mode():
         out = x_cpu.to(w.device) @ w
-    ref = x_cpu.double() @ w.to("cpu", torch.float64)
-    return SliceCheck(name, out, ref, precision_of(dtype, w.device))
+    cols = min(w.shape[1], MAX_SLICE_COLUMNS)
+    ref = x_cpu.double() @ w[:, :cols].to("cpu", torch.float64)
+    return SliceCheck(name, out[:, :cols], ref, precision_of(dtype, w.device))
 
 
 def largest_matrix(module: torch.nn.Module) -> torch.Tensor:

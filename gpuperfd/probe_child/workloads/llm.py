@@ -143,14 +143,19 @@ class GraphLLM(_LLMBase):
             self.traces.append(steps)
 
     def check_plan(self) -> correctness.CheckPlan:
-        """The window's first request batch through the window's path (graphs or not): its greedy
-        tokens and the last decode step's logits; the slice is a product with the model's largest weight."""
+        """The window's first request batch through the window's path (graphs or not): prefill and
+        one decode step (both kernels sets, a fraction of one request's cost), their logits and
+        tokens; the slice is a product with the model's largest weight."""
         s = self.static
+        T = self.T
 
         def output() -> list[torch.Tensor]:
             with torch.inference_mode():
-                tokens = s.generate(self.prompts[0])
-                return [s.last_logits().clone(), tokens]
+                s.seq[:, :T].copy_(self.prompts[0])
+                s.run_prefill()
+                if self.O > 1:
+                    s.run_decode()
+                return [s.last_logits().clone(), s.seq[:, T:T + min(self.O, 2)].clone()]
 
         return correctness.CheckPlan(
             output, lambda _: correctness.matmul_slice(correctness.largest_matrix(self.model), self.ctx.dtype),
@@ -236,12 +241,14 @@ class EagerLLM(_LLMBase):
             self.traces.append([start, *streamer.tokens])
 
     def check_plan(self) -> correctness.CheckPlan:
-        """The window's first request batch through generate(): logits of every step and the tokens."""
+        """The window's first request batch through generate(), two tokens (prefill and one decode
+        step, a fraction of a request's cost): the logits of both steps and the tokens."""
         ids = self.prompts[0]
+        n = min(self.O, 2)
 
         def output() -> list[torch.Tensor]:
             with torch.inference_mode():
-                out = self.model.generate(ids, attention_mask=self.mask, max_new_tokens=self.O, min_new_tokens=self.O,
+                out = self.model.generate(ids, attention_mask=self.mask, max_new_tokens=n, min_new_tokens=n,
                                           do_sample=False, pad_token_id=0, output_logits=True,
                                           return_dict_in_generate=True)
             return [torch.stack(list(out.logits)), out.sequences]
