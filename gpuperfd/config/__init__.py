@@ -155,6 +155,9 @@ class DegradeConfig(_Strict):
     #: Train this GPU's PCIe link below its maximum generation / width (None: at the maximum).
     pcie_generation: Annotated[int, Field(ge=1, le=6)] | None = None
     pcie_width: Annotated[int, Field(ge=1, le=32)] | None = None
+    #: Silent data corruption: this GPU's probe answers are wrong (their correctness checks report a
+    #: mismatch, the run fails with reason wrong_result), while its telemetry looks normal.
+    wrong_results: bool = False
 
 
 class MigConfig(_Strict):

@@ -659,6 +659,9 @@ class SimulatedGpu(Device):
         self._sm_clock_factor = degrade.sm_clock_factor if degrade else 1.0
         self._memory_bandwidth_factor = degrade.memory_bandwidth_factor if degrade else 1.0
         self._thermal_throttle = bool(degrade and degrade.thermal_throttle)
+        #: Silent data corruption (simulation.degrade wrong_results): the simulated executor's answer
+        #: checks fail on this GPU; no telemetry shows it, as on a real part.
+        self.wrong_results = bool(degrade and degrade.wrong_results)
         resistance = model.thermal_resistance_kelvin_per_watt
         if self._thermal_throttle:
             resistance *= THERMAL_THROTTLE_RESISTANCE_FACTOR

@@ -112,6 +112,11 @@ class Workload(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
+    def check_plan(self) -> Any:
+        """What the answer checks run (a ``correctness.CheckPlan``): the output on the window's inputs
+        through the window's path, and a slice to recompute in float64 (probe_child/correctness.py)."""
+        ...
+
 
 # --- the device context -----------------------------------------------------------------
 

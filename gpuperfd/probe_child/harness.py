@@ -48,11 +48,12 @@ from gpuperfd.probe_child.context import (
     cpu_model,
     mean,
 )
+from gpuperfd.probe_child.correctness import run_checks
 from gpuperfd.probe_child.faults import inject_fault
 from gpuperfd.probe_child.loop import run_loop
 from gpuperfd.probe_data.result import ProbeResult, RepeatResult, WindowStats
 from gpuperfd.probe_data.settle import wait_steady
-from gpuperfd.probe_data.spec import ProbeSpec
+from gpuperfd.probe_data.spec import WRONG_RESULT_FAULTS, ProbeSpec
 
 
 @dataclass
@@ -232,7 +233,8 @@ def _measure_windows(prepared: Prepared, plan: _Plan, report: Callable[..., None
         with ctx.nvtx(f"gpuperfd:measure[{index}]"):
             e0 = ctx.energy()
             sampler.start()
-            if index == 0 and spec.inject_fault is not None and prepared.measured_points == 1:
+            if (index == 0 and spec.inject_fault is not None and spec.inject_fault not in WRONG_RESULT_FAULTS
+                    and prepared.measured_points == 1):
                 inject_fault(spec.inject_fault, ctx)
             n, seconds = run_loop(ctx, workload, clock, plan.window_seconds, spec.iterations)
             e1 = ctx.energy()
@@ -322,6 +324,8 @@ def measure(
     settle_wait, steady = _settle(prepared, settle_seconds)
     windows = _measure_windows(prepared, plan, report)
     peak, allocated = ctx.memory()
+    report(phase="check")
+    checked = _check(prepared)
     busy, busy_method, busy_info = _busy_pass(prepared, plan, windows.telemetry, report)
     extra: dict[str, Any] = {
         "setup_seconds": setup_seconds,
@@ -335,8 +339,23 @@ def measure(
         **busy_info,
     }
     result = _aggregate(prepared, windows, extra, peak, allocated, busy)
+    result.correctness = checked
+    if checked["status"] == "mismatch":
+        result.status, result.failure_reason = "failed", "wrong_result"
+        result.error_message = (f"wrong result: {', '.join(checked['failed_checks'])} check failed "
+                                f"(slice max abs error {checked['max_abs_error']}, max rel error "
+                                f"{checked['max_rel_error']}, {checked['precision']}, {checked['path']})")
     result.started_at, result.wall_seconds = started_at, time.perf_counter() - t_start
     return result
+
+
+def _check(prepared: Prepared) -> dict[str, Any]:
+    """The answer checks (probe_child/correctness.py), after the windows on the window's inputs, so the
+    throughput figures never include them; their cost is in ``correctness.seconds``."""
+    spec, ctx = prepared.spec, prepared.ctx
+    fault = spec.inject_fault if spec.inject_fault in WRONG_RESULT_FAULTS else None
+    with ctx.nvtx("gpuperfd:check"):
+        return run_checks(prepared.workload.check_plan(), ctx.synchronize, fault)
 
 
 def _aggregate(prepared: Prepared, windows: _Windows, point_extra: dict[str, Any], peak: int | None,

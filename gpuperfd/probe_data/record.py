@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpuperfd.probe_data.result import ProbeResult, percentile
+from gpuperfd.probe_data.result import ProbeResult, not_checked, percentile
 
 __all__ = [
     "SCHEMA",
@@ -80,6 +80,8 @@ CSV_COLUMNS: tuple[str, ...] = (
     *[f"{name}_{stat}_seconds" for name in LATENCY_COLUMNS for stat in _STATS],
     "peak_memory_bytes", "allocated_memory_bytes", "gpu_busy_ratio", "low_gpu_busy",
     *_TELEMETRY, "clock_events", "loss", "loss_first", "model_parameters", "kv_cache_bytes",
+    *[f"correctness_{name}" for name in ("status", "checks", "max_abs_error", "max_rel_error", "elements_checked",
+                                         "fingerprint")],
 )
 
 
@@ -332,15 +334,20 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
             row[f"{name}_{stat}_seconds"] = stats[stat]
     for key in _TELEMETRY:
         row[key] = tele.get(key)
+    check = result.correctness
+    for key in ("status", "checks", "max_abs_error", "max_rel_error", "elements_checked", "fingerprint"):
+        value = check.get(key)
+        row[f"correctness_{key}"] = finite_or_none(value) if key.endswith("_error") else value
     return row
 
 
-_INT_COLUMNS = {"gpu_index", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size", "heads",
+_INT_COLUMNS = {"correctness_checks", "correctness_elements_checked", "gpu_index", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size", "heads",
                 "head_dim", "n_groups", "warmup", "repeats", "iterations", "peak_memory_bytes",
                 "allocated_memory_bytes", "model_parameters", "kv_cache_bytes"}
 _TEXT_COLUMNS = {"schema", "time_utc", "host", "source", "sweep_id", "labels", "gpu_uuid", "gpu_name", "gpu_backend",
                  "driver_version", "compute_capability", "torch_version", "probe", "variant", "preset", "model",
-                 "dtype", "status", "failure_reason", "error", "work_unit", "clock_events"}
+                 "dtype", "status", "failure_reason", "error", "work_unit", "clock_events", "correctness_status",
+                 "correctness_fingerprint"}
 
 
 def _cell(column: str, text: str) -> Any:
@@ -383,6 +390,7 @@ def record_from_row(row: dict[str, str]) -> dict[str, Any]:
         gpu_utilization_mean_ratio=values["gpu_utilization_ratio"],
         memory_utilization_mean_ratio=values["memory_utilization_ratio"], gpu_busy_ratio=values["gpu_busy_ratio"],
         low_gpu_busy=bool(values["low_gpu_busy"]), power_limit_watts=values["power_cap_watts"], extra=extra,
+        correctness=_correctness_from_row(values),
     )
     return {
         "schema": SCHEMA, "time": values["time"] or 0.0, "host": values["host"] or "?",
@@ -395,6 +403,17 @@ def record_from_row(row: dict[str, str]) -> dict[str, Any]:
         "original_cap_watts": values["original_cap_watts"],
         "telemetry": {k: values[k] for k in _TELEMETRY}, "result": result.to_dict(),
     }
+
+
+def _correctness_from_row(values: dict[str, Any]) -> dict[str, Any]:
+    """The ``correctness`` dict of a CSV row; a row from before the checks (no status) gives not_checked."""
+    if values.get("correctness_status") is None:
+        return not_checked()
+    out = {k: values[f"correctness_{k}"] for k in ("status", "checks", "max_abs_error", "max_rel_error",
+                                                    "elements_checked")}
+    if values.get("correctness_fingerprint") is not None:
+        out["fingerprint"] = values["correctness_fingerprint"]
+    return out
 
 
 # --- writing -----------------------------------------------------------------------------

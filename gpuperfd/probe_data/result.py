@@ -22,6 +22,8 @@ from typing import Any
 __all__ = [
     "STATUSES",
     "FAILURE_REASONS",
+    "CORRECTNESS_STATUSES",
+    "not_checked",
     "WORK_UNITS",
     "PRIMARY_METRIC",
     "MAIN_LATENCY",
@@ -38,7 +40,16 @@ __all__ = [
 #: "skipped": a sweep's point not run on purpose (its reason says why, e.g. ``early_stop``).
 STATUSES: tuple[str, ...] = ("ok", "failed", "aborted", "skipped")
 FAILURE_REASONS: tuple[str, ...] = ("exception", "timeout", "oom", "crash", "cuda_error", "gpu_busy", "aborted",
-                                    "early_stop")
+                                    "early_stop", "wrong_result")
+#: What the answer checks said (probe_child/correctness.py): "not_checked" for failed points and records
+#: written before the checks existed.
+CORRECTNESS_STATUSES: tuple[str, ...] = ("ok", "mismatch", "not_checked")
+
+
+def not_checked() -> dict[str, Any]:
+    """The ``correctness`` of a point whose answers were not checked."""
+    return {"status": "not_checked", "checks": 0, "max_abs_error": None, "max_rel_error": None,
+            "elements_checked": 0}
 WORK_UNITS: tuple[str, ...] = ("token", "image", "step", "iteration")
 LATENCY_NAMES: tuple[str, ...] = ("ttft_seconds", "tpot_seconds", "request_seconds", "batch_seconds",
                                    "iteration_seconds", "step_seconds")
@@ -166,6 +177,9 @@ class ProbeResult(WindowStats):
     power_limit_watts: float | None = None
     repeats: list[RepeatResult] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The answer checks: status (ok | mismatch | not_checked), checks, max_abs_error, max_rel_error,
+    #: elements_checked, fingerprint, seconds (their cost), ... (docs/probes.md, "Correctness").
+    correctness: dict[str, Any] = field(default_factory=not_checked)
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -176,6 +190,8 @@ class ProbeResult(WindowStats):
         if self.work_unit is not None and self.work_unit not in WORK_UNITS:
             raise ValueError(f"work_unit: {self.work_unit!r} is not one of {WORK_UNITS}")
         self.repeats = [r if isinstance(r, RepeatResult) else RepeatResult.from_dict(r) for r in self.repeats]
+        if not isinstance(self.correctness, dict) or self.correctness.get("status") not in CORRECTNESS_STATUSES:
+            self.correctness = not_checked()
 
     @property
     def ok(self) -> bool:

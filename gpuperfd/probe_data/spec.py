@@ -24,6 +24,7 @@ from typing import Any
 __all__ = [
     "PROBES",
     "FAULTS",
+    "WRONG_RESULT_FAULTS",
     "DTYPES",
     "VARIANTS",
     "PRESETS",
@@ -38,7 +39,13 @@ __all__ = [
 PROBES: tuple[str, ...] = ("llm", "vit", "attention", "train")
 
 #: Test-only faults the child can inject (see ProbeSpec.inject_fault).
-FAULTS: tuple[str, ...] = ("exception", "hang", "oom", "crash", "cuda_error")
+FAULTS: tuple[str, ...] = ("exception", "hang", "oom", "crash", "cuda_error", "wrong_result_element",
+                           "wrong_result_bit")
+#: Faults that make a probe's answer wrong (one element, or one bit, of its checked output). Stricter
+#: than the others: refused unless the test-only switch GPUPERFD_TEST_FAULTS=1 is set, here and again
+#: in the child where the output is perturbed. No config or CLI field carries ``inject_fault``.
+WRONG_RESULT_FAULTS: tuple[str, ...] = ("wrong_result_element", "wrong_result_bit")
+TEST_FAULTS_ENV = "GPUPERFD_TEST_FAULTS"
 
 #: Canonical dtype names and their accepted aliases.
 DTYPES: dict[str, str] = {
@@ -349,6 +356,8 @@ class ProbeSpec:
             _int("memory_limit_bytes", self.memory_limit_bytes, 1 << 20)
         if self.inject_fault is not None and self.inject_fault not in FAULTS:
             raise ValueError(f"inject_fault: unknown fault {self.inject_fault!r}; use one of {', '.join(FAULTS)}")
+        if self.inject_fault in WRONG_RESULT_FAULTS and os.environ.get(TEST_FAULTS_ENV) != "1":
+            raise ValueError(f"inject_fault: {self.inject_fault} is for tests only (needs {TEST_FAULTS_ENV}=1)")
         for name in ("weights_path", "dataset_path"):
             path = getattr(self, name)
             if path is not None and not os.path.exists(path):

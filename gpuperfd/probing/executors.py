@@ -334,7 +334,14 @@ class SimulatedExecutor:
         energy = energy_end - energy_start
         info = device.info()
         latencies, throughput, unit = _simulated_latencies(schedule, rate, samples, device, profile)
+        correctness = _simulated_correctness(device, schedule.probe, preset)
+        wrong = correctness["status"] == "mismatch"
         return ProbeResult(
+            status="failed" if wrong else "ok",
+            failure_reason="wrong_result" if wrong else None,
+            error_message="wrong result: repeat, slice check failed (simulated silent data corruption)" if wrong
+            else None,
+            correctness=correctness,
             probe=schedule.probe,
             variant="simulated",
             preset=preset,
@@ -369,6 +376,22 @@ class SimulatedExecutor:
                    "temperature_celsius_mean": watch.mean("temperature"),
                    **_simulated_loss(schedule, units, rng, lock, noise)},
         )
+
+
+def _simulated_correctness(device: Any, probe: str, preset: str) -> dict[str, Any]:
+    """What the answer checks say on a simulated GPU: ok with one fingerprint per (model, probe, preset),
+    shared by healthy peers; a mismatch and a fingerprint of its own where ``wrong_results`` is set."""
+    import hashlib
+
+    wrong = bool(getattr(device, "wrong_results", False))
+    key = f"{device.model.key}/{probe}/{preset}" + (f"/wrong/{device.index}" if wrong else "")
+    return {
+        "status": "mismatch" if wrong else "ok", "checks": 2,
+        "failed_checks": ["repeat", "slice"] if wrong else [],
+        "max_abs_error": 0.5 if wrong else 1e-3, "max_rel_error": 0.4 if wrong else 2e-3,
+        "elements_checked": 4096, "fingerprint": hashlib.blake2b(key.encode(), digest_size=8).hexdigest(),
+        "peer_comparable": probe != "train", "precision": "bfloat16", "path": "simulated", "seconds": 0.0,
+    }
 
 
 def simulated_executor(measure_seconds: float, seed: int | None = None, noise: float = 0.004,

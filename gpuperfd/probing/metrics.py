@@ -89,6 +89,10 @@ class ProbeMetrics:
         self.sweep_in_progress = gauge("gpuperf_sweep_in_progress", "1 while a sweep holds a changed power cap.", GPU_LABELS)
         self.sweep_cap = gauge("gpuperf_sweep_cap_watts", "The power cap a sweep holds now, watts (only during a sweep).",
                                GPU_LABELS)
+        self.wrong_results = Counter(
+            "gpuperf_probe_wrong_results",
+            "Probe runs whose answer checks failed (status failed, reason wrong_result): silent data corruption.",
+            RUN_LABELS, registry=registry)
         self.missed = Counter("gpuperf_scheduler_runs_missed", "Scheduled probe runs missed or skipped by the scheduler.",
                               ("probe",), registry=registry)
         self.histograms = {
@@ -114,6 +118,11 @@ class ProbeMetrics:
         """Missed-run counters of the scheduled probes exist from 0, so ``increase()`` has data before a miss."""
         for probe in sorted(probes):
             self.missed.labels(probe)
+        self._bump()
+
+    def declare_wrong_results(self, gpu: GpuInfo, probe: str, preset: str) -> None:
+        """The wrong-result counter of a scheduled probe exists from 0, so an alert's ``increase()`` sees the first one."""
+        self.wrong_results.labels(*self.gpu_labels(gpu), probe, preset)
         self._bump()
 
     def gpu_labels(self, gpu: GpuInfo) -> tuple[str, str]:
@@ -170,11 +179,14 @@ class ProbeMetrics:
         """Record one finished probe run (a ProbeResult) at ``cap_watts``."""
         run = (*self.gpu_labels(gpu), result.probe, result.preset)
         self.duration.labels(*run).set(result.wall_seconds or 0.0)
+        wrong = self.wrong_results.labels(*run)  # from 0 on the first run, even if apply_config never declared it
         if result.status != "ok":
             # The point's previous result is no longer what this cap does: it must not stay a
             # candidate for the recommendation, so its series go until the cap succeeds again.
             self.forget_cap(gpu, result.probe, result.preset, cap_label(cap_watts))
             self.count(gpu, result.probe, result.preset, result.status, result.failure_reason or "unknown")
+            if result.failure_reason == "wrong_result":
+                wrong.inc()
             return
         self.count(gpu, result.probe, result.preset, "ok")
         cap = (*run, cap_label(cap_watts))

@@ -254,9 +254,14 @@ def _params_text(result: ProbeResult) -> str:
     return " ".join(([str(model)] if model else []) + shown)
 
 
+def correctness_cell(correctness: dict[str, Any]) -> str:
+    """The correctness column: ok, MISMATCH (wrong numbers: docs/probes.md, "Correctness") or - (not checked)."""
+    return {"ok": "ok", "mismatch": "MISMATCH"}.get(str((correctness or {}).get("status")), "-")
+
+
 def results_table(results: list[ProbeResult]) -> str:
     """The summary table: headline rate over repeats, energy, busy fraction, latency percentiles."""
-    headers = ["probe", "params", "status", "metric", "mean", "median", "stdev", "CV%", "J/unit", "busy",
+    headers = ["probe", "params", "status", "check", "metric", "mean", "median", "stdev", "CV%", "J/unit", "busy",
                "latency", "mean ms", "p50 ms", "p95 ms", "p99 ms", "TTFT ms", "req/s", "peak MiB", "alloc MiB",
                "wall s"]
     rows = []
@@ -277,6 +282,7 @@ def results_table(results: list[ProbeResult]) -> str:
             f"{r.probe}/{r.variant}",
             _params_text(r),
             status,
+            correctness_cell(r.correctness),
             metric.replace("_per_second", "/s") if stats else None,
             stats["mean"] if stats else None,
             stats["median"] if stats else None,
@@ -295,7 +301,7 @@ def results_table(results: list[ProbeResult]) -> str:
             r.allocated_memory_bytes / 2**20 if r.allocated_memory_bytes else None,
             r.wall_seconds,
         ])
-    align = ["l", "l", "l", "l", "r", "r", "r", "r", "r", "r", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r"]
+    align = ["l", "l", "l", "l", "l", "r", "r", "r", "r", "r", "r", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r"]
     return format_table(headers, rows, align=align, drop_empty=True)
 
 

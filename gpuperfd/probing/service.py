@@ -127,6 +127,12 @@ class ProbeService:
                 for watts in resolve_caps(parse_cap_list(schedule.caps), limits)
             }
         gpu_of = {str(index): index for index in scheduled}
+        for index, points in scheduled.items():
+            info = self._info(self.devices[index])
+            if not info.uuid:  # never answered: no identity to label a series with
+                continue
+            for probe, preset in {(p, s) for p, s, _ in points}:
+                self.metrics.declare_wrong_results(info, probe, preset)
 
         def keep(gpu: str, probe: str, preset: str, cap: str) -> bool:
             return gpu not in gpu_of or (probe, preset, cap) in scheduled[gpu_of[gpu]]

@@ -127,6 +127,11 @@ def _print_summary(report: Any, files: Any) -> None:
 
     print(f"{len(report.gpus)} GPU(s), {len(report.series)} series, {report.runs_total} runs "
           f"({len(report.dropped)} outliers removed, {len(report.failed)} failed)")
+    wrong = [r for r in report.failed if r.failure_reason == "wrong_result"]
+    if wrong:
+        gpus = sorted({f"{r.gpu.node}/{r.gpu.index}" for r in wrong})
+        print(f"WRONG RESULTS: {len(wrong)} run(s) computed wrong numbers on GPU(s) {', '.join(gpus)} "
+              "(silent data corruption; see the report's failed runs)")
     print(report.rule_text)
     for s in report.series:
         rec = s.recommendation

@@ -26,7 +26,7 @@ h1{margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 7px;text-align:left}
 th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.rec td{background:#eaf6ea;font-weight:600}tr.base td{background:#f6f6f6}
-img{max-width:100%;height:auto;border:1px solid #eee}.warn{color:#b00;font-weight:bold}.muted{color:#666}
+img{max-width:100%;height:auto;border:1px solid #eee}.warn{color:#b00;font-weight:bold}.muted{color:#666}.wrong-result{color:#b00;font-weight:bold}
 code{font-size:12px}
 """
 
@@ -183,6 +183,16 @@ Latency percentiles pool every sample of the kept runs.</p>
 </section>"""
 
 
+WRONG_RESULT = "wrong_result"
+
+
+def wrong_result_marker(reason: str | None) -> str:
+    """The reason cell of a failed run; runs with wrong results stand out (they mean a bad GPU, not a bad run)."""
+    if reason == WRONG_RESULT:
+        return "WRONG RESULT (wrong_result)"
+    return reason or "-"
+
+
 def _outliers(report: Report) -> str:
     dropped = "".join(
         "<tr>" + "".join(_cell(v) for v in (utc(d.run.time, "%Y-%m-%d %H:%M:%S"), d.run.gpu.node, d.run.gpu.index,
@@ -191,11 +201,16 @@ def _outliers(report: Report) -> str:
         for d in report.dropped
     )
     failed = "".join(
-        "<tr>" + "".join(_cell(v) for v in (utc(r.time, "%Y-%m-%d %H:%M:%S"), r.gpu.node, r.gpu.index, r.probe,
-                                          r.preset, r.batch_size or "-", _cap(r.cap_watts), r.status,
-                                          r.failure_reason or "-")) + "</tr>"
+        ('<tr class="wrong-result">' if r.failure_reason == WRONG_RESULT else "<tr>")
+        + "".join(_cell(v) for v in (utc(r.time, "%Y-%m-%d %H:%M:%S"), r.gpu.node, r.gpu.index, r.probe,
+                                     r.preset, r.batch_size or "-", _cap(r.cap_watts), r.status,
+                                     wrong_result_marker(r.failure_reason))) + "</tr>"
         for r in report.failed
     )
+    wrong = sum(r.failure_reason == WRONG_RESULT for r in report.failed)
+    wrong_note = (f'<p class="wrong-result"><b>{wrong} run(s) computed wrong numbers</b> (answer checks failed: '
+                  "silent data corruption; see docs/probes.md, Correctness). Treat those GPUs as unhealthy.</p>"
+                  if wrong else "")
     rule = RULE if report.outliers_removed else "outlier removal was switched off (--keep-outliers)"
     return f"""<section id="outliers">
 <h2>Outliers and failed runs</h2>
@@ -204,6 +219,7 @@ of normal data. A group with a MAD of 0 or fewer than 3 runs drops nothing. See 
 <h3>Dropped ({len(report.dropped)})</h3>
 {'<table><tr><th>time (UTC)</th><th>node</th><th>GPU</th><th>probe</th><th>preset</th><th>batch</th><th>cap (W)</th><th>why</th><th>source</th></tr>' + dropped + '</table>' if dropped else '<p class="muted">none</p>'}
 <h3>Failed ({len(report.failed)})</h3>
+{wrong_note}
 {'<table><tr><th>time (UTC)</th><th>node</th><th>GPU</th><th>probe</th><th>preset</th><th>batch</th><th>cap (W)</th><th>status</th><th>reason</th></tr>' + failed + '</table>' if failed else '<p class="muted">none</p>'}
 </section>"""
 

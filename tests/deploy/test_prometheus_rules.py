@@ -27,6 +27,7 @@ EXPECTED_ALERTS = {
     "GpuSlowerThanPeers",
     "GpuProbeEnergyDrift",
     "GpuProbeFailing",
+    "GpuProbeWrongResult",  # issue 31: a probe's answer checks failed
     "GpuProbeStale",
     "GpuPowerCapNotRestored",
     "GpuThrottling",

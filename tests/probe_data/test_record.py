@@ -150,3 +150,42 @@ def test_a_csv_record_written_again_keeps_its_latency_statistics(tmp_path: Path)
     original = record_row(build_record(_result(), "probe", gpu=GPU, host="n"))
     for column in ("ttft_mean_seconds", "ttft_p99_seconds", "tpot_p50_seconds"):
         assert again[column] == pytest.approx(original[column])
+
+
+def _checked(status: str = "ok") -> dict:
+    return {"status": status, "checks": 2, "max_abs_error": 3.5e-4, "max_rel_error": 2.5e-3,
+            "elements_checked": 4096, "fingerprint": "00ff/0x1.8p+3#ab12", "failed_checks": [], "seconds": 0.01}
+
+
+def test_correctness_round_trips_json_and_csv(tmp_path: Path) -> None:
+    wrong = _result()
+    wrong.status, wrong.failure_reason, wrong.correctness = "failed", "wrong_result", _checked("mismatch")
+    records = [build_record(_result(correctness=None), "probe", gpu=GPU, host="n"),
+               build_record(wrong, "daemon", gpu=GPU, host="n")]
+    records[0]["result"]["correctness"] = _checked()
+    for suffix in (".jsonl", ".csv"):
+        path = tmp_path / f"runs{suffix}"
+        append_records(path, records)
+        back, problems = read_records([path])
+        assert not problems
+        (first, _), (second, _) = back
+        for got, want in ((first, _checked()), (second, _checked("mismatch"))):
+            check = ProbeResult.from_dict(got["result"]).correctness
+            for key in ("status", "checks", "max_abs_error", "max_rel_error", "elements_checked", "fingerprint"):
+                assert check[key] == want[key], (suffix, key)
+        assert second["result"]["status"] == "failed" and second["result"]["failure_reason"] == "wrong_result"
+    row = record_row(records[1])
+    assert row["correctness_status"] == "mismatch" and row["correctness_fingerprint"] == "00ff/0x1.8p+3#ab12"
+
+
+def test_records_without_correctness_read_as_not_checked() -> None:
+    old = build_record(_result(), "daemon", gpu=GPU, host="n")
+    del old["result"]["correctness"]  # a record written before issue 31
+    assert ProbeResult.from_dict(old["result"]).correctness["status"] == "not_checked"
+    row = {k: "" if v is None else str(v) for k, v in record_row(old).items()}
+    assert row["correctness_status"] == "not_checked"
+    for column in [c for c in CSV_COLUMNS if c.startswith("correctness_")]:
+        del row[column]  # a CSV from before the columns existed
+    assert ProbeResult.from_dict(record_from_row(row)["result"]).correctness["status"] == "not_checked"
+    bogus = ProbeResult.from_dict({**old["result"], "correctness": {"status": "fine"}})
+    assert bogus.correctness["status"] == "not_checked"  # an unknown status is not taken as a pass

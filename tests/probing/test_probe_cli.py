@@ -215,3 +215,22 @@ def test_starting_estimate_depends_on_the_device_and_is_redone_from_the_first_po
     # a loaded machine: the first point took 11 s, so the 3 left take about 3 x 11 s
     assert cli.refined_estimate(matrix[0], 11.0, matrix[1:]) == pytest.approx(33.0, rel=0.05)
     assert cli.estimate_seconds(matrix, simulated=True) == pytest.approx(4 * 2 * 0.1)
+
+
+def test_correctness_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The table's check column: ok for a checked run, MISMATCH for wrong numbers, - when not checked;
+    the CSV carries the correctness columns."""
+    out = tmp_path / "r.csv"
+    assert cli.main(parse(["attention", *FAST, "--output", str(out)])) == 0
+    table = capsys.readouterr().out
+    header = next(line for line in table.splitlines() if "status" in line)
+    assert "check" in header.split()
+    row = next(csv.DictReader(out.open()))
+    assert row["correctness_status"] == "ok" and int(row["correctness_checks"]) == 2
+    assert int(row["correctness_elements_checked"]) > 0 and row["correctness_fingerprint"]
+    wrong = ProbeResult.failure("vit", "eager", "tiny", reason="wrong_result", message="wrong result: repeat")
+    wrong.correctness = {"status": "mismatch", "checks": 2, "max_abs_error": 0.5, "max_rel_error": 0.4,
+                         "elements_checked": 10}
+    text = cli.results_table([wrong, ProbeResult.failure("llm", "graph", "tiny", reason="timeout", message="x")])
+    assert "MISMATCH" in text and "failed:wrong_result" in text
+    assert cli.correctness_cell({"status": "not_checked"}) == "-" and cli.correctness_cell({}) == "-"

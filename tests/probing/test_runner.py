@@ -238,3 +238,19 @@ def test_caller_can_abort() -> None:
                        should_abort=lambda: time.monotonic() > deadline)
     assert result.status == "aborted" and result.failure_reason == "aborted"
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("probe", PROBES)
+def test_answers_are_checked_across_the_pipe(results: dict, probe: str) -> None:
+    result, events = results[probe]
+    check = result.correctness
+    assert check["status"] == "ok" and check["checks"] == 2 and check["elements_checked"] > 0, check
+    assert check["seconds"] < result.wall_seconds and isinstance(check["fingerprint"], str)
+    assert any(e.get("phase") == "check" for e in events)
+
+
+def test_wrong_result_in_the_child_fails_the_point(monkeypatch) -> None:
+    monkeypatch.setenv("GPUPERFD_TEST_FAULTS", "1")  # the child inherits the switch
+    result = run_probe(tiny("attention", inject_fault="wrong_result_bit"), timeout_seconds=60)
+    assert result.status == "failed" and result.failure_reason == "wrong_result"
+    assert result.correctness["status"] == "mismatch" and result.correctness["max_rel_error"] > 0.05

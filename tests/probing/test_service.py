@@ -399,3 +399,38 @@ def test_a_run_records_when_our_load_ended(tmp_path):
     before = time.monotonic()
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
     assert before <= service._own_load_ended[0] <= time.monotonic()
+
+
+def test_simulated_wrong_results_fail_runs_and_count(tmp_path):
+    """simulation.degrade wrong_results: that GPU's runs fail with wrong_result and count; its peer stays ok."""
+    from gpuperfd.config import config_from_mapping
+
+    sim = config_from_mapping({"simulation": {"gpus": 2, "seed": 5, "degrade": [{"gpu": 1, "wrong_results": True}]}})
+    backend = SimulatedBackend(sim.simulation)
+    devices = backend.devices()
+    registry = CollectorRegistry()
+    tracker = IdleTracker(0.05)
+    for d in devices:
+        tracker.observe(d.index, "utilization", Reading((Point("gpuperf_gpu_utilization_ratio", 0.0),), True, None, 0, 0))
+    schedule = ScheduleConfig(probe="attention", interval_seconds=60, caps=["max", 500], settle_seconds=0)
+    config = ProbesConfig(read_only=False, state_dir=tmp_path / "state", idle_seconds=0.0, schedules=[schedule])
+    service = ProbeService(config, devices, simulated_executor(0.05, seed=1), ProbeMetrics(registry), tracker,
+                           HistoryWriter(tmp_path / "history.jsonl"))
+    service.apply_config(config)
+    labels = [{"gpu": str(g), "uuid": devices[g].info().uuid, "probe": "attention", "preset": "default"} for g in (0, 1)]
+    for lab in labels:  # declared from 0 before any run, so increase() sees the first wrong result
+        assert sample(registry, "gpuperf_probe_wrong_results_total", **lab) == 0
+    service.run(schedule, 0)
+    service.run(schedule, 1)
+    assert sample(registry, "gpuperf_probe_wrong_results_total", **labels[0]) == 0
+    assert sample(registry, "gpuperf_probe_wrong_results_total", **labels[1]) == 2
+    assert sample(registry, "gpuperf_probe_runs_total", **labels[1], result="failed", reason="wrong_result") == 2
+    assert sample(registry, "gpuperf_probe_work_units_per_second", **labels[1], power_cap="500",
+                  unit="iteration") is None  # a wrong answer's throughput is no candidate
+    assert devices[1].power_limits().enforced_watts == devices[1].power_limits().default_watts  # cap restored
+    records = list(read_history(tmp_path / "history.jsonl"))
+    by_gpu = {g: [r["result"] for r in records if r["gpu"]["index"] == g] for g in (0, 1)}
+    assert all(r["status"] == "ok" and r["correctness"]["status"] == "ok" for r in by_gpu[0])
+    assert all(r["status"] == "failed" and r["failure_reason"] == "wrong_result"
+               and r["correctness"]["status"] == "mismatch" for r in by_gpu[1]) and len(by_gpu[1]) == 2
+    assert by_gpu[0][0]["correctness"]["fingerprint"] != by_gpu[1][0]["correctness"]["fingerprint"]

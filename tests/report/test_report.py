@@ -503,3 +503,26 @@ def test_simulated_train_loss_has_a_panel_and_inference_columns_say_they_have_no
     train = [s for s in report.series if s.probe == "train"]
     assert train and all(p.loss is not None and p.loss > 0 for s in train for p in s.points)
     assert empty_panels(cap_figure(report)) == []
+
+
+def test_runs_with_wrong_results_are_marked(tmp_path, capsys):
+    records = lines(H100)
+    target = next(r for r in records if r["result"]["probe"] == "llm" and r["power_cap_watts"] == 700)
+    wrong = copy.deepcopy(target)
+    wrong["time"] += 3
+    result = ProbeResult.failure("llm", "simulated", "gpt2", "wrong_result", "wrong result: repeat, slice",
+                                 params={"batch_size": 8}, device=target["result"]["device"],
+                                 gpu_uuid=target["gpu"]["uuid"], gpu_name=target["gpu"]["name"])
+    result.correctness = {"status": "mismatch", "checks": 2, "max_abs_error": 0.5, "max_rel_error": 0.4,
+                          "elements_checked": 4096}
+    wrong["result"] = result.to_dict()
+    history = tmp_path / "history.jsonl"
+    history.write_text(H100.read_text() + json.dumps(wrong) + "\n")
+    out = tmp_path / "out"
+    assert run_cli("--history", str(history), "--out", str(out)) == 0
+    printed = capsys.readouterr().out
+    assert f"WRONG RESULTS: 1 run(s) computed wrong numbers on GPU(s) sim-h100-node/{target['gpu']['index']} " in printed
+    html, tables = parse_html(out / "report.html")
+    failed = [[c[0] for c in r["cells"]] for r in tables.sections["outliers"] if r["cells"]]
+    assert failed[-1][-1] == "WRONG RESULT (wrong_result)"
+    assert '<tr class="wrong-result">' in html and "1 run(s) computed wrong numbers" in html

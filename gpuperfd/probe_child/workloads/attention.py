@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_data.spec import ProbeSpec
 
@@ -83,6 +84,35 @@ class AttentionWorkload:
         }
         return WindowStats(iterations=iterations, units=iterations, counts=counts,
                            latencies={"iteration_seconds": clock.diffs(self.marks)})
+
+    def check_plan(self) -> correctness.CheckPlan:
+        """The window's own call on its own inputs; the slice is rows of it (batch 0, first and last
+        head; first, middle and last query) recomputed in float64 on the CPU."""
+
+        def output() -> list[torch.Tensor]:
+            with torch.inference_mode():
+                return [self._call().clone()]
+
+        return correctness.CheckPlan(output, lambda outs: self.attention_slice(outs[0]), path="eager")
+
+    def attention_slice(self, out: torch.Tensor) -> correctness.SliceCheck:
+        """softmax(q k^T / sqrt(d)) v for a few (head, query) rows of batch 0, in float64."""
+        H, S, Dh, g = self.spec.heads, self.spec.seq_len, self.spec.head_dim, self.spec.n_groups
+        heads = sorted({0, H - 1})
+        rows = sorted({0, S // 2, S - 1})
+        got, want = [], []
+        for h in heads:
+            q = self.q[0, h, rows].to("cpu", torch.float64)
+            k = self.k[0, h // g].to("cpu", torch.float64)
+            v = self.v[0, h // g].to("cpu", torch.float64)
+            scores = q @ k.T / Dh ** 0.5
+            if self.spec.causal:
+                allowed = torch.arange(S).view(1, S) <= torch.tensor(rows).view(-1, 1)
+                scores = scores.masked_fill(~allowed, float("-inf"))
+            want.append(torch.softmax(scores, dim=-1) @ v)
+            got.append(out[0, h, rows])
+        return correctness.SliceCheck("attention_rows", torch.stack(got), torch.stack(want),
+                                      correctness.precision_of(self.q.dtype, self.q.device))
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -229,10 +229,11 @@ class StaticGPT2:
         torch.cuda.synchronize(self.device)
         prefill_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(prefill_graph):
-            self.prefill()
+            prefill_logits = self.prefill()
         decode_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(decode_graph):
-            self.decode()
+            decode_logits = self.decode()
+        self._graph_logits = {"prefill": prefill_logits, "decode": decode_logits}
         torch.cuda.synchronize(self.device)
         self.graphs = {"prefill": prefill_graph, "decode": decode_graph}
 
@@ -241,14 +242,20 @@ class StaticGPT2:
         if graph is not None:
             graph.replay()
         else:
-            self.prefill()
+            self._eager_logits = self.prefill()
 
     def run_decode(self) -> None:
         graph = self.graphs.get("decode")
         if graph is not None:
             graph.replay()
         else:
-            self.decode()
+            self._eager_logits = self.decode()
+
+    def last_logits(self) -> torch.Tensor:
+        """Logits of the last prefill or decode step run (the graph's output buffer when graphed)."""
+        if self.graphs:
+            return self._graph_logits["decode" if int(self.pos) > self.prompt_tokens else "prefill"]
+        return self._eager_logits
 
     def generate(self, prompts: torch.Tensor) -> torch.Tensor:
         """Greedy tokens for ``prompts`` [B, T] -> [B, output_tokens] (tests and checks)."""

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_child.workloads import data
@@ -141,6 +142,25 @@ class GraphLLM(_LLMBase):
         if traced:
             self.traces.append(steps)
 
+    def check_plan(self) -> correctness.CheckPlan:
+        """The window's first request batch through the window's path (graphs or not): prefill and
+        one decode step (both kernels sets, a fraction of one request's cost), their logits and
+        tokens; the slice is a product with the model's largest weight."""
+        s = self.static
+        T = self.T
+
+        def output() -> list[torch.Tensor]:
+            with torch.inference_mode():
+                s.seq[:, :T].copy_(self.prompts[0])
+                s.run_prefill()
+                if self.O > 1:
+                    s.run_decode()
+                return [s.last_logits().clone(), s.seq[:, T:T + min(self.O, 2)].clone()]
+
+        return correctness.CheckPlan(
+            output, lambda _: correctness.matmul_slice(correctness.largest_matrix(self.model), self.ctx.dtype),
+            path="cuda_graph" if s.graphs else "eager")
+
     def describe(self) -> dict[str, Any]:
         out = {
             "model_parameters": self.n_params,
@@ -219,6 +239,23 @@ class EagerLLM(_LLMBase):
         self.marks.append((start, first, done))
         if traced:
             self.traces.append([start, *streamer.tokens])
+
+    def check_plan(self) -> correctness.CheckPlan:
+        """The window's first request batch through generate(), two tokens (prefill and one decode
+        step, a fraction of a request's cost): the logits of both steps and the tokens."""
+        ids = self.prompts[0]
+        n = min(self.O, 2)
+
+        def output() -> list[torch.Tensor]:
+            with torch.inference_mode():
+                out = self.model.generate(ids, attention_mask=self.mask, max_new_tokens=n, min_new_tokens=n,
+                                          do_sample=False, pad_token_id=0, output_logits=True,
+                                          return_dict_in_generate=True)
+            return [torch.stack(list(out.logits)), out.sequences]
+
+        return correctness.CheckPlan(
+            output, lambda _: correctness.matmul_slice(correctness.largest_matrix(self.model), self.ctx.dtype),
+            path="eager")
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_child.workloads import data
@@ -98,6 +99,28 @@ class TrainWorkload:
         }
         return WindowStats(iterations=iterations, units=tokens, counts=counts,
                            latencies={"step_seconds": clock.diffs(self.marks)}, extra=extra)
+
+    def check_plan(self) -> correctness.CheckPlan:
+        """The forward logits on the first sequence of the window's first batch (eval mode, no dropout,
+        under the step's autocast; one sequence keeps it to a small share of one step) with the weights
+        as they are: deterministic between two calls, but they depend on how many steps ran, so not
+        peer-comparable. The slice is the autocast product with the largest weight (the embedding,
+        tied to the LM head)."""
+        ids = self.batches[0][:1]
+
+        def output() -> list[torch.Tensor]:
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                with torch.inference_mode(), self._autocast():
+                    return [self.model(input_ids=ids).logits[:, -8:].float().contiguous()]
+            finally:
+                self.model.train(was_training)
+
+        dtype = self.autocast_dtype or torch.float32
+        return correctness.CheckPlan(
+            output, lambda _: correctness.matmul_slice(correctness.largest_matrix(self.model), dtype),
+            path="eager", peer_comparable=False)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_child.workloads import data
@@ -110,7 +111,7 @@ class ViTWorkload:
         torch.cuda.synchronize(self.ctx.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._forward()
+            self.graph_output = self._forward()
         torch.cuda.synchronize(self.ctx.device)
         self.graph = graph
 
@@ -136,6 +137,23 @@ class ViTWorkload:
         }
         return WindowStats(iterations=iterations, units=images, counts=counts,
                            latencies={"batch_seconds": clock.diffs(self.marks)})
+
+    def check_plan(self) -> correctness.CheckPlan:
+        """The window's first image batch through the window's path (eager, fused, compiled, graph):
+        its logits; the slice is a product with the model's largest weight."""
+
+        def output() -> list[torch.Tensor]:
+            with torch.inference_mode():
+                self.input.copy_(self.images[0])
+                if self.graph is not None:
+                    self.graph.replay()
+                    return [self.graph_output.clone()]
+                return [self._forward().clone()]
+
+        path = "cuda_graph" if self.graph is not None else ("compiled" if self.compiled else "eager")
+        return correctness.CheckPlan(
+            output, lambda _: correctness.matmul_slice(correctness.largest_matrix(self.model), self.ctx.dtype),
+            path=path)
 
     def describe(self) -> dict[str, Any]:
         return {
