@@ -282,9 +282,18 @@ class ScheduleConfig(_Strict):
 
     @model_validator(mode="after")
     def _valid_probe_options(self) -> "ScheduleConfig":
-        from gpuperfd.probe_data.spec import OPTION_KEYS, check_options, unknown_key_message  # pure Python: no torch
+        from gpuperfd.probe_data.spec import (  # pure Python: no torch
+            OPTION_KEYS,
+            check_options,
+            schedule_fault,
+            unknown_key_message,
+        )
 
-        unknown = [key for key in self.options if key not in OPTION_KEYS]
+        try:
+            allowed = {"inject_fault"} if schedule_fault(self.options) else set()
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+        unknown = [key for key in self.options if key not in OPTION_KEYS and key not in allowed]
         if unknown:
             raise ValueError(unknown_key_message(unknown[0], OPTION_KEYS, where="options"))
         try:

@@ -474,6 +474,20 @@ OPTION_KEYS: tuple[str, ...] = (
 )
 
 
+def schedule_fault(options: dict[str, Any]) -> str | None:
+    """The ``inject_fault`` a schedule's options may carry: only with the test-only switch
+    (``GPUPERFD_TEST_FAULTS=1``, never set by a shipped config, unit or image) and never a
+    wrong-result fault, which only code can ask for. ValueError names what was refused."""
+    fault = options.get("inject_fault")
+    if fault is None:
+        return None
+    if os.environ.get(TEST_FAULTS_ENV) != "1":
+        raise ValueError(f"options: inject_fault is for tests only (needs {TEST_FAULTS_ENV}=1)")
+    if fault in WRONG_RESULT_FAULTS or fault not in FAULTS:
+        raise ValueError(f"options: inject_fault {fault!r} cannot come from a configuration")
+    return str(fault)
+
+
 def check_options(probe: str, options: dict[str, Any], preset: str | None = None) -> None:
     """ValueError, naming the key and the valid ones, for probe options ProbeSpec would not take.
 
@@ -481,7 +495,7 @@ def check_options(probe: str, options: dict[str, Any], preset: str | None = None
     of Python's ``unexpected keyword argument`` TypeError.
     """
     for key in options:
-        if key not in OPTION_KEYS:
+        if key not in OPTION_KEYS and not (key == "inject_fault" and schedule_fault(options)):
             raise ValueError(unknown_key_message(key, OPTION_KEYS, where=f"option {key}"))
     ProbeSpec(probe=probe, preset=preset, device="cpu", **options)
 

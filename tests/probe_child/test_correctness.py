@@ -130,3 +130,16 @@ def test_slice_inputs_are_fresh_each_check() -> None:
     a = correctness.matmul_slice(w, torch.float32)
     b = correctness.matmul_slice(w, torch.float32)
     assert not torch.equal(a.ref, b.ref) and a.compare()["ok"] and b.compare()["ok"]
+
+
+def test_a_schedules_test_fault_needs_the_switch(monkeypatch) -> None:
+    """The isolation tests' faults (hang, crash, ...) reach a schedule only with the test-only switch."""
+    from gpuperfd.config import ConfigError, config_from_mapping
+
+    schedule = {"probe": "attention", "interval_seconds": 60, "options": {"inject_fault": "hang"}}
+    monkeypatch.delenv(TEST_FAULTS_ENV, raising=False)
+    with pytest.raises((ConfigError, ValueError), match="inject_fault is for tests only"):
+        config_from_mapping({"probes": {"schedules": [schedule]}})
+    monkeypatch.setenv(TEST_FAULTS_ENV, "1")
+    config = config_from_mapping({"probes": {"schedules": [schedule]}})
+    assert config.probes.schedules[0].options == {"inject_fault": "hang"}

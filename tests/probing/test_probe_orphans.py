@@ -51,8 +51,9 @@ probes:
 """
 
 
-def test_case4_sigkilled_daemon_takes_its_hanging_probe_child_with_it(start_daemon, tmp_path):
+def test_case4_sigkilled_daemon_takes_its_hanging_probe_child_with_it(start_daemon, tmp_path, monkeypatch):
     pytest.importorskip("torch")
+    monkeypatch.setenv("GPUPERFD_TEST_FAULTS", "1")  # a schedule's inject_fault needs the test-only switch
     state = tmp_path / "state"
     daemon = start_daemon(config_text=HANGING.format(state=state))
     record = wait_until(lambda: next(iter(state.glob(RECORD_PREFIX + "*")), None), 60, "the probe child")
