@@ -148,14 +148,25 @@ def test_early_stop_gives_the_full_sweeps_recommendation(tmp_path, probe):
     full, early = runs["full"], runs["early"]
     assert [p.cap_watts for p in early] == caps  # every cap is reported, run or skipped
     skipped = [p for p in early if p.result.status == "skipped"]
-    assert skipped, "no cap was skipped: the test's caps do not reach the slow end"
+    baseline = full[0].result.units_of_work / full[0].result.measured_seconds
+    losses = [1 - p.result.units_of_work / p.result.measured_seconds / baseline for p in full]
+    # Memory-bound decode (llm) barely slows down to the lowest cap (docs/simulator.md): then no
+    # cap is clearly slower and none may be skipped. Where a cap loses far more than the 10 % budget
+    # plus the noise margin (compute-bound probes), the tail must be skipped.
+    if max(losses) < 0.10:
+        assert not skipped, f"skipped caps though none lost 10 %: {losses}"
+        assert recommend(early).cap_watts == recommend(full).cap_watts
+        return
+    if max(losses) > 0.15:
+        assert skipped, f"no cap was skipped though the slow end lost {max(losses):.0%}"
     assert all(p.result.failure_reason == "early_stop" for p in skipped)
     assert all(p.result.status == "ok" for p in early if p not in skipped)
+    assert recommend(early).cap_watts == recommend(full).cap_watts
+    if not skipped:
+        return
     first_skipped = early.index(skipped[0])
     assert all(p in skipped for p in early[first_skipped:])  # only the tail is skipped
-    assert recommend(early).cap_watts == recommend(full).cap_watts
     # And the skipped caps really were out of the budget in the full sweep.
-    baseline = full[0].result.units_of_work / full[0].result.measured_seconds
     for p in full[first_skipped:]:
         assert p.result.units_of_work / p.result.measured_seconds < 0.9 * baseline
 
