@@ -66,6 +66,10 @@ GLOBAL_SETTINGS: tuple[Threshold, ...] = (
     Threshold("clear_passing_probes", 3.0, "runs", "ok runs that clear a performance reason"),
 )
 
+#: Silent data corruption (issue 31): NVIDIA's RMA process names nvidia-bug-report.sh and the field
+#: diagnostic as what to run, and the field diagnostic decides whether the GPU is replaced.
+_SDC_ACTION = ("NVIDIA RMA process (https://docs.nvidia.com/deploy/rma-process/index.html): bug report + "
+               "field diagnostic, RMA when it fails; DCGM diagnostics (dcgmi diag -r 3)")
 _NVML_ECC = "NVIDIA GPU Memory Error Management (volatile DBE: reset the GPU)"
 _NVML_REMAP = "NVIDIA GPU Memory Error Management, row remapping (pending: reset; failure: RMA)"
 
@@ -155,6 +159,16 @@ CHECKS: tuple[Check, ...] = (
           "reset_and_probe", "gpud / NVIDIA Health Validation: a check that cannot run is not a pass",
           "{count} probe runs in a row failed ({reasons})",
           Threshold("probe_failures", 3.0, "runs", "consecutive failed or timed-out runs that fire")),
+    Check("probe_wrong_result", "failure_reason", "probe runs (status failed, failure_reason wrong_result)",
+          "unhealthy", "contact_support", "reset_and_probe", _SDC_ACTION,
+          "{probe}/{preset} at {cap} W computed wrong numbers ({failed_checks}): drain the GPU, collect "
+          "nvidia-bug-report.sh, run the field diagnostic (dcgmi diag -r 3); replace the GPU if it fails",
+          field="wrong_result"),
+    Check("probe_answers_differ_from_peers", "peer_fingerprint",
+          "probe answer fingerprints vs node peers of the same model, driver and software", "unhealthy",
+          "contact_support", "reset_and_probe", _SDC_ACTION,
+          "{probe}/{variant}/{preset}: its own repeats agree but its answers differ from the majority of "
+          "{peers} peers of the same model, driver and software"),
     # -- the daemon's own memory ------------------------------------------------------------
     Check("health_state_unreadable", "store", "the saved verdict file (state directory)", "unknown", "none",
           "probe_passed", "this daemon: a lost memory of sticky verdicts is not a clean bill of health",
@@ -170,9 +184,7 @@ ACTIVE_CHECKS: tuple[Check, ...] = (
           "per outcome", "condition", "gpud / NVIDIA Health Validation: a check that cannot run is not a pass",
           "{probe}/{preset} did not pass: {failure_reason} ({error})"),
     Check("check_correctness", "correctness", "the check's probe: correctness status vs a reference computation",
-          "unhealthy", "reset_gpu", "condition",
-          "a result that differs from the reference is silent data corruption (DCGM diag's SM stress and "
-          "memory tests check results too): reset the GPU, re-run, and contact support if it repeats",
+          "unhealthy", "contact_support", "condition", _SDC_ACTION,
           "{probe}/{preset}: results differ from the reference (max abs error {max_abs_error}, "
           "max rel error {max_rel_error})"),
     Check("check_below_expected", "expected", "the check's probe units_per_second vs the shipped figure of the model",

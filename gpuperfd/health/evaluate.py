@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from gpuperfd.health import xid_catalog
 from gpuperfd.health.checks import CHECKS, NON_GPU_FAILURES, PROBE_OUTCOMES, Check
 from gpuperfd.health.verdict import Reason
+from gpuperfd.probe_data.peers import peer_disagreement
 
 log = logging.getLogger(__name__)
 
@@ -448,12 +450,58 @@ def measured(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: 
     return [_reason(check, now, evidence, key)]
 
 
+def failure_reason(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+                   now: float) -> list[Reason]:
+    """The latest finished run of each (probe, preset, cap) failed with the row's failure reason
+    (``field``); the verdict book keeps the reason until it clears."""
+    latest: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+    for run in gpu.runs:
+        if run.get("status") in ("ok", "failed"):
+            latest[_key(run)] = run
+    out = []
+    for key, run in sorted(latest.items()):
+        if run.get("status") == "failed" and run.get("failure_reason") == check.field:
+            evidence = {"probe": key[0], "preset": key[1], "cap": key[2], "failure_reason": check.field,
+                        "failed_checks": run.get("failed_checks") or "checks", "run_time": float(run.get("time") or 0)}
+            out.append(_reason(check, now, evidence, "/".join(key)))
+    return out
+
+
+def _latest_fingerprints(gpu: GpuInputs) -> dict[tuple[str, ...], str]:
+    """The latest ok answer fingerprint per comparable key (probe_data/peers.peer_key), once per evaluation."""
+    cached = gpu.latest_cache.get("fingerprints")
+    if cached is None:
+        cached = {}
+        for run in gpu.runs:
+            if run.get("peer_key") and run.get("fingerprint"):
+                cached[tuple(run["peer_key"])] = str(run["fingerprint"])
+        gpu.latest_cache["fingerprints"] = cached  # type: ignore[assignment]
+    return cached  # type: ignore[return-value]
+
+
+def peer_fingerprint(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+                     now: float) -> list[Reason]:
+    """This GPU's latest answer fingerprint of each comparable key against the latest of every other
+    GPU of the node (a strict majority of at least three: probe_data/peers.py)."""
+    out = []
+    for key, fingerprint in sorted(_latest_fingerprints(gpu).items()):
+        fps = {g.uuid: _latest_fingerprints(g).get(key) for g in node if not g.missing}
+        fps = {uuid: fp for uuid, fp in fps.items() if fp}
+        if gpu.uuid in peer_disagreement(fps):
+            majority = Counter(fps.values()).most_common(1)[0][0]
+            evidence = {"probe": key[3], "variant": key[4], "preset": key[5], "fingerprint": fingerprint,
+                        "majority_fingerprint": majority, "peers": len(fps) - 1, "name": key[0]}
+            out.append(_reason(check, now, evidence, "/".join(key[3:6])))
+    return out
+
+
 Evaluator = Callable[[Check, GpuInputs, Sequence[GpuInputs], Mapping[str, float], float], list[Reason]]
 
 EVALUATORS: dict[str, Evaluator] = {
     "at_least": at_least, "at_most": at_most, "busy_share": busy_share, "rate_above": rate_above,
     "enum": enum, "xid": xid, "flag": flag, "gpu_count": gpu_count, "store": store,
     "baseline": baseline, "peers": peers, "consecutive_failures": consecutive_failures,
+    "failure_reason": failure_reason, "peer_fingerprint": peer_fingerprint,
     "probe_outcome": probe_outcome, "correctness": correctness, "expected": expected, "not_probed": not_probed,
     "measured": measured,
 }

@@ -25,6 +25,7 @@ from gpuperfd.health.checks import ACTION_CLEARS, CHECKS, Check, by_id, defaults
 from gpuperfd.health.evaluate import GpuInputs, Series, evaluate_gpu, metric_name
 from gpuperfd.health.store import HealthStore, SavedState
 from gpuperfd.health.verdict import ACTIONS, STATES, Reason, Verdict
+from gpuperfd.probe_data.peers import peer_key
 from gpuperfd.probe_data.record import record_row
 from gpuperfd.telemetry.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec
 from gpuperfd.telemetry.exposition import Family, label_string
@@ -164,7 +165,7 @@ def _run_key(run: Mapping[str, Any]) -> tuple[str, str, str]:
 
 
 #: Check kinds whose answer depends on the probe history alone.
-HISTORY_KINDS = frozenset({"baseline", "peers", "consecutive_failures"})
+HISTORY_KINDS = frozenset({"baseline", "peers", "consecutive_failures", "failure_reason", "peer_fingerprint"})
 HISTORY_CHECKS = tuple(c for c in CHECKS if c.kind in HISTORY_KINDS)
 LIVE_CHECKS = tuple(c for c in CHECKS if c.kind not in HISTORY_KINDS)
 
@@ -198,7 +199,12 @@ class HistoryTail:
         uuid = row.get("gpu_uuid")
         if not uuid:
             return
-        self.runs.setdefault(str(uuid), deque(maxlen=self.max_runs)).append({k: row.get(k) for k in RUN_FIELDS})
+        run = {k: row.get(k) for k in RUN_FIELDS}
+        check = (record.get("result") or {}).get("correctness") or {}
+        run["peer_key"] = peer_key(record)  # None: not comparable across GPUs
+        run["fingerprint"] = check.get("fingerprint")
+        run["failed_checks"] = ", ".join(map(str, check.get("failed_checks") or ())) or None
+        self.runs.setdefault(str(uuid), deque(maxlen=self.max_runs)).append(run)
         self.version += 1
 
     def _read_file(self, path: Path, offset: int = 0) -> int:

@@ -44,7 +44,8 @@ class Node:
         return {v.gpu if v.gpu is not None else v.uuid: v for v in self.monitor.evaluate_once()}
 
     def run(self, gpu: int, rate: float = 1000.0, energy: float = 0.5, status: str = "ok",
-            reason: str | None = None, probe: str = "llm", at: float | None = None) -> None:
+            reason: str | None = None, probe: str = "llm", at: float | None = None,
+            fingerprint: str | None = None) -> None:
         """Append one probe run record to the history, as the daemon's HistoryWriter does."""
         self.now += 1.0
         result = ProbeResult(
@@ -53,6 +54,10 @@ class Node:
             work_unit="token", energy_per_unit_joules=energy if status == "ok" else None,
             started_at=self.now if at is None else at, device="cuda:0",
         )
+        if fingerprint is not None or reason == "wrong_result":
+            result.correctness = {"status": "ok" if status == "ok" else "mismatch", "checks": 2,
+                                  "elements_checked": 4096, "fingerprint": fingerprint or "",
+                                  "failed_checks": [] if status == "ok" else ["repeat"]}
         info = dataclasses.asdict(self.gpus[gpu].info())
         info.pop("serial")
         record = build_record(result, "daemon", gpu=info, host="node-a", power_cap_watts=700.0)

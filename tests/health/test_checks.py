@@ -211,6 +211,38 @@ def scenario_probe_failures(node: Node):
     return {3}
 
 
+def scenario_probe_wrong_result(node: Node):
+    """Silent data corruption (issue 31): one wrong answer makes the GPU unhealthy, and a later
+    passing run does not clear it: a reset and a passing probe do."""
+    node.run(2)
+    node.run(2, status="failed", reason="wrong_result")
+    v = node.step()[2]
+    assert (v.state, v.action) == ("unhealthy", "contact_support")
+    assert "repeat" in reasons(v)["probe_wrong_result"].message
+    node.run(2)
+    assert node.step()[2].state == "unhealthy"  # sticky: reset_and_probe
+    return {2}
+
+
+def scenario_probe_answers_differ_from_peers(node: Node):
+    """Every GPU's own repeats agree, but GPU 1's answers differ from the three others'."""
+    for g in range(4):
+        node.run(g, fingerprint="fp-odd" if g == 1 else "fp-majority")
+    v = node.step()[1]
+    assert (v.state, v.action) == ("unhealthy", "contact_support")
+    evidence = reasons(v)["probe_answers_differ_from_peers"].evidence
+    assert (evidence["fingerprint"], evidence["majority_fingerprint"], evidence["peers"]) == ("fp-odd", "fp-majority", 3)
+    return {1}
+
+
+def test_two_gpus_that_disagree_name_nobody(tmp_path) -> None:
+    """Without a strict majority nobody can tell which GPU is wrong: no peer reason."""
+    node = Node(tmp_path, gpus=2)
+    node.run(0, fingerprint="a")
+    node.run(1, fingerprint="b")
+    assert all(v.state == "healthy" for v in node.step().values())
+
+
 def scenario_health_state_unreadable(node: Node):
     (node.tmp / "health.json").write_text("{not json")
     node.monitor = node.new_monitor()
