@@ -126,3 +126,34 @@ def test_health_api_needs_the_same_basic_auth_as_metrics(start_daemon, tmp_path)
         assert requests.head(daemon.url + path, timeout=5).status_code == 401
     ok = requests.get(daemon.url + "/api/v1/health", auth=("prom", "s3cret"), timeout=5)
     assert ok.status_code == 200 and ok.json()["state"] == "healthy" and len(ok.json()["gpus"]) == 1
+
+
+def test_wrong_results_reach_the_verdict_and_the_counter(start_daemon, tmp_path) -> None:
+    """Issue 31 end to end: a simulated GPU that computes wrong numbers (simulation.degrade
+    wrong_results) fails its scheduled probe with wrong_result; the daemon's verdict for it is
+    unhealthy / contact_support and gpuperf_probe_wrong_results_total counts it; its peers stay healthy."""
+    text = config(tmp_path, gpus=3, faults="  degrade: [{gpu: 1, wrong_results: true}]\n") + """
+probes:
+  state_dir: %s
+  history: {path: %s}
+  read_only: true
+  idle_seconds: 0
+  jitter_seconds: 0
+  first_run_delay_seconds: 0.5
+  simulated_measure_seconds: 0.2
+  schedules:
+    - {probe: llm, interval_seconds: 3600, caps: [current]}
+""" % (tmp_path / "state", tmp_path / "history.jsonl")
+    text = text.replace(f'probes: {{state_dir: {tmp_path / "state"}, history: {{path: {tmp_path / "history.jsonl"}}}}}\n', "")
+    daemon = start_daemon([], config_text=text)
+    body = _wait_json(daemon.url + "/api/v1/health",
+                      lambda b: any(r["check"] == "probe_wrong_result" for g in b["gpus"] for r in g["reasons"]))
+    gpus = {g["gpu"]: g for g in body["gpus"]}
+    assert (gpus[1]["state"], gpus[1]["action"]) == ("unhealthy", "contact_support")
+    assert [r["check"] for r in gpus[1]["reasons"]] == ["probe_wrong_result"]
+    assert all(gpus[g]["state"] == "healthy" for g in (0, 2)), body
+    metrics = requests.get(daemon.url + "/metrics", timeout=5).text
+    counted = [line for line in metrics.splitlines()
+               if line.startswith("gpuperf_probe_wrong_results_total{") and 'gpu="1"' in line]
+    assert counted and float(counted[0].rsplit(" ", 1)[1]) >= 1, counted
+    assert 'gpuperf_gpu_health_action{gpu="1"' in metrics
