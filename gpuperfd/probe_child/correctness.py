@@ -120,7 +120,11 @@ def perturb(tensor: torch.Tensor, kind: str, index: int = 0) -> None:
     if os.environ.get(TEST_FAULTS_ENV) != "1":
         raise RuntimeError(f"wrong-result faults are for tests only: set {TEST_FAULTS_ENV}=1 to use them")
     with torch.inference_mode():  # the outputs are inference tensors: change them where they were made
-        _perturb(tensor.view(-1), kind, index)
+        if tensor.is_contiguous():
+            _perturb(tensor.view(-1), kind, index)
+        else:  # a strided slice (a device product's first columns): the one element, as a view
+            coords = torch.unravel_index(torch.tensor(index), tuple(tensor.shape))
+            _perturb(tensor[tuple(int(c) for c in coords)].view(1), kind, 0)
 
 
 def _perturb(flat: torch.Tensor, kind: str, index: int) -> None:

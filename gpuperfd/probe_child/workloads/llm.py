@@ -122,6 +122,7 @@ class GraphLLM(_LLMBase):
                     self.static.graphs = {}
                     self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
         self.decode_sdpa_backend = _sdpa_choice(self.static)
+        self.check_sdpa_backend = _sdpa_choice(self.static, reproducible=True)
 
     def step(self, clock: Clock) -> None:
         s = self.static
@@ -154,7 +155,7 @@ class GraphLLM(_LLMBase):
                 s.seq[:, :T].copy_(self.prompts[0])
                 s.run_prefill()
                 if self.O > 1:
-                    s.run_decode()
+                    s.run_decode(reproducible=True)  # the same step with attention that repeats its bits
                 return [s.last_logits().clone(), s.seq[:, T:T + min(self.O, 2)].clone()]
 
         return correctness.CheckPlan(
@@ -170,20 +171,27 @@ class GraphLLM(_LLMBase):
             "cuda_graph": bool(self.static.graphs),
             "attention": "sdpa",
             "decode_sdpa_backend": self.decode_sdpa_backend,
+            "check_decode_sdpa_backend": self.check_sdpa_backend,
         }
         if self.graph_error:
             out["cuda_graph_error"] = self.graph_error
         return out
 
 
-def _sdpa_choice(static: StaticGPT2) -> str | None:
-    """The fused SDPA kernel a decode step's shapes select (private torch API; None if unknown)."""
+def _sdpa_choice(static: StaticGPT2, reproducible: bool = False) -> str | None:
+    """The fused SDPA kernel a decode step's shapes select (private torch API; None if unknown);
+    ``reproducible``: the answer check's step (REPRODUCIBLE_SDPA only)."""
     try:
-        from torch.nn.attention import SDPBackend
+        import contextlib
+
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        from gpuperfd.probe_child.workloads.gpt2_static import REPRODUCIBLE_SDPA
 
         q = torch.zeros(static.batch_size, static.n_head, 1, static.head_dim, dtype=static.dtype, device=static.device)
         mask = torch.zeros(1, 1, 1, static.max_seq, dtype=static.dtype, device=static.device)
-        choice = torch._fused_sdp_choice(q, static.k_cache[0], static.v_cache[0], mask, 0.0, False)
+        with sdpa_kernel(REPRODUCIBLE_SDPA) if reproducible else contextlib.nullcontext():
+            choice = torch._fused_sdp_choice(q, static.k_cache[0], static.v_cache[0], mask, 0.0, False)
         return SDPBackend(choice).name
     except Exception:  # noqa: BLE001 - informational only
         return None
