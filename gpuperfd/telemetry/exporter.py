@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import platform
 import threading
+from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import (
@@ -30,8 +31,10 @@ from gpuperfd.telemetry.exposition import (
     label_string,
     registry_body,
     render,
+    sample_line,
 )
-from gpuperfd.telemetry.sampler import Sampler, lost_gpus
+from gpuperfd.telemetry.collectors.base import Point
+from gpuperfd.telemetry.sampler import Reading, Sampler, lost_gpus
 
 disable_created_metrics()  # _created series would double every counter and histogram
 
@@ -53,6 +56,10 @@ class Exporter:
         self._cache: dict[tuple[int, bool], tuple[tuple[int, frozenset[int]], str]] = {}
         self._cache_lock = threading.Lock()
         self._spec_labels = {spec.name: spec.labels for cls in COLLECTORS.values() for spec in cls.metrics}
+        self._event_driven = {name: bool(getattr(COLLECTORS[name], "event_driven", False)) for name in self.enabled}
+        #: (gpu, collector) -> that reading's formatted lines; only the scrape thread(s) touch it,
+        #: and a race between two scrapes at worst formats the same lines twice.
+        self._lines_cache: dict[tuple[int, str], _ReadingLines] = {}
         self._build_labels = label_string(
             ("version", "python_version", "backend"), (gpuperfd.__version__, platform.python_version(), backend_name)
         )
@@ -72,6 +79,10 @@ class Exporter:
         A lost GPU keeps only its identity (``gpuperf_gpu_info``), ``gpuperf_gpu_up 0``
         and its counters of events (XID, device errors): the XID raised as a GPU falls
         off the bus arrives with the loss and must still be seen by ``increase()``.
+
+        A reading's lines are formatted once and reused until its collector reads again
+        (see :class:`_ReadingLines`); only the age gauge is formatted per scrape, from a
+        kept label prefix, as node_exporter recomputes its scrape-time values.
         """
         families = self._new_families()
         readings, last_info, identities, errors = self.sampler.store.snapshot()
@@ -83,32 +94,41 @@ class Exporter:
             prefixes.setdefault(gpu, label_string(GPU_LABELS, (str(gpu), "")))
         up, success = families["gpuperf_gpu_up"], families["gpuperf_collector_success"]
         duration, age_family = families["gpuperf_collector_duration_seconds"], families["gpuperf_collector_age_seconds"]
+        cache, used = self._lines_cache, set()
+        stale_after = {name: self.sampler.stale_after(name) for name in self.enabled}
         for gpu, prefix in sorted(prefixes.items()):
             up.add(prefix, 0.0 if gpu in lost else 1.0)
             for name in self.enabled:
                 reading = readings.get((gpu, name))
                 if reading is None:
                     continue
-                event_driven = getattr(COLLECTORS[name], "event_driven", False)
-                age = max(0.0, now - reading.timestamp)
-                fresh = event_driven or age <= self.sampler.stale_after(name)
+                event_driven = self._event_driven[name]
+                age = now - reading.timestamp
+                if age < 0.0:
+                    age = 0.0
+                fresh = event_driven or age <= stale_after[name]
                 if gpu in lost:
+                    ok = False
                     points = reading.points if event_driven and reading.ok else ()
                 else:
                     ok = reading.ok and fresh
-                    collector_labels = f'collector="{name}",{prefix}'
-                    success.add(collector_labels, 1.0 if ok else 0.0)
-                    duration.add(collector_labels, reading.duration_seconds)
-                    if not event_driven:
-                        age_family.add(collector_labels, age)
                     points = reading.points if ok else ()
                 if name == "info" and not points:
                     points = last_info.get(gpu, ())  # identity survives a lost GPU
-                for point in points:
-                    labels = prefix
-                    if point.labels:
-                        labels = prefix + "," + label_string(self._spec_labels[point.metric], point.labels)
-                    families[point.metric].add(labels, point.value)
+                key = (gpu, name)
+                used.add(key)
+                entry = cache.get(key)
+                if entry is None or not entry.matches(reading, points, prefix, ok, gpu in lost):
+                    entry = cache[key] = _ReadingLines.build(self, name, reading, points, prefix, ok, gpu in lost)
+                if gpu not in lost:
+                    success.lines.append(entry.success)
+                    duration.lines.append(entry.duration)
+                    if not event_driven:
+                        age_family.lines.append(f"{entry.age_head}{float(age)!r}\n")
+                for metric, lines in entry.lines:
+                    families[metric].extend(lines)
+        for key in cache.keys() - used:
+            del cache[key]  # a GPU or collector gone: its lines go too
         for (gpu, collector, reason), count in sorted(errors.items()):
             identity = identities.get(gpu)
             gpu_labels = prefixes.get(gpu) or label_string(GPU_LABELS, (str(gpu), identity.uuid if identity else ""))
@@ -138,6 +158,50 @@ class Exporter:
         parts = [render(families, openmetrics)]
         parts += [self._registry_text(i, openmetrics, lost) for i in range(len(self.registries))]
         return assemble(parts, openmetrics).encode()
+
+
+@dataclass(frozen=True)
+class _ReadingLines:
+    """One reading's exposition lines, formatted once and kept until the reading changes.
+
+    A reading changes only when its collector reads again (every 1-30 s), while
+    Prometheus may scrape many times in between (several servers, federation,
+    dashboards): re-formatting every sample per scrape was most of the scrape's
+    cost. What depends on the scrape time is the age gauge (formatted per scrape
+    from ``age_head``) and the freshness and loss of the GPU (part of the key).
+    """
+
+    reading: object
+    points: tuple[Point, ...]
+    prefix: str
+    ok: bool
+    lost: bool
+    success: str
+    duration: str
+    age_head: str
+    lines: tuple[tuple[str, tuple[str, ...]], ...]  # (metric, its lines), in the points' order
+
+    def matches(self, reading: object, points: tuple[Point, ...], prefix: str, ok: bool, lost: bool) -> bool:
+        return (self.reading is reading and self.points is points and self.ok == ok and self.lost == lost
+                and self.prefix == prefix)
+
+    @classmethod
+    def build(cls, exporter: Exporter, name: str, reading: Reading, points: tuple[Point, ...], prefix: str,
+              ok: bool, lost: bool) -> _ReadingLines:
+        collector_labels = f'collector="{name}",{prefix}'
+        by_metric: dict[str, list[str]] = {}
+        for point in points:
+            labels = prefix
+            if point.labels:
+                labels = prefix + "," + label_string(exporter._spec_labels[point.metric], point.labels)
+            by_metric.setdefault(point.metric, []).append(sample_line(point.metric, labels, point.value))
+        return cls(
+            reading, points, prefix, ok, lost,
+            success=sample_line("gpuperf_collector_success", collector_labels, 1.0 if ok else 0.0),
+            duration=sample_line("gpuperf_collector_duration_seconds", collector_labels, reading.duration_seconds),
+            age_head=f"gpuperf_collector_age_seconds{{{collector_labels}}} ",
+            lines=tuple((metric, tuple(lines)) for metric, lines in by_metric.items()),
+        )
 
 
 class _WithoutGpus:
