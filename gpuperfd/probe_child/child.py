@@ -1,7 +1,8 @@
-"""The probe child's entry point (started by :func:`gpuperfd.probing.runner.run_probe`).
+"""The probe child's entry point: ``python -m gpuperfd.probe_child.child --fd N --spec JSON ...``
+(started by :class:`gpuperfd.probing.runner.ProbeChild`, by module name).
 
-Kept free of top-level torch imports on purpose: the parent imports this module
-to name the spawn target, and the parent must not load torch.
+Kept free of top-level torch imports on purpose: it must start (and die with its
+parent) before anything heavy loads.
 
 Protocol over a two-way pipe, JSON messages only (:mod:`gpuperfd.probe_data.wire`): the
 child builds the workload once (model, compile, CUDA graphs) and says ``ready``;
@@ -172,3 +173,22 @@ def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, pare
     # Skip interpreter teardown: CUDA and NVML atexit handlers can hang after an error,
     # and the result is already with the parent.
     os._exit(code)
+
+
+def _cli(argv: list[str] | None = None) -> None:
+    """``python -m gpuperfd.probe_child.child``: the pipe is an inherited socket (``--fd``)."""
+    import argparse
+    import json
+    from multiprocessing.connection import Connection
+
+    parser = argparse.ArgumentParser(prog="gpuperfd.probe_child.child")
+    parser.add_argument("--fd", type=int, required=True, help="the socket to the parent (inherited)")
+    parser.add_argument("--spec", required=True, help="the ProbeSpec as JSON")
+    parser.add_argument("--log", default=None)
+    parser.add_argument("--parent-pid", type=int, default=None)
+    args = parser.parse_args(argv)
+    main(json.loads(args.spec), Connection(args.fd), args.log, args.parent_pid)
+
+
+if __name__ == "__main__":
+    _cli()

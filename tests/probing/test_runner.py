@@ -238,3 +238,41 @@ def test_caller_can_abort() -> None:
                        should_abort=lambda: time.monotonic() > deadline)
     assert result.status == "aborted" and result.failure_reason == "aborted"
     assert time.monotonic() - t0 < 10
+
+
+# --- footprint (issue 36) -----------------------------------------------------------------
+
+
+FOOTPRINT_SCRIPT = """
+import os, sys
+from gpuperfd.probe_data.spec import ProbeSpec
+from gpuperfd.probing.runner import run_probe
+
+result = run_probe(ProbeSpec("attention", preset="tiny", repeats=2, measure_seconds=0.15,
+                             busy_profile_seconds=0.05), timeout_seconds=120)
+assert result.status == "ok", result.error_message
+me = str(os.getpid())
+kids = []
+for entry in os.listdir("/proc"):
+    try:
+        stat = open(f"/proc/{entry}/stat").read()
+        cmd = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\\0", b" ").decode()
+    except (OSError, ValueError):
+        continue
+    if entry.isdigit() and stat.rsplit(")", 1)[1].split()[1] == me:
+        kids.append(cmd)
+print("CHILDREN", kids)
+print("TORCH", "torch" in sys.modules)
+"""
+
+
+def test_a_real_probe_leaves_no_resource_tracker_and_no_leaked_semaphores() -> None:
+    """After a real CPU child probe the parent is one process again: multiprocessing's resource
+    tracker was never started, and nothing warns of leaked semaphores at the parent's shutdown."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", FOOTPRINT_SCRIPT], capture_output=True, text=True, cwd=root,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=root))
+    assert done.returncode == 0, done.stderr
+    assert "CHILDREN []" in done.stdout, done.stdout
+    assert "TORCH False" in done.stdout, done.stdout
+    assert "leaked semaphore" not in done.stderr and "resource_tracker" not in done.stderr, done.stderr
