@@ -8,6 +8,7 @@ whether a GPU answers in 1 us, 21 ms or never.
 from __future__ import annotations
 
 import copy
+import math
 import platform
 import threading
 from dataclasses import dataclass
@@ -60,6 +61,8 @@ class Exporter:
         #: (gpu, collector) -> that reading's formatted lines; only the scrape thread(s) touch it,
         #: and a race between two scrapes at worst formats the same lines twice.
         self._lines_cache: dict[tuple[int, str], _ReadingLines] = {}
+        #: The whole telemetry text per format while the store does not change (see telemetry_text).
+        self._text_cache: dict[bool, _KeptText] = {}
         self._build_labels = label_string(
             ("version", "python_version", "backend"), (gpuperfd.__version__, platform.python_version(), backend_name)
         )
@@ -84,9 +87,15 @@ class Exporter:
         (see :class:`_ReadingLines`); only the age gauge is formatted per scrape, from a
         kept label prefix, as node_exporter recomputes its scrape-time values.
         """
+        collected = self._collect(self.clock())
+        age_family = collected.families[collected.age_index]
+        age_family.extend(collected.age_lines(collected.now))
+        return collected.families, collected.lost
+
+    def _collect(self, now: float) -> _Collected:
+        """The families with the age gauge left empty, and what the age lines and the cache need."""
         families = self._new_families()
-        readings, last_info, identities, errors = self.sampler.store.snapshot()
-        now = self.clock()
+        version, readings, last_info, identities, errors = self.sampler.store.snapshot_versioned()
         lost = lost_gpus(readings, self.sampler.interval_seconds)
         prefixes = {gpu: label_string(GPU_LABELS, identity.label_values) for gpu, identity in identities.items()}
         # A GPU whose identity was never read (lost or failing since start) is still reported, with uuid="".
@@ -96,6 +105,8 @@ class Exporter:
         duration, age_family = families["gpuperf_collector_duration_seconds"], families["gpuperf_collector_age_seconds"]
         cache, used = self._lines_cache, set()
         stale_after = {name: self.sampler.stale_after(name) for name in self.enabled}
+        ages: list[tuple[str, float]] = []
+        valid_until = math.inf  # the first time a fresh reading turns stale: the kept text is wrong then
         for gpu, prefix in sorted(prefixes.items()):
             up.add(prefix, 0.0 if gpu in lost else 1.0)
             for name in self.enabled:
@@ -124,7 +135,9 @@ class Exporter:
                     success.lines.append(entry.success)
                     duration.lines.append(entry.duration)
                     if not event_driven:
-                        age_family.lines.append(f"{entry.age_head}{float(age)!r}\n")
+                        ages.append((entry.age_head, reading.timestamp))
+                        if fresh:
+                            valid_until = min(valid_until, reading.timestamp + stale_after[name])
                 for metric, lines in entry.lines:
                     families[metric].extend(lines)
         for key in cache.keys() - used:
@@ -134,7 +147,27 @@ class Exporter:
             gpu_labels = prefixes.get(gpu) or label_string(GPU_LABELS, (str(gpu), identity.uuid if identity else ""))
             families["gpuperf_device_errors_total"].add(f'collector="{collector}",reason="{reason}",{gpu_labels}', count)
         families["gpuperf_build_info"].add(self._build_labels, 1.0)
-        return list(families.values()), frozenset(lost)
+        order = list(families)
+        return _Collected(list(families.values()), frozenset(lost), order.index(age_family.name), ages, version,
+                          valid_until, now)
+
+    def telemetry_text(self, openmetrics: bool) -> tuple[str, frozenset[int]]:
+        """The telemetry part of a scrape, and the lost GPUs.
+
+        The text is kept while the reading store's version is unchanged and no fresh
+        reading has turned stale: then only the age gauge's lines are written anew
+        (from kept label prefixes and timestamps), and the rest is reused as it is.
+        """
+        now = self.clock()
+        kept = self._text_cache.get(openmetrics)
+        if kept is None or kept.version != self.sampler.store.version or now > kept.collected.valid_until:
+            collected = self._collect(now)
+            families, index = collected.families, collected.age_index
+            kept = _KeptText(collected.version, collected,
+                             render(families[:index], openmetrics) + families[index].header(openmetrics),
+                             render(families[index + 1:], openmetrics))
+            self._text_cache[openmetrics] = kept
+        return kept.before + "".join(kept.collected.age_lines(now)) + kept.after, kept.collected.lost
 
     def _registry_text(self, index: int, openmetrics: bool, lost: frozenset[int]) -> str:
         """A registry's families as text without lost GPUs' series, never with '# EOF' (cached by version)."""
@@ -154,10 +187,35 @@ class Exporter:
         return text
 
     def render(self, openmetrics: bool = False) -> bytes:
-        families, lost = self.telemetry_families()
-        parts = [render(families, openmetrics)]
+        text, lost = self.telemetry_text(openmetrics)
+        parts = [text]
         parts += [self._registry_text(i, openmetrics, lost) for i in range(len(self.registries))]
         return assemble(parts, openmetrics).encode()
+
+
+@dataclass(frozen=True)
+class _Collected:
+    """One pass over the reading store: families (age gauge empty) and what the kept text needs."""
+
+    families: list[Family]
+    lost: frozenset[int]
+    age_index: int  # where gpuperf_collector_age_seconds is in ``families``
+    ages: list[tuple[str, float]]  # (line head, reading timestamp) of each age sample
+    version: int  # the store's version the families were built from
+    valid_until: float  # clock time after which a fresh reading may have turned stale
+    now: float
+
+    def age_lines(self, now: float) -> list[str]:
+        """The age samples at ``now``, microsecond resolution ("%.6f" is 3x cheaper than repr here)."""
+        return ["%s%.6f\n" % (head, now - ts if now > ts else 0.0) for head, ts in self.ages]
+
+
+@dataclass(frozen=True)
+class _KeptText:
+    version: int
+    collected: _Collected
+    before: str  # every family before the age gauge, and the age gauge's header
+    after: str  # every family after it
 
 
 @dataclass(frozen=True)
@@ -244,3 +302,17 @@ def process_registry() -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry)
     return registry
+
+
+#: How long the process_* text is reused: /proc is read at most once a second, not per scrape.
+PROCESS_SECONDS = 1.0
+
+
+def process_version(clock: Callable[[], float] | None = None) -> Callable[[], int]:
+    """A version for :func:`process_registry` that changes once per :data:`PROCESS_SECONDS`, so the
+    exporter's registry cache re-reads /proc (0.24 ms on the dev VM) at most once a second: CPU
+    seconds and RSS a second old are what a 15 s scrape interval can see anyway."""
+    import time
+
+    now = clock or time.monotonic
+    return lambda: int(now() / PROCESS_SECONDS)
