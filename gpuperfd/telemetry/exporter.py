@@ -28,7 +28,8 @@ import gpuperfd
 from gpuperfd.telemetry.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec
 from gpuperfd.telemetry.exposition import (
     Family,
-    assemble,
+    assemble_checked,
+    check_part,
     label_string,
     registry_body,
     render,
@@ -54,7 +55,7 @@ class Exporter:
         self.enabled = sorted({c.name for c in sampler.collectors} | ({"xid"} if sampler.xid_enabled else set()))
         #: (registry, version function or None): a versioned registry is re-rendered only when it changed.
         self.registries = list(registries)
-        self._cache: dict[tuple[int, bool], tuple[tuple[int, frozenset[int]], str]] = {}
+        self._cache: dict[tuple[int, bool], tuple[tuple[int, frozenset[int]], bytes]] = {}
         self._cache_lock = threading.Lock()
         self._spec_labels = {spec.name: spec.labels for cls in COLLECTORS.values() for spec in cls.metrics}
         self._event_driven = {name: bool(getattr(COLLECTORS[name], "event_driven", False)) for name in self.enabled}
@@ -151,8 +152,8 @@ class Exporter:
         return _Collected(list(families.values()), frozenset(lost), order.index(age_family.name), ages, version,
                           valid_until, now)
 
-    def telemetry_text(self, openmetrics: bool) -> tuple[str, frozenset[int]]:
-        """The telemetry part of a scrape, and the lost GPUs.
+    def telemetry_text(self, openmetrics: bool) -> tuple[bytes, frozenset[int]]:
+        """The telemetry part of a scrape (encoded, checked), and the lost GPUs.
 
         The text is kept while the reading store's version is unchanged and no fresh
         reading has turned stale: then only the age gauge's lines are written anew
@@ -163,34 +164,35 @@ class Exporter:
         if kept is None or kept.version != self.sampler.store.version or now > kept.collected.valid_until:
             collected = self._collect(now)
             families, index = collected.families, collected.age_index
-            kept = _KeptText(collected.version, collected,
-                             render(families[:index], openmetrics) + families[index].header(openmetrics),
-                             render(families[index + 1:], openmetrics))
+            before = render(families[:index], openmetrics) + families[index].header(openmetrics)
+            after = render(families[index + 1:], openmetrics)
+            kept = _KeptText(collected.version, collected, check_part(before).encode(), check_part(after).encode())
             self._text_cache[openmetrics] = kept
-        return kept.before + "".join(kept.collected.age_lines(now)) + kept.after, kept.collected.lost
+        ages = "".join(kept.collected.age_lines(now)).encode()
+        return b"".join((kept.before, ages, kept.after)), kept.collected.lost
 
-    def _registry_text(self, index: int, openmetrics: bool, lost: frozenset[int]) -> str:
-        """A registry's families as text without lost GPUs' series, never with '# EOF' (cached by version)."""
+    def _registry_text(self, index: int, openmetrics: bool, lost: frozenset[int]) -> bytes:
+        """A registry's families without lost GPUs' series, never with '# EOF' (cached by version)."""
         registry, version = self.registries[index]
         encoder = generate_openmetrics if openmetrics else generate_latest
         source = _WithoutGpus(registry, lost) if lost else registry
         if version is None:
-            return registry_body(encoder(source).decode())
+            return check_part(registry_body(encoder(source).decode())).encode()
         current = (version(), lost)
         with self._cache_lock:
             cached = self._cache.get((index, openmetrics))
         if cached is not None and cached[0] == current:
             return cached[1]
-        text = registry_body(encoder(source).decode())
+        data = check_part(registry_body(encoder(source).decode())).encode()
         with self._cache_lock:
-            self._cache[(index, openmetrics)] = (current, text)
-        return text
+            self._cache[(index, openmetrics)] = (current, data)
+        return data
 
     def render(self, openmetrics: bool = False) -> bytes:
         text, lost = self.telemetry_text(openmetrics)
         parts = [text]
         parts += [self._registry_text(i, openmetrics, lost) for i in range(len(self.registries))]
-        return assemble(parts, openmetrics).encode()
+        return assemble_checked(parts, openmetrics)
 
 
 @dataclass(frozen=True)
@@ -214,8 +216,8 @@ class _Collected:
 class _KeptText:
     version: int
     collected: _Collected
-    before: str  # every family before the age gauge, and the age gauge's header
-    after: str  # every family after it
+    before: bytes  # every family before the age gauge, and the age gauge's header
+    after: bytes  # every family after it
 
 
 @dataclass(frozen=True)

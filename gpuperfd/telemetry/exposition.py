@@ -95,6 +95,20 @@ def assemble(parts: Iterable[str], openmetrics: bool) -> str:
     refused here rather than served.
     """
     body = "".join(parts)
-    if body.startswith(EOF_LINE) or ("\n" + EOF_LINE) in body:
-        raise ValueError("an exposition part carries its own '# EOF'")
+    check_part(body)
     return body + EOF_LINE if openmetrics else body
+
+
+def check_part(text: str) -> str:
+    """``text`` unchanged, or ValueError if it carries its own '# EOF' (see :func:`assemble`)."""
+    if text.startswith(EOF_LINE) or ("\n" + EOF_LINE) in text:
+        raise ValueError("an exposition part carries its own '# EOF'")
+    return text
+
+
+def assemble_checked(parts: Iterable[bytes], openmetrics: bool) -> bytes:
+    """:func:`assemble` for parts already encoded and checked with :func:`check_part` when they were
+    made (the scrape keeps them between reads: scanning and copying 140 KB per scrape was a
+    third of the render)."""
+    body = b"".join(parts)
+    return body + EOF_LINE.encode() if openmetrics else body
