@@ -7,7 +7,10 @@ parent) before anything heavy loads.
 Protocol over a two-way pipe, JSON messages only (:mod:`gpuperfd.probe_data.wire`): the
 child builds the workload once (model, compile, CUDA graphs) and says ``ready``;
 then for each ``measure`` request it measures one point at whatever cap the parent
-has set and answers ``result``, with ``progress`` messages in between; ``stop`` or
+has set and answers ``result``, with ``progress`` messages in between; ``build``
+(with another spec) drops the workload and builds that one in the same process
+(one child serves every probe of a sweep round: torch's import, the CUDA context
+and the compile caches in memory are paid once); ``stop`` or
 the parent's end of the pipe closing ends it. Any exception is sent as ``error``
 (reason, message, traceback) and ends the child: a CUDA error can poison the
 context, so the parent starts a fresh child for the next point. The child's stdout and stderr go to a log file whose
@@ -90,6 +93,16 @@ def die_with_parent(parent_pid: int | None) -> None:
         os._exit(4)
 
 
+def _release_memory() -> None:
+    """Free the dropped workload: Python objects, then the CUDA caching allocator's blocks."""
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, parent_pid: int | None = None) -> None:
     """Build the probe once, then measure one point per ``measure`` request; exits with os._exit.
 
@@ -139,6 +152,16 @@ def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, pare
                 break
             if kind == "stop":
                 break
+            if kind == "build":  # another probe in the same child: torch, CUDA context and caches stay
+                t_build = time.perf_counter()
+                prepared = None  # the old workload's memory goes before the new one is built
+                _release_memory()
+                spec = ProbeSpec.from_dict(body["spec"])
+                prepared = harness.prepare(spec, progress=progress, identity=identity)
+                import_seconds = 0.0
+                wire.send(conn, "ready", {"import_seconds": 0.0, "setup_seconds": prepared.setup_seconds,
+                                          "rebuild_seconds": time.perf_counter() - t_build, **identity})
+                continue
             if kind != "measure":
                 raise ValueError(f"unknown request {kind!r}")
             t_point = time.perf_counter()

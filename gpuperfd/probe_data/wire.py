@@ -17,6 +17,7 @@ kind                  from       body
 ``result``            child      a ``ProbeResult.to_dict()``
 ``error``             child      reason, message, traceback, identity; the child then exits
 ``measure``           parent     ``power_limit_watts`` (the cap the parent set), ``settle_seconds``
+``build``             parent     ``spec``: drop the workload, build this probe instead; ``ready`` follows
 ``stop``              parent     (empty) the child exits
 ====================  =========  ==================================================
 

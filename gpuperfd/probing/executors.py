@@ -94,8 +94,11 @@ class WarmChildSession:
 
     def __init__(self, spec: ProbeSpec, device: Device, abort: threading.Event, timeout_seconds: float,
                  settle_seconds: float, state_dir: Path | str | None, check_idle: bool = True,
-                 idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD) -> None:
+                 idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD,
+                 env: dict[str, str] | None = None) -> None:
         self.spec = spec
+        #: Extra environment of its children (compile caches, see :func:`compile_cache_env`).
+        self.env = dict(env or {})
         self.device = device
         self.abort = abort
         self.timeout_seconds = timeout_seconds
@@ -151,7 +154,7 @@ class WarmChildSession:
                 return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "",
                                            "gpu_busy", str(busy), device=self.spec.device, started_at=time.time())
         self.child = ProbeChild(self.spec, device=self.device, own_pids=own, should_abort=self.abort.is_set,
-                                record_dir=self.state_dir)
+                                record_dir=self.state_dir, env=self.env)
         self.children += 1
         failed = self.child.start(deadline)
         if failed is not None and failed.status == "failed" and failed.failure_reason != "timeout":
@@ -178,8 +181,10 @@ class ChildProcessExecutor:
     """
 
     def __init__(self, timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None,
-                 idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD) -> None:
+                 idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD, compile_cache: bool = True) -> None:
         self.timeout_seconds = timeout_seconds
+        #: Keep torch.compile's and Triton's caches in the state directory across runs (and restarts).
+        self.compile_cache = compile_cache
         #: ``probes.idle_utilization_threshold``: the one threshold of the busy check before a child starts.
         self.idle_utilization_threshold = idle_utilization_threshold
         self.torch_device = torch_device
@@ -209,12 +214,43 @@ class ChildProcessExecutor:
             should_abort=abort.is_set,
             record_dir=self.state_dir,
             idle_utilization_threshold=self.idle_utilization_threshold,
+            env=self.child_env(),
         )
+
+    def child_env(self) -> dict[str, str]:
+        """What its children get on top of the daemon's environment."""
+        return compile_cache_env(self.state_dir) if self.compile_cache else {}
 
     def open(self, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> WarmChildSession:
         return WarmChildSession(self.spec(device, schedule), device, abort, self.timeout_seconds,
                                 schedule.settle_seconds, self.state_dir,
-                                idle_utilization_threshold=self.idle_utilization_threshold)
+                                idle_utilization_threshold=self.idle_utilization_threshold, env=self.child_env())
+
+
+#: Below the state directory: torch.compile's (Inductor's FX graph and autotuning) and Triton's kernel caches.
+COMPILE_CACHE_DIR = "compile-cache"
+
+
+def compile_cache_env(state_dir: Path | str | None) -> dict[str, str]:
+    """Environment that keeps a probe child's compile caches in ``state_dir`` (none without one).
+
+    A probe's first point pays for ``torch.compile`` and Triton's kernel builds; by default
+    their caches live under /tmp (``torchinductor_<user>``), which systemd's PrivateTmp and a
+    container's tmpfs empty at every restart. In the state directory they survive, so every
+    run after the first loads compiled kernels instead of building them. The folders are the
+    daemon's own (mode 0700): a cache is code that the child will run.
+    """
+    if state_dir is None:
+        return {}
+    root = Path(state_dir) / COMPILE_CACHE_DIR
+    try:
+        for sub in ("", "inductor", "triton"):
+            (root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warning("no compile cache in %s (%s): every run compiles from scratch", root, exc)
+        return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
 
 
 def child_process_executor(

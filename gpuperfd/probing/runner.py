@@ -378,6 +378,25 @@ class ProbeChild:
         self.start_seconds = time.monotonic() - t0
         return None
 
+    def rebuild(self, spec: ProbeSpec, deadline: float) -> ProbeResult | None:
+        """Build another probe in this same child (its imports and CUDA context kept); a failure
+        result (the child is then gone), or None when ready."""
+        t0 = time.monotonic()
+        started_at = time.time()
+        if not self.alive:
+            return self._failure("crash", "probe process is not running", started_at, t0)
+        self.spec = spec
+        try:
+            wire.send(self._conn, "build", {"spec": spec.to_dict()})
+        except (OSError, ValueError):
+            pass  # it died: the wait below says how
+        message = self._await(deadline, started_at, t0)
+        if isinstance(message, ProbeResult):
+            return message
+        self.ready = message
+        self.start_seconds = time.monotonic() - t0
+        return None
+
     def measure(self, deadline: float, settle_seconds: float = 0.0, cap_watts: float | None = None) -> ProbeResult:
         """Measure one point at the cap set now (``cap_watts``, for the record); never raises for the child."""
         t0 = time.monotonic()
@@ -554,6 +573,7 @@ def run_probe(
     should_abort: Callable[[], bool] | None = None,
     idle_wait_seconds: float = 5.0,
     record_dir: Path | str | None = None,
+    env: dict[str, str] | None = None,
 ) -> ProbeResult:
     """Run ``spec`` in a child process and return its result; never raises for child failures.
 
@@ -563,13 +583,14 @@ def run_probe(
     allowed). ``on_progress`` receives the child's progress messages (phase, repeat).
     ``should_abort`` is polled; returning True stops the probe with status "aborted".
     ``record_dir``: where the child's pid and start time are recorded while it runs (the daemon's
-    state directory), for :func:`end_leftover_children` after a crash.
+    state directory), for :func:`end_leftover_children` after a crash. ``env``: extra environment
+    for the child (compile cache folders).
     """
     timeout = float(timeout_seconds) if timeout_seconds is not None else default_timeout(spec)
     started_at = time.time()
     t0 = time.monotonic()
     child = ProbeChild(spec, device=device, own_pids=own_pids, watch_interval=watch_interval,
-                       on_progress=on_progress, should_abort=should_abort, record_dir=record_dir)
+                       on_progress=on_progress, should_abort=should_abort, record_dir=record_dir, env=env)
     if device is not None:
         busy = busy_reason(device, idle_utilization_threshold, set(own_pids), wait_seconds=idle_wait_seconds)
         if busy is not None:

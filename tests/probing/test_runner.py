@@ -276,3 +276,30 @@ def test_a_real_probe_leaves_no_resource_tracker_and_no_leaked_semaphores() -> N
     assert "CHILDREN []" in done.stdout, done.stdout
     assert "TORCH False" in done.stdout, done.stdout
     assert "leaked semaphore" not in done.stderr and "resource_tracker" not in done.stderr, done.stderr
+
+
+def test_one_child_serves_several_probes_and_a_failed_build_ends_it() -> None:
+    """``rebuild``: the next probe of a round is built in the same child (no new interpreter, no new
+    import of torch); each result is its own probe's; a rebuilt probe that fails comes back as a
+    failure result and ends the child, as any failure does."""
+    from gpuperfd.probing.runner import ProbeChild
+
+    child = ProbeChild(tiny("attention"))
+    try:
+        deadline = time.monotonic() + 120
+        assert child.start(deadline) is None
+        pid = child.pid
+        first = child.measure(deadline)
+        assert first.status == "ok" and first.probe == "attention"
+        assert child.rebuild(tiny("vit"), time.monotonic() + 120) is None
+        assert child.pid == pid and child.ready["import_seconds"] == 0.0
+        second = child.measure(time.monotonic() + 120)
+        assert second.status == "ok" and second.probe == "vit", second.error_message
+        assert PRIMARY_METRIC["vit"] in second.throughput
+        assert child.rebuild(tiny("llm", inject_fault="exception"), time.monotonic() + 120) is None
+        failed = child.measure(time.monotonic() + 120)
+        assert failed.status == "failed" and failed.failure_reason == "exception", failed.error_message
+        assert not child.alive
+        assert child.rebuild(tiny("llm"), time.monotonic() + 120).failure_reason == "crash"  # gone: no build
+    finally:
+        child.close()
