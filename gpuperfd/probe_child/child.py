@@ -202,7 +202,6 @@ def _cli(argv: list[str] | None = None) -> None:
     """``python -m gpuperfd.probe_child.child``: the pipe is an inherited socket (``--fd``)."""
     import argparse
     import json
-    from multiprocessing.connection import Connection
 
     parser = argparse.ArgumentParser(prog="gpuperfd.probe_child.child")
     parser.add_argument("--fd", type=int, required=True, help="the socket to the parent (inherited)")
@@ -210,7 +209,7 @@ def _cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--log", default=None)
     parser.add_argument("--parent-pid", type=int, default=None)
     args = parser.parse_args(argv)
-    main(json.loads(args.spec), Connection(args.fd), args.log, args.parent_pid)
+    main(json.loads(args.spec), wire.Channel.from_fd(args.fd), args.log, args.parent_pid)
 
 
 if __name__ == "__main__":

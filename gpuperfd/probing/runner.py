@@ -58,7 +58,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from multiprocessing.connection import Connection
 from typing import Any
 
 from gpuperfd.device.base import Device
@@ -366,7 +365,7 @@ class ProbeChild:
         finally:
             theirs.close()  # the child holds the only other end: EOF when it dies
             os.close(fd)
-        self._conn = Connection(ours.detach())
+        self._conn = wire.Channel(ours)
         self._proc = _Child(popen)
         with _LIVE_LOCK:
             _LIVE[self._proc.pid or 0] = self._proc

@@ -64,6 +64,15 @@ class _SocketWriter(io.BufferedIOBase):
         return len(data)
 
 
+def _flush_head_and_body(handler: Any) -> None:
+    """The handler's head and body in one write: one syscall, not two (with TCP_NODELAY a separate
+    head is its own packet and its own wake-up of the client)."""
+    data = b"".join([*getattr(handler, "_headers_buffer", ()), handler._body_after_head])
+    handler._headers_buffer = []
+    handler._body_after_head = b""
+    handler.wfile.write(data)
+
+
 def _weighted(header: str) -> list[tuple[str, dict[str, str], float]]:
     """An Accept-style header as (lower-case token, parameters, q) per element; malformed q drops the element."""
     items = []
@@ -194,13 +203,7 @@ class WebServer:
             force_close = False
             _body_after_head = b""
 
-            def flush_headers(self) -> None:
-                """The head and the body in one write: one syscall, one segment train, not two
-                (with TCP_NODELAY a separate head is its own packet, and the client's wake-up)."""
-                data = b"".join([*getattr(self, "_headers_buffer", ()), self._body_after_head])
-                self._headers_buffer = []
-                self._body_after_head = b""
-                self.wfile.write(data)
+            flush_headers = _flush_head_and_body
 
             def parse_request(self) -> bool:
                 self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
