@@ -146,11 +146,16 @@ class _Child:
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: ours, the package's own folder first on ``PYTHONPATH`` (the child
     must import this very gpuperfd, however the parent found it), plus ``extra``."""
+    import sysconfig
+
     import gpuperfd
 
-    root = str(Path(gpuperfd.__file__).resolve().parent.parent)
+    root = Path(gpuperfd.__file__).resolve().parent.parent
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    installed = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
+    if root not in installed:  # a source tree or a path the caller added: the child gets it too
+        # (an installed package's folder is never put ahead of the standard library)
+        env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.update(extra or {})
     return env
 
@@ -359,7 +364,10 @@ class ProbeChild:
         try:
             popen = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, pass_fds=(theirs.fileno(),),
-                process_group=0,  # its own group from the first instruction: killpg takes its workers too
+                # Its own session and process group from the first instruction (setsid in the fork, no
+                # preexec_fn: safe in a threaded daemon, and Python 3.10 has no process_group=):
+                # killpg takes its compile workers too.
+                start_new_session=True,
                 env=child_env(self.env), close_fds=True,
             )
         finally:

@@ -303,3 +303,45 @@ def test_one_child_serves_several_probes_and_a_failed_build_ends_it() -> None:
         assert child.rebuild(tiny("llm"), time.monotonic() + 120).failure_reason == "crash"  # gone: no build
     finally:
         child.close()
+
+
+HANGING_PARENT = """
+import sys
+from gpuperfd.probe_data.spec import ProbeSpec
+from gpuperfd.probing.runner import run_probe
+run_probe(ProbeSpec('attention', preset='tiny', inject_fault='hang'), timeout_seconds=600, record_dir=sys.argv[1])
+"""
+
+
+def test_a_sigkilled_parent_takes_its_python_m_child_with_it(tmp_path) -> None:
+    """The child started with ``python -m`` leads its own process group and dies with its parent
+    (PR_SET_PDEATHSIG), even when the parent gets no chance to clean up."""
+    import signal
+
+    from gpuperfd.probing.runner import RECORD_PREFIX
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parent = subprocess.Popen([sys.executable, "-c", HANGING_PARENT, str(tmp_path)], cwd=root,
+                              env=dict(os.environ, PYTHONPATH=root))
+    try:
+        deadline = time.monotonic() + 60
+        while not (records := list(tmp_path.glob(RECORD_PREFIX + "*"))):
+            assert time.monotonic() < deadline and parent.poll() is None, "no probe child was recorded"
+            time.sleep(0.05)
+        child = int(records[0].name[len(RECORD_PREFIX):])
+        assert os.getpgid(child) == child
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                return handle.read().decode(errors="replace").rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 20
+    while alive(child):
+        assert time.monotonic() < deadline, f"probe child {child} outlived its SIGKILLed parent"
+        time.sleep(0.05)
