@@ -76,11 +76,27 @@ class ColdSession:
         pass
 
 
-def open_session(executor: Executor, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> Session:
-    """The executor's warm session where it has one (``executor.open``), else a cold one."""
+def open_session(executor: Executor, device: Device, schedule: ScheduleConfig, abort: threading.Event,
+                 after: Session | None = None) -> Session:
+    """The executor's warm session where it has one (``executor.open``), else a cold one.
+
+    ``after``: the session of the previous schedule of the same round on this GPU, not closed yet:
+    a warm session takes its child over (one child serves every probe of the round; the old
+    workload is dropped and the new one built in it) and closes the rest.
+    """
     opener = getattr(executor, "open", None)
     if opener is not None:
-        return opener(device, schedule, abort)  # type: ignore[no-any-return]
+        carried = after.hand_over() if isinstance(after, WarmChildSession) else None
+        if after is not None:
+            after.close()
+        session = opener(device, schedule, abort)
+        if isinstance(session, WarmChildSession):
+            session.carried = carried
+        elif carried is not None:
+            carried.close()
+        return session  # type: ignore[no-any-return]
+    if after is not None:
+        after.close()
     return ColdSession(executor, device, schedule, abort)
 
 
@@ -107,7 +123,9 @@ class WarmChildSession:
         self.check_idle = check_idle
         self.idle_utilization_threshold = idle_utilization_threshold
         self.child: ProbeChild | None = None
-        #: Children started (1 for a sweep without failures).
+        #: A live child of the round's previous probe, rebuilt for this one instead of a new child.
+        self.carried: ProbeChild | None = None
+        #: Children started (1 for a sweep without failures; 0 when a carried child served it).
         self.children = 0
         self._build_failure: ProbeResult | None = None
 
@@ -147,6 +165,11 @@ class WarmChildSession:
 
         if self.child is not None:
             self.child.close()
+        carried, self.carried = self.carried, None
+        if carried is not None and carried.alive:
+            return self._rebuild(carried, deadline)
+        if carried is not None:
+            carried.close()
         own = (os.getpid(),)
         if self.check_idle:
             busy = busy_reason(self.device, self.idle_utilization_threshold, own, wait_seconds=5.0)
@@ -161,10 +184,37 @@ class WarmChildSession:
             self._build_failure = failed
         return failed
 
+    def _rebuild(self, child: ProbeChild, deadline: float) -> ProbeResult | None:
+        """This probe built in the previous probe's child (the GPU stayed ours, the child on it)."""
+        if self.check_idle:
+            busy = busy_reason(self.device, self.idle_utilization_threshold, (os.getpid(), child.pid or 0),
+                               wait_seconds=5.0)
+            if busy is not None:
+                child.close()
+                return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "",
+                                           "gpu_busy", str(busy), device=self.spec.device, started_at=time.time())
+        child.should_abort = self.abort.is_set
+        self.child = child
+        failed = child.rebuild(self.spec, deadline)
+        if failed is not None and failed.status == "failed" and failed.failure_reason != "timeout":
+            self._build_failure = failed
+        return failed
+
+    def hand_over(self) -> ProbeChild | None:
+        """The live child, taken out of this session for the next probe of the round (None if dead)."""
+        child, self.child = self.child, None
+        if child is not None and not child.alive:
+            child.close()
+            return None
+        return child
+
     def close(self) -> None:
         if self.child is not None:
             self.child.close()
             self.child = None
+        if self.carried is not None:
+            self.carried.close()
+            self.carried = None
 
 
 def _copy_failure(failure: ProbeResult, message: str) -> ProbeResult:
