@@ -18,8 +18,9 @@ Issue 36 adds paths that take the first point's savings apart, each on its own:
   landed code paid whenever /tmp was emptied, e.g. systemd's PrivateTmp at every restart);
 * ``warm_cached``: ``warm`` with the compile cache in the state directory, filled by an earlier
   run (the benchmark runs the sweep once unmeasured to fill it, unless ``warm_cold`` just did);
-* ``shared``: one child for every probe of the round (``ProbeChild.rebuild``): torch's import and
-  the CUDA context once per GPU, not once per probe; compile cache as ``warm_cached``.
+* ``shared``: one child for every probe of the round (``open_session(after=...)``, as an owned
+  sweep of several schedules runs): torch's import and the CUDA context once per GPU, not once per
+  probe; compile cache as ``warm_cached``.
 
 ``--before DIR`` runs DIR's own ``benchmarks/sweep_cost.py --paths warm`` (the landed tree) first,
 on the same GPU, and prints its totals next to these. Every point also records its windows'
@@ -112,39 +113,6 @@ def _window_rate(window: Any) -> float | None:
     return None
 
 
-class SharedChildSession:
-    """A warm session whose child outlives it: the next probe's session rebuilds in the same child."""
-
-    def __init__(self, holder: dict, executor: Any, device: Any, schedule: Any, abort: threading.Event) -> None:
-        from gpuperfd.probing.executors import WarmChildSession
-
-        self.holder = holder
-        spec = executor.spec(device, schedule)
-        self.inner = WarmChildSession(spec, device, abort, executor.timeout_seconds, schedule.settle_seconds,
-                                      executor.state_dir, env=executor.child_env())
-        child = holder.get("child")
-        self.rebuilt: float | None = None
-        if child is not None and child.alive:
-            t0 = time.monotonic()
-            failed = child.rebuild(spec, t0 + executor.timeout_seconds)
-            if failed is None:
-                self.inner.child = child
-                self.rebuilt = time.monotonic() - t0
-
-    def measure(self, cap_watts: float) -> Any:
-        first = self.inner.child is not None and self.rebuilt is not None
-        result = self.inner.measure(cap_watts)
-        if first and self.rebuilt is not None:  # the rebuild is this point's start (spawn 0, build = setup)
-            result.extra.update({"child_start_seconds": self.rebuilt,
-                                 "child_setup_seconds": (self.inner.child.ready or {}).get("setup_seconds")})
-            result.wall_seconds = (result.wall_seconds or 0.0) + self.rebuilt
-            self.rebuilt = None
-        return result
-
-    def close(self) -> None:
-        self.holder["child"] = self.inner.child  # kept for the next probe; closed at the end of the round
-
-
 def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: list[float], state: Path,
           holder: dict | None = None) -> dict:
     from gpuperfd.probing.executors import ColdSession, open_session
@@ -153,8 +121,9 @@ def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: 
     from gpuperfd.probing.sweep.sweeper import run_sweep
 
     abort = threading.Event()
-    if path == "shared":
-        session: Any = SharedChildSession(holder if holder is not None else {}, executor, device, schedule, abort)
+    holder = holder if holder is not None else {}
+    if path == "shared":  # the production path: the previous probe's session hands its child over
+        session: Any = open_session(executor, device, schedule, abort, after=holder.pop("session", None))
     elif path == "per_point":
         session = ColdSession(executor, device, schedule, abort)
     else:
@@ -164,7 +133,10 @@ def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: 
         points = run_sweep(device, CapJournal(state), caps, session.measure,  # type: ignore[arg-type]
                            settle_seconds=schedule.settle_seconds)
     finally:
-        session.close()
+        if path == "shared":
+            holder["session"] = session  # closed by the next probe's open_session, or at the end
+        else:
+            session.close()
     wall = time.monotonic() - t0
     rows = []
     for point in points:
@@ -246,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(result)
                 print(f"{probe:9s} {path:11s} {result['sweep_gpu_seconds']:7.1f} GPU-s  " + "  ".join(
                     f"{p['cap_watts']:.0f}W:{p['status']}" for p in result["points"]), flush=True)
-        if holder.get("child") is not None:
-            holder["child"].close()
+        if holder.get("session") is not None:
+            holder["session"].close()
     after = backend.devices()[0].power_limits().enforced_watts
     backend.close()
     _print_summary(results)
