@@ -79,8 +79,10 @@ class Channel:
 
     def poll(self, timeout: float = 0.0) -> bool:
         """True when a message (or the end of the channel) can be read now or within ``timeout`` s."""
-        ready, _, _ = select.select([self._sock], [], [], max(timeout, 0.0))
-        return bool(ready)
+        # poll(2), not select(2): a daemon with hundreds of connections has descriptors above 1023.
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+        return bool(poller.poll(max(timeout, 0.0) * 1000.0))
 
     def close(self) -> None:
         self._sock.close()

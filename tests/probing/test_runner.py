@@ -345,3 +345,38 @@ def test_a_sigkilled_parent_takes_its_python_m_child_with_it(tmp_path) -> None:
     while alive(child):
         assert time.monotonic() < deadline, f"probe child {child} outlived its SIGKILLed parent"
         time.sleep(0.05)
+
+
+def test_the_channel_frames_messages_and_polls_above_descriptor_1023() -> None:
+    """Length-prefixed messages arrive whole and in order, EOF is an EOFError, a garbled length is
+    refused, and ``poll`` works on a descriptor select() could not watch (a busy daemon's)."""
+    import resource
+    import socket
+
+    from gpuperfd.probe_data import wire
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip("cannot open descriptors above 1023 here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    a, b = socket.socketpair()
+    high = os.dup2(a.fileno(), 1050)
+    a.close()
+    try:
+        ours, theirs = wire.Channel(socket.socket(fileno=high)), wire.Channel(b)
+        assert not ours.poll(0.01)
+        wire.send(theirs, "result", {"x": 1.5, "big": "y" * 50_000})
+        wire.send(theirs, "progress", {})
+        assert ours.poll(1.0)
+        assert wire.recv(ours) == ("result", {"x": 1.5, "big": "y" * 50_000})
+        assert wire.recv(ours) == ("progress", {})
+        b.sendall((wire.MAX_MESSAGE_BYTES + 1).to_bytes(4, "big"))
+        with pytest.raises(ValueError):
+            ours.recv_bytes()
+        theirs.close()
+        assert ours.poll(1.0)  # the end of the channel is readable
+        with pytest.raises(EOFError):
+            ours.recv_bytes()
+        ours.close()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
