@@ -37,6 +37,23 @@ def rss_mb(pid: int) -> float:
         return next(int(line.split()[1]) / 1024 for line in handle if line.startswith("VmRSS:"))
 
 
+def children(pid: int) -> list[dict]:
+    """The processes whose parent is ``pid``: command line and RSS (MB)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != pid:
+                continue
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            out.append({"pid": int(entry), "cmdline": cmd[:120], "rss_mb": round(rss_mb(int(entry)), 1)})
+        except (OSError, ValueError, StopIteration):
+            continue
+    return out
+
+
 def heavy_maps(pid: int) -> list[str]:
     with open(f"/proc/{pid}/maps") as handle:
         # package folders, not any path with "torch" in it (a venv at /opt/torch/.venv holds yaml too)
@@ -109,6 +126,7 @@ def main() -> int:
             time.sleep(2)
             after = rss_mb(proc.pid)
             after_maps = heavy_maps(proc.pid)
+            beside = children(proc.pid)  # issue 36: none (was multiprocessing's resource tracker)
             skipped = skipped_runs(port)
             statuses = [json.loads(line)["result"]["status"] for line in history.read_text().splitlines()] \
                 if history.exists() else []
@@ -120,7 +138,10 @@ def main() -> int:
                "backend": "simulated" if args.cpu else "nvml", "command": " ".join([sys.executable, *sys.argv]),
                "malloc_arena_max": args.malloc_arena_max or None,
                "idle_rss_mb": round(idle, 1), "after_probes_rss_mb": round(after, 1), "probe_statuses": statuses, "skipped_runs": skipped,
-               "heavy_maps_idle": idle_maps, "heavy_maps_after": after_maps}
+               "heavy_maps_idle": idle_maps, "heavy_maps_after": after_maps,
+               "processes_beside_after_probes": beside,
+               "shutdown_warnings": [line for line in (state / "daemon.log").read_text(errors="replace").splitlines()
+                                     if "leaked" in line or "resource_tracker" in line]}
         ok = statuses and all(s == "ok" for s in statuses) and not after_maps
         if not ok:  # why: the daemon's own account
             out["daemon_exit"] = proc.returncode

@@ -12,6 +12,21 @@ For every probe (default presets unless --preset), a full sweep of 5 caps (max a
   compiles, captures CUDA graphs, measures, exits (the path before issue 12);
 * ``warm``: one child per sweep builds once and measures one point per cap.
 
+Issue 36 adds paths that take the first point's savings apart, each on its own:
+
+* ``warm_cold``: ``warm`` with an empty compile cache (a fresh folder for this sweep: what the
+  landed code paid whenever /tmp was emptied, e.g. systemd's PrivateTmp at every restart);
+* ``warm_cached``: ``warm`` with the compile cache in the state directory, filled by an earlier
+  run (the benchmark runs the sweep once unmeasured to fill it, unless ``warm_cold`` just did);
+* ``shared``: one child for every probe of the round (``open_session(after=...)``, as an owned
+  sweep of several schedules runs): torch's import and the CUDA context once per GPU, not once per
+  probe; compile cache as ``warm_cached``.
+
+``--before DIR`` runs DIR's own ``benchmarks/sweep_cost.py --paths warm`` (the landed tree) first,
+on the same GPU, and prints its totals next to these. Every point also records its windows'
+SM clock and power (``window_sm_mhz``, ``window_power_w``): where a point's rate scatters, they say
+whether the clock moved under it (attention's scatter on the H100).
+
 Both run every cap (no early stop), so they do the same measurements. Per sweep and
 point it reports GPU-seconds (wall time the GPU is out of service) and the parts:
 spawn (process start and imports), build (model, buffers; ``compile`` shown apart
@@ -89,21 +104,39 @@ def parts(result: Any, path: str) -> dict[str, float]:
             "settle": settle, "measure": measure, "other": other}
 
 
-def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: list[float], state: Path) -> dict:
+def _window_rate(window: Any) -> float | None:
+    from gpuperfd.probe_data.result import PRIMARY_METRIC
+
+    for key in PRIMARY_METRIC.values():
+        if key in window.throughput:
+            return window.throughput[key]
+    return None
+
+
+def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: list[float], state: Path,
+          holder: dict | None = None) -> dict:
     from gpuperfd.probing.executors import ColdSession, open_session
     from gpuperfd.probing.sweep.journal import CapJournal
     from gpuperfd.probe_data.recommend import rate_noise
     from gpuperfd.probing.sweep.sweeper import run_sweep
 
     abort = threading.Event()
-    session = open_session(executor, device, schedule, abort) if path == "warm" else \
-        ColdSession(executor, device, schedule, abort)
+    holder = holder if holder is not None else {}
+    if path == "shared":  # the production path: the previous probe's session hands its child over
+        session: Any = open_session(executor, device, schedule, abort, after=holder.pop("session", None))
+    elif path == "per_point":
+        session = ColdSession(executor, device, schedule, abort)
+    else:
+        session = open_session(executor, device, schedule, abort)
     t0 = time.monotonic()
     try:
         points = run_sweep(device, CapJournal(state), caps, session.measure,  # type: ignore[arg-type]
                            settle_seconds=schedule.settle_seconds)
     finally:
-        session.close()
+        if path == "shared":
+            holder["session"] = session  # closed by the next probe's open_session, or at the end
+        else:
+            session.close()
     wall = time.monotonic() - t0
     rows = []
     for point in points:
@@ -112,7 +145,12 @@ def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: 
                      "rate": (r.units_of_work / r.measured_seconds) if r.ok and r.measured_seconds else None,
                      "cv": rate_noise(r) if r.ok and len(r.repeats) > 1 else None,
                      "settle_steady": r.extra.get("settle_steady"), "windows": r.extra.get("windows_measured"),
-                     "window_seconds": r.extra.get("window_seconds"), **parts(r, path)})
+                     "window_seconds": r.extra.get("window_seconds"),
+                     "window_sm_mhz": [w.sm_clock_hertz_mean / 1e6 if w.sm_clock_hertz_mean else None
+                                       for w in r.repeats],
+                     "window_power_w": [w.average_power_watts for w in r.repeats],
+                     "window_rate": [_window_rate(w) for w in r.repeats],
+                     **parts(r, "warm" if path != "per_point" else path)})
     return {"path": path, "probe": schedule.probe, "preset": schedule.preset, "sweep_gpu_seconds": wall,
             "points": rows}
 
@@ -124,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", help="preset for every probe (default: each probe's default)")
     parser.add_argument("--probes", default=",".join(PROBES), help="comma-separated probes (default: all four)")
     parser.add_argument("--settle", type=float, default=5.0, help="settle bound per cap, seconds (default 5)")
-    parser.add_argument("--paths", default="per_point,warm", help="which paths to run (default both)")
+    parser.add_argument("--paths", default="per_point,warm",
+                        help="which paths to run: per_point, warm, warm_cold, warm_cached, shared (default: "
+                             "per_point,warm); issue 36's comparison: warm_cold,warm_cached,shared")
+    parser.add_argument("--before", metavar="DIR", help="a copy of the landed tree: run its sweep_cost.py "
+                        "--paths warm first, same GPU, same probes, and print its totals beside these")
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE")
     args = parser.parse_args(argv)
 
@@ -150,21 +192,39 @@ def main(argv: list[str] | None = None) -> int:
           f"power limit {before:.0f} W, caps {caps}")
     print("cap writes are RECORDED ONLY: NVML's setter is never called; the GPU stays at its limit "
           f"({before:.0f} W) for every point")
-    executor = ChildProcessExecutor(1800, torch_device=torch_device)
+    before_run = _run_before(args) if args.before else None
     results = []
+    paths = args.paths.split(",")
+    holder: dict = {}
     with tempfile.TemporaryDirectory() as state:
+        cached = ChildProcessExecutor(1800, torch_device=torch_device, state_dir=state)
         for probe in args.probes.split(","):
             schedule = ScheduleConfig(probe=probe, preset=args.preset, interval_seconds=3600, caps=caps,
                                       settle_seconds=args.settle,
                                       )
-            for path in args.paths.split(","):
-                result = sweep(path, device, executor, schedule, caps, Path(state))
+            if ("warm_cached" in paths or "shared" in paths) and "warm_cold" not in paths:
+                sweep("warm", device, cached, schedule, caps[:1], Path(state))  # fills the cache, not counted
+            for path in paths:
+                if path == "warm_cold":  # an empty cache of its own, as /tmp after a restart
+                    executor: Any = ChildProcessExecutor(1800, torch_device=torch_device,
+                                                         state_dir=tempfile.mkdtemp(dir=state))
+                elif path in ("warm_cached", "shared"):
+                    executor = cached
+                else:
+                    executor = ChildProcessExecutor(1800, torch_device=torch_device, compile_cache=False)
+                result = sweep(path, device, executor, schedule, caps, Path(state), holder)
+                if path == "warm_cold":  # what it compiled now fills the shared state cache
+                    _merge_cache(Path(executor.state_dir), Path(state))
                 results.append(result)
-                print(f"{probe:9s} {path:9s} {result['sweep_gpu_seconds']:7.1f} GPU-s  " + "  ".join(
+                print(f"{probe:9s} {path:11s} {result['sweep_gpu_seconds']:7.1f} GPU-s  " + "  ".join(
                     f"{p['cap_watts']:.0f}W:{p['status']}" for p in result["points"]), flush=True)
+        if holder.get("session") is not None:
+            holder["session"].close()
     after = backend.devices()[0].power_limits().enforced_watts
     backend.close()
     _print_summary(results)
+    if before_run is not None:
+        _print_before(before_run, results)
     print(f"\ncap writes recorded: {len(device.writes)}; NVML setter calls: 0; "
           f"power limit before {before:.0f} W, after {after:.0f} W")
     if args.json:
@@ -174,10 +234,49 @@ def main(argv: list[str] | None = None) -> int:
             "machine": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
             "torch": torch.__version__, "device": info.name, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "command": " ".join([sys.executable, *sys.argv]), "caps": caps, "cap_writes": device.writes,
-            "limit_before_watts": before, "limit_after_watts": after, "sweeps": results,
+            "limit_before_watts": before, "limit_after_watts": after, "sweeps": results, "before": before_run,
         }, indent=1, default=str))
     failed = [p for r in results for p in r["points"] if p["status"] != "ok"]
     return 1 if failed or round(after) != round(before) else 0
+
+
+def _merge_cache(source: Path, state: Path) -> None:
+    import shutil
+
+    from gpuperfd.probing.executors import COMPILE_CACHE_DIR
+
+    src = source / COMPILE_CACHE_DIR
+    if src.is_dir():
+        shutil.copytree(src, state / COMPILE_CACHE_DIR, dirs_exist_ok=True)
+
+
+def _run_before(args: argparse.Namespace) -> dict:
+    """The landed tree's own benchmark, warm path, same GPU and probes, in a subprocess."""
+    import subprocess
+
+    root = Path(args.before).resolve()
+    out = Path(tempfile.mkdtemp()) / "before.json"
+    cmd = [sys.executable, str(root / "benchmarks" / "sweep_cost.py"), "--paths", "warm", "--probes", args.probes,
+           "--settle", str(args.settle), "--json", str(out)]
+    cmd += ["--cpu"] if args.cpu else ["--gpu", str(args.gpu)]
+    cmd += ["--preset", args.preset] if args.preset else []
+    print("before:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), check=False)
+    return json.loads(out.read_text()) if out.exists() else {"error": "the landed benchmark wrote no JSON"}
+
+
+def _print_before(before_run: dict, results: list[dict]) -> None:
+    sweeps = before_run.get("sweeps") or []
+    total = sum(r["sweep_gpu_seconds"] for r in sweeps)
+    firsts = [r["points"][0]["gpu_seconds"] for r in sweeps if r["points"]]
+    print(f"\nbefore (landed tree, warm): {total:.1f} GPU-s per GPU; first points "
+          f"{', '.join(f'{f:.1f}' for f in firsts)} s")
+    for path in dict.fromkeys(r["path"] for r in results):
+        mine = [r for r in results if r["path"] == path]
+        after = sum(r["sweep_gpu_seconds"] for r in mine)
+        first = [r["points"][0]["gpu_seconds"] for r in mine if r["points"]]
+        print(f"after ({path}): {after:.1f} GPU-s = {total / after if after else float('nan'):.2f}x less; "
+              f"first points {', '.join(f'{f:.1f}' for f in first)} s")
 
 
 def _print_summary(results: list[dict]) -> None:

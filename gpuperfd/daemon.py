@@ -44,7 +44,7 @@ from gpuperfd.probing.sweep.journal import journals_for, node_registry, restore_
 from gpuperfd.system import sdnotify
 from gpuperfd.system.memory import release_free_memory
 from gpuperfd.telemetry.collectors import COLLECTORS, Collector
-from gpuperfd.telemetry.exporter import Exporter, process_registry
+from gpuperfd.telemetry.exporter import Exporter, process_registry, process_version
 from gpuperfd.telemetry.sampler import Sampler
 from gpuperfd.web.connections import Limits, raise_fd_limit
 from gpuperfd.web.landing import landing_page
@@ -172,7 +172,7 @@ class Daemon:
         self.exporter = Exporter(
             self.sampler,
             self.backend.name,
-            [(self.probe_registry, self.probe_metrics.version), (process_registry(), None)],
+            [(self.probe_registry, self.probe_metrics.version), (process_registry(), process_version())],
         )
         self.tracker = IdleTracker(config.probes.idle_utilization_threshold, clock=self.sampler.clock)
         self.sampler.listeners.append(self.tracker.observe)

@@ -1,12 +1,16 @@
-"""The probe child's entry point (started by :func:`gpuperfd.probing.runner.run_probe`).
+"""The probe child's entry point: ``python -m gpuperfd.probe_child.child --fd N --spec JSON ...``
+(started by :class:`gpuperfd.probing.runner.ProbeChild`, by module name).
 
-Kept free of top-level torch imports on purpose: the parent imports this module
-to name the spawn target, and the parent must not load torch.
+Kept free of top-level torch imports on purpose: it must start (and die with its
+parent) before anything heavy loads.
 
 Protocol over a two-way pipe, JSON messages only (:mod:`gpuperfd.probe_data.wire`): the
 child builds the workload once (model, compile, CUDA graphs) and says ``ready``;
 then for each ``measure`` request it measures one point at whatever cap the parent
-has set and answers ``result``, with ``progress`` messages in between; ``stop`` or
+has set and answers ``result``, with ``progress`` messages in between; ``build``
+(with another spec) drops the workload and builds that one in the same process
+(one child serves every probe of a sweep round: torch's import, the CUDA context
+and the compile caches in memory are paid once); ``stop`` or
 the parent's end of the pipe closing ends it. Any exception is sent as ``error``
 (reason, message, traceback) and ends the child: a CUDA error can poison the
 context, so the parent starts a fresh child for the next point. The child's stdout and stderr go to a log file whose
@@ -89,6 +93,16 @@ def die_with_parent(parent_pid: int | None) -> None:
         os._exit(4)
 
 
+def _release_memory() -> None:
+    """Free the dropped workload: Python objects, then the CUDA caching allocator's blocks."""
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, parent_pid: int | None = None) -> None:
     """Build the probe once, then measure one point per ``measure`` request; exits with os._exit.
 
@@ -138,6 +152,16 @@ def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, pare
                 break
             if kind == "stop":
                 break
+            if kind == "build":  # another probe in the same child: torch, CUDA context and caches stay
+                t_build = time.perf_counter()
+                prepared = None  # the old workload's memory goes before the new one is built
+                _release_memory()
+                spec = ProbeSpec.from_dict(body["spec"])
+                prepared = harness.prepare(spec, progress=progress, identity=identity)
+                import_seconds = 0.0
+                wire.send(conn, "ready", {"import_seconds": 0.0, "setup_seconds": prepared.setup_seconds,
+                                          "rebuild_seconds": time.perf_counter() - t_build, **identity})
+                continue
             if kind != "measure":
                 raise ValueError(f"unknown request {kind!r}")
             t_point = time.perf_counter()
@@ -172,3 +196,21 @@ def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, pare
     # Skip interpreter teardown: CUDA and NVML atexit handlers can hang after an error,
     # and the result is already with the parent.
     os._exit(code)
+
+
+def _cli(argv: list[str] | None = None) -> None:
+    """``python -m gpuperfd.probe_child.child``: the pipe is an inherited socket (``--fd``)."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="gpuperfd.probe_child.child")
+    parser.add_argument("--fd", type=int, required=True, help="the socket to the parent (inherited)")
+    parser.add_argument("--spec", required=True, help="the ProbeSpec as JSON")
+    parser.add_argument("--log", default=None)
+    parser.add_argument("--parent-pid", type=int, default=None)
+    args = parser.parse_args(argv)
+    main(json.loads(args.spec), wire.Channel.from_fd(args.fd), args.log, args.parent_pid)
+
+
+if __name__ == "__main__":
+    _cli()

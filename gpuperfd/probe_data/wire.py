@@ -17,6 +17,7 @@ kind                  from       body
 ``result``            child      a ``ProbeResult.to_dict()``
 ``error``             child      reason, message, traceback, identity; the child then exits
 ``measure``           parent     ``power_limit_watts`` (the cap the parent set), ``settle_seconds``
+``build``             parent     ``spec``: drop the workload, build this probe instead; ``ready`` follows
 ``stop``              parent     (empty) the child exits
 ====================  =========  ==================================================
 
@@ -26,9 +27,65 @@ Pure standard library: both sides import it.
 from __future__ import annotations
 
 import json
+import select
+import socket
+import struct
 from typing import Any
 
-__all__ = ["send", "recv", "plain", "encode", "decode"]
+__all__ = ["send", "recv", "plain", "encode", "decode", "Channel"]
+
+_LENGTH = struct.Struct("!I")
+#: A message larger than this is refused (a result is a few KB; a garbled length must not allocate GBs).
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+class Channel:
+    """One end of the parent-child socket: length-prefixed byte messages, and ``poll``.
+
+    The same face as ``multiprocessing.connection.Connection`` (``send_bytes``, ``recv_bytes``,
+    ``poll``, ``close``) without importing ``multiprocessing`` into the daemon: that package was
+    the daemon's only use of it (about 1 MB resident).
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(True)
+        self._sock = sock
+
+    @classmethod
+    def from_fd(cls, fd: int) -> Channel:
+        return cls(socket.socket(fileno=fd))
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def send_bytes(self, data: bytes) -> None:
+        self._sock.sendall(_LENGTH.pack(len(data)) + data)
+
+    def _exactly(self, n: int) -> bytes:
+        chunks, left = [], n
+        while left:
+            chunk = self._sock.recv(min(left, 1 << 20))
+            if not chunk:
+                raise EOFError("the other end closed the channel")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def recv_bytes(self) -> bytes:
+        (size,) = _LENGTH.unpack(self._exactly(_LENGTH.size))
+        if size > MAX_MESSAGE_BYTES:
+            raise ValueError(f"message of {size} bytes is larger than {MAX_MESSAGE_BYTES}")
+        return self._exactly(size)
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        """True when a message (or the end of the channel) can be read now or within ``timeout`` s."""
+        # poll(2), not select(2): a daemon with hundreds of connections has descriptors above 1023.
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+        return bool(poller.poll(max(timeout, 0.0) * 1000.0))
+
+    def close(self) -> None:
+        self._sock.close()
 
 
 def plain(value: Any) -> Any:
@@ -79,7 +136,7 @@ def decode(data: bytes) -> tuple[str, dict[str, Any]]:
 
 
 def send(conn: Any, kind: str, body: dict[str, Any] | None = None) -> None:
-    """Send one message over a multiprocessing ``Connection`` as bytes (no pickle)."""
+    """Send one message over a :class:`Channel` (or any ``send_bytes``) as bytes (no pickle)."""
     conn.send_bytes(encode(kind, body))
 
 

@@ -76,11 +76,27 @@ class ColdSession:
         pass
 
 
-def open_session(executor: Executor, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> Session:
-    """The executor's warm session where it has one (``executor.open``), else a cold one."""
+def open_session(executor: Executor, device: Device, schedule: ScheduleConfig, abort: threading.Event,
+                 after: Session | None = None) -> Session:
+    """The executor's warm session where it has one (``executor.open``), else a cold one.
+
+    ``after``: the session of the previous schedule of the same round on this GPU, not closed yet:
+    a warm session takes its child over (one child serves every probe of the round; the old
+    workload is dropped and the new one built in it) and closes the rest.
+    """
     opener = getattr(executor, "open", None)
     if opener is not None:
-        return opener(device, schedule, abort)  # type: ignore[no-any-return]
+        carried = after.hand_over() if isinstance(after, WarmChildSession) else None
+        if after is not None:
+            after.close()
+        session = opener(device, schedule, abort)
+        if isinstance(session, WarmChildSession):
+            session.carried = carried
+        elif carried is not None:
+            carried.close()
+        return session  # type: ignore[no-any-return]
+    if after is not None:
+        after.close()
     return ColdSession(executor, device, schedule, abort)
 
 
@@ -94,8 +110,11 @@ class WarmChildSession:
 
     def __init__(self, spec: ProbeSpec, device: Device, abort: threading.Event, timeout_seconds: float,
                  settle_seconds: float, state_dir: Path | str | None, check_idle: bool = True,
-                 idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD) -> None:
+                 idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD,
+                 env: dict[str, str] | None = None) -> None:
         self.spec = spec
+        #: Extra environment of its children (compile caches, see :func:`compile_cache_env`).
+        self.env = dict(env or {})
         self.device = device
         self.abort = abort
         self.timeout_seconds = timeout_seconds
@@ -104,7 +123,9 @@ class WarmChildSession:
         self.check_idle = check_idle
         self.idle_utilization_threshold = idle_utilization_threshold
         self.child: ProbeChild | None = None
-        #: Children started (1 for a sweep without failures).
+        #: A live child of the round's previous probe, rebuilt for this one instead of a new child.
+        self.carried: ProbeChild | None = None
+        #: Children started (1 for a sweep without failures; 0 when a carried child served it).
         self.children = 0
         self._build_failure: ProbeResult | None = None
 
@@ -144,6 +165,11 @@ class WarmChildSession:
 
         if self.child is not None:
             self.child.close()
+        carried, self.carried = self.carried, None
+        if carried is not None and carried.alive:
+            return self._rebuild(carried, deadline)
+        if carried is not None:
+            carried.close()
         own = (os.getpid(),)
         if self.check_idle:
             busy = busy_reason(self.device, self.idle_utilization_threshold, own, wait_seconds=5.0)
@@ -151,17 +177,44 @@ class WarmChildSession:
                 return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "",
                                            "gpu_busy", str(busy), device=self.spec.device, started_at=time.time())
         self.child = ProbeChild(self.spec, device=self.device, own_pids=own, should_abort=self.abort.is_set,
-                                record_dir=self.state_dir)
+                                record_dir=self.state_dir, env=self.env)
         self.children += 1
         failed = self.child.start(deadline)
         if failed is not None and failed.status == "failed" and failed.failure_reason != "timeout":
             self._build_failure = failed
         return failed
 
+    def _rebuild(self, child: ProbeChild, deadline: float) -> ProbeResult | None:
+        """This probe built in the previous probe's child (the GPU stayed ours, the child on it)."""
+        if self.check_idle:
+            busy = busy_reason(self.device, self.idle_utilization_threshold, (os.getpid(), child.pid or 0),
+                               wait_seconds=5.0)
+            if busy is not None:
+                child.close()
+                return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "",
+                                           "gpu_busy", str(busy), device=self.spec.device, started_at=time.time())
+        child.should_abort = self.abort.is_set
+        self.child = child
+        failed = child.rebuild(self.spec, deadline)
+        if failed is not None and failed.status == "failed" and failed.failure_reason != "timeout":
+            self._build_failure = failed
+        return failed
+
+    def hand_over(self) -> ProbeChild | None:
+        """The live child, taken out of this session for the next probe of the round (None if dead)."""
+        child, self.child = self.child, None
+        if child is not None and not child.alive:
+            child.close()
+            return None
+        return child
+
     def close(self) -> None:
         if self.child is not None:
             self.child.close()
             self.child = None
+        if self.carried is not None:
+            self.carried.close()
+            self.carried = None
 
 
 def _copy_failure(failure: ProbeResult, message: str) -> ProbeResult:
@@ -178,8 +231,10 @@ class ChildProcessExecutor:
     """
 
     def __init__(self, timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None,
-                 idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD) -> None:
+                 idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD, compile_cache: bool = True) -> None:
         self.timeout_seconds = timeout_seconds
+        #: Keep torch.compile's and Triton's caches in the state directory across runs (and restarts).
+        self.compile_cache = compile_cache
         #: ``probes.idle_utilization_threshold``: the one threshold of the busy check before a child starts.
         self.idle_utilization_threshold = idle_utilization_threshold
         self.torch_device = torch_device
@@ -209,12 +264,43 @@ class ChildProcessExecutor:
             should_abort=abort.is_set,
             record_dir=self.state_dir,
             idle_utilization_threshold=self.idle_utilization_threshold,
+            env=self.child_env(),
         )
+
+    def child_env(self) -> dict[str, str]:
+        """What its children get on top of the daemon's environment."""
+        return compile_cache_env(self.state_dir) if self.compile_cache else {}
 
     def open(self, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> WarmChildSession:
         return WarmChildSession(self.spec(device, schedule), device, abort, self.timeout_seconds,
                                 schedule.settle_seconds, self.state_dir,
-                                idle_utilization_threshold=self.idle_utilization_threshold)
+                                idle_utilization_threshold=self.idle_utilization_threshold, env=self.child_env())
+
+
+#: Below the state directory: torch.compile's (Inductor's FX graph and autotuning) and Triton's kernel caches.
+COMPILE_CACHE_DIR = "compile-cache"
+
+
+def compile_cache_env(state_dir: Path | str | None) -> dict[str, str]:
+    """Environment that keeps a probe child's compile caches in ``state_dir`` (none without one).
+
+    A probe's first point pays for ``torch.compile`` and Triton's kernel builds; by default
+    their caches live under /tmp (``torchinductor_<user>``), which systemd's PrivateTmp and a
+    container's tmpfs empty at every restart. In the state directory they survive, so every
+    run after the first loads compiled kernels instead of building them. The folders are the
+    daemon's own (mode 0700): a cache is code that the child will run.
+    """
+    if state_dir is None:
+        return {}
+    root = Path(state_dir) / COMPILE_CACHE_DIR
+    try:
+        for sub in ("", "inductor", "triton"):
+            (root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warning("no compile cache in %s (%s): every run compiles from scratch", root, exc)
+        return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
 
 
 def child_process_executor(

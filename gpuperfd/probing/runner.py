@@ -3,11 +3,18 @@
 Why a child: a probe loads torch and a model, owns a CUDA context, and can run out
 of memory, hit a CUDA error (which poisons the context for good), segfault in a
 library or hang in a kernel. None of that may take the caller (the daemon, a
-sweep, the CLI) down. The child is started with the ``spawn`` context (never
-``fork``: a forked CUDA or NVML state is undefined), puts itself in its own process
-group so compile workers die with it, and sends back one message: a result or a
-classified error, as JSON (:mod:`gpuperfd.probe_data.wire`: a pickle would import torch
-here). :class:`ProbeChild` keeps one child for several points (a warm sweep: build
+sweep, the CLI) down. The child is a fresh interpreter, ``python -m
+gpuperfd.probe_child.child`` (never ``fork``: a forked CUDA or NVML state is
+undefined), started in its own process group so compile workers die with it; it
+speaks over one socket pair, passed as a file descriptor, and sends back results
+or a classified error as JSON (:mod:`gpuperfd.probe_data.wire`: a pickle would import
+torch here).
+
+Why not ``multiprocessing``'s spawn: it starts multiprocessing's resource tracker
+beside the daemon (a second Python process, 16.5 MB, a zombie after the daemon
+exits) and the child's torch/tqdm locks register semaphores with it ("leaked
+semaphore objects" at every shutdown). The pipe needs neither, so the daemon's
+footprint stays one process. :class:`ProbeChild` keeps one child for several points (a warm sweep: build
 once, measure per cap). Everything else is inferred here:
 
 ===========================  =====================================================
@@ -40,9 +47,12 @@ from __future__ import annotations
 
 import atexit
 import logging
-import multiprocessing
+import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -107,7 +117,50 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
-def _kill(proc: multiprocessing.process.BaseProcess, grace: float = 1.0) -> None:
+#: The child's entry point, started by module name: the parent never imports the child package.
+CHILD_MODULE = "gpuperfd.probe_child.child"
+
+
+class _Child:
+    """A started probe child: the few process calls the runner needs, over ``subprocess.Popen``."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self.pid: int | None = popen.pid
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    @property
+    def exitcode(self) -> int | None:
+        """As multiprocessing's: negative for a signal, None while running."""
+        return self.popen.poll()
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: ours, the package's own folder first on ``PYTHONPATH`` (the child
+    must import this very gpuperfd, however the parent found it), plus ``extra``."""
+    import sysconfig
+
+    import gpuperfd
+
+    root = Path(gpuperfd.__file__).resolve().parent.parent
+    env = dict(os.environ)
+    installed = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
+    if root not in installed:  # a source tree or a path the caller added: the child gets it too
+        # (an installed package's folder is never put ahead of the standard library)
+        env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.update(extra or {})
+    return env
+
+
+def _kill(proc: _Child, grace: float = 1.0) -> None:
     """Terminate the child's process group (the child and anything it started), then kill it."""
     pid = proc.pid
     if pid is None:
@@ -140,7 +193,7 @@ def _kill(proc: multiprocessing.process.BaseProcess, grace: float = 1.0) -> None
 
 
 #: Children running now, killed (with their groups) if this process exits normally mid-probe.
-_LIVE: dict[int, multiprocessing.process.BaseProcess] = {}
+_LIVE: dict[int, _Child] = {}
 _LIVE_LOCK = threading.Lock()
 RECORD_PREFIX = "probe-child."
 
@@ -163,16 +216,6 @@ def process_start_time(pid: int) -> int | None:
         return int(stat.rsplit(")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _child_main(*args: Any) -> None:
-    """The spawn target: runs in the child, which imports the child package by name only there.
-
-    The parent never imports :mod:`gpuperfd.probe_child`; pickling this function names this module.
-    """
-    from gpuperfd.probe_child.child import main
-
-    main(*args)
 
 
 def _record_child(record_dir: Path | None, pid: int) -> Path | None:
@@ -275,8 +318,11 @@ class ProbeChild:
         on_progress: ProgressCallback | None = None,
         should_abort: Callable[[], bool] | None = None,
         record_dir: Path | str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.spec = spec
+        #: Extra environment for the child (e.g. compile cache folders under the state directory).
+        self.env = dict(env or {})
         self.device = device
         self.own = set(own_pids)
         self.watch_interval = watch_interval
@@ -287,7 +333,7 @@ class ProbeChild:
         self.ready: dict[str, Any] | None = None
         #: Parent-side seconds from spawn to ``ready``.
         self.start_seconds: float | None = None
-        self._proc: multiprocessing.process.BaseProcess | None = None
+        self._proc: _Child | None = None
         self._conn: Any = None
         self._log_path = ""
         self._record: Path | None = None
@@ -311,24 +357,47 @@ class ProbeChild:
     def start(self, deadline: float) -> ProbeResult | None:
         """Spawn the child and wait until it has built the workload; a failure result, or None when ready."""
         t0 = time.monotonic()
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, theirs = ctx.Pipe(duplex=True)
+        ours, theirs = socket.socketpair()
         fd, self._log_path = tempfile.mkstemp(prefix=f"gpuperfd-probe-{self.spec.probe}-", suffix=".log")
-        os.close(fd)
-        self._proc = ctx.Process(
-            target=_child_main,
-            args=(self.spec.to_dict(), theirs, self._log_path, os.getpid()),
-            name=f"gpuperfd-probe-{self.spec.probe}",
-            daemon=False,  # a daemonic process may not start children; torch.compile needs workers
-        )
+        args = [sys.executable, "-m", CHILD_MODULE, "--fd", str(theirs.fileno()), "--log", self._log_path,
+                "--parent-pid", str(os.getpid()), "--spec", json.dumps(self.spec.to_dict())]
         try:
-            self._proc.start()
+            popen = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, pass_fds=(theirs.fileno(),),
+                # Its own session and process group from the first instruction (setsid in the fork, no
+                # preexec_fn: safe in a threaded daemon, and Python 3.10 has no process_group=):
+                # killpg takes its compile workers too.
+                start_new_session=True,
+                env=child_env(self.env), close_fds=True,
+            )
         finally:
             theirs.close()  # the child holds the only other end: EOF when it dies
+            os.close(fd)
+        self._conn = wire.Channel(ours)
+        self._proc = _Child(popen)
         with _LIVE_LOCK:
             _LIVE[self._proc.pid or 0] = self._proc
         self._record = _record_child(self.record_dir, self._proc.pid or 0)
         message = self._await(deadline, time.time(), t0)
+        if isinstance(message, ProbeResult):
+            return message
+        self.ready = message
+        self.start_seconds = time.monotonic() - t0
+        return None
+
+    def rebuild(self, spec: ProbeSpec, deadline: float) -> ProbeResult | None:
+        """Build another probe in this same child (its imports and CUDA context kept); a failure
+        result (the child is then gone), or None when ready."""
+        t0 = time.monotonic()
+        started_at = time.time()
+        if not self.alive:
+            return self._failure("crash", "probe process is not running", started_at, t0)
+        self.spec = spec
+        try:
+            wire.send(self._conn, "build", {"spec": spec.to_dict()})
+        except (OSError, ValueError):
+            pass  # it died: the wait below says how
+        message = self._await(deadline, started_at, t0)
         if isinstance(message, ProbeResult):
             return message
         self.ready = message
@@ -511,6 +580,7 @@ def run_probe(
     should_abort: Callable[[], bool] | None = None,
     idle_wait_seconds: float = 5.0,
     record_dir: Path | str | None = None,
+    env: dict[str, str] | None = None,
 ) -> ProbeResult:
     """Run ``spec`` in a child process and return its result; never raises for child failures.
 
@@ -520,13 +590,14 @@ def run_probe(
     allowed). ``on_progress`` receives the child's progress messages (phase, repeat).
     ``should_abort`` is polled; returning True stops the probe with status "aborted".
     ``record_dir``: where the child's pid and start time are recorded while it runs (the daemon's
-    state directory), for :func:`end_leftover_children` after a crash.
+    state directory), for :func:`end_leftover_children` after a crash. ``env``: extra environment
+    for the child (compile cache folders).
     """
     timeout = float(timeout_seconds) if timeout_seconds is not None else default_timeout(spec)
     started_at = time.time()
     t0 = time.monotonic()
     child = ProbeChild(spec, device=device, own_pids=own_pids, watch_interval=watch_interval,
-                       on_progress=on_progress, should_abort=should_abort, record_dir=record_dir)
+                       on_progress=on_progress, should_abort=should_abort, record_dir=record_dir, env=env)
     if device is not None:
         busy = busy_reason(device, idle_utilization_threshold, set(own_pids), wait_seconds=idle_wait_seconds)
         if busy is not None:

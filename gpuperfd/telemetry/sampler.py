@@ -76,9 +76,12 @@ class ReadingStore:
         self._last_good_info: dict[int, tuple[Point, ...]] = {}
         self._identities: dict[int, GpuIdentity] = {}
         self._errors: Counter[tuple[int, str, str]] = Counter()
+        #: Bumped by every change: the exporter keeps its formatted text while it stays the same.
+        self.version = 0
 
     def put(self, gpu: int, collector: str, reading: Reading) -> None:
         with self._lock:
+            self.version += 1
             self._readings[(gpu, collector)] = reading
             if collector == "info" and reading.ok and reading.points:
                 self._last_good_info[gpu] = reading.points
@@ -87,10 +90,12 @@ class ReadingStore:
 
     def count_error(self, gpu: int, collector: str, reason: str) -> None:
         with self._lock:
+            self.version += 1
             self._errors[(gpu, collector, reason)] += 1
 
     def set_identity(self, identity: GpuIdentity) -> None:
         with self._lock:
+            self.version += 1
             self._identities[identity.index] = identity
 
     def snapshot(
@@ -99,6 +104,15 @@ class ReadingStore:
         """Copies of readings, last good info points, identities and error counts."""
         with self._lock:
             return dict(self._readings), dict(self._last_good_info), dict(self._identities), dict(self._errors)
+
+    def snapshot_versioned(
+        self,
+    ) -> tuple[int, dict[tuple[int, str], Reading], dict[int, tuple[Point, ...]], dict[int, GpuIdentity],
+               dict[tuple[int, str, str], int]]:
+        """:meth:`snapshot` with the version it was taken at (one lock: they agree)."""
+        with self._lock:
+            return (self.version, dict(self._readings), dict(self._last_good_info), dict(self._identities),
+                    dict(self._errors))
 
 
 class Sampler:

@@ -254,3 +254,145 @@ def test_wrong_result_in_the_child_fails_the_point(monkeypatch) -> None:
     result = run_probe(tiny("attention", inject_fault="wrong_result_bit"), timeout_seconds=60)
     assert result.status == "failed" and result.failure_reason == "wrong_result"
     assert result.correctness["status"] == "mismatch" and result.correctness["max_rel_error"] > 0.05
+
+
+# --- footprint (issue 36) -----------------------------------------------------------------
+
+
+FOOTPRINT_SCRIPT = """
+import os, sys
+from gpuperfd.probe_data.spec import ProbeSpec
+from gpuperfd.probing.runner import run_probe
+
+result = run_probe(ProbeSpec("attention", preset="tiny", repeats=2, measure_seconds=0.15,
+                             busy_profile_seconds=0.05), timeout_seconds=120)
+assert result.status == "ok", result.error_message
+me = str(os.getpid())
+kids = []
+for entry in os.listdir("/proc"):
+    try:
+        stat = open(f"/proc/{entry}/stat").read()
+        cmd = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\\0", b" ").decode()
+    except (OSError, ValueError):
+        continue
+    if entry.isdigit() and stat.rsplit(")", 1)[1].split()[1] == me:
+        kids.append(cmd)
+print("CHILDREN", kids)
+print("TORCH", "torch" in sys.modules)
+"""
+
+
+def test_a_real_probe_leaves_no_resource_tracker_and_no_leaked_semaphores() -> None:
+    """After a real CPU child probe the parent is one process again: multiprocessing's resource
+    tracker was never started, and nothing warns of leaked semaphores at the parent's shutdown."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", FOOTPRINT_SCRIPT], capture_output=True, text=True, cwd=root,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=root))
+    assert done.returncode == 0, done.stderr
+    assert "CHILDREN []" in done.stdout, done.stdout
+    assert "TORCH False" in done.stdout, done.stdout
+    assert "leaked semaphore" not in done.stderr and "resource_tracker" not in done.stderr, done.stderr
+
+
+def test_one_child_serves_several_probes_and_a_failed_build_ends_it() -> None:
+    """``rebuild``: the next probe of a round is built in the same child (no new interpreter, no new
+    import of torch); each result is its own probe's; a rebuilt probe that fails comes back as a
+    failure result and ends the child, as any failure does."""
+    from gpuperfd.probing.runner import ProbeChild
+
+    child = ProbeChild(tiny("attention"))
+    try:
+        deadline = time.monotonic() + 120
+        assert child.start(deadline) is None
+        pid = child.pid
+        first = child.measure(deadline)
+        assert first.status == "ok" and first.probe == "attention"
+        assert child.rebuild(tiny("vit"), time.monotonic() + 120) is None
+        assert child.pid == pid and child.ready["import_seconds"] == 0.0
+        second = child.measure(time.monotonic() + 120)
+        assert second.status == "ok" and second.probe == "vit", second.error_message
+        assert PRIMARY_METRIC["vit"] in second.throughput
+        assert child.rebuild(tiny("llm", inject_fault="exception"), time.monotonic() + 120) is None
+        failed = child.measure(time.monotonic() + 120)
+        assert failed.status == "failed" and failed.failure_reason == "exception", failed.error_message
+        assert not child.alive
+        assert child.rebuild(tiny("llm"), time.monotonic() + 120).failure_reason == "crash"  # gone: no build
+    finally:
+        child.close()
+
+
+HANGING_PARENT = """
+import sys
+from gpuperfd.probe_data.spec import ProbeSpec
+from gpuperfd.probing.runner import run_probe
+run_probe(ProbeSpec('attention', preset='tiny', inject_fault='hang'), timeout_seconds=600, record_dir=sys.argv[1])
+"""
+
+
+def test_a_sigkilled_parent_takes_its_python_m_child_with_it(tmp_path) -> None:
+    """The child started with ``python -m`` leads its own process group and dies with its parent
+    (PR_SET_PDEATHSIG), even when the parent gets no chance to clean up."""
+    import signal
+
+    from gpuperfd.probing.runner import RECORD_PREFIX
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parent = subprocess.Popen([sys.executable, "-c", HANGING_PARENT, str(tmp_path)], cwd=root,
+                              env=dict(os.environ, PYTHONPATH=root))
+    try:
+        deadline = time.monotonic() + 60
+        while not (records := list(tmp_path.glob(RECORD_PREFIX + "*"))):
+            assert time.monotonic() < deadline and parent.poll() is None, "no probe child was recorded"
+            time.sleep(0.05)
+        child = int(records[0].name[len(RECORD_PREFIX):])
+        assert os.getpgid(child) == child
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                return handle.read().decode(errors="replace").rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 20
+    while alive(child):
+        assert time.monotonic() < deadline, f"probe child {child} outlived its SIGKILLed parent"
+        time.sleep(0.05)
+
+
+def test_the_channel_frames_messages_and_polls_above_descriptor_1023() -> None:
+    """Length-prefixed messages arrive whole and in order, EOF is an EOFError, a garbled length is
+    refused, and ``poll`` works on a descriptor select() could not watch (a busy daemon's)."""
+    import resource
+    import socket
+
+    from gpuperfd.probe_data import wire
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip("cannot open descriptors above 1023 here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    a, b = socket.socketpair()
+    high = os.dup2(a.fileno(), 1050)
+    a.close()
+    try:
+        ours, theirs = wire.Channel(socket.socket(fileno=high)), wire.Channel(b)
+        assert not ours.poll(0.01)
+        wire.send(theirs, "result", {"x": 1.5, "big": "y" * 50_000})
+        wire.send(theirs, "progress", {})
+        assert ours.poll(1.0)
+        assert wire.recv(ours) == ("result", {"x": 1.5, "big": "y" * 50_000})
+        assert wire.recv(ours) == ("progress", {})
+        b.sendall((wire.MAX_MESSAGE_BYTES + 1).to_bytes(4, "big"))
+        with pytest.raises(ValueError):
+            ours.recv_bytes()
+        theirs.close()
+        assert ours.poll(1.0)  # the end of the channel is readable
+        with pytest.raises(EOFError):
+            ours.recv_bytes()
+        ours.close()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -257,3 +257,29 @@ if __name__ == "__main__":
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report == {"statuses": ["ok", "ok", "ok", "ok"], "maps": [], "modules": []}
+
+
+def test_one_child_serves_every_probe_of_a_round(gpu, tmp_path):
+    """An owned sweep of several schedules (``gpuperfd sweep --probe a,b``) builds each next probe in
+    the previous probe's child: one process for the round, each point its own probe's, the child
+    gone at the end and the operator's cap back."""
+    pytest.importorskip("torch")
+    from gpuperfd.probing.observer import Observers
+    from gpuperfd.probing.sweep.owned import OwnedStatus, SweepRequest, run_owned_sweep
+
+    state = tmp_path / "state"
+    executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=state)
+    request = SweepRequest(schedules=[tiny_schedule("attention"), tiny_schedule("vit")], caps=["max", 500])
+    outcome = run_owned_sweep(gpu, CapJournal(state), request, executor, lambda *_: Observers(()),
+                              threading.Event())
+    assert outcome.status == OwnedStatus.DONE, outcome.detail
+    results = [(schedule.probe, point.result) for schedule, points in outcome.sweeps for point in points]
+    assert [(probe, r.probe, r.status) for probe, r in results] == [
+        ("attention", "attention", "ok"), ("attention", "attention", "ok"), ("vit", "vit", "ok"), ("vit", "vit", "ok")
+    ], [r.error_message for _, r in results]
+    pids = {r.extra["child_pid"] for _, r in results}
+    assert len(pids) == 1
+    vit_first = results[2][1]
+    assert vit_first.extra["child_start_seconds"] > 0 and vit_first.extra["setup_seconds"] > 0  # rebuilt
+    assert gone(pids.pop())
+    assert gpu.power_limits().enforced_watts == 700 and not list(state.glob("probe-child.*"))

@@ -383,3 +383,38 @@ def test_cached_registry_text_keeps_one_eof_in_openmetrics(clock):
         assert text.count("# EOF") == 1 and text.endswith("# EOF\n")
         assert any(f.name == "gpuperf_test_value" for f in parse_om(text))
         assert "gpuperf_test_value" in exporter.render(openmetrics=False).decode()
+
+
+# --- the kept scrape text (issue 36) -------------------------------------------------------------
+
+
+def test_kept_text_follows_new_readings_ages_and_staleness_like_a_fresh_render(clock):
+    """Between two reads the scrape reuses its formatted text; it must still say exactly what a
+    render from nothing says: new values after a read, the age growing with the clock, and a
+    reading that turns stale (no new read at all) reported as failed."""
+    backend, sampler, exporter = make(clock, gpus=2)
+    sampler.sample_once()
+
+    def fresh_render() -> set:
+        uncached = Exporter(sampler, backend.name)
+        return {(s.name, tuple(sorted(s.labels.items())), s.value) for s in samples(uncached)}
+
+    def kept() -> set:
+        return {(s.name, tuple(sorted(s.labels.items())), s.value) for s in samples(exporter)}
+
+    first = kept()
+    assert kept() == first == fresh_render()
+    clock.advance(2.0)  # no read: only the ages moved
+    assert kept() == fresh_render() != first
+    assert value(exporter, "gpuperf_collector_age_seconds", collector="power") == pytest.approx(2.0)
+    assert value(exporter, "gpuperf_collector_success", collector="power") == 1.0
+    idle_power = value(exporter, "gpuperf_power_draw_watts")
+    backend.devices()[0].begin_load(WORKLOAD_PROFILES["train/gpt2"], pid=4242)
+    clock.advance(1.0)
+    sampler.sample_once()  # a new read: new values
+    assert kept() == fresh_render()
+    assert value(exporter, "gpuperf_power_draw_watts") > idle_power
+    assert value(exporter, "gpuperf_collector_age_seconds", collector="power") == pytest.approx(0.0)
+    clock.advance(sampler.stale_after("power") + 0.5)  # every reading stale, still no new read
+    assert kept() == fresh_render()
+    assert value(exporter, "gpuperf_collector_success", collector="power") == 0.0

@@ -171,16 +171,19 @@ def run_owned_sweep(
             outcome.status, outcome.detail = OwnedStatus.BAD_CAPS, str(exc)
             return outcome
         outcome.read_only = request.read_only or outcome.caps_watts == [round(limits.enforced_watts)]
-        for schedule in request.schedules:
-            points: list[SweepPoint] = []
-            outcome.sweeps.append((schedule, points))
-            collect = _Collect(points, observer_for(schedule, outcome))
-            session = open_session(executor, device, schedule, abort)  # one warm child per sweep
-            try:
+        session = None
+        try:
+            for schedule in request.schedules:
+                points: list[SweepPoint] = []
+                outcome.sweeps.append((schedule, points))
+                collect = _Collect(points, observer_for(schedule, outcome))
+                # One warm child per GPU for the whole round: the next schedule's probe is built in it.
+                session = open_session(executor, device, schedule, abort, after=session)
                 run_sweep(device, journal, outcome.caps_watts, collect.measuring(session.measure),
                           settle_seconds=schedule.settle_seconds, read_only=outcome.read_only, abort=abort,
                           observer=collect, stop_early=request.stop_early)
-            finally:
+        finally:
+            if session is not None:
                 session.close()
     except SweepAborted as exc:
         log.warning("%s", exc)
