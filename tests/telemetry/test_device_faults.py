@@ -54,6 +54,8 @@ CALLS = {
     "remapped_rows": "health",
     "retired_pages": "health",
     "pcie_replays": "health",
+    "gpu_recovery_action": "health",
+    "pcie_link": "pcie_link",
     "violation_seconds": "violations",
     "codec_utilization": "codec",
     "nvlink": "nvlink",
@@ -73,6 +75,7 @@ SERIES_OF_CALL = {
     "memory_temperature_celsius": {"gpuperf_memory_temperature_celsius"},
     "remapped_rows": {"gpuperf_remapped_rows", "gpuperf_remapped_rows_pending", "gpuperf_remapped_rows_failure"},
     "retired_pages": {"gpuperf_retired_pages"},
+    "gpu_recovery_action": {"gpuperf_gpu_recovery_action"},
     "pcie_replays": {"gpuperf_pcie_replays_total"},
     "mig_instances": {
         "gpuperf_mig_memory_used_bytes",
@@ -480,8 +483,9 @@ def probe_runs(text: str) -> dict[tuple[str, str, str], float]:
     return runs
 
 
-def test_probe_oom_crash_cuda_error_and_hang_fail_cleanly_and_the_next_probe_runs(start_daemon, tmp_path):
+def test_probe_oom_crash_cuda_error_and_hang_fail_cleanly_and_the_next_probe_runs(start_daemon, tmp_path, monkeypatch):
     pytest.importorskip("torch")
+    monkeypatch.setenv("GPUPERFD_TEST_FAULTS", "1")  # the schedules' inject_fault needs the test-only switch
     import gpuperfd.probing.runner  # noqa: F401  (the probe package must import for this test)
 
     daemon = start_daemon(config_text=PROBE_CONFIG.format(state=tmp_path / "state", timeout=PROBE_TIMEOUT))
