@@ -27,6 +27,11 @@ log = logging.getLogger(__name__)
 _WARNED: set[str] = set()
 
 
+def reset_warnings() -> None:
+    """Forget what was logged (a new monitor logs each unknown value once again)."""
+    _WARNED.clear()
+
+
 def warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)

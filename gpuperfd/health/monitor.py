@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuperfd.health.checks import ACTION_CLEARS, CHECKS, Check, by_id, defaults
-from gpuperfd.health.evaluate import GpuInputs, Series, evaluate_gpu, metric_name
+from gpuperfd.health.evaluate import GpuInputs, Series, evaluate_gpu, metric_name, reset_warnings
 from gpuperfd.health.store import HealthStore, SavedState
 from gpuperfd.health.verdict import ACTIONS, STATES, Reason, Verdict
 from gpuperfd.probe_data.peers import peer_key
@@ -277,6 +277,7 @@ class HealthMonitor:
         node: str | None = None,
     ) -> None:
         self.sampler = sampler
+        reset_warnings()
         #: Every GPU the driver listed at this start, selected by ``device.gpus`` or not: "fewer GPUs
         #: than at the first start" is a fact of the node, not of the selection.
         self.node_uuids = list(node_uuids)

@@ -6,6 +6,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from gpuperfd.config import SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.health.monitor import HealthMonitor
@@ -71,3 +73,10 @@ class Node:
             self.gpus[gpu].begin_load(next(iter(WORKLOAD_PROFILES.values())))
         else:
             self.gpus[gpu].end_load()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    """A 4-GPU simulated node (a fixture here, not in a conftest.py: a second module named
+    ``conftest`` would shadow tests/conftest.py for the modules that import from it)."""
+    return Node(tmp_path)

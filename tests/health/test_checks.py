@@ -10,7 +10,7 @@ from gpuperfd.health.checks import CHECKS
 from gpuperfd.health.monitor import HealthMonitor
 from gpuperfd.health.store import HealthStore, SavedState
 
-from simnode import Node
+from simnode import Node, node  # noqa: F401 (node: the fixture)
 
 
 def reasons(verdict) -> dict[str, object]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
+from simnode import node  # noqa: F401 (the fixture)
+
 from gpuperfd.health import xid_catalog
 from gpuperfd.health.verdict import node_verdict_json
 
