@@ -65,7 +65,7 @@ def test_healthy_node_exits_0_and_measures_against_the_shipped_figure(tmp_path: 
         assert evidence["probe"] == "llm" and evidence["preset"] == "gpt2"
         assert evidence["expected"]["model"] == "H100" and evidence["expected"]["units_per_second"] == 104_269.5
         assert 0.9 < evidence["units_per_second"] / evidence["expected"]["units_per_second"] < 1.1
-        assert evidence["correctness"] == {"status": "not_checked"}
+        assert evidence["correctness"]["status"] == "ok"  # the simulated executor's answers check out
 
 
 def test_slow_gpu_is_degraded_against_expected_and_peers(tmp_path: Path) -> None:
@@ -87,7 +87,7 @@ def test_table_output_names_state_action_reasons_and_expected(tmp_path: Path) ->
     lines = proc.stdout.splitlines()
     assert lines[0].endswith("degraded (action check_hardware)")
     row = next(line for line in lines if line.startswith("1 "))
-    assert "degraded" in row and "check_hardware" in row and "104,270" in row and "not_checked" in row
+    assert "degraded" in row and "check_hardware" in row and "104,270" in row and row.rstrip().endswith("ok")
     assert any("check_below_expected" in line and "of the expected 104,270 token/s of an H100" in line
                for line in lines)
 
@@ -264,8 +264,8 @@ def test_correctness_mismatch_is_unhealthy(tmp_path: Path, monkeypatch) -> None:
         def run(device, schedule, abort):
             result = executor(device, schedule, abort)
             if device.index == 1:
-                result.extra["correctness"] = {"status": "mismatch", "checks": ["logits"], "max_abs_error": 3.5,
-                                               "max_rel_error": 0.8, "elements_checked": 4096}
+                result.correctness = {"status": "mismatch", "checks": 2, "failed_checks": ["repeat"],
+                                      "max_abs_error": 3.5, "max_rel_error": 0.8, "elements_checked": 4096}
             return result
         return run
 
@@ -273,7 +273,7 @@ def test_correctness_mismatch_is_unhealthy(tmp_path: Path, monkeypatch) -> None:
     config = _config(tmp_path)
     verdicts = _by_gpu(_run(config, SimulatedBackend(config.simulation)))
     reason = next(r for r in verdicts[1].reasons if r.check == "check_correctness")
-    assert (verdicts[1].state, verdicts[1].action) == ("unhealthy", "reset_gpu")
+    assert (verdicts[1].state, verdicts[1].action) == ("unhealthy", "contact_support")
     assert reason.evidence["max_abs_error"] == 3.5 and verdicts[0].state == "healthy"
 
 

@@ -167,7 +167,7 @@ def test_series_per_gpu_is_bounded(clock):
     backend, sampler, exporter = make(clock, gpus=1)
     sampler.sample_once()
     per_gpu = [s for s in samples(exporter) if s.labels.get("gpu") == "0"]
-    assert 40 <= len(per_gpu) <= 150  # documented in docs/metrics.md (140 on a simulated H100 SXM)
+    assert 40 <= len(per_gpu) <= 160  # documented in docs/metrics.md (151 on a simulated H100 SXM)
 
 
 def test_openmetrics_and_text_carry_the_same_samples(clock):
