@@ -284,6 +284,21 @@ def _bad(check: Check, ratio: float, limit: float) -> bool:
     return ratio < limit if check.bad == "below" else ratio > limit
 
 
+def _ratio_reason(check: Check, key: tuple[str, str, str], latest: Mapping[str, Any], reference: Sequence[float],
+                  limit: float, now: float, median_name: str, extra: dict[str, Any]) -> Reason | None:
+    """The latest run's ``check.field`` against the median of ``reference`` (a baseline or the peers):
+    a reason when the ratio is on the row's bad side of ``limit``, else None."""
+    median = statistics.median(reference)
+    if median <= 0:
+        return None
+    ratio = float(latest[check.field]) / median
+    if not _bad(check, ratio, limit):
+        return None
+    evidence = {"probe": key[0], "preset": key[1], "cap": key[2], "value": latest[check.field],
+                median_name: median, **extra, "ratio": ratio, "threshold": limit}
+    return _reason(check, now, evidence, "/".join(key))
+
+
 def baseline(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
              now: float) -> list[Reason]:
     """The latest ok run of each (probe, preset, cap) against the median of this GPU's earlier
@@ -299,15 +314,10 @@ def baseline(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: 
         earlier = [float(r[check.field]) for r in runs[:-1] if t - span <= float(r.get("time") or 0) <= t]
         if len(earlier) < settings["baseline_min_runs"]:
             continue
-        median = statistics.median(earlier)
-        if median <= 0:
-            continue
-        ratio = float(latest[check.field]) / median
-        if _bad(check, ratio, limit):
-            evidence = {"probe": key[0], "preset": key[1], "cap": key[2], "value": latest[check.field],
-                        "baseline_median": median, "baseline_runs": len(earlier), "ratio": ratio, "threshold": limit,
-                        "run_time": t}
-            out.append(_reason(check, now, evidence, "/".join(key)))
+        reason = _ratio_reason(check, key, latest, earlier, limit, now, "baseline_median",
+                               {"baseline_runs": len(earlier), "run_time": t})
+        if reason is not None:
+            out.append(reason)
     return out
 
 
@@ -324,15 +334,10 @@ def peers(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Map
         values = [float(latest_runs[key][check.field]) for latest_runs in latest_by_gpu if key in latest_runs]
         if len(values) < settings["peer_min_count"]:
             continue
-        median = statistics.median(values)
-        if median <= 0:
-            continue
-        ratio = float(latest[check.field]) / median
-        if _bad(check, ratio, limit):
-            evidence = {"probe": key[0], "preset": key[1], "cap": key[2], "value": latest[check.field],
-                        "peer_median": median, "peers": len(values), "name": gpu.name, "ratio": ratio,
-                        "threshold": limit, "run_time": float(latest.get("time") or 0.0)}
-            out.append(_reason(check, now, evidence, "/".join(key)))
+        reason = _ratio_reason(check, key, latest, values, limit, now, "peer_median",
+                               {"peers": len(values), "name": gpu.name, "run_time": float(latest.get("time") or 0.0)})
+        if reason is not None:
+            out.append(reason)
     return out
 
 
