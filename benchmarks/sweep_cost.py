@@ -100,8 +100,13 @@ def parts(result: Any, path: str) -> dict[str, float]:
     settle = float(extra.get("settle_seconds") or 0.0) + float(extra.get("cap_read_back_seconds") or 0.0)
     measure = float(result.measured_seconds or 0.0)
     other = max(wall - spawn - setup - settle - measure, 0.0)
+    phases = extra.get("phase_seconds") or {}
+    # "other" taken apart where the child timed its phases (issue 36): context (device, NVML, CUDA
+    # context; part of build above), warm-up, answer check, busy pass, the child's imports (part of spawn)
+    detail = {f"phase_{name}": float(phases.get(name) or 0.0) for name in ("context", "warmup", "check", "busy")}
+    detail["phase_import"] = float(extra.get("import_seconds") or 0.0)
     return {"gpu_seconds": wall, "spawn": spawn, "build": setup - compile_seconds, "compile": compile_seconds,
-            "settle": settle, "measure": measure, "other": other}
+            "settle": settle, "measure": measure, "other": other, **detail}
 
 
 def _window_rate(window: Any) -> float | None:
@@ -280,8 +285,9 @@ def _print_before(before_run: dict, results: list[dict]) -> None:
 
 
 def _print_summary(results: list[dict]) -> None:
-    keys = ("spawn", "build", "compile", "settle", "measure", "other")
-    print(f"\n{'probe':9s} {'path':9s} {'sweep s':>8s} {'per pt':>7s} " + " ".join(f"{k:>8s}" for k in keys)
+    keys = ("spawn", "build", "compile", "settle", "measure", "other", "phase_import", "phase_context", "phase_warmup",
+            "phase_check", "phase_busy")
+    print(f"\n{'probe':9s} {'path':9s} {'sweep s':>8s} {'per pt':>7s} " + " ".join(f"{k.removeprefix('phase_'):>8s}" for k in keys)
           + f" {'max CV':>7s}")
     totals: dict[str, float] = {}
     for r in results:

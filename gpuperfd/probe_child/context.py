@@ -212,6 +212,27 @@ class WindowSampler:
         with contextlib.suppress(DeviceError):
             data.power.append(dev.power_watts())
 
+    def cut(self) -> Telemetry:
+        """End a window without stopping the sampling thread: its telemetry so far, with the GPM
+        sample of this bound, and a fresh record for the next window. Back-to-back windows need no
+        thread start and join between them, so the GPU idles for as short a time as the host's
+        bookkeeping takes (issue 36: every idle gap is a transient of the power controller)."""
+        from gpuperfd.device.errors import DeviceError
+
+        window, self.data = self.data, Telemetry()
+        if self.device is not None and getattr(self, "_gpm_started", False):
+            with contextlib.suppress(DeviceError):
+                gpm = self.device.gpm_metrics()
+                window.gpm.append((gpm.interval_seconds, dict(gpm.values)))
+        return window
+
+    def close(self) -> None:
+        """Stop the sampling thread (after the last :meth:`cut`); what it sampled since is dropped."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(5.0)
+            self._thread = None
+
     def stop(self) -> Telemetry:
         from gpuperfd.device.errors import DeviceError
 

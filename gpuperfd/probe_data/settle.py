@@ -5,7 +5,10 @@ temperature reach their new operating point over a second or more under load. A
 fixed sleep is either too long (GPU time wasted on every point) or too short (the
 first window measures the transition). Here the load runs in short slices, and the
 point is settled when two consecutive slices agree: mean power within
-``power_tolerance`` and mean SM clock within ``clock_tolerance`` (relative).
+``power_tolerance`` and mean SM clock within ``clock_tolerance`` (relative), or, since
+under a cap the controller cycles the clock by a few per cent about once a second
+(so quarter-second slices at different phases disagree at a steady point), when the
+means of the last two cycles' slices agree.
 ``max_seconds`` bounds the wait; a point that never settles is still measured, and
 says so (``settle_steady: false``).
 
@@ -24,6 +27,8 @@ __all__ = ["wait_steady", "steady"]
 SLICE_SECONDS = 0.25
 POWER_TOLERANCE = 0.02
 CLOCK_TOLERANCE = 0.01
+#: The power controller's cycle under a cap (about 1 s on H100: benchmarks/clock_trace.py).
+CYCLE_SECONDS = 1.0
 
 Reading = tuple[float | None, float | None]
 
@@ -50,15 +55,18 @@ def wait_steady(
     max_seconds: float,
     slice_seconds: float = SLICE_SECONDS,
     clock: Callable[[], float] = time.monotonic,
+    cycle_seconds: float = CYCLE_SECONDS,
 ) -> tuple[float, bool | None]:
     """Run ``sample(seconds)`` (load for that long, return mean power and SM clock) until two
-    consecutive slices are :func:`steady` or ``max_seconds`` have passed.
+    consecutive slices are :func:`steady`, or the means of the last two ``cycle_seconds`` of slices
+    are, or ``max_seconds`` have passed.
 
     Returns (seconds waited, steady); steady is None when the samples carry no power and
     no clock at all (no telemetry): there is nothing to wait for, and the wait ends at once.
     """
     start = clock()
-    previous: Reading | None = None
+    readings: list[Reading] = []
+    per_cycle = max(1, round(cycle_seconds / slice_seconds))
     while True:
         left = max_seconds - (clock() - start)
         if left <= 0:
@@ -66,6 +74,20 @@ def wait_steady(
         reading = sample(min(slice_seconds, left))
         if reading == (None, None):
             return clock() - start, None
-        if previous is not None and steady(previous, reading):
+        readings.append(reading)
+        if len(readings) >= 2 and steady(readings[-2], reading):
             return clock() - start, True
-        previous = reading
+        # Under a power cap the controller cycles the clock (about 1 s): two slices at different
+        # phases disagree however steady the point is; two whole cycles agree once it is.
+        if len(readings) >= 2 * per_cycle and steady(_mean(readings[-2 * per_cycle:-per_cycle]),
+                                                     _mean(readings[-per_cycle:])):
+            return clock() - start, True
+
+
+def _mean(readings: list[Reading]) -> Reading:
+    """Mean power and mean clock of several slices (a quantity missing from any slice: None)."""
+    out: list[float | None] = []
+    for i in (0, 1):
+        values = [r[i] for r in readings]
+        out.append(None if any(v is None for v in values) else sum(values) / len(values))  # type: ignore[misc]
+    return out[0], out[1]

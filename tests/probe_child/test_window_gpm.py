@@ -56,3 +56,37 @@ def test_gpm_fault_leaves_the_window_without_gpm_not_failed():
     sampler.prime_gpm()
     sampler.start()
     assert sampler.stop().gpm_mean("sm_active") is None
+
+
+def test_back_to_back_windows_are_cut_off_one_running_sampler():
+    """Windows of a point share one sampling thread (no start/join between them, so no idle gap on the
+    GPU for it); each cut closes a window with its own GPM interval and its own samples."""
+    clock = Clock()
+    backend = SimulatedBackend(SimulationConfig(gpus=1, seed=3), clock=clock, sleep=lambda s: None)
+    gpu = backend.devices()[0]
+    sampler = WindowSampler(gpu, interval=0.001)
+    sampler.prime_gpm()
+    gpu.begin_load(WORKLOAD_PROFILES["attention/default"])
+    sampler.start()
+    thread = sampler._thread
+    clock.now += 2.0
+    _wait_for_samples(sampler)
+    first = sampler.cut()
+    assert sampler._thread is thread and thread.is_alive()  # the same thread samples the next window
+    gpu.begin_load(WORKLOAD_PROFILES["llm/gpt2"])
+    clock.now += 3.0
+    _wait_for_samples(sampler)
+    second = sampler.cut()
+    sampler.close()
+    assert not thread.is_alive() and sampler._thread is None
+    assert [s for s, _ in first.gpm] == [pytest.approx(2.0)] and [s for s, _ in second.gpm] == [pytest.approx(3.0)]
+    assert first.gpm_mean("tensor_any") > 0.6 and second.gpm_mean("tensor_any") < 0.2
+    assert first.samples > 0 and second.samples > 0 and first.sm_clock and second.sm_clock
+
+
+def _wait_for_samples(sampler: WindowSampler) -> None:
+    import time
+
+    deadline = time.monotonic() + 10.0
+    while sampler.data.samples < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
