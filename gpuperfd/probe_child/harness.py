@@ -116,6 +116,12 @@ def _settle(prepared: Prepared, max_seconds: float) -> tuple[float, bool | None]
     if max_seconds <= 0 or ctx.nvml is None:
         return 0.0, None
     sampler = WindowSampler(ctx.nvml, min(prepared.spec.sample_interval, 0.05))
+    from gpuperfd.device.errors import DeviceError
+
+    try:
+        max_clock = ctx.nvml.clocks().sm_max_hertz
+    except DeviceError:
+        max_clock = None
 
     def sample(seconds: float) -> tuple[float | None, float | None]:
         clock = ctx.new_clock(host=workload.host_clock)
@@ -125,7 +131,7 @@ def _settle(prepared: Prepared, max_seconds: float) -> tuple[float, bool | None]
         workload.end(clock, n, wall)
         return mean(telemetry.power), mean(telemetry.sm_clock)
 
-    return wait_steady(sample, max_seconds)
+    return wait_steady(sample, max_seconds, max_clock=max_clock)
 
 
 #: A point of a GPU sweep measures at least this many windows and stops once the windows'

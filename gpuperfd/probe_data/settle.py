@@ -5,10 +5,12 @@ temperature reach their new operating point over a second or more under load. A
 fixed sleep is either too long (GPU time wasted on every point) or too short (the
 first window measures the transition). Here the load runs in short slices, and the
 point is settled when two consecutive slices agree: mean power within
-``power_tolerance`` and mean SM clock within ``clock_tolerance`` (relative), or, since
-under a cap the controller cycles the clock by a few per cent about once a second
-(so quarter-second slices at different phases disagree at a steady point), when the
-means of the last two cycles' slices agree.
+``power_tolerance`` and mean SM clock within ``clock_tolerance`` (relative). Under a
+cap the controller cycles the clock by a few per cent about once a second, so
+quarter-second slices at different phases disagree at a steady point: a slice and the
+one a cycle before it (the same phase), or the means of the last two cycles, agreeing
+settle it too. Slices whose SM clock sits at the board's maximum are steady whatever
+their power: no cap holds the clock, so no transition is under way.
 ``max_seconds`` bounds the wait; a point that never settles is still measured, and
 says so (``settle_steady: false``).
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["wait_steady", "steady"]
+__all__ = ["wait_steady", "steady", "at_max_clock"]
 
 #: One slice of load between two readings, seconds.
 SLICE_SECONDS = 0.25
@@ -31,6 +33,16 @@ CLOCK_TOLERANCE = 0.01
 CYCLE_SECONDS = 1.0
 
 Reading = tuple[float | None, float | None]
+
+
+def at_max_clock(a: Reading, b: Reading, max_clock: float | None) -> bool:
+    """Both readings' SM clock at the board's maximum (within half the clock tolerance): no cap holds
+    the clock down, so no power transition is under way whatever the power readings say (a workload
+    whose iterations alternate heavy and light phases, like an LLM's prefill and decode, moves its
+    quarter-second power by more than 2 % at a steady point; the windows' energy counter measures it)."""
+    if not max_clock or a[1] is None or b[1] is None:
+        return False
+    return min(a[1], b[1]) >= max_clock * (1 - CLOCK_TOLERANCE / 2)
 
 
 def steady(a: Reading, b: Reading, power_tolerance: float = POWER_TOLERANCE,
@@ -56,10 +68,12 @@ def wait_steady(
     slice_seconds: float = SLICE_SECONDS,
     clock: Callable[[], float] = time.monotonic,
     cycle_seconds: float = CYCLE_SECONDS,
+    max_clock: float | None = None,
 ) -> tuple[float, bool | None]:
     """Run ``sample(seconds)`` (load for that long, return mean power and SM clock) until two
-    consecutive slices are :func:`steady`, or the means of the last two ``cycle_seconds`` of slices
-    are, or ``max_seconds`` have passed.
+    consecutive slices are :func:`steady` or both :func:`at_max_clock` (``max_clock``: the board's
+    maximum SM clock, Hz), or a slice and the one ``cycle_seconds`` before it are, or the means of
+    the last two ``cycle_seconds`` of slices are, or ``max_seconds`` have passed.
 
     Returns (seconds waited, steady); steady is None when the samples carry no power and
     no clock at all (no telemetry): there is nothing to wait for, and the wait ends at once.
@@ -75,10 +89,13 @@ def wait_steady(
         if reading == (None, None):
             return clock() - start, None
         readings.append(reading)
-        if len(readings) >= 2 and steady(readings[-2], reading):
+        if len(readings) >= 2 and (steady(readings[-2], reading) or at_max_clock(readings[-2], reading, max_clock)):
             return clock() - start, True
         # Under a power cap the controller cycles the clock (about 1 s): two slices at different
-        # phases disagree however steady the point is; two whole cycles agree once it is.
+        # phases disagree however steady the point is; a slice and the one a cycle before it (the
+        # same phase), or two whole cycles, agree once it is.
+        if len(readings) > per_cycle and steady(readings[-1 - per_cycle], reading):
+            return clock() - start, True
         if len(readings) >= 2 * per_cycle and steady(_mean(readings[-2 * per_cycle:-per_cycle]),
                                                      _mean(readings[-per_cycle:])):
             return clock() - start, True
