@@ -60,14 +60,14 @@ def busy_ratio_from_trace(events: list[dict[str, Any]], device_kind: str) -> tup
 
 
 def measure_busy(ctx: ProbeContext, workload: Workload, seconds: float) -> tuple[float | None, dict[str, Any]]:
-    from torch.profiler import ProfilerActivity, profile, record_function
+    # torch.autograd's kineto profiler, not torch.profiler.profile: the latter's start asks
+    # ``hasattr(torch, "_inductor")``, which imports Inductor, Dynamo and SymPy (~800 modules: 1.7 s
+    # on a CPU, ~4.5 s as an attention child's first busy pass on an H100) to read one flag.
+    from torch.autograd.profiler import profile, record_function
 
-    activities = [ProfilerActivity.CPU]
-    if ctx.is_cuda:
-        activities.append(ProfilerActivity.CUDA)
     clock = ctx.new_clock(host=workload.host_clock)
     with ctx.nvtx("gpuperfd:busy_profile"):
-        with profile(activities=activities) as prof:
+        with profile(use_cpu=True, use_device="cuda" if ctx.is_cuda else None, use_kineto=True) as prof:
             with record_function(_BUSY_WINDOW):
                 ctx.synchronize()
                 n, wall = run_loop(ctx, workload, clock, seconds, None)
@@ -83,7 +83,7 @@ def _trace_events(prof: Any) -> list[dict[str, Any]]:
     ~1 s more than the pass itself (H100). Falls back to the export where torch lacks the API."""
     try:
         return [{"ph": "X", "name": ev.name(), "cat": ev.activity_type(), "ts": ev.start_ns() / 1e3,
-                 "dur": ev.duration_ns() / 1e3} for ev in prof.profiler.kineto_results.events()]
+                 "dur": ev.duration_ns() / 1e3} for ev in prof.kineto_results.events()]
     except AttributeError:
         pass
     fd, path = tempfile.mkstemp(prefix="gpuperfd-busy-", suffix=".json")
