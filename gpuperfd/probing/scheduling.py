@@ -10,11 +10,12 @@ run); only new jobs and jobs whose trigger changed are (re)scheduled.
 
 Rounds (``probes.round_window_seconds`` > 0, :mod:`gpuperfd.probing.rounds`): when a job's run
 gets its GPU, the jobs of the same GPU (a serial node: the same GPU group) due within the window,
-and within a tenth of their own interval, are claimed for its round: their next run becomes the
-one their trigger had after the claimed one (APScheduler's own rule had it fired then), so a
-schedule keeps its cadence, runs at most the window early, and never twice in a row. A cron job
-is claimed only when its time is within the window too. A reload keeps a claimed job's moved
-next run when its trigger is unchanged (the rule above).
+and within a tenth of their own interval, are claimed for its round: an interval job's next run
+becomes a whole interval (plus jitter) after this round, so the round's members stay in step and
+each runs at most once per interval from then on (the first pull runs it at most the window
+early); a cron job is claimed only when its time is within the window, and its next run is the
+cron's next time after the claimed one. A reload keeps a claimed job's moved next run when its
+trigger is unchanged (the rule above).
 """
 
 from __future__ import annotations
@@ -131,8 +132,13 @@ class ProbeScheduler:
             horizon = window if schedule.interval_seconds is None else min(window, schedule.interval_seconds / 10)
             if planned is None or planned > now + timedelta(seconds=horizon):
                 continue
-            # The trigger's next time after the claimed one, as APScheduler computes it after a run.
-            after = job.trigger.get_next_fire_time(planned, max(now, planned) + timedelta(microseconds=1))
+            # The trigger's next time after this run: an interval counts from now (the round's
+            # members then stay in step, each a whole interval apart); a cron's next time after
+            # the claimed one (never the claimed one itself, which is still ahead).
+            if schedule.interval_seconds is not None:
+                after = job.trigger.get_next_fire_time(now, now)
+            else:
+                after = job.trigger.get_next_fire_time(planned, max(now, planned) + timedelta(microseconds=1))
             if after is None:
                 continue
             try:
