@@ -333,3 +333,14 @@ def test_a_shutdown_mid_round_counts_the_schedules_it_had_not_started_as_aborted
     assert n.opened == [(0, "llm", False)]
     assert n.runs("llm", "aborted", "shutdown") == 1 and n.runs("vit", "aborted", "shutdown") == 1
     assert n.runs("vit") == 0 and n.devices[0].power_limits().enforced_watts == 680.0
+
+
+def test_serial_node_gpu_failing_its_checks_skips_the_claimed_schedule_there_too(node):
+    n = node(round_window_seconds=300, parallel_gpus=False, gpus=2)
+    n.due_in("1-vit-gpu0_1", 60)
+    n.devices[1].add_foreign_process(pid=999_999, memory_bytes=1 << 30)
+    n.fire("0-llm-gpu0_1")
+    assert n.opened == [(0, "llm", False), (0, "vit", True)]
+    assert n.runs("llm", gpu=0) == 2 and n.runs("vit", gpu=0) == 1
+    # vit was due on GPU 1 too (its job covers both): skipped there with GPU 1's reason, not lost silently
+    assert n.runs("llm", "skipped", "allocated", gpu=1) == 1 and n.runs("vit", "skipped", "allocated", gpu=1) == 1
