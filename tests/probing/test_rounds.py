@@ -42,7 +42,8 @@ class Node:
         self.registry = CollectorRegistry()
         tracker = IdleTracker(0.05)
         for d in self.devices:
-            tracker.observe(d.index, "utilization", Reading((Point("gpuperf_gpu_utilization_ratio", 0.0),), True, None, 0, 0))
+            idle = Reading((Point("gpuperf_gpu_utilization_ratio", 0.0),), True, None, 0, 0)
+            tracker.observe(d.index, "utilization", idle)
         self.config = ProbesConfig(**{"read_only": False, "jitter_seconds": 0, "first_run_delay_seconds": 3600,
                                       "idle_seconds": 0, "state_dir": tmp_path / "state", "schedules": schedules,
                                       **probes})
