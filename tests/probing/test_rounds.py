@@ -79,9 +79,9 @@ class Node:
         job = self.job(job_id)
         job.func(*job.args, **job.kwargs)
 
-    def runs(self, probe, result="ok", reason="", gpu=0):
+    def runs(self, probe, result="ok", reason="", gpu=0, preset=None):
         labels = {"gpu": str(gpu), "uuid": self.devices[gpu].info().uuid, "probe": probe,
-                  "preset": {"llm": "gpt2", "vit": "vit-b16", "attention": "default"}[probe],
+                  "preset": preset or {"llm": "gpt2", "vit": "vit-b16", "attention": "default"}[probe],
                   "result": result, "reason": reason}
         return self.registry.get_sample_value("gpuperf_probe_runs_total", labels) or 0
 
@@ -345,3 +345,23 @@ def test_serial_node_gpu_failing_its_checks_skips_the_claimed_schedule_there_too
     assert n.runs("llm", gpu=0) == 2 and n.runs("vit", gpu=0) == 1
     # vit was due on GPU 1 too (its job covers both): skipped there with GPU 1's reason, not lost silently
     assert n.runs("llm", "skipped", "allocated", gpu=1) == 1 and n.runs("vit", "skipped", "allocated", gpu=1) == 1
+
+
+def test_a_daemon_round_of_real_child_probes_spawns_one_child(node):
+    """The real thing on the CPU: the two schedules of a round are measured by one probe child (one pid)."""
+    pytest.importorskip("torch")
+    from gpuperfd.probing.executors import ChildProcessExecutor
+
+    fast = {"repeats": 2, "measure_seconds": 0.15, "busy_profile_seconds": 0.0}
+    attention = ScheduleConfig(probe="attention", preset="tiny", interval_seconds=3600, settle_seconds=0,
+                               caps=["max", 500], options=fast)
+    vit = ScheduleConfig(probe="vit", preset="tiny", interval_seconds=3600, settle_seconds=0, options=fast)
+    n = node(round_window_seconds=300, schedules=[attention, vit])
+    n.service.executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=n.config.state_dir)
+    n.due_in("1-vit-gpu0", 60)
+    n.fire("0-attention-gpu0")
+    records = list(read_history(n.history))
+    assert [(r["result"]["probe"], r["result"]["status"]) for r in records] == [
+        ("attention", "ok"), ("attention", "ok"), ("vit", "ok")], [r["result"]["error_message"] for r in records]
+    assert len({r["result"]["extra"]["child_pid"] for r in records}) == 1  # one child for the round
+    assert n.runs("attention", preset="tiny") == 2 and n.runs("vit", preset="tiny") == 1
