@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from gpuperfd.attribution.allocations import AllocationState
@@ -30,6 +30,7 @@ from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import (BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason,
                                    not_idle_text)
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
+from gpuperfd.probing.rounds import GpuRounds, RoundSource, Turn
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal
 from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, SweepRequest, run_owned_sweep
@@ -44,7 +45,7 @@ OWN_LOAD_GRACE_SECONDS = 2.0
 
 @dataclass(frozen=True)
 class RunOutcome:
-    result: str  # ok, skipped, failed, aborted
+    result: str  # ok, skipped, failed, aborted; in_round: its schedule ran in the GPU's round (counted there)
     reason: str = ""
     points: tuple[SweepPoint, ...] = ()
 
@@ -83,6 +84,8 @@ class ProbeService:
         self.journal = CapJournal(config.state_dir)
         self.abort = threading.Event()
         self._gpu_locks = {index: threading.Lock() for index in self.devices}
+        #: Per GPU: the round running on it, the runs queued for it, and whom a round served.
+        self._rounds = {index: GpuRounds() for index in self.devices}
         self._node_lock = threading.Lock()  # used when parallel_gpus is off
         self._active = 0
         self._active_lock = threading.Lock()
@@ -158,44 +161,60 @@ class ProbeService:
             while self._active and time.monotonic() < deadline:
                 self._idle_cv.wait(max(0.0, deadline - time.monotonic()))
 
-    def run(self, schedule: ScheduleConfig, gpu: int) -> RunOutcome:
-        """One scheduled run of ``schedule`` on GPU ``gpu`` (a sweep if several caps)."""
+    def run(self, schedule: ScheduleConfig, gpu: int, key: str | None = None,
+            source: RoundSource | None = None) -> RunOutcome:
+        """One scheduled run of ``schedule`` on GPU ``gpu`` (a sweep if several caps), leading a round.
+
+        ``key`` names the schedule's job (default: the schedule itself); ``source`` (the scheduler)
+        gives the other schedules of the GPU due within ``round_window_seconds``: they run in this
+        run's probe child right after it (:mod:`gpuperfd.probing.rounds`). A run whose schedule a
+        round on this GPU ran after it queued returns ``in_round`` at once: counted once, where it ran.
+        """
         device = self.devices[gpu]
         info = self._info(device)
-        preset = preset_of(schedule)
-        lock = self._gpu_locks[gpu]
+        key = key or f"schedule:{schedule!r}"
+        lock, rounds = self._gpu_locks[gpu], self._rounds[gpu]
         if self.abort.is_set():
             return self._skip(info, schedule, "shutting_down")
+        joinable = self.config.round_window_seconds > 0
         # Runs of different schedules on one GPU queue here (bounded); never two at once.
-        if not lock.acquire(timeout=self.config.queue_seconds):
+        turn = rounds.wait_turn(key, schedule, lock, self.config.queue_seconds, joinable)
+        if turn is Turn.SERVED:
+            log.info("gpu %d: %s ran in this GPU's round (led by %s): not run again", gpu, schedule.probe,
+                     rounds.leader or "another schedule")
+            return RunOutcome("in_round", "served")
+        if turn is Turn.TIMEOUT:
             return self._skip(info, schedule, "overlap")
         node_locked = False
         try:
             if not self.config.parallel_gpus:
                 node_locked = self._node_lock.acquire(timeout=self.config.timeout_seconds)
                 if not node_locked:
-                    return self._skip(info, schedule, "node_busy")
+                    return self._skip_claimed(info, schedule, source, "node_busy")
             try:
                 device.info()  # a lost GPU is skipped with its reason, not raised into the scheduler
             except DeviceError as exc:
-                return self._skip(info, schedule, exc.reason, str(exc))
+                return self._skip_claimed(info, schedule, source, exc.reason, str(exc))
             state = self.allocations() if self.allocations is not None else None
             held = allocated_reason(device, state, self.config.ours, (os.getpid(),), self.kubelet_socket)
             if held is not None:  # someone's GPU, even at zero utilization
-                return self._skip(info, schedule, "allocated", str(held))
+                return self._skip_claimed(info, schedule, source, "allocated", str(held))
             if (why := mig_reason(device, self.config.allow_mig)) is not None:
-                return self._skip(info, schedule, "mig", why)
+                return self._skip_claimed(info, schedule, source, "mig", why)
             idle_for = self.tracker.idle_for(gpu)
             if idle_for < self.config.idle_seconds:
-                return self._skip(info, schedule, "not_idle", not_idle_text(idle_for, self.config.idle_seconds))
+                return self._skip_claimed(info, schedule, source, "not_idle",
+                                          not_idle_text(idle_for, self.config.idle_seconds))
             reason = self._busy_reason(device, gpu)
             if reason is not None:
-                return self._skip(info, schedule, "busy", str(reason))
+                return self._skip_claimed(info, schedule, source, "busy", str(reason))
             with self._active_lock:
                 self._active += 1
+            rounds.open(key, schedule.probe)
             try:
-                return self._sweep(device, schedule, preset)
+                return self._round(device, gpu, key, schedule, source if joinable else None, joinable)
             finally:
+                rounds.close()
                 with self._idle_cv:
                     self._active -= 1
                     self._idle_cv.notify_all()
@@ -204,7 +223,62 @@ class ProbeService:
         finally:
             if node_locked:
                 self._node_lock.release()
-            lock.release()
+            rounds.release(lock)
+
+    def _skip_claimed(self, info: GpuInfo, schedule: ScheduleConfig, source: RoundSource | None, reason: str,
+                      detail: str = "") -> RunOutcome:
+        """Skip this run, and the schedules its firing already claimed for a round (a serial node's other GPUs)."""
+        if source is not None and self.config.round_window_seconds > 0:
+            for _, claimed in source.claimed():
+                if claimed.gpus is None or info.index in claimed.gpus:
+                    self._skip(info, claimed, reason, detail)
+        return self._skip(info, schedule, reason, detail)
+
+    def _round(self, device: Device, gpu: int, key: str, schedule: ScheduleConfig, source: RoundSource | None,
+               joinable: bool) -> RunOutcome:
+        """The round this run leads: its schedule, then the claimed and queued ones, in one owned sweep."""
+        rounds = self._rounds[gpu]
+        claimed = source.claim(gpu, {key}) if source is not None else []
+        if claimed:
+            rounds.add(claimed)
+            log.info("gpu %d: %s leads a round with %s (one probe child)", gpu, schedule.probe,
+                     ", ".join(s.probe for _, s in claimed))
+        claimed_keys = {k for k, _ in claimed}
+        members: list[ScheduleConfig] = []  # in the order they were handed to the sweep
+        promised = list(claimed)  # every schedule the round took on: claimed, then joined
+        handed: set[str] = set()  # keys handed to the sweep (or left out by a reload)
+
+        def schedules() -> Iterator[ScheduleConfig]:
+            members.append(schedule)
+            yield schedule
+            pending = list(claimed)
+            while not self.abort.is_set():
+                if not pending and joinable:
+                    pending = rounds.take_waiting()
+                    promised.extend(pending)
+                    for _, joined in pending:
+                        log.info("gpu %d: %s joins the round of %s (queued on the GPU)", gpu, joined.probe,
+                                 schedule.probe)
+                if not pending:
+                    return
+                member_key, member = pending.pop(0)
+                handed.add(member_key)
+                if member_key in claimed_keys and source is not None:
+                    now = source.current(member_key)  # a reload since the claim: its settings now
+                    if now is None:
+                        log.info("gpu %d: %s left the round: no longer scheduled", gpu, member.probe)
+                        continue
+                    member = now
+                members.append(member)
+                yield member
+
+        outcomes, owned = self._sweep(device, schedules(), members, schedule)
+        for member in (m for k, m in promised if k not in handed):  # the round stopped before them
+            if owned.status is OwnedStatus.DONE:  # stopped between schedules: a shutdown
+                self.metrics.count(self._info(device), member.probe, preset_of(member), "aborted", "shutdown")
+            else:
+                self._ended(device, self._info(device), member, owned, ())
+        return outcomes[id(schedule)]
 
     def _busy_reason(self, device: Device, gpu: int) -> BusyReason | None:
         """The one busy check, with the grace for our own run's utilization tail on this GPU."""
@@ -231,10 +305,16 @@ class ProbeService:
         self.metrics.count(info, schedule.probe, preset_of(schedule), "skipped", reason)
         return RunOutcome("skipped", reason)
 
-    def _sweep(self, device: Device, schedule: ScheduleConfig, preset: str) -> RunOutcome:
-        """The owned sweep (:func:`run_owned_sweep`), its outcome counted and logged."""
+    def _sweep(self, device: Device, schedules: Iterable[ScheduleConfig], members: list[ScheduleConfig],
+               leader: ScheduleConfig) -> tuple[dict[int, RunOutcome], OwnedSweep]:
+        """The owned sweep (:func:`run_owned_sweep`) of a round; each schedule's outcome counted and logged.
+
+        ``members`` fills with the schedules handed to the sweep as it asks for them; each of them,
+        and ``leader`` even if the sweep stopped before asking (the GPU owned by another process, a
+        state-directory failure), gets its outcome, keyed by ``id``.
+        """
         info = self._info(device)
-        request = SweepRequest([schedule], parse_cap_list(schedule.caps), read_only=self.config.read_only,
+        request = SweepRequest(schedules, None, read_only=self.config.read_only,
                                stop_early=self.config.max_slowdown if self.config.stop_early else None)
 
         def observer_for(schedule: ScheduleConfig, outcome: OwnedSweep) -> ServiceObserver:
@@ -245,7 +325,20 @@ class ProbeService:
             return ServiceObserver(self, device, info, schedule, operator_cap)
 
         outcome = run_owned_sweep(device, self.journal, request, self.executor, observer_for, self.abort)
-        published = tuple(point for _, points in outcome.sweeps for point in points)
+        points_of = {id(schedule): points for schedule, points in outcome.sweeps}
+        last = outcome.sweeps[-1][0] if outcome.sweeps else None
+        results: dict[int, RunOutcome] = {}
+        for schedule in members or [leader]:
+            points = tuple(points_of.get(id(schedule), ()))
+            ran_whole = id(schedule) in points_of and schedule is not last
+            results[id(schedule)] = (self._done(device, info, schedule, points) if ran_whole
+                                     else self._ended(device, info, schedule, outcome, points))
+        return results, outcome
+
+    def _ended(self, device: Device, info: GpuInfo, schedule: ScheduleConfig, outcome: OwnedSweep,
+               published: tuple[SweepPoint, ...]) -> RunOutcome:
+        """The outcome of the round's last schedule (or one it never got to): the sweep's status decides."""
+        preset = preset_of(schedule)
         status = outcome.status
         if status is OwnedStatus.OWNED:
             return self._skip(info, schedule, "busy", outcome.detail)
@@ -262,13 +355,18 @@ class ProbeService:
             reason = outcome.reason if status is OwnedStatus.DEVICE_ERROR else "exception"
             self.metrics.count(info, schedule.probe, preset, "failed", reason)
             return RunOutcome("failed", reason, published)
+        return self._done(device, info, schedule, published)
+
+    def _done(self, device: Device, info: GpuInfo, schedule: ScheduleConfig,
+              published: tuple[SweepPoint, ...]) -> RunOutcome:
+        """A schedule whose sweep ran to its end: its recommendation logged, ok unless a point failed."""
         failed = [p for p in published if p.result.status not in ("ok", "skipped")]
         if len(published) > 1:
             best = recommend(published, self.config.max_slowdown)
             if best is not None:
                 log.info(
                     "gpu %d %s/%s: recommended cap %.0f W (saves %.1f%% energy, %.1f%% slower than %.0f W)",
-                    device.index, schedule.probe, preset, best.cap_watts,
+                    device.index, schedule.probe, preset_of(schedule), best.cap_watts,
                     100 * best.energy_saving_ratio, 100 * best.slowdown_ratio, best.baseline_cap_watts,
                 )
         if failed:

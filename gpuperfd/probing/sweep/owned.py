@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -30,7 +30,7 @@ from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.executors import Executor, open_session
 from gpuperfd.probing.idle import BusyReason
 from gpuperfd.probing.observer import SweepObserver
-from gpuperfd.probing.sweep.caps import CapSpecError, resolve_caps
+from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.probing.sweep.sweeper import SweepAborted, run_sweep
@@ -55,10 +55,15 @@ class OwnedStatus(str, Enum):
 
 @dataclass(frozen=True)
 class SweepRequest:
-    """What one owned sweep runs: the schedules (one probe each) over ``caps``, one after another."""
+    """What one owned sweep runs: the schedules (one probe each) over ``caps``, one after another.
 
-    schedules: Sequence[ScheduleConfig]
-    caps: Sequence[str | float]
+    ``schedules`` is iterated lazily, one schedule at a time, only once the GPU is owned: the
+    daemon's round (:class:`gpuperfd.probing.service.ProbeService`) yields the schedules that
+    join it while it runs. ``caps`` None: each schedule's own ``caps``.
+    """
+
+    schedules: Iterable[ScheduleConfig]
+    caps: Sequence[str | float] | None
     read_only: bool = False
     #: Caps outside the board's range are an error (the CLI), not clamped (the daemon).
     strict_caps: bool = False
@@ -76,8 +81,9 @@ class OwnedSweep:
     detail: str = ""
     #: The cap the operator had before the sweep (None if never read).
     original_cap_watts: float | None = None
+    #: The resolved caps (with per-schedule caps: those of the schedule started last).
     caps_watts: list[float] = field(default_factory=list)
-    #: True when no cap is changed (asked for, or the only cap is the one set now).
+    #: True when no cap is changed (asked for, or the only cap is the one set now; per schedule as caps_watts).
     read_only: bool = False
     #: (schedule, its points) per schedule started, in order.
     sweeps: list[tuple[ScheduleConfig, list[SweepPoint]]] = field(default_factory=list)
@@ -165,15 +171,24 @@ def run_owned_sweep(
         if busy is not None and (why := busy()) is not None:
             outcome.status, outcome.detail = OwnedStatus.BUSY, str(why)
             return outcome
-        try:
-            outcome.caps_watts = resolve_caps(request.caps, limits, strict=request.strict_caps)
-        except CapSpecError as exc:
-            outcome.status, outcome.detail = OwnedStatus.BAD_CAPS, str(exc)
+
+        def resolve(spec: Sequence[str | float], parse: bool = False) -> bool:
+            try:
+                outcome.caps_watts = resolve_caps(parse_cap_list(spec) if parse else spec, limits,
+                                                  strict=request.strict_caps)
+            except CapSpecError as exc:
+                outcome.status, outcome.detail = OwnedStatus.BAD_CAPS, str(exc)
+                return False
+            outcome.read_only = request.read_only or outcome.caps_watts == [round(limits.enforced_watts)]
+            return True
+
+        if request.caps is not None and not resolve(request.caps):
             return outcome
-        outcome.read_only = request.read_only or outcome.caps_watts == [round(limits.enforced_watts)]
         session = None
         try:
             for schedule in request.schedules:
+                if request.caps is None and not resolve(schedule.caps, parse=True):
+                    return outcome
                 points: list[SweepPoint] = []
                 outcome.sweeps.append((schedule, points))
                 collect = _Collect(points, observer_for(schedule, outcome))
