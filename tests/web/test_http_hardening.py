@@ -199,6 +199,13 @@ FRAMING = {
     "put": (b"PUT /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", [405], True),
     "options": (b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", [405], True),
     "pipelined": (GET + GET + GET_CLOSE, [200, 200, 200], True),
+    # header fields are parsed by our strict parser (gpuperfd.web.request), not email.feedparser
+    "bare_cr_in_value": (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-A: 1\rContent-Length: 31\r\n\r\n" + SMUGGLED,
+                         [400], True),
+    "nul_in_value": (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n" + SMUGGLED, [400], True),
+    "name_not_a_token": (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX(A): 1\r\n\r\n" + SMUGGLED, [400], True),
+    "too_many_fields": (b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-A: 1\r\n" * 100 + b"\r\n", [431], True),
+    "host_with_spaces_around": (b"GET /metrics HTTP/1.1\r\nHost: \t x \r\nConnection: close\r\n\r\n", [200], True),
 }
 
 
