@@ -124,8 +124,11 @@ def measure_ours(args: argparse.Namespace) -> dict[str, Any]:
         "gpm_series": sum(1 for line in body.decode().splitlines() if line.startswith("gpuperf_gpm")),
         "gpus": len(daemon.devices),
     }
-    out["telemetry"] = timed(exporter.telemetry_families, args.n)
-    process = [r for r, _ in exporter.registries if any(m.name.startswith("process") for m in r.collect())]
+    # An older tree may lack a piece: each measure is taken where the tree has it, never the whole run lost.
+    if hasattr(exporter, "telemetry_families"):
+        out["telemetry"] = timed(exporter.telemetry_families, args.n)
+    process = [r for r, _ in getattr(exporter, "registries", ())
+               if any(m.name.startswith("process") for m in r.collect())]
     if process:
         from prometheus_client import generate_latest
 
@@ -172,6 +175,33 @@ def measure_prometheus_client(body: str, n: int) -> dict[str, Any]:
     return out
 
 
+#: Runs THIS script's measuring code (``--tree-only``) with the old tree's ``gpuperfd`` first on
+#: sys.path: the old tree's own benchmarks (which may lack this script or its helpers) are never used.
+BEFORE_BOOT = """
+import runpy, sys
+root, script = sys.argv[1], sys.argv[2]
+sys.path[:] = [root] + [p for p in sys.path if p not in ("", ".")] + [__import__("os").path.dirname(script)]
+sys.argv = [script, *sys.argv[3:]]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def measure_before(args: argparse.Namespace) -> dict[str, Any]:
+    """The in-process and HTTP measures of the tree at ``--before``, taken by this script's code."""
+    root = Path(args.before).resolve()
+    if not (root / "gpuperfd" / "__init__.py").is_file():
+        raise SystemExit(f"--before {args.before}: no gpuperfd/ package there")
+    cmd = [sys.executable, "-c", BEFORE_BOOT, str(root), str(Path(__file__).resolve()), "--tree-only", "-n", str(args.n)]
+    cmd += ["--simulate", str(args.simulate)] if args.simulate else ["--nvml"]
+    done = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True, cwd=root)
+    if done.returncode != 0:
+        raise SystemExit(f"--before {root}: the measurement failed:\n{done.stderr[-4000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if Path(result["tree"]).resolve() != root:
+        raise SystemExit(f"--before {root}: measured {result['tree']} instead")
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--simulate", type=int, default=0, help="N simulated GPUs (default: NVML)")
@@ -187,13 +217,7 @@ def main() -> None:
         print(json.dumps(result))
         return
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    before = None
-    if args.before:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--tree-only", "-n", str(args.n)]
-        cmd += ["--simulate", str(args.simulate)] if args.simulate else ["--nvml"]
-        env = dict(os.environ, PYTHONPATH=str(Path(args.before).resolve()))
-        before = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True,
-                                           cwd=args.before).stdout.strip().splitlines()[-1])
+    before = measure_before(args) if args.before else None
     after = measure_ours(args)
     body = after.pop("_body")
     after.update(measure_prometheus_client(body, args.n))

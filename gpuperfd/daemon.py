@@ -216,7 +216,7 @@ class Daemon:
             header_timeout=config.web.header_timeout_seconds,
             tls_handshake_timeout=config.web.tls_handshake_timeout_seconds,
             idle_timeout=config.web.idle_timeout_seconds,
-        ))
+        ), inline_paths=frozenset({config.web.telemetry_path, "/healthz"}))  # both answer from cached state
         if self.web_config is not None:
             gate = secure_web_server(self.web, self.web_config)
             auth_registry = CollectorRegistry(auto_describe=True)

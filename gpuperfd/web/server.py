@@ -16,6 +16,7 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
@@ -52,16 +53,29 @@ Route = Callable[[BaseHTTPRequestHandler], Response]
 
 
 class _SocketWriter(io.BufferedIOBase):
-    """The handler's wfile: every write goes out whole (socket timeout: the limits' write_timeout)."""
+    """The handler's wfile. In a worker every write goes out whole (socket timeout: the limits'
+    write_timeout); on the connection loop (``conn.out`` set, the socket non-blocking) a write
+    sends what the socket takes and keeps the rest in ``conn.out`` for the loop to send."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
 
     def writable(self) -> bool:
         return True
 
     def write(self, data) -> int:  # type: ignore[no-untyped-def, override]
-        self._sock.sendall(data)
+        out = self._conn.out
+        if out is None:
+            self._conn.sock.sendall(data)
+        elif out:
+            out += data
+        else:
+            try:
+                sent = self._conn.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            if sent < len(data):
+                out += memoryview(data)[sent:]
         return len(data)
 
 
@@ -99,6 +113,7 @@ def _weighted(header: str) -> list[tuple[str, dict[str, str], float]]:
 _OPENMETRICS_VERSIONS = {"", "1.0.0", "0.0.1"}
 
 
+@lru_cache(maxsize=64)  # a scraper sends the same two headers every time
 def negotiate(accept: str, accept_encoding: str) -> tuple[bool, bool]:
     """(openmetrics, gzip) for a /metrics request, per RFC 9110 content negotiation.
 
@@ -146,8 +161,12 @@ class WebServer:
         gate: RequestGate | None = None,
         request_timeout_seconds: float | None = None,
         limits: Limits | None = None,
+        inline_paths: frozenset[str] = frozenset(),
     ) -> None:
         self.routes = routes
+        #: GET/HEAD paths cheap enough to answer on the connection loop itself (no worker hand-off),
+        #: when the gate is the default one (a password check may run bcrypt) and TLS is off.
+        self.inline_paths = inline_paths
         self.gate = gate or RequestGate()
         limits = limits or Limits()
         if request_timeout_seconds is not None:
@@ -184,12 +203,20 @@ class WebServer:
         handler.request = handler.connection = conn.sock  # type: ignore[attr-defined]
         handler.client_address = conn.address
         handler.rfile = io.BytesIO(head)  # the loop read the whole head; a body never reaches the handler
-        handler.wfile = _SocketWriter(conn.sock)
+        handler.wfile = _SocketWriter(conn)
         handler.framing_problem = problem  # type: ignore[attr-defined]
         handler.force_close = close_after  # type: ignore[attr-defined]
         handler.close_connection = True
         handler.handle_one_request()
         return not handler.close_connection and not close_after
+
+    def _inline(self, head: bytes) -> bool:
+        """Whether the loop may answer this head itself (see ``inline_paths``)."""
+        if type(self.gate) is not RequestGate:
+            return False
+        method, _, rest = head.partition(b" ")
+        target = rest.partition(b" ")[0].partition(b"?")[0]
+        return method in (b"GET", b"HEAD") and target.decode("iso-8859-1") in self.inline_paths
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         web = self
@@ -322,7 +349,8 @@ class WebServer:
         return Handler
 
     def start(self) -> None:
-        self._loop = ConnectionLoop(self._listener, self._handle, self.limits, self.tls)
+        self._loop = ConnectionLoop(self._listener, self._handle, self.limits, self.tls,
+                                    self._inline if self.inline_paths else None)
         self._loop.start()
 
     def stop(self) -> None:
