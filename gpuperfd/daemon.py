@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -33,7 +34,6 @@ from gpuperfd.device.base import Backend
 from gpuperfd.device.errors import DeviceError, DriverNotFound
 from gpuperfd.device.factory import open_backend, selected_devices
 from gpuperfd.health.monitor import HealthMonitor
-from gpuperfd.health.nfd import NfdFeatureFile
 from gpuperfd.health.verdict import node_verdict_json
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker
@@ -48,9 +48,10 @@ from gpuperfd.telemetry.exporter import Exporter, process_registry, process_vers
 from gpuperfd.telemetry.sampler import Sampler
 from gpuperfd.web.connections import Limits, raise_fd_limit
 from gpuperfd.web.landing import landing_page
-from gpuperfd.web.security import secure_web_server
 from gpuperfd.web.server import Response, WebServer, metrics_route
-from gpuperfd.web.watcher import WebConfigWatcher
+
+if TYPE_CHECKING:
+    from gpuperfd.web.watcher import WebConfigWatcher
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,11 @@ class Daemon:
     ) -> None:
         self.config = config
         # The web config first: a bad TLS/auth file exits 2 even on a node without GPUs.
-        self.web_config = WebConfigWatcher(config.web.config_file) if config.web.config_file else None
+        self.web_config: WebConfigWatcher | None = None
+        if config.web.config_file:  # TLS and basic auth (ssl contexts, bcrypt) are imported only when configured
+            from gpuperfd.web.watcher import WebConfigWatcher
+
+            self.web_config = WebConfigWatcher(config.web.config_file)
         #: Re-reads the config (file plus command-line flags) on SIGHUP; None: reload unsupported.
         self.reload_config = reload_config
         self._reload_requested = threading.Event()
@@ -206,6 +211,8 @@ class Daemon:
         if self.health is not None:
             self.exporter.extra_families.append(self.health.families)
             if config.health.nfd_features_file is not None:
+                from gpuperfd.health.nfd import NfdFeatureFile
+
                 self.health.listeners.append(NfdFeatureFile(config.health.nfd_features_file))
         host, port = parse_listen_address(config.web.listen_address)
         raise_fd_limit()  # connections are capped below the open-files limit; take what the hard limit allows
@@ -218,6 +225,8 @@ class Daemon:
             idle_timeout=config.web.idle_timeout_seconds,
         ), inline_paths=frozenset({config.web.telemetry_path, "/healthz"}))  # both answer from cached state
         if self.web_config is not None:
+            from gpuperfd.web.security import secure_web_server
+
             gate = secure_web_server(self.web, self.web_config)
             auth_registry = CollectorRegistry(auto_describe=True)
             auth_registry.register(gate)  # gpuperf_web_auth_refused_total
