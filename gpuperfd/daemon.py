@@ -56,6 +56,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def web_config_watcher(config: Config) -> WebConfigWatcher | None:
+    """The web config's watcher when one is configured. TLS and basic auth code (ssl contexts,
+    bcrypt) is imported only then: an unconfigured daemon's footprint does not carry it."""
+    if not config.web.config_file:
+        return None
+    from gpuperfd.web.watcher import WebConfigWatcher
+
+    return WebConfigWatcher(config.web.config_file)
+
+
 def enabled_collectors(config: Config) -> list[str]:
     """Collector names switched on by defaults and ``sampler.collectors``."""
     names = []
@@ -134,11 +144,7 @@ class Daemon:
     ) -> None:
         self.config = config
         # The web config first: a bad TLS/auth file exits 2 even on a node without GPUs.
-        self.web_config: WebConfigWatcher | None = None
-        if config.web.config_file:  # TLS and basic auth (ssl contexts, bcrypt) are imported only when configured
-            from gpuperfd.web.watcher import WebConfigWatcher
-
-            self.web_config = WebConfigWatcher(config.web.config_file)
+        self.web_config = web_config_watcher(config)
         #: Re-reads the config (file plus command-line flags) on SIGHUP; None: reload unsupported.
         self.reload_config = reload_config
         self._reload_requested = threading.Event()
@@ -225,12 +231,7 @@ class Daemon:
             idle_timeout=config.web.idle_timeout_seconds,
         ), inline_paths=frozenset({config.web.telemetry_path, "/healthz"}))  # both answer from cached state
         if self.web_config is not None:
-            from gpuperfd.web.security import secure_web_server
-
-            gate = secure_web_server(self.web, self.web_config)
-            auth_registry = CollectorRegistry(auto_describe=True)
-            auth_registry.register(gate)  # gpuperf_web_auth_refused_total
-            self.exporter.registries.append((auth_registry, None))
+            self._secure_web(self.web_config)
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
         self._stopping = threading.Event()
 
@@ -254,6 +255,15 @@ class Daemon:
         from gpuperfd.probing.runner import end_leftover_children
 
         return end_leftover_children(self.config.probes.state_dir)
+
+    def _secure_web(self, watcher: WebConfigWatcher) -> None:
+        """TLS and basic auth from the web config, and the auth gate's refusal counter on /metrics."""
+        from gpuperfd.web.security import secure_web_server
+
+        gate = secure_web_server(self.web, watcher)
+        auth_registry = CollectorRegistry(auto_describe=True)
+        auth_registry.register(gate)  # gpuperf_web_auth_refused_total
+        self.exporter.registries.append((auth_registry, None))
 
     def _routes(self) -> dict:
         telemetry_path = self.config.web.telemetry_path
