@@ -14,6 +14,8 @@ one sampling round, and then times, side by side in one run:
 * ``render``: ``Exporter.render()``, the whole body (text 0.0.4);
 * ``http_keepalive``: GET /metrics over one keep-alive connection (as Prometheus scrapes), from a
   separate client process (an in-process client would share the server's GIL);
+* ``http_keepalive_worker``: the same, with the connection loop handing each request to a worker
+  thread (as before issue 36's inline serving);
 * ``http_new_conn``: GET /metrics on a new connection each time;
 * ``pc_generate_latest``: prometheus_client's ``generate_latest`` of an equal registry (the same
   families and samples, parsed back from our scrape into a custom collector);
@@ -74,6 +76,8 @@ def build_daemon(args: argparse.Namespace) -> Any:
         data["device"] = {"backend": "nvml"}
     daemon = Daemon(config_from_mapping(data, "<scrape_profile>"))
     daemon.sampler.sample_once()
+    if getattr(daemon, "health", None) is not None:
+        daemon.health.evaluate_once()  # as the daemon's start: the verdict families are on /metrics
     return daemon
 
 
@@ -138,6 +142,10 @@ def measure_ours(args: argparse.Namespace) -> dict[str, Any]:
     try:
         out["http_keepalive"] = http_client(daemon.port, args.n, keep=True)
         out["http_new_conn"] = http_client(daemon.port, max(args.n // 4, 50), keep=False)
+        loop = daemon.web.loop
+        if getattr(loop, "inline", None) is not None:  # the same scrape through a worker thread, for comparison
+            loop.inline = None
+            out["http_keepalive_worker"] = http_client(daemon.port, args.n, keep=True)
     finally:
         daemon.web.stop()
         daemon.backend.close()
@@ -223,8 +231,8 @@ def main() -> None:
     after.update(measure_prometheus_client(body, args.n))
     report = {"machine": platform.node(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(sys.argv), "after": after, "before": before}
-    keys = ["telemetry", "process_uncached", "render", "http_keepalive", "http_new_conn", "pc_generate_latest",
-            "pc_wsgi_new_conn"]
+    keys = ["telemetry", "process_uncached", "render", "http_keepalive", "http_keepalive_worker", "http_new_conn",
+            "pc_generate_latest", "pc_wsgi_new_conn"]
     print(f"{after['gpus']} GPU(s), {after['series']} series ({after['gpm_series']} GPM), {after['bytes']} bytes")
     print(f"{'measure':22} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}" + ("   before p50/p99   ratio p50" if before else ""))
     for key in keys:

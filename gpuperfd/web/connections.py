@@ -5,6 +5,11 @@ request head (and any small body) without blocking; only a complete request
 goes to one of a fixed number of worker threads. So an idle, trickling or
 never-handshaking client costs one socket and a few hundred bytes, never a
 thread, and the thread count is the same under 3 connections or 3,000.
+A request the server calls cheap (``inline``: a cached /metrics on a plain
+connection with the default gate) is answered on the loop itself, skipping the
+hand-off to a worker and back (a third of a keep-alive scrape's time); its
+response is written non-blocking, the rest as the client reads it, under
+``write_timeout``, so a slow reader still holds no thread.
 
 Limits (:class:`Limits`, flags ``--web.*``, see docs/configuration.md):
 
