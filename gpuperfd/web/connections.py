@@ -7,7 +7,7 @@ never-handshaking client costs one socket and a few hundred bytes, never a
 thread, and the thread count is the same under 3 connections or 3,000.
 A request the server calls cheap (``inline``: a cached /metrics on a plain
 connection with the default gate) is answered on the loop itself, skipping the
-hand-off to a worker and back (a third of a keep-alive scrape's time); its
+hand-off to a worker and back (~0.07 ms of a 0.45 ms keep-alive scrape on the dev VM); its
 response is written non-blocking, the rest as the client reads it, under
 ``write_timeout``, so a slow reader still holds no thread.
 
