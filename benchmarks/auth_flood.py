@@ -32,20 +32,16 @@ import asyncio
 import base64
 import json
 import multiprocessing
-import os
 import secrets
-import shutil
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load import ROOT, die_with_parent, free_port, percentile, proc_stats  # noqa: E402
+from load import Daemon as LoadDaemon  # noqa: E402
+from load import percentile, proc_stats  # noqa: E402
 
 USER, PASSWORD = "prometheus", "the-right-password"
 
@@ -80,63 +76,29 @@ def read_response(sock: socket.socket, buf: bytearray) -> tuple[int, bytes]:
     return status, body
 
 
-class Daemon:
-    """`gpuperfd run` with basic auth (bcrypt ``cost``) on a free loopback port."""
+class Daemon(LoadDaemon):
+    """`gpuperfd run` with basic auth (bcrypt ``cost``) on a free loopback port; probes off."""
+
+    prefix = "gpuperfd-authflood-"
+    probes = "{enabled: false, state_dir: %s/state, history: {path: null}}"
+    ready_seconds = 60.0
 
     def __init__(self, gpus: int, cost: int) -> None:
+        self.cost = cost
+        super().__init__(gpus)
+
+    def setup(self) -> str:
         import bcrypt
 
-        self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="gpuperfd-authflood-"))
-        hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=cost)).decode()
+        hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=self.cost)).decode()
         (self.dir / "web.yml").write_text(json.dumps({"basic_auth_users": {USER: hashed}}))
-        config = self.dir / "gpuperfd.yaml"
-        config.write_text(
-            "log_level: warning\n"
-            "device: {backend: simulated}\n"
-            f"simulation: {{gpus: {gpus}, seed: 1}}\n"
-            f"web: {{config_file: {self.dir / 'web.yml'}}}\n"
-            f"probes: {{enabled: false, state_dir: {self.dir}/state, history: {{path: null}}}}\n"
-        )
-        self.log_path = self.dir / "daemon.log"
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuperfd", "run", "--config", str(config),
-             "--web.listen-address", f"127.0.0.1:{self.port}"],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=self.dir, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-            preexec_fn=die_with_parent,
-        )
-        deadline = time.monotonic() + 60
-        while True:  # /healthz wants credentials too: any HTTP answer means it is up
-            if self.proc.poll() is not None:
-                raise SystemExit(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
-                    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                    if sock.recv(16).startswith(b"HTTP/1.1"):
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"daemon not ready:\n{self.log()}")
-            time.sleep(0.1)
+        return f"web: {{config_file: {self.dir / 'web.yml'}}}\n"
 
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        if self.proc.returncode == 0:
-            shutil.rmtree(self.dir, ignore_errors=True)
-        return self.proc.returncode
+    def ready(self) -> bool:
+        """/healthz wants credentials too: any HTTP answer means it is up."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            return sock.recv(16).startswith(b"HTTP/1.1")
 
 
 # --- the attackers (their own process) ---------------------------------------------------------

@@ -92,11 +92,15 @@ def proc_stats(pid: int) -> dict[str, float]:
 
 
 class Daemon:
-    """A `gpuperfd run --simulate N` child on a free loopback port."""
+    """A `gpuperfd run --simulate N` child on a free loopback port (benchmarks/auth_flood.py subclasses it)."""
+
+    prefix = "gpuperfd-load-"
+    probes = "{state_dir: %s/state, history: {path: null}}"  # %s: the daemon's temporary directory
+    ready_seconds = 30.0
 
     def __init__(self, gpus: int, extra_config: str = "", tls: bool = False, extra_args: list[str] | None = None) -> None:
         self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="gpuperfd-load-"))
+        self.dir = Path(tempfile.mkdtemp(prefix=self.prefix))
         self.cert = make_certificate(self.dir) if tls else None
         if self.cert:
             (self.dir / "web.yml").write_text(f"tls_server_config: {{cert_file: {self.cert[0]}, key_file: {self.cert[1]}}}\n")
@@ -106,7 +110,7 @@ class Daemon:
             "log_level: warning\n"
             "device: {backend: simulated}\n"
             f"simulation: {{gpus: {gpus}, seed: 1}}\n"
-            f"probes: {{state_dir: {self.dir}/state, history: {{path: null}}}}\n" + extra_config
+            f"probes: {self.probes % self.dir}\n" + self.setup() + extra_config
         )
         self.log_path = self.dir / "daemon.log"
         self._log = self.log_path.open("wb")
@@ -117,18 +121,26 @@ class Daemon:
             preexec_fn=die_with_parent,
         )
         self.url = f"http://127.0.0.1:{self.port}/metrics"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + self.ready_seconds
         while True:
             if self.proc.poll() is not None:
                 raise SystemExit(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if scrape_once(self.port, self.cert, "/healthz")[0] == 200:
+                if self.ready():
                     break
             except OSError:
                 pass
             if time.monotonic() > deadline:
                 raise SystemExit(f"daemon not ready:\n{self.log()}")
             time.sleep(0.1)
+
+    def setup(self) -> str:
+        """More configuration (files may go in ``self.dir``), before the daemon starts."""
+        return ""
+
+    def ready(self) -> bool:
+        """Whether the daemon answers (OSError: not listening yet)."""
+        return scrape_once(self.port, self.cert, "/healthz")[0] == 200
 
     def log(self) -> str:
         self._log.flush()

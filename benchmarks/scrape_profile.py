@@ -14,6 +14,8 @@ one sampling round, and then times, side by side in one run:
 * ``render``: ``Exporter.render()``, the whole body (text 0.0.4);
 * ``http_keepalive``: GET /metrics over one keep-alive connection (as Prometheus scrapes), from a
   separate client process (an in-process client would share the server's GIL);
+* ``http_keepalive_worker``: the same, with the connection loop handing each request to a worker
+  thread (as before issue 36's inline serving);
 * ``http_new_conn``: GET /metrics on a new connection each time;
 * ``pc_generate_latest``: prometheus_client's ``generate_latest`` of an equal registry (the same
   families and samples, parsed back from our scrape into a custom collector);
@@ -74,6 +76,8 @@ def build_daemon(args: argparse.Namespace) -> Any:
         data["device"] = {"backend": "nvml"}
     daemon = Daemon(config_from_mapping(data, "<scrape_profile>"))
     daemon.sampler.sample_once()
+    if getattr(daemon, "health", None) is not None:
+        daemon.health.evaluate_once()  # as the daemon's start: the verdict families are on /metrics
     return daemon
 
 
@@ -124,8 +128,11 @@ def measure_ours(args: argparse.Namespace) -> dict[str, Any]:
         "gpm_series": sum(1 for line in body.decode().splitlines() if line.startswith("gpuperf_gpm")),
         "gpus": len(daemon.devices),
     }
-    out["telemetry"] = timed(exporter.telemetry_families, args.n)
-    process = [r for r, _ in exporter.registries if any(m.name.startswith("process") for m in r.collect())]
+    # An older tree may lack a piece: each measure is taken where the tree has it, never the whole run lost.
+    if hasattr(exporter, "telemetry_families"):
+        out["telemetry"] = timed(exporter.telemetry_families, args.n)
+    process = [r for r, _ in getattr(exporter, "registries", ())
+               if any(m.name.startswith("process") for m in r.collect())]
     if process:
         from prometheus_client import generate_latest
 
@@ -135,6 +142,10 @@ def measure_ours(args: argparse.Namespace) -> dict[str, Any]:
     try:
         out["http_keepalive"] = http_client(daemon.port, args.n, keep=True)
         out["http_new_conn"] = http_client(daemon.port, max(args.n // 4, 50), keep=False)
+        loop = daemon.web.loop
+        if getattr(loop, "inline", None) is not None:  # the same scrape through a worker thread, for comparison
+            loop.inline = None
+            out["http_keepalive_worker"] = http_client(daemon.port, args.n, keep=True)
     finally:
         daemon.web.stop()
         daemon.backend.close()
@@ -172,6 +183,33 @@ def measure_prometheus_client(body: str, n: int) -> dict[str, Any]:
     return out
 
 
+#: Runs THIS script's measuring code (``--tree-only``) with the old tree's ``gpuperfd`` first on
+#: sys.path: the old tree's own benchmarks (which may lack this script or its helpers) are never used.
+BEFORE_BOOT = """
+import runpy, sys
+root, script = sys.argv[1], sys.argv[2]
+sys.path[:] = [root] + [p for p in sys.path if p not in ("", ".")] + [__import__("os").path.dirname(script)]
+sys.argv = [script, *sys.argv[3:]]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def measure_before(args: argparse.Namespace) -> dict[str, Any]:
+    """The in-process and HTTP measures of the tree at ``--before``, taken by this script's code."""
+    root = Path(args.before).resolve()
+    if not (root / "gpuperfd" / "__init__.py").is_file():
+        raise SystemExit(f"--before {args.before}: no gpuperfd/ package there")
+    cmd = [sys.executable, "-c", BEFORE_BOOT, str(root), str(Path(__file__).resolve()), "--tree-only", "-n", str(args.n)]
+    cmd += ["--simulate", str(args.simulate)] if args.simulate else ["--nvml"]
+    done = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True, cwd=root)
+    if done.returncode != 0:
+        raise SystemExit(f"--before {root}: the measurement failed:\n{done.stderr[-4000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if Path(result["tree"]).resolve() != root:
+        raise SystemExit(f"--before {root}: measured {result['tree']} instead")
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--simulate", type=int, default=0, help="N simulated GPUs (default: NVML)")
@@ -187,20 +225,14 @@ def main() -> None:
         print(json.dumps(result))
         return
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    before = None
-    if args.before:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--tree-only", "-n", str(args.n)]
-        cmd += ["--simulate", str(args.simulate)] if args.simulate else ["--nvml"]
-        env = dict(os.environ, PYTHONPATH=str(Path(args.before).resolve()))
-        before = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True,
-                                           cwd=args.before).stdout.strip().splitlines()[-1])
+    before = measure_before(args) if args.before else None
     after = measure_ours(args)
     body = after.pop("_body")
     after.update(measure_prometheus_client(body, args.n))
     report = {"machine": platform.node(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(sys.argv), "after": after, "before": before}
-    keys = ["telemetry", "process_uncached", "render", "http_keepalive", "http_new_conn", "pc_generate_latest",
-            "pc_wsgi_new_conn"]
+    keys = ["telemetry", "process_uncached", "render", "http_keepalive", "http_keepalive_worker", "http_new_conn",
+            "pc_generate_latest", "pc_wsgi_new_conn"]
     print(f"{after['gpus']} GPU(s), {after['series']} series ({after['gpm_series']} GPM), {after['bytes']} bytes")
     print(f"{'measure':22} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}" + ("   before p50/p99   ratio p50" if before else ""))
     for key in keys:

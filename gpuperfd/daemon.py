@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -33,7 +34,6 @@ from gpuperfd.device.base import Backend
 from gpuperfd.device.errors import DeviceError, DriverNotFound
 from gpuperfd.device.factory import open_backend, selected_devices
 from gpuperfd.health.monitor import HealthMonitor
-from gpuperfd.health.nfd import NfdFeatureFile
 from gpuperfd.health.verdict import node_verdict_json
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker
@@ -48,11 +48,22 @@ from gpuperfd.telemetry.exporter import Exporter, process_registry, process_vers
 from gpuperfd.telemetry.sampler import Sampler
 from gpuperfd.web.connections import Limits, raise_fd_limit
 from gpuperfd.web.landing import landing_page
-from gpuperfd.web.security import secure_web_server
 from gpuperfd.web.server import Response, WebServer, metrics_route
-from gpuperfd.web.watcher import WebConfigWatcher
+
+if TYPE_CHECKING:
+    from gpuperfd.web.watcher import WebConfigWatcher
 
 log = logging.getLogger(__name__)
+
+
+def web_config_watcher(config: Config) -> WebConfigWatcher | None:
+    """The web config's watcher when one is configured. TLS and basic auth code (ssl contexts,
+    bcrypt) is imported only then: an unconfigured daemon's footprint does not carry it."""
+    if not config.web.config_file:
+        return None
+    from gpuperfd.web.watcher import WebConfigWatcher
+
+    return WebConfigWatcher(config.web.config_file)
 
 
 def enabled_collectors(config: Config) -> list[str]:
@@ -133,7 +144,7 @@ class Daemon:
     ) -> None:
         self.config = config
         # The web config first: a bad TLS/auth file exits 2 even on a node without GPUs.
-        self.web_config = WebConfigWatcher(config.web.config_file) if config.web.config_file else None
+        self.web_config = web_config_watcher(config)
         #: Re-reads the config (file plus command-line flags) on SIGHUP; None: reload unsupported.
         self.reload_config = reload_config
         self._reload_requested = threading.Event()
@@ -206,6 +217,8 @@ class Daemon:
         if self.health is not None:
             self.exporter.extra_families.append(self.health.families)
             if config.health.nfd_features_file is not None:
+                from gpuperfd.health.nfd import NfdFeatureFile
+
                 self.health.listeners.append(NfdFeatureFile(config.health.nfd_features_file))
         host, port = parse_listen_address(config.web.listen_address)
         raise_fd_limit()  # connections are capped below the open-files limit; take what the hard limit allows
@@ -216,12 +229,9 @@ class Daemon:
             header_timeout=config.web.header_timeout_seconds,
             tls_handshake_timeout=config.web.tls_handshake_timeout_seconds,
             idle_timeout=config.web.idle_timeout_seconds,
-        ))
+        ), inline_paths=frozenset({config.web.telemetry_path, "/healthz"}))  # both answer from cached state
         if self.web_config is not None:
-            gate = secure_web_server(self.web, self.web_config)
-            auth_registry = CollectorRegistry(auto_describe=True)
-            auth_registry.register(gate)  # gpuperf_web_auth_refused_total
-            self.exporter.registries.append((auth_registry, None))
+            self._secure_web(self.web_config)
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
         self._stopping = threading.Event()
 
@@ -245,6 +255,15 @@ class Daemon:
         from gpuperfd.probing.runner import end_leftover_children
 
         return end_leftover_children(self.config.probes.state_dir)
+
+    def _secure_web(self, watcher: WebConfigWatcher) -> None:
+        """TLS and basic auth from the web config, and the auth gate's refusal counter on /metrics."""
+        from gpuperfd.web.security import secure_web_server
+
+        gate = secure_web_server(self.web, watcher)
+        auth_registry = CollectorRegistry(auto_describe=True)
+        auth_registry.register(gate)  # gpuperf_web_auth_refused_total
+        self.exporter.registries.append((auth_registry, None))
 
     def _routes(self) -> dict:
         telemetry_path = self.config.web.telemetry_path

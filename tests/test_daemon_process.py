@@ -61,3 +61,36 @@ def test_no_driver_is_a_clear_error_not_a_silent_simulation(tmp_path):
     assert out.returncode == 3, out.stderr
     assert "--simulate" in out.stderr and "driver" in out.stderr.lower()
     assert "Traceback" not in out.stderr
+
+
+LAZY_PROBE = """
+import json, sys
+from gpuperfd.config import config_from_mapping
+from gpuperfd.daemon import Daemon
+data = {"web": {"listen_address": "127.0.0.1:0"}, "device": {"backend": "simulated"}, "simulation": {"gpus": 1}}
+if len(sys.argv) > 1:
+    data["web"]["config_file"] = sys.argv[1]
+daemon = Daemon(config_from_mapping(data, "<test>"))
+daemon.sampler.sample_once()
+daemon.exporter.render()
+daemon.backend.close()
+print(json.dumps({m: m in sys.modules for m in ("bcrypt", "gpuperfd.web.auth", "gpuperfd.web.tls", "gpuperfd.web.watcher",
+                                               "gpuperfd.health.nfd", "torch", "numpy")}))
+"""
+
+
+def test_tls_and_basic_auth_code_is_imported_only_when_a_web_config_asks_for_it(tmp_path):
+    """The idle footprint carries no TLS/auth/NFD code it was not configured for (issue 36)."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    plain = subprocess.run([sys.executable, "-c", LAZY_PROBE], capture_output=True, text=True, cwd=root, check=True)
+    assert not any(json.loads(plain.stdout.splitlines()[-1]).values()), plain.stdout
+    web = tmp_path / "web.yml"
+    web.write_text('basic_auth_users: {u: "$2b$04$8Jp1wmy7y3NnSk8zE3Y9xO3.6GU3t2V1kQm/k6yKXbqM4V0Qh8m9a"}\n')
+    secured = subprocess.run([sys.executable, "-c", LAZY_PROBE, str(web)], capture_output=True, text=True, cwd=root,
+                             check=True)
+    loaded = json.loads(secured.stdout.splitlines()[-1])
+    assert loaded["gpuperfd.web.auth"] and loaded["gpuperfd.web.tls"] and loaded["gpuperfd.web.watcher"]
+    assert not loaded["torch"] and not loaded["numpy"]

@@ -311,6 +311,7 @@ class HealthMonitor:
         self._reset_values: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
         self._verdicts: list[Verdict] = []
+        self._families_kept: tuple[list[Verdict], list[Family]] | None = None
         self._version = 0
         self._saved_signature: Any = None
         self._history_version = -1
@@ -457,9 +458,15 @@ class HealthMonitor:
             return self._version
 
     def families(self) -> list[Family]:
-        """The three health families for /metrics (cheap: formats the last verdicts)."""
+        """The three health families for /metrics, built once per evaluation: the same list
+        object until the verdicts are replaced (the exporter keeps their text by its identity)."""
+        with self._lock:
+            verdicts = self._verdicts
+        kept = self._families_kept
+        if kept is not None and kept[0] is verdicts:
+            return kept[1]
         state_f, action_f, reason_f = (Family(s.name, s.kind, s.help) for s in HEALTH_METRICS)
-        for verdict in self.verdicts():
+        for verdict in verdicts:
             if verdict.gpu is None:
                 continue  # a missing GPU has no series of its own; its reason shows in the API
             prefix = label_string(GPU_LABELS, (str(verdict.gpu), verdict.uuid))
@@ -475,7 +482,9 @@ class HealthMonitor:
             for check, reason in sorted(worst.items()):
                 reason_f.add(prefix + "," + label_string(("check", "severity", "action"),
                                                          (check, reason.severity, reason.action)), 1.0)
-        return [state_f, action_f, reason_f]
+        families = [state_f, action_f, reason_f]
+        self._families_kept = (verdicts, families)
+        return families
 
     # -- thread ---------------------------------------------------------------------------
 

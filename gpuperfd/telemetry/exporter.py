@@ -66,6 +66,7 @@ class Exporter:
         self._text_cache: dict[bool, _KeptText] = {}
         #: Callables returning extra families rendered with the telemetry (the health verdicts).
         self.extra_families: list[Callable[[], list[Family]]] = []
+        self._extra_text: dict[tuple[int, bool], tuple[list[Family], bytes]] = {}
         self._build_labels = label_string(
             ("version", "python_version", "backend"), (gpuperfd.__version__, platform.python_version(), backend_name)
         )
@@ -193,9 +194,14 @@ class Exporter:
     def render(self, openmetrics: bool = False) -> bytes:
         text, lost = self.telemetry_text(openmetrics)
         parts = [text]
-        # Extra families (the health verdicts) change on their own clock: rendered per scrape, small.
-        for extra in self.extra_families:
-            parts.append(check_part(render(extra(), openmetrics)).encode())
+        # Extra families (the health verdicts) change on their own clock: their text is kept while
+        # the provider returns the same list object (the monitor builds a new one per evaluation).
+        for index, extra in enumerate(self.extra_families):
+            families = extra()
+            kept = self._extra_text.get((index, openmetrics))
+            if kept is None or kept[0] is not families:
+                kept = self._extra_text[(index, openmetrics)] = (families, check_part(render(families, openmetrics)).encode())
+            parts.append(kept[1])
         parts += [self._registry_text(i, openmetrics, lost) for i in range(len(self.registries))]
         return assemble_checked(parts, openmetrics)
 

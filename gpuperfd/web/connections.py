@@ -5,6 +5,11 @@ request head (and any small body) without blocking; only a complete request
 goes to one of a fixed number of worker threads. So an idle, trickling or
 never-handshaking client costs one socket and a few hundred bytes, never a
 thread, and the thread count is the same under 3 connections or 3,000.
+A request the server calls cheap (``inline``: a cached /metrics on a plain
+connection with the default gate) is answered on the loop itself, skipping the
+hand-off to a worker and back (~0.07 ms of a 0.45 ms keep-alive scrape on the dev VM); its
+response is written non-blocking, the rest as the client reads it, under
+``write_timeout``, so a slow reader still holds no thread.
 
 Limits (:class:`Limits`, flags ``--web.*``, see docs/configuration.md):
 
@@ -58,6 +63,8 @@ FD_RESERVE = 128
 LINGER_SECONDS = 2.0
 
 HANDSHAKE, IDLE, HEAD, BODY, BUSY, LINGER, CLOSED = "handshake", "idle", "head", "body", "busy", "linger", "closed"
+#: A response served on the loop whose rest waits for the client to read (see ``ConnectionLoop.inline``).
+WRITE = "write"
 
 #: (status, reason) a handler must answer with, then close the connection.
 Problem = tuple[int, str]
@@ -114,7 +121,7 @@ class Conn:
     """One client connection and where it is in its request cycle."""
 
     __slots__ = ("sock", "fd", "address", "state", "buf", "events", "timer", "deadline", "since", "scanned",
-                 "body_end", "head", "problem", "close_after", "eof", "tls_settings")
+                 "body_end", "head", "problem", "close_after", "eof", "tls_settings", "out", "keep")
 
     def __init__(self, sock: socket.socket, address: Any) -> None:
         self.sock = sock
@@ -133,6 +140,10 @@ class Conn:
         self.close_after = False
         self.eof = False
         self.tls_settings: Any = None
+        #: Set while a request is served on the loop: what the client has not taken yet (None: a worker
+        #: serves it, writing with a blocking sendall).
+        self.out: bytearray | None = None
+        self.keep = False
 
 
 def _head_end(buf: bytearray, start: int) -> int:
@@ -264,9 +275,16 @@ def _busy(message: bytes) -> bytes:
 class ConnectionLoop:
     """The accept/read loop and the worker pool; see the module docstring."""
 
-    def __init__(self, listener: socket.socket, handle: Handle, limits: Limits, tls: Tls | None = None) -> None:
+    def __init__(self, listener: socket.socket, handle: Handle, limits: Limits, tls: Tls | None = None,
+                 inline: Callable[[bytes], bool] | None = None) -> None:
         self.listener = listener
         self.handle = handle
+        #: Says of a request head whether it is cheap to answer (a cached /metrics): then, on a plain
+        #: connection with nothing else buffered, the loop runs it itself, without the hand-off to a
+        #: worker and back, writing what the socket takes at once and the rest as the client reads
+        #: (``write_timeout`` bound), so a slow reader still costs no thread.
+        self.inline = inline
+        self.served_inline = 0  # for tests and the benchmark
         self.limits = limits
         self.tls = tls
         self.max_connections = connection_cap(limits.max_connections)
@@ -274,7 +292,8 @@ class ConnectionLoop:
         self.in_flight = 0
         self.evicted = 0  # connections closed to make room (for tests and the benchmark)
         self.refused = 0  # 503s for too many requests or connections
-        self._timers: dict[str, OrderedDict[Conn, None]] = {k: OrderedDict() for k in (HANDSHAKE, IDLE, HEAD, LINGER)}
+        self._timers: dict[str, OrderedDict[Conn, None]] = {
+            k: OrderedDict() for k in (HANDSHAKE, IDLE, HEAD, LINGER, WRITE)}
         self._selector = selectors.DefaultSelector()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._returns: queue.SimpleQueue = queue.SimpleQueue()
@@ -362,6 +381,8 @@ class ConnectionLoop:
             conn: Conn = key.data
             if conn.state == HANDSHAKE:
                 self._handshake(conn)
+            elif conn.state == WRITE:
+                self._flush(conn)
             elif conn.state == LINGER:
                 self._drain(conn)
             elif conn.state in (IDLE, HEAD, BODY):
@@ -406,11 +427,14 @@ class ConnectionLoop:
                 elif kind == HEAD:
                     log.debug("http %s: request not received in %.0f s, closing", conn.address[0],
                               self.limits.header_timeout)
+                elif kind == WRITE:
+                    log.debug("http client %s did not read its response in %.0f s, closing", conn.address,
+                              self.limits.write_timeout)
                 self._close(conn)
 
     def _evict_one(self) -> bool:
         """Close the connection waiting longest without a request in progress; False if there is none."""
-        fronts = [next(iter(timers)) for timers in self._timers.values() if timers]
+        fronts = [next(iter(timers)) for kind, timers in self._timers.items() if timers and kind != WRITE]
         if not fronts:
             return False
         self.evicted += 1
@@ -620,12 +644,56 @@ class ConnectionLoop:
                 pass
             self._linger(conn)
             return
+        if (problem is None and not close_after and not conn.eof and not conn.buf and self.tls is None
+                and self.inline is not None and self.inline(head)):
+            self._serve_inline(conn, head)
+            return
         self._disarm(conn)
         self._want(conn, 0)
         conn.state = BUSY
         conn.close_after = close_after or conn.eof
         self.in_flight += 1
         self._jobs.put((conn, head, problem))
+
+    def _serve_inline(self, conn: Conn, head: bytes) -> None:
+        """Answer a cheap request here; what the socket does not take at once is sent as it drains."""
+        self._disarm(conn)
+        conn.state, conn.close_after, conn.out = BUSY, False, bytearray()
+        self.served_inline += 1
+        try:
+            keep = self.handle(conn, head, None, False)
+        except Exception as exc:  # noqa: BLE001 - a reset while writing, or a bug: this connection ends
+            if not isinstance(exc, (ConnectionError, TimeoutError)):
+                log.exception("error handling a request from %s", conn.address)
+            conn.out = None
+            self._close(conn)
+            return
+        if conn.state == CLOSED:
+            return
+        if conn.out:
+            conn.keep, conn.state = keep, WRITE
+            self._arm(conn, WRITE, self.limits.write_timeout)
+            self._want(conn, selectors.EVENT_WRITE)
+            return
+        conn.out = None
+        self._returned(conn, keep)
+
+    def _flush(self, conn: Conn) -> None:
+        """Send more of an inline response; when all is gone the connection goes on as after a worker."""
+        assert conn.out is not None
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            conn.out = None
+            self._close(conn)
+            return
+        del conn.out[:sent]
+        if not conn.out:
+            conn.out = None
+            conn.state = BUSY
+            self._returned(conn, conn.keep)
 
     # --- after a request ---------------------------------------------------------------------
 

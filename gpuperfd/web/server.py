@@ -16,12 +16,14 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
 from gpuperfd.telemetry.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from gpuperfd.web.connections import Conn, ConnectionLoop, Limits, Problem
+from gpuperfd.web.request import parse_fields
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +53,29 @@ Route = Callable[[BaseHTTPRequestHandler], Response]
 
 
 class _SocketWriter(io.BufferedIOBase):
-    """The handler's wfile: every write goes out whole (socket timeout: the limits' write_timeout)."""
+    """The handler's wfile. In a worker every write goes out whole (socket timeout: the limits'
+    write_timeout); on the connection loop (``conn.out`` set, the socket non-blocking) a write
+    sends what the socket takes and keeps the rest in ``conn.out`` for the loop to send."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
 
     def writable(self) -> bool:
         return True
 
     def write(self, data) -> int:  # type: ignore[no-untyped-def, override]
-        self._sock.sendall(data)
+        out = self._conn.out
+        if out is None:
+            self._conn.sock.sendall(data)
+        elif out:
+            out += data
+        else:
+            try:
+                sent = self._conn.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            if sent < len(data):
+                out += memoryview(data)[sent:]
         return len(data)
 
 
@@ -71,6 +86,56 @@ def _flush_head_and_body(handler: Any) -> None:
     handler._headers_buffer = []
     handler._body_after_head = b""
     handler.wfile.write(data)
+
+
+def _parse_request(handler: Any) -> bool:
+    """The request line as the standard library reads it; the header fields with our own strict
+    parser (:mod:`gpuperfd.web.request`), not :mod:`email.feedparser` (a fifth of a scrape's time)."""
+    handler.command = None
+    handler.request_version = handler.default_request_version
+    handler.close_connection = True
+    handler.requestline = str(handler.raw_requestline, "iso-8859-1").rstrip("\r\n")
+    words = handler.requestline.split()
+    if not words:
+        return False
+    if len(words) == 2:  # "GET /path": HTTP/0.9, which nothing we serve speaks
+        handler.command = ""
+        handler.send_error(400, "HTTP/0.9 requests are not supported")
+        return False
+    if len(words) != 3:
+        handler.send_error(400, f"Bad request syntax ({handler.requestline!r})")
+        return False
+    version = words[2]
+    number = version[5:].split(".") if version.startswith("HTTP/") else []
+    if len(number) != 2 or not all(n.isdigit() and len(n) <= 10 for n in number):
+        handler.send_error(400, f"Bad request version ({version!r})")
+        return False
+    major, minor = int(number[0]), int(number[1])
+    if major >= 2:
+        handler.send_error(505, f"Invalid HTTP version ({version[5:]})")
+        return False
+    handler.close_connection = (major, minor) < (1, 1)
+    handler.request_version = version
+    handler.command, handler.path = words[0], words[1]
+    if handler.path.startswith("//"):  # gh-87389, as the standard library: no open redirect
+        handler.path = "/" + handler.path.lstrip("/")
+    fields = parse_fields(handler.rfile.read())
+    if isinstance(fields, tuple):
+        handler.close_connection = True
+        handler.send_error(*(handler.framing_problem or fields))
+        return False
+    handler.headers = fields
+    connection = (fields.get("Connection") or "").lower()
+    if connection == "close":
+        handler.close_connection = True
+    elif connection == "keep-alive":
+        handler.close_connection = False
+    failure = handler.framing_problem or handler._check_head()
+    if failure is not None:
+        handler.close_connection = True
+        handler.send_error(*failure)
+        return False
+    return True
 
 
 def _weighted(header: str) -> list[tuple[str, dict[str, str], float]]:
@@ -98,6 +163,7 @@ def _weighted(header: str) -> list[tuple[str, dict[str, str], float]]:
 _OPENMETRICS_VERSIONS = {"", "1.0.0", "0.0.1"}
 
 
+@lru_cache(maxsize=64)  # a scraper sends the same two headers every time
 def negotiate(accept: str, accept_encoding: str) -> tuple[bool, bool]:
     """(openmetrics, gzip) for a /metrics request, per RFC 9110 content negotiation.
 
@@ -145,8 +211,12 @@ class WebServer:
         gate: RequestGate | None = None,
         request_timeout_seconds: float | None = None,
         limits: Limits | None = None,
+        inline_paths: frozenset[str] = frozenset(),
     ) -> None:
         self.routes = routes
+        #: GET/HEAD paths cheap enough to answer on the connection loop itself (no worker hand-off),
+        #: when the gate is the default one (a password check may run bcrypt) and TLS is off.
+        self.inline_paths = inline_paths
         self.gate = gate or RequestGate()
         limits = limits or Limits()
         if request_timeout_seconds is not None:
@@ -183,12 +253,20 @@ class WebServer:
         handler.request = handler.connection = conn.sock  # type: ignore[attr-defined]
         handler.client_address = conn.address
         handler.rfile = io.BytesIO(head)  # the loop read the whole head; a body never reaches the handler
-        handler.wfile = _SocketWriter(conn.sock)
+        handler.wfile = _SocketWriter(conn)
         handler.framing_problem = problem  # type: ignore[attr-defined]
         handler.force_close = close_after  # type: ignore[attr-defined]
         handler.close_connection = True
         handler.handle_one_request()
         return not handler.close_connection and not close_after
+
+    def _inline(self, head: bytes) -> bool:
+        """Whether the loop may answer this head itself (see ``inline_paths``)."""
+        if type(self.gate) is not RequestGate:
+            return False
+        method, _, rest = head.partition(b" ")
+        target = rest.partition(b" ")[0].partition(b"?")[0]
+        return method in (b"GET", b"HEAD") and target.decode("iso-8859-1") in self.inline_paths
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         web = self
@@ -205,21 +283,7 @@ class WebServer:
 
             flush_headers = _flush_head_and_body
 
-            def parse_request(self) -> bool:
-                self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
-                if len(self.requestline.split()) == 2:  # "GET /path": HTTP/0.9, which nothing we serve speaks
-                    self.command, self.request_version = "", self.default_request_version
-                    self.close_connection = True
-                    self.send_error(400, "HTTP/0.9 requests are not supported")
-                    return False
-                if not super().parse_request():
-                    return False
-                failure = self.framing_problem or self._check_head()
-                if failure is not None:
-                    self.close_connection = True
-                    self.send_error(*failure)
-                    return False
-                return True
+            parse_request = _parse_request
 
             def _check_head(self) -> Problem | None:
                 """Header size, Host, and the request target (origin or absolute form)."""
@@ -288,7 +352,8 @@ class WebServer:
         return Handler
 
     def start(self) -> None:
-        self._loop = ConnectionLoop(self._listener, self._handle, self.limits, self.tls)
+        self._loop = ConnectionLoop(self._listener, self._handle, self.limits, self.tls,
+                                    self._inline if self.inline_paths else None)
         self._loop.start()
 
     def stop(self) -> None:

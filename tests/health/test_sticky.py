@@ -97,3 +97,14 @@ def test_node_verdict_json_and_families(node):
     json.dumps(body)
     text = "".join(f.name + str(f.samples if hasattr(f, "samples") else "") for f in node.monitor.families())
     assert "gpuperf_gpu_health_state" in text
+
+
+def test_families_are_built_once_per_evaluation(node):
+    node.step()
+    first = node.monitor.families()
+    assert node.monitor.families() is first  # kept: the exporter keeps its text by identity
+    node.gpus[1].inject_nvlink(down=[0])
+    node.step()
+    second = node.monitor.families()
+    assert second is not first
+    assert any('action="reset_gpu"' in line for family in second for line in family.lines)

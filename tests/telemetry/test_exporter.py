@@ -418,3 +418,20 @@ def test_kept_text_follows_new_readings_ages_and_staleness_like_a_fresh_render(c
     clock.advance(sampler.stale_after("power") + 0.5)  # every reading stale, still no new read
     assert kept() == fresh_render()
     assert value(exporter, "gpuperf_collector_success", collector="power") == 0.0
+
+
+def test_extra_families_text_is_kept_while_the_provider_returns_the_same_list(clock):
+    from gpuperfd.telemetry.exposition import Family
+
+    _, sampler, exporter = make(clock, gpus=1)
+    sampler.sample_once()
+    current = [Family("gpuperf_test_extra", "gauge", "A test family.")]
+    current[0].add('gpu="0"', 1.0)
+    exporter.extra_families.append(lambda: current)
+    assert 'gpuperf_test_extra{gpu="0"} 1.0' in exporter.render().decode()
+    current[0].lines.clear()  # the same list object: its kept text is served (the monitor never mutates it)
+    assert 'gpuperf_test_extra{gpu="0"} 1.0' in exporter.render().decode()
+    current = [Family("gpuperf_test_extra", "gauge", "A test family.")]  # a new evaluation: a new list
+    current[0].add('gpu="0"', 0.0)
+    text = exporter.render().decode()
+    assert 'gpuperf_test_extra{gpu="0"} 0.0' in text and 'gpuperf_test_extra{gpu="0"} 1.0' not in text

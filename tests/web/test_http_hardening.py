@@ -109,8 +109,9 @@ def serve(tmp_path: Path, cert: tuple[Path, Path]) -> Iterator:
     servers: list[WebServer] = []
 
     def start(tls: bool = False, config: dict | None = None, limits: Limits | None = None, routes: dict | None = None,
-              check_interval: float = 0.05) -> Served:
-        web = WebServer("127.0.0.1", 0, routes or {"/metrics": lambda _h: Response(200, BODY)}, limits=limits)
+              check_interval: float = 0.05, inline: bool = False) -> Served:
+        web = WebServer("127.0.0.1", 0, routes or {"/metrics": lambda _h: Response(200, BODY)}, limits=limits,
+                        inline_paths=frozenset({"/metrics"}) if inline else frozenset())
         config = dict(config or {})
         if tls:
             config["tls_server_config"] = {"cert_file": str(cert[0]), "key_file": str(cert[1])}
@@ -199,13 +200,20 @@ FRAMING = {
     "put": (b"PUT /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", [405], True),
     "options": (b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", [405], True),
     "pipelined": (GET + GET + GET_CLOSE, [200, 200, 200], True),
+    # header fields are parsed by our strict parser (gpuperfd.web.request), not email.feedparser
+    "bare_cr_in_value": (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-A: 1\rContent-Length: 31\r\n\r\n" + SMUGGLED,
+                         [400], True),
+    "nul_in_value": (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n" + SMUGGLED, [400], True),
+    "name_not_a_token": (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX(A): 1\r\n\r\n" + SMUGGLED, [400], True),
+    "too_many_fields": (b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-A: 1\r\n" * 100 + b"\r\n", [431], True),
+    "host_with_spaces_around": (b"GET /metrics HTTP/1.1\r\nHost: \t x \r\nConnection: close\r\n\r\n", [200], True),
 }
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+@pytest.mark.parametrize("mode", ["plain", "plain-inline", "tls"])
 @pytest.mark.parametrize("name", sorted(FRAMING))
-def test_framing(serve, tls: bool, name: str) -> None:
-    served = serve(tls=tls)
+def test_framing(serve, mode: str, name: str) -> None:
+    served = serve(tls=mode == "tls", inline=mode == "plain-inline")
     data, expected, closes = FRAMING[name]
     received, closed = served.exchange(data)
     assert statuses(received) == expected, received[:400]
@@ -467,4 +475,64 @@ def test_auth_is_turned_off_only_by_a_file_that_says_so(serve, tls: bool, passwo
 
 def test_empty_file_at_start_still_serves_without_auth(serve) -> None:
     served = serve(config={"http_server_config": {}})
+    assert scrape(served)[0] == 200
+
+
+# --- cheap requests answered on the connection loop (no worker hand-off) -----------------------
+
+BIG = b"x" * (8 << 20)  # far more than loopback's socket buffers take at once
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One HTTP/1.1 response with Content-Length, read whole from ``sock``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += sock.recv(1 << 20)
+    assert len(body) == length
+    return head + b"\r\n\r\n" + body
+
+
+def test_inline_keep_alive_scrapes_are_served_on_the_loop_with_no_worker(serve) -> None:
+    served = serve(inline=True, routes={"/metrics": lambda _h: Response(200, BODY),
+                                        "/other": lambda _h: Response(200, b"other\n")})
+    sock = served.connect()
+    for _ in range(5):
+        sock.sendall(GET)
+        assert _read_response(sock).endswith(BODY)
+    assert served.web.loop.served_inline == 5
+    sock.sendall(b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n")  # not an inline path: a worker serves it
+    assert _read_response(sock).endswith(b"other\n")
+    assert served.web.loop.served_inline == 5
+    sock.close()
+
+
+def test_inline_response_to_a_slow_reader_blocks_nobody_and_arrives_whole(serve) -> None:
+    served = serve(inline=True, limits=Limits(workers=1), routes={"/metrics": lambda _h: Response(200, BIG)})
+    slow = served.connect(timeout=10)
+    slow.sendall(GET)
+    assert wait_for(lambda: served.web.loop.served_inline == 1)
+    start = time.monotonic()
+    for _ in range(3):  # others are served (on the loop too) while the slow reader's rest waits
+        received, _ = served.exchange(GET_CLOSE, wait=10)
+        assert statuses(received) == [200] and received.endswith(BIG)
+    assert time.monotonic() - start < 8
+    time.sleep(0.2)
+    assert _read_response(slow).endswith(BIG)  # then it reads everything, in order
+    slow.sendall(GET)  # and its connection goes on
+    assert _read_response(slow).endswith(BIG)
+    slow.close()
+
+
+def test_inline_response_never_read_is_dropped_after_the_write_timeout(serve) -> None:
+    served = serve(inline=True, limits=Limits(write_timeout=0.5), routes={"/metrics": lambda _h: Response(200, BIG)})
+    sock = served.connect()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall(GET)
+    assert wait_for(lambda: served.web.loop.served_inline == 1)
+    assert wait_for(lambda: not served.web.loop.conns)  # closed by the write deadline, not left open
+    sock.close()
     assert scrape(served)[0] == 200
