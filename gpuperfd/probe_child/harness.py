@@ -115,23 +115,29 @@ def _settle(prepared: Prepared, max_seconds: float) -> tuple[float, bool | None]
     ctx, workload = prepared.ctx, prepared.workload
     if max_seconds <= 0 or ctx.nvml is None:
         return 0.0, None
-    sampler = WindowSampler(ctx.nvml, min(prepared.spec.sample_interval, 0.05))
     from gpuperfd.device.errors import DeviceError
 
     try:
         max_clock = ctx.nvml.clocks().sm_max_hertz
     except DeviceError:
         max_clock = None
+    # One sampling thread cut at each slice, as the windows are: a start/join per slice left the GPU
+    # idle between slices, and each gap is a transient of the power controller that the next
+    # slice then disagrees by (attention took 1.6-3.1 s to settle at a cap it never left, H100).
+    sampler = WindowSampler(ctx.nvml, min(prepared.spec.sample_interval, 0.05), gpm=False)
 
     def sample(seconds: float) -> tuple[float | None, float | None]:
         clock = ctx.new_clock(host=workload.host_clock)
-        sampler.start()
         n, wall = run_loop(ctx, workload, clock, seconds, None)
-        telemetry = sampler.stop()
+        telemetry = sampler.cut()
         workload.end(clock, n, wall)
         return mean(telemetry.power), mean(telemetry.sm_clock)
 
-    return wait_steady(sample, max_seconds, max_clock=max_clock)
+    sampler.start()
+    try:
+        return wait_steady(sample, max_seconds, max_clock=max_clock)
+    finally:
+        sampler.close()
 
 
 #: A point of a GPU sweep measures at least this many windows and stops once the windows'
