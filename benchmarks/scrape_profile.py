@@ -201,7 +201,9 @@ def measure_before(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"--before {args.before}: no gpuperfd/ package there")
     cmd = [sys.executable, "-c", BEFORE_BOOT, str(root), str(Path(__file__).resolve()), "--tree-only", "-n", str(args.n)]
     cmd += ["--simulate", str(args.simulate)] if args.simulate else ["--nvml"]
-    done = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True, cwd=root)
+    # the old tree first, then whatever PYTHONPATH already held (a GPU node's site folder of wheels)
+    path = os.pathsep.join([str(root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+    done = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True, cwd=root)
     if done.returncode != 0:
         raise SystemExit(f"--before {root}: the measurement failed:\n{done.stderr[-4000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
