@@ -212,7 +212,7 @@ def xid(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mappi
             why = "listed without a bucket" if entry is not None else "code not listed"
             warn_once(f"gpu {gpu.gpu}: XID {code} has no action in gpuperfd's XID catalog ({why}); verdict unknown")
         evidence = {"xid": code, "name": name, "bucket": bucket, "last_event": when,
-                    "catalog": f"{xid_catalog.CATALOG_URL} (transcribed {xid_catalog.CATALOG_DATE})"}
+                    "catalog": f"{xid_catalog.CATALOG_URL} (transcribed {xid_catalog.CATALOG_CHECKED})"}
         reason = _reason(check, now, evidence, str(code), severity, action)
         reason.since = min(when, now)
         reason.last_seen = when
@@ -242,24 +242,34 @@ def _key(run: Mapping[str, Any]) -> tuple[str, str, str]:
     return (str(run.get("probe")), str(run.get("preset")), "" if cap is None else f"{float(cap):.0f}")
 
 
-def _latest_ok(runs: Sequence[Mapping[str, Any]], value_field: str) -> dict[tuple[str, str, str], Mapping[str, Any]]:
-    latest: dict[tuple[str, str, str], Mapping[str, Any]] = {}
-    for run in runs:
-        if run.get("status") == "ok" and isinstance(run.get(value_field), (int, float)):
-            latest[_key(run)] = run
-    return latest
+def _walk_runs(gpu: GpuInputs) -> None:
+    """One walk over this GPU's runs per evaluation: its ok runs grouped by (probe, preset, cap),
+    oldest first (cache key ""), and the latest finished run, ok or failed, per key ("finished")."""
+    groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    finished: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+    for run in gpu.runs:
+        status = run.get("status")
+        if status in ("ok", "failed"):
+            key = _key(run)
+            finished[key] = run
+            if status == "ok":
+                groups.setdefault(key, []).append(run)
+    gpu.latest_cache[""] = groups  # type: ignore[assignment]
+    gpu.latest_cache["finished"] = finished
 
 
 def _ok_by_key(gpu: GpuInputs) -> dict[tuple[str, str, str], list[Mapping[str, Any]]]:
     """This GPU's ok runs grouped by (probe, preset, cap), oldest first; once per evaluation."""
-    cached = gpu.latest_cache.get("")
-    if cached is None:
-        groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
-        for run in gpu.runs:
-            if run.get("status") == "ok":
-                groups.setdefault(_key(run), []).append(run)
-        cached = gpu.latest_cache[""] = groups  # type: ignore[assignment]
-    return cached  # type: ignore[return-value]
+    if "" not in gpu.latest_cache:
+        _walk_runs(gpu)
+    return gpu.latest_cache[""]  # type: ignore[return-value]
+
+
+def _latest_finished(gpu: GpuInputs) -> dict[tuple[str, str, str], Mapping[str, Any]]:
+    """The latest ok or failed run per (probe, preset, cap); from the same walk as _ok_by_key."""
+    if "finished" not in gpu.latest_cache:
+        _walk_runs(gpu)
+    return gpu.latest_cache["finished"]
 
 
 def _field_runs(gpu: GpuInputs, value_field: str) -> dict[tuple[str, str, str], list[Mapping[str, Any]]]:
@@ -273,7 +283,7 @@ def _field_runs(gpu: GpuInputs, value_field: str) -> dict[tuple[str, str, str], 
 
 
 def _latest_of(gpu: GpuInputs, value_field: str) -> dict[tuple[str, str, str], Mapping[str, Any]]:
-    """The latest ok run per key with a number in ``value_field`` (as _latest_ok), once per evaluation."""
+    """The latest ok run per key with a number in ``value_field``, once per evaluation."""
     cached = gpu.latest_cache.get(value_field)
     if cached is None:
         cached = gpu.latest_cache[value_field] = {key: runs[-1] for key, runs in _field_runs(gpu, value_field).items()}
@@ -464,12 +474,8 @@ def failure_reason(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], sett
                    now: float) -> list[Reason]:
     """The latest finished run of each (probe, preset, cap) failed with the row's failure reason
     (``field``); the verdict book keeps the reason until it clears."""
-    latest: dict[tuple[str, str, str], Mapping[str, Any]] = {}
-    for run in gpu.runs:
-        if run.get("status") in ("ok", "failed"):
-            latest[_key(run)] = run
     out = []
-    for key, run in sorted(latest.items()):
+    for key, run in sorted(_latest_finished(gpu).items()):
         if run.get("status") == "failed" and run.get("failure_reason") == check.field:
             evidence = {"probe": key[0], "preset": key[1], "cap": key[2], "failure_reason": check.field,
                         "failed_checks": run.get("failed_checks") or "checks", "run_time": float(run.get("time") or 0)}

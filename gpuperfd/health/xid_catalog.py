@@ -28,7 +28,6 @@ CATALOG_MIRROR_COMMIT = "6f8b0fcfa8e502bdda78fabf96facef729a9285b"
 #: When the rows were last checked against the sources (not a revision date printed by NVIDIA:
 #: the stored copy of the page shows none).
 CATALOG_CHECKED = "2026-11-25"
-CATALOG_DATE = CATALOG_CHECKED
 CATALOG_PROVENANCE = (
     f"Checked on {CATALOG_CHECKED}: the stored copy of NVIDIA's page (it shows no revision date) "
     "gives the header and rows XID 1-13, which agree with this table; every row's bucket was checked "
