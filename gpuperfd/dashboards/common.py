@@ -30,8 +30,6 @@ from grafanalib import core as g
 from gpuperfd.health.verdict import ACTIONS, STATES
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-#: Where the runbook lives; dashboards link to it.
-RUNBOOK_URL = "docs/runbook.md"
 TAG = "gpuperfd"
 #: Colour of each health verdict state and action (docs/health.md); a state or action without one fails at import.
 STATE_COLORS = {"healthy": "green", "unknown": "text", "degraded": "orange", "unhealthy": "red"}

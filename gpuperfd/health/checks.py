@@ -249,7 +249,3 @@ def defaults() -> dict[str, float]:
 
 def by_id() -> dict[str, Check]:
     return {check.id: check for check in CHECKS}
-
-
-def active_by_id() -> dict[str, Check]:
-    return {check.id: check for check in ACTIVE_CHECKS}

@@ -237,7 +237,8 @@ def store(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Map
     return [_reason(check, now, {"error": gpu.store_error})] if gpu.store_error else []
 
 
-def _key(run: Mapping[str, Any]) -> tuple[str, str, str]:
+def run_key(run: Mapping[str, Any]) -> tuple[str, str, str]:
+    """A run's (probe, preset, cap in whole watts or ""): the key its baseline and clearing go by."""
     cap = run.get("power_cap_watts")
     return (str(run.get("probe")), str(run.get("preset")), "" if cap is None else f"{float(cap):.0f}")
 
@@ -250,7 +251,7 @@ def _walk_runs(gpu: GpuInputs) -> None:
     for run in gpu.runs:
         status = run.get("status")
         if status in ("ok", "failed"):
-            key = _key(run)
+            key = run_key(run)
             finished[key] = run
             if status == "ok":
                 groups.setdefault(key, []).append(run)

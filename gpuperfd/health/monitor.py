@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuperfd.health.checks import ACTION_CLEARS, CHECKS, Check, by_id, defaults
-from gpuperfd.health.evaluate import GpuInputs, Series, evaluate_gpu, metric_name, reset_warnings
+from gpuperfd.health.evaluate import GpuInputs, Series, evaluate_gpu, metric_name, reset_warnings, run_key
 from gpuperfd.health.store import HealthStore, SavedState
 from gpuperfd.health.verdict import ACTIONS, STATES, Reason, Verdict
 from gpuperfd.probe_data.peers import peer_key
@@ -82,6 +82,12 @@ def points_of(gpu: int, readings: Mapping[tuple[int, str], Any],
     return points
 
 
+def gpu_name(gpu: int, last_info: Mapping[int, Any], labels: Mapping[str, tuple[str, ...]]) -> str:
+    """The model name of one GPU from its last ``gpuperf_gpu_info`` series ("" when none yet)."""
+    info = [dict(zip(labels["gpuperf_gpu_info"], p.labels)) for p in last_info.get(gpu, ())]
+    return info[0].get("name", "") if info else ""
+
+
 def snapshot_inputs(sampler: Any, gpus: Iterable[int], now: float) -> list[GpuInputs]:
     """One GPU's inputs per read GPU from one synchronous read of the sampler (``gpuperfd check``):
     the monitor's latest values, lost flag and XIDs, without its windows (busy samples, counter
@@ -93,10 +99,9 @@ def snapshot_inputs(sampler: Any, gpus: Iterable[int], now: float) -> list[GpuIn
         identity = identities.get(index)
         if identity is None:
             continue
-        info = [dict(zip(labels["gpuperf_gpu_info"], p.labels)) for p in last_info.get(index, ())]
         xids = {int(p.labels[0]): now for p in sampler.xid_counts.points(index)
                 if p.metric == "gpuperf_xid_errors_total" and p.value > 0}
-        inputs.append(GpuInputs(gpu=index, uuid=identity.uuid, name=info[0].get("name", "") if info else "",
+        inputs.append(GpuInputs(gpu=index, uuid=identity.uuid, name=gpu_name(index, last_info, labels),
                                 lost=sampler.gpu_lost(index), points=points_of(index, readings, labels), xids=xids))
     return inputs
 
@@ -140,7 +145,11 @@ class VerdictBook:
                  probe_required: bool) -> bool:
         check = self.checks[reason.check]
         clears = clears_of(check, reason)
-        ok_runs = [float(r.get("time") or 0) for r in runs if r.get("status") == "ok"]
+
+        def ok_after(when: float) -> bool:
+            """An ok run after ``when`` (the runs are walked only by the rows that ask)."""
+            return any(float(r.get("time") or 0) > when for r in runs if r.get("status") == "ok")
+
         if clears == "condition":
             return True
         if clears == "quiet_window":
@@ -149,19 +158,14 @@ class VerdictBook:
             reset = self.resets.get(uuid)
             if reset is None or reset < reason.last_seen:
                 return False
-            return not probe_required or any(t > reset for t in ok_runs)
+            return not probe_required or ok_after(reset)
         if clears == "passing_probes":
             same = [r for r in runs if r.get("status") == "ok" and float(r.get("time") or 0) > reason.last_seen
-                    and "/".join(_run_key(r)) == reason.key]
+                    and "/".join(run_key(r)) == reason.key]
             return len(same) >= self.settings["clear_passing_probes"]
         if clears == "probe_passed":
-            return any(t > reason.since for t in ok_runs) or not probe_required
+            return ok_after(reason.since) or not probe_required
         raise ValueError(f"check {check.id}: unknown clears {clears!r}")
-
-
-def _run_key(run: Mapping[str, Any]) -> tuple[str, str, str]:
-    cap = run.get("power_cap_watts")
-    return (str(run.get("probe")), str(run.get("preset")), "" if cap is None else f"{float(cap):.0f}")
 
 
 #: Check kinds whose answer depends on the probe history alone.
@@ -363,7 +367,6 @@ class HealthMonitor:
                 continue
             uuid = identity.uuid
             points = self._points(device.index, readings)
-            info = [dict(zip(self._spec_labels["gpuperf_gpu_info"], p.labels)) for p in last_info.get(device.index, ())]
             lost = self.sampler.gpu_lost(device.index)
             if not lost:
                 self._check_reset(uuid, points, now)
@@ -384,7 +387,7 @@ class HealthMonitor:
             quiet = self.settings["quiet_window_seconds"]
             xids = {code: t for code, t in self._xid_last.get(uuid, {}).items() if now - t <= quiet}
             inputs.append(GpuInputs(
-                gpu=device.index, uuid=uuid, name=info[0].get("name", "") if info else "", lost=lost,
+                gpu=device.index, uuid=uuid, name=gpu_name(device.index, last_info, self._spec_labels), lost=lost,
                 points=points, busy_samples=list(samples), counters={k: list(v) for k, v in counters.items()},
                 xids=xids, runs=self.history.of(uuid),
                 store_error=self.store_error if self.evaluations == 0 else None,
