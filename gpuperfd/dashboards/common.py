@@ -40,6 +40,9 @@ ACTION_COLORS = {
 #: (name, colour) in the verdict's order, least severe first: the value-mapping codes 0, 1, 2, ...
 HEALTH_STATES: tuple[tuple[str, str], ...] = tuple((name, STATE_COLORS[name]) for name in STATES)
 HEALTH_ACTIONS: tuple[tuple[str, str], ...] = tuple((name, ACTION_COLORS[name]) for name in ACTIONS)
+#: Legends of a probe run's series (probes and power-cap dashboards), and of one at its cap.
+RUN = "{{instance}} GPU {{gpu}} {{probe}}/{{preset}}"
+AT_CAP = RUN + " @ {{power_cap}} W"
 #: Dashboard JSON schema the panels below are written for (Grafana 9+).
 SCHEMA_VERSION = 37
 

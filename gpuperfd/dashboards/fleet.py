@@ -45,8 +45,11 @@ NEEDS_ATTENTION = (
     f" {BY_MODEL})"
 )
 
+#: GPUs per verdict state (the stat and its history).
+STATE_COUNTS = (f"count by (state) ((gpuperf_gpu_health_state == 1) {BY_MODEL})", "{{state}}")
+
 HEALTH = Row("GPU health verdict", (
-    Panel("GPUs per health state", ((f"count by (state) ((gpuperf_gpu_health_state == 1) {BY_MODEL})", "{{state}}"),),
+    Panel("GPUs per health state", (STATE_COUNTS,),
           kind="stat", w=6, h=6, description="Each GPU's verdict (docs/health.md) counted by state.",
           options={"overrides": fixed_colors(HEALTH_STATES), "colorMode": "background", "textMode": "value_and_name"}),
     Panel("GPUs per action", ((f"count by (action) ((gpuperf_gpu_health_action == 1) {BY_MODEL})", "{{action}}"),),
@@ -58,7 +61,7 @@ HEALTH = Row("GPU health verdict", (
     Panel("Degraded and unhealthy GPUs", ((NEEDS_ATTENTION, ""),), kind="table", w=14, h=8, options={"hide": ("Value",)},
           description="Evidence per GPU: GET /api/v1/health on its node, or the node dashboard's health row."),
     Panel("GPUs per health state over time",
-          ((f"count by (state) ((gpuperf_gpu_health_state == 1) {BY_MODEL})", "{{state}}"),), w=10, h=8,
+          (STATE_COUNTS,), w=10, h=8,
           options={"overrides": fixed_colors(HEALTH_STATES)}),
 ))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from gpuperfd.dashboards.common import Panel, Row, column, dashboard, query_variable
+from gpuperfd.dashboards.common import AT_CAP, RUN, Panel, Row, column, dashboard, query_variable
 
 TITLE = "gpuperfd / Power-cap efficiency"
 UID = "gpuperfd-power-cap"
@@ -19,8 +19,6 @@ DESCRIPTION = (
 
 SEL = 'instance=~"$instance", gpu=~"$gpu", probe=~"$probe", preset=~"$preset"'
 MODEL_SEL = 'name=~"$model", probe=~"$probe", preset=~"$preset"'
-RUN = "{{instance}} GPU {{gpu}} {{probe}}/{{preset}}"
-AT_CAP = RUN + " @ {{power_cap}} W"
 #: The gpuperf_probe_power_cap_watts series of each GPU's recommended cap (value: the cap; label power_cap).
 AT_RECOMMENDED = (
     f"gpuperf_probe_power_cap_watts{{{SEL}}}"

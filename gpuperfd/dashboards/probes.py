@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from gpuperfd.dashboards.common import Panel, Row, dashboard, heatmap_query, interval_variable, query_variable
+from gpuperfd.dashboards.common import (
+    AT_CAP,
+    RUN,
+    Panel,
+    Row,
+    dashboard,
+    heatmap_query,
+    interval_variable,
+    query_variable,
+)
 
 TITLE = "gpuperfd / Probes"
 UID = "gpuperfd-probes"
@@ -20,8 +29,6 @@ DESCRIPTION = "Scheduled probe workloads: results per cap over time, baselines a
 
 GPU_SEL = 'instance=~"$instance", gpu=~"$gpu"'
 SEL = f'{GPU_SEL}, probe=~"$probe", preset=~"$preset"'
-RUN = "{{instance}} GPU {{gpu}} {{probe}}/{{preset}}"
-AT_CAP = RUN + " @ {{power_cap}} W"
 
 #: (title, histogram base name, probe it belongs to)
 HISTOGRAMS = (
