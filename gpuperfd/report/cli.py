@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     except ImportError:
         print("gpuperfd: the report needs matplotlib: pip install 'gpuperfd[report]'", file=sys.stderr)
         return 1
-    from gpuperfd.report import build_report, load_history, write_report
+    from gpuperfd.report import load_history
     from gpuperfd.report.prometheus import load_prometheus
 
     try:
@@ -89,9 +89,7 @@ def main(args: argparse.Namespace) -> int:
             loaded = load_history(args.history, start, end, include_rotated=not args.no_rotated)
         if getattr(args, "facet", None):
             return _write_facets(args, loaded)
-        report = build_report(loaded, args.max_slowdown, remove_outliers=not args.keep_outliers, rule=args.rule,
-                              log_y=args.log_y)
-        files = write_report(report, args.out)
+        report, files = _build_and_write(args, loaded, args.out)
     except ReportError as exc:
         print(f"gpuperfd: {exc}", file=sys.stderr)
         return 1
@@ -102,21 +100,28 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build_and_write(args: argparse.Namespace, loaded: Any, out: Any) -> tuple[Any, Any]:
+    """The report of ``loaded`` with the command's options, written to ``out``: (report, its files)."""
+    from gpuperfd.report import build_report, write_report
+
+    report = build_report(loaded, args.max_slowdown, remove_outliers=not args.keep_outliers, rule=args.rule,
+                          log_y=args.log_y)
+    return report, write_report(report, out)
+
+
 def _write_facets(args: argparse.Namespace, loaded: Any) -> int:
     """``--facet KEY``: a report per label value and the index page that sets them side by side."""
     from pathlib import Path
 
-    from gpuperfd.report import build_report, write_report
     from gpuperfd.report.facets import FacetFiles, facet_folder, split_by_label, write_index
 
     out = Path(args.out)
     facets = []
     for value, subset in split_by_label(loaded, args.facet).items():
-        report = build_report(subset, args.max_slowdown, remove_outliers=not args.keep_outliers, rule=args.rule,
-                              log_y=args.log_y)
         folder = facet_folder(out, args.facet, value)
+        report, files = _build_and_write(args, subset, folder)
         print(f"{args.facet} = {value}:")
-        _print_summary(report, write_report(report, folder))
+        _print_summary(report, files)
         facets.append(FacetFiles(value, folder))
     print(write_index(out, args.facet, facets))
     return 0
@@ -124,10 +129,11 @@ def _write_facets(args: argparse.Namespace, loaded: Any) -> int:
 
 def _print_summary(report: Any, files: Any) -> None:
     from gpuperfd.probe_data.recommend import comparison_words
+    from gpuperfd.report.html import WRONG_RESULT
 
     print(f"{len(report.gpus)} GPU(s), {len(report.series)} series, {report.runs_total} runs "
           f"({len(report.dropped)} outliers removed, {len(report.failed)} failed)")
-    wrong = [r for r in report.failed if r.failure_reason == "wrong_result"]
+    wrong = [r for r in report.failed if r.failure_reason == WRONG_RESULT]
     if wrong:
         gpus = sorted({f"{r.gpu.node}/{r.gpu.index}" for r in wrong})
         print(f"WRONG RESULTS: {len(wrong)} run(s) computed wrong numbers on GPU(s) {', '.join(gpus)} "
