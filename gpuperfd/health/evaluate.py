@@ -69,8 +69,9 @@ class GpuInputs:
     #: energy_per_unit_joules, model, power_limit), and why the GPU was not probed (None: probed).
     expected: dict[str, dict[str, Any]] = field(default_factory=dict)
     not_probed: str | None = None
-    #: latest ok run per key, by value field: filled on first use in one evaluation (the peer
-    #: check reads every GPU's for every GPU; GpuInputs are built anew for each evaluation).
+    #: per-evaluation memo of what the checks derive from ``runs`` (runs by key, the latest per key by
+    #: value field, fingerprints): filled on first use (the peer check reads every GPU's for every GPU;
+    #: GpuInputs are built anew for each evaluation).
     latest_cache: dict[str, dict[tuple[str, str, str], Mapping[str, Any]]] = field(
         default_factory=dict, repr=False, compare=False)
 
