@@ -11,6 +11,7 @@ import copy
 import math
 import platform
 import threading
+import time
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Sequence
 
@@ -25,7 +26,7 @@ from prometheus_client.openmetrics.exposition import (
 )
 
 import gpuperfd
-from gpuperfd.telemetry.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec
+from gpuperfd.telemetry.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec, Point
 from gpuperfd.telemetry.exposition import (
     Family,
     assemble_checked,
@@ -35,7 +36,6 @@ from gpuperfd.telemetry.exposition import (
     render,
     sample_line,
 )
-from gpuperfd.telemetry.collectors.base import Point
 from gpuperfd.telemetry.sampler import Reading, Sampler, lost_gpus
 
 disable_created_metrics()  # _created series would double every counter and histogram
@@ -321,11 +321,8 @@ def process_registry() -> CollectorRegistry:
 PROCESS_SECONDS = 1.0
 
 
-def process_version(clock: Callable[[], float] | None = None) -> Callable[[], int]:
+def process_version() -> int:
     """A version for :func:`process_registry` that changes once per :data:`PROCESS_SECONDS`, so the
     exporter's registry cache re-reads /proc (0.24 ms on the dev VM) at most once a second: CPU
     seconds and RSS a second old are what a 15 s scrape interval can see anyway."""
-    import time
-
-    now = clock or time.monotonic
-    return lambda: int(now() / PROCESS_SECONDS)
+    return int(time.monotonic() / PROCESS_SECONDS)
