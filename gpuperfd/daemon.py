@@ -183,14 +183,16 @@ class Daemon:
         self.exporter = Exporter(
             self.sampler,
             self.backend.name,
-            [(self.probe_registry, self.probe_metrics.version), (process_registry(), process_version())],
+            [(self.probe_registry, self.probe_metrics.version), (process_registry(), process_version)],
         )
         self.tracker = IdleTracker(config.probes.idle_utilization_threshold, clock=self.sampler.clock)
         self.sampler.listeners.append(self.tracker.observe)
+        from gpuperfd.probing.executors import choose_executor
+
         self.probes = ProbeService(
             config.probes,
             self.devices,
-            self._executor(config),
+            choose_executor(config, self.backend.name),
             self.probe_metrics,
             self.tracker,
             HistoryWriter(config.probes.history.path, config.probes.history.max_bytes, config.probes.history.backups)
@@ -234,11 +236,6 @@ class Daemon:
             self._secure_web(self.web_config)
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
         self._stopping = threading.Event()
-
-    def _executor(self, config: Config):  # type: ignore[no-untyped-def]
-        from gpuperfd.probing.executors import choose_executor
-
-        return choose_executor(config, self.backend.name)
 
     def restore_caps(self) -> list[str]:
         """Put back any power cap a crashed run left changed (before anything else runs).
@@ -290,7 +287,8 @@ class Daemon:
         return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
 
     def _healthz(self, _handler: object) -> Response:
-        lost = [d.index for d in self.devices if self.sampler.gpu_lost(d.index)]
+        lost_now = self.sampler.lost()  # one store snapshot, not one per GPU: /healthz is served on the loop
+        lost = [d.index for d in self.devices if d.index in lost_now]
         body = {"status": "ok", "gpus": len(self.devices), "gpus_lost": lost}
         return Response(200, (json.dumps(body) + "\n").encode(), "application/json")
 

@@ -11,6 +11,7 @@ import copy
 import math
 import platform
 import threading
+import time
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Sequence
 
@@ -25,7 +26,7 @@ from prometheus_client.openmetrics.exposition import (
 )
 
 import gpuperfd
-from gpuperfd.telemetry.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec
+from gpuperfd.telemetry.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec, Point
 from gpuperfd.telemetry.exposition import (
     Family,
     assemble_checked,
@@ -35,7 +36,6 @@ from gpuperfd.telemetry.exposition import (
     render,
     sample_line,
 )
-from gpuperfd.telemetry.collectors.base import Point
 from gpuperfd.telemetry.sampler import Reading, Sampler, lost_gpus
 
 disable_created_metrics()  # _created series would double every counter and histogram
@@ -58,6 +58,8 @@ class Exporter:
         self._cache: dict[tuple[int, bool], tuple[tuple[int, frozenset[int]], bytes]] = {}
         self._cache_lock = threading.Lock()
         self._spec_labels = {spec.name: spec.labels for cls in COLLECTORS.values() for spec in cls.metrics}
+        #: Where gpuperf_collector_age_seconds sits among the families (their order is fixed by ``enabled``).
+        self._age_index = list(self._new_families()).index("gpuperf_collector_age_seconds")
         self._event_driven = {name: bool(getattr(COLLECTORS[name], "event_driven", False)) for name in self.enabled}
         #: (gpu, collector) -> that reading's formatted lines; only the scrape thread(s) touch it,
         #: and a race between two scrapes at worst formats the same lines twice.
@@ -106,7 +108,7 @@ class Exporter:
         for gpu in {device.index for device in self.sampler.devices} | {gpu for gpu, _ in readings}:
             prefixes.setdefault(gpu, label_string(GPU_LABELS, (str(gpu), "")))
         up, success = families["gpuperf_gpu_up"], families["gpuperf_collector_success"]
-        duration, age_family = families["gpuperf_collector_duration_seconds"], families["gpuperf_collector_age_seconds"]
+        duration = families["gpuperf_collector_duration_seconds"]
         cache, used = self._lines_cache, set()
         stale_after = {name: self.sampler.stale_after(name) for name in self.enabled}
         ages: list[tuple[str, float]] = []
@@ -134,7 +136,8 @@ class Exporter:
                 used.add(key)
                 entry = cache.get(key)
                 if entry is None or not entry.matches(reading, points, prefix, ok, gpu in lost):
-                    entry = cache[key] = _ReadingLines.build(self, name, reading, points, prefix, ok, gpu in lost)
+                    entry = cache[key] = _ReadingLines.build(self._spec_labels, name, reading, points, prefix, ok,
+                                                             gpu in lost)
                 if gpu not in lost:
                     success.lines.append(entry.success)
                     duration.lines.append(entry.duration)
@@ -151,9 +154,7 @@ class Exporter:
             gpu_labels = prefixes.get(gpu) or label_string(GPU_LABELS, (str(gpu), identity.uuid if identity else ""))
             families["gpuperf_device_errors_total"].add(f'collector="{collector}",reason="{reason}",{gpu_labels}', count)
         families["gpuperf_build_info"].add(self._build_labels, 1.0)
-        order = list(families)
-        return _Collected(list(families.values()), frozenset(lost), order.index(age_family.name), ages, version,
-                          valid_until, now)
+        return _Collected(list(families.values()), frozenset(lost), self._age_index, ages, version, valid_until, now)
 
     def telemetry_text(self, openmetrics: bool) -> tuple[bytes, frozenset[int]]:
         """The telemetry part of a scrape (encoded, checked), and the lost GPUs.
@@ -164,12 +165,12 @@ class Exporter:
         """
         now = self.clock()
         kept = self._text_cache.get(openmetrics)
-        if kept is None or kept.version != self.sampler.store.version or now > kept.collected.valid_until:
+        if kept is None or kept.collected.version != self.sampler.store.version or now > kept.collected.valid_until:
             collected = self._collect(now)
             families, index = collected.families, collected.age_index
             before = render(families[:index], openmetrics) + families[index].header(openmetrics)
             after = render(families[index + 1:], openmetrics)
-            kept = _KeptText(collected.version, collected, check_part(before).encode(), check_part(after).encode())
+            kept = _KeptText(collected, check_part(before).encode(), check_part(after).encode())
             self._text_cache[openmetrics] = kept
         ages = "".join(kept.collected.age_lines(now)).encode()
         return b"".join((kept.before, ages, kept.after)), kept.collected.lost
@@ -225,7 +226,6 @@ class _Collected:
 
 @dataclass(frozen=True)
 class _KeptText:
-    version: int
     collected: _Collected
     before: bytes  # every family before the age gauge, and the age gauge's header
     after: bytes  # every family after it
@@ -257,14 +257,14 @@ class _ReadingLines:
                 and self.prefix == prefix)
 
     @classmethod
-    def build(cls, exporter: Exporter, name: str, reading: Reading, points: tuple[Point, ...], prefix: str,
-              ok: bool, lost: bool) -> _ReadingLines:
+    def build(cls, spec_labels: dict[str, tuple[str, ...]], name: str, reading: Reading, points: tuple[Point, ...],
+              prefix: str, ok: bool, lost: bool) -> _ReadingLines:
         collector_labels = f'collector="{name}",{prefix}'
         by_metric: dict[str, list[str]] = {}
         for point in points:
             labels = prefix
             if point.labels:
-                labels = prefix + "," + label_string(exporter._spec_labels[point.metric], point.labels)
+                labels = prefix + "," + label_string(spec_labels[point.metric], point.labels)
             by_metric.setdefault(point.metric, []).append(sample_line(point.metric, labels, point.value))
         return cls(
             reading, points, prefix, ok, lost,
@@ -321,11 +321,8 @@ def process_registry() -> CollectorRegistry:
 PROCESS_SECONDS = 1.0
 
 
-def process_version(clock: Callable[[], float] | None = None) -> Callable[[], int]:
+def process_version() -> int:
     """A version for :func:`process_registry` that changes once per :data:`PROCESS_SECONDS`, so the
     exporter's registry cache re-reads /proc (0.24 ms on the dev VM) at most once a second: CPU
     seconds and RSS a second old are what a 15 s scrape interval can see anyway."""
-    import time
-
-    now = clock or time.monotonic
-    return lambda: int(now() / PROCESS_SECONDS)
+    return int(time.monotonic() / PROCESS_SECONDS)

@@ -102,8 +102,7 @@ class ReadingStore:
         self,
     ) -> tuple[dict[tuple[int, str], Reading], dict[int, tuple[Point, ...]], dict[int, GpuIdentity], dict[tuple[int, str, str], int]]:
         """Copies of readings, last good info points, identities and error counts."""
-        with self._lock:
-            return dict(self._readings), dict(self._last_good_info), dict(self._identities), dict(self._errors)
+        return self.snapshot_versioned()[1:]
 
     def snapshot_versioned(
         self,
@@ -289,7 +288,11 @@ class Sampler:
         now = self.clock()
         return any(now - r.timestamp <= self.stale_after(name) for (_, name), r in readings.items() if name != "xid")
 
+    def lost(self) -> set[int]:
+        """The GPUs whose newest reading (of any collector) says they are lost (one store snapshot)."""
+        readings, *_ = self.store.snapshot()
+        return lost_gpus(readings, self.interval_seconds)
+
     def gpu_lost(self, gpu: int) -> bool:
         """True if this GPU's newest reading (of any collector) says it is lost."""
-        readings, *_ = self.store.snapshot()
-        return gpu in lost_gpus(readings, self.interval_seconds)
+        return gpu in self.lost()
