@@ -36,7 +36,7 @@ from gpuperfd.health.monitor import snapshot_inputs
 from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.spec import PRESETS
 from gpuperfd.probing.executors import choose_executor
-from gpuperfd.probing.idle import busy_reason, mig_reason
+from gpuperfd.probing.idle import BusyKind, busy_reason, mig_reason
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.telemetry.collectors import COLLECTORS
 from gpuperfd.telemetry.sampler import Sampler
@@ -164,7 +164,7 @@ def why_not_probed(device: Device, config: Config, lost: bool) -> str | None:
         return "not probed: the GPU does not answer"
     mig = mig_reason(device, allow_mig=False)
     if mig is not None:
-        return MIG_TEXT if mig.startswith("MIG mode is on") else f"not probed: {mig}"
+        return MIG_TEXT if mig.kind is BusyKind.MIG else f"not probed: {mig}"
     busy = busy_reason(device, config.probes.idle_utilization_threshold, (os.getpid(),))
     return None if busy is None else f"not probed: busy, {busy} ({busy.kind.value})"
 
