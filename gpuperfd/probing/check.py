@@ -34,7 +34,6 @@ from gpuperfd.health.evaluate import GpuInputs
 from gpuperfd.health.judge import expected_figure, judge, run_row
 from gpuperfd.health.monitor import snapshot_inputs
 from gpuperfd.health.verdict import Verdict
-from gpuperfd.probe_data.spec import PRESETS
 from gpuperfd.probing.executors import choose_executor
 from gpuperfd.probing.idle import BusyKind, busy_reason, mig_reason
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
