@@ -182,13 +182,13 @@ def take_lock(config: Config, uuid: str) -> tuple[GpuLock | None, str | None]:
         _give_to_directory_owner(lock)
         return lock, None
     except GpuBusy as exc:
-        return None, f"not probed: owned by pid {exc.owner_pid} (a sweep or probe of the daemon or the CLI)"
+        owner: int | None = exc.owner_pid
     except OSError as exc:
         owner = is_owned(config.probes.state_dir, safe_name(uuid))
-        if owner is not None:
-            return None, f"not probed: owned by pid {owner} (a sweep or probe of the daemon or the CLI)"
-        log.info("no lock for %s (%s): probing without one, as a read-only sweep does", uuid, exc)
-        return None, None
+        if owner is None:
+            log.info("no lock for %s (%s): probing without one, as a read-only sweep does", uuid, exc)
+            return None, None
+    return None, f"not probed: owned by pid {owner} (a sweep or probe of the daemon or the CLI)"
 
 
 def _give_to_directory_owner(lock: GpuLock) -> None:
