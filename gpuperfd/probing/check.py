@@ -34,9 +34,8 @@ from gpuperfd.health.evaluate import GpuInputs
 from gpuperfd.health.judge import expected_figure, judge, run_row
 from gpuperfd.health.monitor import snapshot_inputs
 from gpuperfd.health.verdict import Verdict
-from gpuperfd.probe_data.spec import PRESETS
 from gpuperfd.probing.executors import choose_executor
-from gpuperfd.probing.idle import busy_reason, mig_reason
+from gpuperfd.probing.idle import BusyKind, busy_reason, mig_reason
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.telemetry.collectors import COLLECTORS
 from gpuperfd.telemetry.sampler import Sampler
@@ -164,7 +163,7 @@ def why_not_probed(device: Device, config: Config, lost: bool) -> str | None:
         return "not probed: the GPU does not answer"
     mig = mig_reason(device, allow_mig=False)
     if mig is not None:
-        return MIG_TEXT if mig.startswith("MIG mode is on") else f"not probed: {mig}"
+        return MIG_TEXT if mig.kind is BusyKind.MIG else f"not probed: {mig}"
     busy = busy_reason(device, config.probes.idle_utilization_threshold, (os.getpid(),))
     return None if busy is None else f"not probed: busy, {busy} ({busy.kind.value})"
 
@@ -183,13 +182,13 @@ def take_lock(config: Config, uuid: str) -> tuple[GpuLock | None, str | None]:
         _give_to_directory_owner(lock)
         return lock, None
     except GpuBusy as exc:
-        return None, f"not probed: owned by pid {exc.owner_pid} (a sweep or probe of the daemon or the CLI)"
+        owner: int | None = exc.owner_pid
     except OSError as exc:
         owner = is_owned(config.probes.state_dir, safe_name(uuid))
-        if owner is not None:
-            return None, f"not probed: owned by pid {owner} (a sweep or probe of the daemon or the CLI)"
-        log.info("no lock for %s (%s): probing without one, as a read-only sweep does", uuid, exc)
-        return None, None
+        if owner is None:
+            log.info("no lock for %s (%s): probing without one, as a read-only sweep does", uuid, exc)
+            return None, None
+    return None, f"not probed: owned by pid {owner} (a sweep or probe of the daemon or the CLI)"
 
 
 def _give_to_directory_owner(lock: GpuLock) -> None:

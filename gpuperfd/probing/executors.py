@@ -171,31 +171,34 @@ class WarmChildSession:
         if carried is not None:
             carried.close()
         own = (os.getpid(),)
-        if self.check_idle:
-            busy = busy_reason(self.device, self.idle_utilization_threshold, own, wait_seconds=5.0)
-            if busy is not None:
-                return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "",
-                                           "gpu_busy", str(busy), device=self.spec.device, started_at=time.time())
+        if (busy := self._busy(own)) is not None:
+            return busy
         self.child = ProbeChild(self.spec, device=self.device, own_pids=own, should_abort=self.abort.is_set,
                                 record_dir=self.state_dir, env=self.env)
         self.children += 1
-        failed = self.child.start(deadline)
-        if failed is not None and failed.status == "failed" and failed.failure_reason != "timeout":
-            self._build_failure = failed
-        return failed
+        return self._built(self.child.start(deadline))
 
     def _rebuild(self, child: ProbeChild, deadline: float) -> ProbeResult | None:
         """This probe built in the previous probe's child (the GPU stayed ours, the child on it)."""
-        if self.check_idle:
-            busy = busy_reason(self.device, self.idle_utilization_threshold, (os.getpid(), child.pid or 0),
-                               wait_seconds=5.0)
-            if busy is not None:
-                child.close()
-                return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "",
-                                           "gpu_busy", str(busy), device=self.spec.device, started_at=time.time())
+        if (busy := self._busy((os.getpid(), child.pid or 0))) is not None:
+            child.close()
+            return busy
         child.should_abort = self.abort.is_set
         self.child = child
-        failed = child.rebuild(self.spec, deadline)
+        return self._built(child.rebuild(self.spec, deadline))
+
+    def _busy(self, own: tuple[int, ...]) -> ProbeResult | None:
+        """The gpu_busy failure when the idle check is on and the GPU is not free before a build."""
+        if not self.check_idle:
+            return None
+        busy = busy_reason(self.device, self.idle_utilization_threshold, own, wait_seconds=5.0)
+        if busy is None:
+            return None
+        return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "",
+                                   "gpu_busy", str(busy), device=self.spec.device, started_at=time.time())
+
+    def _built(self, failed: ProbeResult | None) -> ProbeResult | None:
+        """A build's outcome, kept when the probe cannot be built (not a timeout): no later point retries it."""
         if failed is not None and failed.status == "failed" and failed.failure_reason != "timeout":
             self._build_failure = failed
         return failed

@@ -86,6 +86,7 @@ class BusyKind(str, Enum):
     UTILIZATION = "utilization"  # SM utilization above the configured threshold
     OWN_TAIL = "own_tail"  # still our own run's load, and the wait for it to pass was cut short
     UNREADABLE = "unreadable"  # the driver could not say (a lost GPU, an NVML error): busy, to be safe
+    MIG = "mig"  # MIG mode is on: its instances are other tenants' (probes.allow_mig off)
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ def allocated_reason(
     return None
 
 
-def mig_reason(device: Device, allow_mig: bool) -> str | None:
+def mig_reason(device: Device, allow_mig: bool) -> BusyReason | None:
     """Why a probe must not run on a GPU in MIG mode (its instances are other tenants'), or None.
 
     ``allow_mig`` (probes.allow_mig) lets it run. A GPU that cannot report MIG mode has none.
@@ -232,8 +233,8 @@ def mig_reason(device: Device, allow_mig: bool) -> str | None:
     except NotSupported:
         return None
     except DeviceError as exc:
-        return f"cannot check MIG mode: {exc.reason}"
-    return "MIG mode is on (set probes.allow_mig to probe it)" if enabled else None
+        return BusyReason(BusyKind.UNREADABLE, f"cannot check MIG mode: {exc.reason}")
+    return BusyReason(BusyKind.MIG, "MIG mode is on (set probes.allow_mig to probe it)") if enabled else None
 
 
 def not_idle_text(idle_for_seconds: float, required_seconds: float) -> str:

@@ -173,6 +173,7 @@ def _merge_config(args: argparse.Namespace) -> argparse.Namespace:
         elif isinstance(value, list):
             raise UsageError(f"config: {key}: takes one value, got a list")
         setattr(merged, key, value)
+    merged.config = None  # merged: merging it again (build_specs after main) reads no file
     return merged
 
 
@@ -349,8 +350,8 @@ def main(args: argparse.Namespace) -> int:
     from gpuperfd.probe_data.record import RecordError, check_output, parse_labels
 
     try:
-        specs = build_specs(args)
         args = _merge_config(args)
+        specs = build_specs(args)
         parse_labels(getattr(args, "label", None))  # a bad label is a usage error before anything runs
         if args.output:
             check_output(args.output)

@@ -200,7 +200,7 @@ class ProbeService:
             if held is not None:  # someone's GPU, even at zero utilization
                 return self._skip_claimed(info, schedule, source, "allocated", str(held))
             if (why := mig_reason(device, self.config.allow_mig)) is not None:
-                return self._skip_claimed(info, schedule, source, "mig", why)
+                return self._skip_claimed(info, schedule, source, "mig", str(why))
             idle_for = self.tracker.idle_for(gpu)
             if idle_for < self.config.idle_seconds:
                 return self._skip_claimed(info, schedule, source, "not_idle",

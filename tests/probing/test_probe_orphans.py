@@ -10,20 +10,13 @@ import sys
 import time
 
 import pytest
+from child_processes import alive
 
 from gpuperfd.probing.runner import (
     RECORD_PREFIX,
     end_leftover_children,
     process_start_time,
 )
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().decode(errors="replace").rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_until(predicate, timeout: float, what: str):

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import pytest
+from child_processes import alive
 
 from gpuperfd.device.base import ComputeProcess, Utilization
 from gpuperfd.probe_data.result import PRIMARY_METRIC, ProbeResult, summarize
@@ -349,13 +350,6 @@ def test_a_sigkilled_parent_takes_its_python_m_child_with_it(tmp_path) -> None:
     finally:
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-
-    def alive(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                return handle.read().decode(errors="replace").rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
 
     deadline = time.monotonic() + 20
     while alive(child):

@@ -72,8 +72,9 @@ def run_sweep(
     points: list[SweepPoint] = []
     if read_only:
         current = device.power_limits().enforced_watts
-        note = read_only_note(caps_watts, current)
-        (log.warning if "not measured" in note else log.info)("gpu %d: %s", device.index, note)
+        # Asked-for caps other than the current one go unmeasured: a warning, not just news.
+        unmeasured = {round(c) for c in caps_watts} - {round(current)}
+        (log.warning if unmeasured else log.info)("gpu %d: %s", device.index, read_only_note(caps_watts, current))
         point = SweepPoint(current, run_point(current))
         if on_point:
             on_point(point)
