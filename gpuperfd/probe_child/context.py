@@ -264,20 +264,21 @@ def _open_nvml_device(uuid: str) -> tuple[Device | None, str | None]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def rss_bytes() -> int | None:
+def _statm_bytes(field: int) -> int | None:
+    """Field ``field`` of /proc/self/statm (pages) in bytes; None where it cannot be read."""
     try:
         with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            return int(fh.read().split()[field]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def rss_bytes() -> int | None:
+    return _statm_bytes(1)
 
 
 def vm_bytes() -> int | None:
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
+    return _statm_bytes(0)
 
 
 def cpu_model() -> str | None:
