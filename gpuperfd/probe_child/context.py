@@ -237,17 +237,9 @@ class WindowSampler:
             self._thread = None
 
     def stop(self) -> Telemetry:
-        from gpuperfd.device.errors import DeviceError
-
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(5.0)
-            self._thread = None
-        if self.device is not None and getattr(self, "_gpm_started", False):
-            with contextlib.suppress(DeviceError):
-                gpm = self.device.gpm_metrics()
-                self.data.gpm.append((gpm.interval_seconds, dict(gpm.values)))
-        return self.data
+        """End the one window since :meth:`start`: stop the thread, then :meth:`cut` it."""
+        self.close()
+        return self.cut()
 
 
 def _open_nvml_device(uuid: str) -> tuple[Device | None, str | None]:
