@@ -27,12 +27,13 @@ import os
 import platform
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from load import free_port  # benchmarks/load.py: this script's folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,8 +110,13 @@ print(json.dumps({"rows": rows, "total": rss(), "modules": len(loaded), "collect
 """
 
 
+def _env() -> dict[str, str]:
+    """This tree first on PYTHONPATH, then whatever it already held."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 def imports(nvml: bool, gpus: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = _env()
     done = subprocess.run([sys.executable, "-c", LADDER, json.dumps(GROUPS), "nvml" if nvml else "sim", str(gpus)],
                           capture_output=True, text=True, env=env, cwd=ROOT)
     if done.returncode != 0:
@@ -195,10 +201,8 @@ def daemon(nvml: bool, idle: float, arena_max: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp)
         (state / "gpuperfd.yaml").write_text(config(nvml, state))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        port = free_port()
+        env = _env()
         if arena_max:
             env["MALLOC_ARENA_MAX"] = str(arena_max)
         with open(state / "daemon.log", "wb") as log:

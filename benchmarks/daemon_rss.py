@@ -20,13 +20,14 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from load import free_port  # benchmarks/load.py: this script's folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBES = ("llm", "vit", "attention", "train")
@@ -101,9 +102,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp)
         (state / "gpuperfd.yaml").write_text(config(args.cpu, state).replace("{delay}", str(args.idle + 5)))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))}
         if args.malloc_arena_max:
             env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)

@@ -37,7 +37,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path

@@ -69,8 +69,6 @@ probes:
 """
 
 
-
-
 def leak_targets(first: list[dict[str, float]], second: list[dict[str, float]], max_rss_growth_mb: float) -> dict[str, bool]:
     """Whether each resource stayed flat from the first half of the steady samples to the second.
 

@@ -237,17 +237,9 @@ class WindowSampler:
             self._thread = None
 
     def stop(self) -> Telemetry:
-        from gpuperfd.device.errors import DeviceError
-
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(5.0)
-            self._thread = None
-        if self.device is not None and getattr(self, "_gpm_started", False):
-            with contextlib.suppress(DeviceError):
-                gpm = self.device.gpm_metrics()
-                self.data.gpm.append((gpm.interval_seconds, dict(gpm.values)))
-        return self.data
+        """End the one window since :meth:`start`: stop the thread, then :meth:`cut` it."""
+        self.close()
+        return self.cut()
 
 
 def _open_nvml_device(uuid: str) -> tuple[Device | None, str | None]:
@@ -264,20 +256,21 @@ def _open_nvml_device(uuid: str) -> tuple[Device | None, str | None]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def rss_bytes() -> int | None:
+def _statm_bytes(field: int) -> int | None:
+    """Field ``field`` of /proc/self/statm (pages) in bytes; None where it cannot be read."""
     try:
         with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            return int(fh.read().split()[field]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def rss_bytes() -> int | None:
+    return _statm_bytes(1)
 
 
 def vm_bytes() -> int | None:
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
+    return _statm_bytes(0)
 
 
 def cpu_model() -> str | None:

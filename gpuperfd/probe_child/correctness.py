@@ -201,6 +201,11 @@ def largest_matrix(module: torch.nn.Module) -> torch.Tensor:
     return max(mats, key=lambda p: p.numel())
 
 
+def weight_slice(model: torch.nn.Module, dtype: torch.dtype) -> Any:
+    """A :class:`CheckPlan` ``slice``: the product with the model's largest weight (:func:`matmul_slice`)."""
+    return lambda _outputs: matmul_slice(largest_matrix(model), dtype)
+
+
 @dataclass
 class CheckPlan:
     """What a workload offers the checks: its output on fixed inputs, and a slice to recompute.

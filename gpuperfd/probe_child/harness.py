@@ -30,7 +30,6 @@ of time spent inside torch ops rather than in Python.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,6 +51,7 @@ from gpuperfd.probe_child.context import (
 from gpuperfd.probe_child.correctness import run_checks
 from gpuperfd.probe_child.faults import inject_fault
 from gpuperfd.probe_child.loop import run_loop
+from gpuperfd.probe_data.recommend import rate_cv
 from gpuperfd.probe_data.result import ProbeResult, RepeatResult, WindowStats
 from gpuperfd.probe_data.settle import wait_steady
 from gpuperfd.probe_data.spec import WRONG_RESULT_FAULTS, ProbeSpec
@@ -183,10 +183,8 @@ class _PhaseTimer:
 
 def _rate_cv(repeats: list[RepeatResult]) -> float:
     """Coefficient of variation of the windows' work rates (inf when it cannot be told)."""
-    rates = [r.units_of_work / r.measured_seconds for r in repeats if r.measured_seconds > 0]
-    if len(rates) < 2 or statistics.fmean(rates) <= 0:
-        return math.inf
-    return statistics.stdev(rates) / statistics.fmean(rates)
+    cv = rate_cv(repeats)
+    return math.inf if cv is None else cv
 
 
 def _windows_agree(repeats: list[RepeatResult]) -> bool:

@@ -12,9 +12,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuperfd.probe_data.result import ProbeResult, describe
+from gpuperfd.probe_data.result import ProbeResult, RepeatResult, describe
 
-__all__ = ["SweepPoint", "Recommendation", "work_rate", "recommend", "rate_noise", "clearly_slower",
+__all__ = ["SweepPoint", "Recommendation", "work_rate", "recommend", "rate_cv", "rate_noise", "clearly_slower",
            "DEFAULT_RATE_NOISE", "EARLY_STOP_SIGMAS", "read_only_note", "comparison_words",
            "point_words"]
 
@@ -88,13 +88,20 @@ DEFAULT_RATE_NOISE = 0.01
 EARLY_STOP_SIGMAS = 3.0
 
 
-def rate_noise(result: ProbeResult) -> float:
-    """Relative spread (CV) of the work rate over the result's measured windows."""
-    rates = [r.units_of_work / r.measured_seconds for r in result.repeats if r.measured_seconds > 0]
+def rate_cv(repeats: Sequence[RepeatResult]) -> float | None:
+    """Relative spread (CV) of the work rates of measured windows; None with fewer than two windows
+    (or a zero mean), where it cannot be told."""
+    rates = [r.units_of_work / r.measured_seconds for r in repeats if r.measured_seconds > 0]
     stats = describe(rates)
     if stats is None or stats.n < 2 or stats.cv is None:
-        return DEFAULT_RATE_NOISE
+        return None
     return stats.cv
+
+
+def rate_noise(result: ProbeResult) -> float:
+    """Relative spread (CV) of the work rate over the result's measured windows."""
+    cv = rate_cv(result.repeats)
+    return DEFAULT_RATE_NOISE if cv is None else cv
 
 
 def clearly_slower(baseline: ProbeResult, point: ProbeResult, max_slowdown: float) -> bool:

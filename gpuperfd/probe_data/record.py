@@ -67,6 +67,8 @@ LATENCY_COLUMNS = ("ttft", "tpot", "request", "batch", "iteration", "step")
 _STATS = ("mean", "p50", "p95", "p99")
 _TELEMETRY = ("temperature_celsius_mean", "temperature_celsius_max", "gpu_utilization_ratio",
               "memory_utilization_ratio", "sm_clock_hertz", "memory_clock_hertz", "power_watts")
+#: The answer checks' fields (``result.correctness``), each a ``correctness_<key>`` column.
+_CORRECTNESS = ("status", "checks", "max_abs_error", "max_rel_error", "elements_checked", "fingerprint")
 
 #: The CSV columns, in order; every CSV this project writes has exactly these (docs/reports.md).
 CSV_COLUMNS: tuple[str, ...] = (
@@ -80,8 +82,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     *[f"{name}_{stat}_seconds" for name in LATENCY_COLUMNS for stat in _STATS],
     "peak_memory_bytes", "allocated_memory_bytes", "gpu_busy_ratio", "low_gpu_busy",
     *_TELEMETRY, "clock_events", "loss", "loss_first", "model_parameters", "kv_cache_bytes",
-    *[f"correctness_{name}" for name in ("status", "checks", "max_abs_error", "max_rel_error", "elements_checked",
-                                         "fingerprint")],
+    *[f"correctness_{name}" for name in _CORRECTNESS],
 )
 
 
@@ -335,7 +336,7 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
     for key in _TELEMETRY:
         row[key] = tele.get(key)
     check = result.correctness
-    for key in ("status", "checks", "max_abs_error", "max_rel_error", "elements_checked", "fingerprint"):
+    for key in _CORRECTNESS:
         value = check.get(key)
         row[f"correctness_{key}"] = finite_or_none(value) if key.endswith("_error") else value
     return row
@@ -409,8 +410,7 @@ def _correctness_from_row(values: dict[str, Any]) -> dict[str, Any]:
     """The ``correctness`` dict of a CSV row; a row from before the checks (no status) gives not_checked."""
     if values.get("correctness_status") is None:
         return not_checked()
-    out = {k: values[f"correctness_{k}"] for k in ("status", "checks", "max_abs_error", "max_rel_error",
-                                                    "elements_checked")}
+    out = {k: values[f"correctness_{k}"] for k in _CORRECTNESS if k != "fingerprint"}
     if values.get("correctness_fingerprint") is not None:
         out["fingerprint"] = values["correctness_fingerprint"]
     return out

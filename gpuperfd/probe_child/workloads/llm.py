@@ -159,7 +159,7 @@ class GraphLLM(_LLMBase):
                 return [s.last_logits().clone(), s.seq[:, T:T + min(self.O, 2)].clone()]
 
         return correctness.CheckPlan(
-            output, lambda _: correctness.matmul_slice(correctness.largest_matrix(self.model), self.ctx.dtype),
+            output, correctness.weight_slice(self.model, self.ctx.dtype),
             path="cuda_graph" if s.graphs else "eager")
 
     def describe(self) -> dict[str, Any]:
@@ -262,7 +262,7 @@ class EagerLLM(_LLMBase):
             return [torch.stack(list(out.logits)), out.sequences]
 
         return correctness.CheckPlan(
-            output, lambda _: correctness.matmul_slice(correctness.largest_matrix(self.model), self.ctx.dtype),
+            output, correctness.weight_slice(self.model, self.ctx.dtype),
             path="eager")
 
     def describe(self) -> dict[str, Any]:

@@ -27,41 +27,42 @@ def count_parameters(model: torch.nn.Module) -> int:
     return total
 
 
-def build_gpt2(spec: ProbeSpec, device: torch.device, dtype: torch.dtype) -> Any:
-    """A GPT2LMHeadModel on ``device`` in ``dtype`` (eval mode, SDPA attention)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
+def _build(pretrained: Any, make: Any, spec: ProbeSpec, device: torch.device, dtype: torch.dtype) -> Any:
+    """``pretrained.from_pretrained(spec.weights_path)`` if given, else ``make()`` built on ``device``;
+    in ``dtype``, eval mode, SDPA attention."""
     if spec.weights_path:
-        model = GPT2LMHeadModel.from_pretrained(
+        model = pretrained.from_pretrained(
             spec.weights_path, local_files_only=True, dtype=dtype, attn_implementation="sdpa"
         )
         model.to(device)
     else:
-        arch = GPT2_MODELS[spec.model]
-        # No BOS/EOS: a random model must not stop early, and tiny vocabularies lack id 50256.
-        config = GPT2Config(**arch, bos_token_id=None, eos_token_id=None, attn_implementation="sdpa")
         with torch.device(device):
-            model = GPT2LMHeadModel(config)
+            model = make()
         model.to(dtype=dtype)
     model.eval()
     return model
+
+
+def build_gpt2(spec: ProbeSpec, device: torch.device, dtype: torch.dtype) -> Any:
+    """A GPT2LMHeadModel on ``device`` in ``dtype`` (eval mode, SDPA attention)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def make() -> Any:
+        # No BOS/EOS: a random model must not stop early, and tiny vocabularies lack id 50256.
+        config = GPT2Config(**GPT2_MODELS[spec.model], bos_token_id=None, eos_token_id=None,
+                            attn_implementation="sdpa")
+        return GPT2LMHeadModel(config)
+
+    return _build(GPT2LMHeadModel, make, spec, device, dtype)
 
 
 def build_vit(spec: ProbeSpec, device: torch.device, dtype: torch.dtype) -> Any:
     """A ViTForImageClassification (1000 classes) on ``device`` in ``dtype``, eval mode."""
     from transformers import ViTConfig, ViTForImageClassification
 
-    if spec.weights_path:
-        model = ViTForImageClassification.from_pretrained(
-            spec.weights_path, local_files_only=True, dtype=dtype, attn_implementation="sdpa"
-        )
-        model.to(device)
-    else:
+    def make() -> Any:
         arch = dict(VIT_MODELS[spec.model])
         arch["image_size"] = spec.image_size
-        config = ViTConfig(**arch, num_labels=1000, attn_implementation="sdpa")
-        with torch.device(device):
-            model = ViTForImageClassification(config)
-        model.to(dtype=dtype)
-    model.eval()
-    return model
+        return ViTForImageClassification(ViTConfig(**arch, num_labels=1000, attn_implementation="sdpa"))
+
+    return _build(ViTForImageClassification, make, spec, device, dtype)

@@ -119,7 +119,7 @@ class TrainWorkload:
 
         dtype = self.autocast_dtype or torch.float32
         return correctness.CheckPlan(
-            output, lambda _: correctness.matmul_slice(correctness.largest_matrix(self.model), dtype),
+            output, correctness.weight_slice(self.model, dtype),
             path="eager", peer_comparable=False)
 
     def describe(self) -> dict[str, Any]:

@@ -152,7 +152,7 @@ class ViTWorkload:
 
         path = "cuda_graph" if self.graph is not None else ("compiled" if self.compiled else "eager")
         return correctness.CheckPlan(
-            output, lambda _: correctness.matmul_slice(correctness.largest_matrix(self.model), self.ctx.dtype),
+            output, correctness.weight_slice(self.model, self.ctx.dtype),
             path=path)
 
     def describe(self) -> dict[str, Any]:
