@@ -34,6 +34,8 @@ from gpuperfd.telemetry.collectors import COLLECTORS
 from gpuperfd.telemetry.exporter import Exporter
 from gpuperfd.telemetry.sampler import Sampler
 
+from child_processes import alive
+
 #: Every device call a collector makes, and the collector that makes it.
 CALLS = {
     "info": "info",
@@ -100,8 +102,9 @@ SELF_SERIES = {
     "gpuperf_xid_errors_total",
     "gpuperf_xid_events_total",
 }
-CALL_TIMEOUT = 0.05  # seconds; a "slow" fault sleeps DELAY, which is longer (50 ms: a shared CPU stalls reads ~10 ms)
-DELAY = 0.1
+CALL_TIMEOUT = 0.2  # seconds; a "slow" fault sleeps DELAY, which is longer (a loaded 2-core CPU stalled a healthy
+# read past the 50 ms this was: the healthy GPUs then showed a spurious "slow" error)
+DELAY = 0.4
 FAULTY_GPU = 1
 
 
@@ -462,14 +465,6 @@ def children_of(pid: int) -> dict[int, str]:
         if int(fields[1]) == pid:
             found[int(entry)] = f"[{fields[0]}] {cmdline}"
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().decode(errors="replace").rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def probe_runs(text: str) -> dict[tuple[str, str, str], float]:
