@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from gpuperfd.probe_data.result import ProbeResult, RepeatResult, describe
 
 __all__ = ["SweepPoint", "Recommendation", "work_rate", "recommend", "rate_cv", "rate_noise", "clearly_slower",
-           "DEFAULT_RATE_NOISE", "EARLY_STOP_SIGMAS", "read_only_note", "comparison_words",
+           "DEFAULT_RATE_NOISE", "EARLY_STOP_SIGMAS", "read_only_note", "unmeasured_caps", "comparison_words",
            "point_words"]
 
 
@@ -114,13 +114,18 @@ def clearly_slower(baseline: ProbeResult, point: ProbeResult, max_slowdown: floa
     return 1.0 - rate / base > max_slowdown + margin
 
 
+def unmeasured_caps(caps_watts: Sequence[float], current_watts: float) -> list[int]:
+    """The asked-for caps a read-only run leaves unmeasured (all but the current one), highest first."""
+    return sorted({round(c) for c in caps_watts} - {round(current_watts)}, reverse=True)
+
+
 def read_only_note(caps_watts: Sequence[float], current_watts: float) -> str:
     """What a run that changes no cap measured, in words (the sweep CLI and the daemon's log).
 
     A one-cap schedule whose cap is the current one is not "read-only mode"; asked-for caps that
     were not measured are named, never dropped silently (``--read-only --caps current,max``).
     """
-    others = sorted({round(c) for c in caps_watts} - {round(current_watts)}, reverse=True)
+    others = unmeasured_caps(caps_watts, current_watts)
     if not others:
         return f"one cap, the current {current_watts:.0f} W: measured without changing the cap"
     listed = ", ".join(f"{c} W" for c in others)

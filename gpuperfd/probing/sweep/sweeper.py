@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from gpuperfd.device.base import Device
-from gpuperfd.probe_data.recommend import SweepPoint, clearly_slower, read_only_note
+from gpuperfd.probe_data.recommend import SweepPoint, clearly_slower, read_only_note, unmeasured_caps
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.sweep.caps import CapGuard
 from gpuperfd.probing.sweep.journal import CapJournal
@@ -73,8 +73,8 @@ def run_sweep(
     if read_only:
         current = device.power_limits().enforced_watts
         # Asked-for caps other than the current one go unmeasured: a warning, not just news.
-        unmeasured = {round(c) for c in caps_watts} - {round(current)}
-        (log.warning if unmeasured else log.info)("gpu %d: %s", device.index, read_only_note(caps_watts, current))
+        level = log.warning if unmeasured_caps(caps_watts, current) else log.info
+        level("gpu %d: %s", device.index, read_only_note(caps_watts, current))
         point = SweepPoint(current, run_point(current))
         if on_point:
             on_point(point)
