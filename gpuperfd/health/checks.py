@@ -59,7 +59,7 @@ GLOBAL_SETTINGS: tuple[Threshold, ...] = (
     Threshold("quiet_window_seconds", 3600.0, "s", "an event reason (XID) goes this long after its last event"),
     Threshold("busy_window_seconds", 600.0, "s", "window of busy samples a busy_share check looks at"),
     Threshold("busy_min_samples", 12.0, "samples", "busy samples needed before a busy_share check may fire"),
-    Threshold("busy_utilization_ratio", 0.5, "ratio", "GPU utilization at or above which a sample counts as busy"),
+    Threshold("busy_utilization_ratio", 0.5, "ratio", "GPU utilization at or above which a sample counts as busy (with only the values read since the busy streak began)"),
     Threshold("rate_window_seconds", 600.0, "s", "window over which a counter's rate is taken"),
     Threshold("baseline_days", 7.0, "d", "how far back the own-baseline median looks (as the 7-day rules)"),
     Threshold("baseline_min_runs", 3.0, "runs", "ok runs of a key needed before its baseline is used"),

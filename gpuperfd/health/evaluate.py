@@ -129,7 +129,8 @@ def at_most(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: M
 def busy_share(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
                now: float) -> list[Reason]:
     """Share of busy samples in the window where the condition held (value < reference, or
-    value >= 1 without a reference); fires above the threshold with enough samples."""
+    value >= 1 without a reference); fires above the threshold with enough samples. A sample
+    without the signal (the monitor drops values read before the busy streak began) is skipped."""
     assert check.threshold is not None
     start = now - settings["busy_window_seconds"]
     name = metric_name(check.signal)

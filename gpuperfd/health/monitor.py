@@ -82,6 +82,12 @@ def points_of(gpu: int, readings: Mapping[tuple[int, str], Any],
     return points
 
 
+def read_times(gpu: int, readings: Mapping[tuple[int, str], Any]) -> dict[str, float]:
+    """When each series of one GPU was read (the sampler's clock), from its ok readings."""
+    return {point.metric: reading.timestamp for (index, _name), reading in readings.items()
+            if index == gpu and reading.ok for point in reading.points}
+
+
 def gpu_name(gpu: int, last_info: Mapping[int, Any], labels: Mapping[str, tuple[str, ...]]) -> str:
     """The model name of one GPU from its last ``gpuperf_gpu_info`` series ("" when none yet)."""
     info = [dict(zip(labels["gpuperf_gpu_info"], p.labels)) for p in last_info.get(gpu, ())]
@@ -309,6 +315,8 @@ class HealthMonitor:
         self._rate_signals = sorted({metric_name(c.signal) for c in CHECKS if c.kind == "rate_above"})
         self._spec_labels = spec_labels()
         self._busy: dict[str, deque[tuple[float, dict[str, Series]]]] = {}
+        #: Sampler time of the utilization reading that began each GPU's current busy streak.
+        self._busy_since: dict[str, float] = {}
         self._counters: dict[str, dict[str, deque[tuple[float, float]]]] = {}
         self._xid_counts: dict[int, dict[int, int]] = {}
         self._xid_last: dict[str, dict[int, float]] = {}
@@ -353,6 +361,7 @@ class HealthMonitor:
             self.book.reset_seen(uuid, now)
             self._xid_last.pop(uuid, None)
             self._busy.pop(uuid, None)
+            self._busy_since.pop(uuid, None)
             self._counters.pop(uuid, None)
         self._reset_values[uuid] = {**before, **values}
 
@@ -374,7 +383,15 @@ class HealthMonitor:
             util = [v for _, v in points.get("gpuperf_gpu_utilization_ratio", [])]
             samples = self._busy.setdefault(uuid, deque())
             if util and util[0] >= busy_limit and not lost:
-                samples.append((now, {name: points[name] for name in self._busy_signals if name in points}))
+                read_at = read_times(device.index, readings)
+                since = self._busy_since.setdefault(uuid, read_at["gpuperf_gpu_utilization_ratio"])
+                # Only values read during this busy streak: a slow collector's reading (the PCIe
+                # link, every 10 s) taken while the GPU idled shows the link trained down, which
+                # says nothing about the link under load.
+                samples.append((now, {name: points[name] for name in self._busy_signals
+                                      if name in points and read_at[name] >= since}))
+            else:
+                self._busy_since.pop(uuid, None)
             while samples and samples[0][0] < now - window:
                 samples.popleft()
             counters = self._counters.setdefault(uuid, {})

@@ -37,10 +37,17 @@ class Node:
     def uuid(self, gpu: int) -> str:
         return self.gpus[gpu].info().uuid
 
-    def step(self, seconds: float = 5.0) -> dict[int | None, object]:
-        """Advance the monitor's clock, read every collector (and due XIDs), evaluate."""
+    def step(self, seconds: float = 5.0, fast_only: bool = False) -> dict[int | None, object]:
+        """Advance the monitor's clock, read every collector (or only the fast lane's, as between
+        two reads of the slow lane) and due XIDs, evaluate."""
         self.now += seconds
-        self.sampler.sample_once()
+        if fast_only:
+            for device in self.gpus:
+                for collector in self.sampler.collectors:
+                    if not collector.slow:
+                        self.sampler.read_one(device, collector)
+        else:
+            self.sampler.sample_once()
         for event in self.backend.wait_xid_events(0):
             self.sampler.xid_counts.add(event)
         return {v.gpu if v.gpu is not None else v.uuid: v for v in self.monitor.evaluate_once()}

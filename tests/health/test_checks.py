@@ -78,7 +78,8 @@ def _busy_link(node: Node, **link) -> dict:
     verdicts = node.step()
     assert verdicts[1].state == "healthy"  # idle: the link trains down anyway, nothing to say
     node.busy(1)
-    for _ in range(2):
+    # The first busy round read the link before the utilization that showed it busy: not counted.
+    for _ in range(3):
         assert node.step()[1].state == "healthy"  # fewer busy samples than busy_min_samples
     return node.step()
 
@@ -88,6 +89,29 @@ def scenario_pcie_generation_below_max(node: Node):
     assert (v.state, v.action) == ("degraded", "check_hardware")
     assert reasons(v)["pcie_generation_below_max"].evidence["reference"] == 5
     return {1}
+
+
+def test_link_read_at_idle_is_not_counted_while_busy(node: Node):
+    """The link trains down at idle and is read every 10 s: a reading from before a busy streak
+    began, seen beside busy utilization, says nothing about the link under load (it made a healthy
+    GPU degraded in a fleet run). Only a link read during the streak counts."""
+    node.gpus[2].inject_pcie_link(generation=3)
+    node.step()  # idle: both links read at gen 1
+    node.busy(1)
+    node.busy(2)
+    for _ in range(6):  # busy, the slow lane not due yet
+        verdicts = node.step(1.0, fast_only=True)
+        assert verdicts[1].state == verdicts[2].state == "healthy", verdicts[1].to_dict()
+    for _ in range(4):  # the slow lane reads again, under load
+        verdicts = node.step(1.0)
+    assert verdicts[1].state == "healthy"
+    assert set(reasons(verdicts[2])) == {"pcie_generation_below_max"}
+    assert reasons(verdicts[2])["pcie_generation_below_max"].evidence["busy_samples"] == 4
+    node.busy(2, on=False)
+    node.step(1.0)  # idle again: the streak ends; the next one does not count the idle link reading
+    node.busy(2)
+    verdicts = node.step(1.0, fast_only=True)
+    assert reasons(verdicts[2])["pcie_generation_below_max"].evidence["busy_samples"] == 4
 
 
 def scenario_pcie_width_below_max(node: Node):
