@@ -12,12 +12,11 @@ line changes, so NFD never reads half a file.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from gpuperfd.health.verdict import STATES, Verdict, worst
+from gpuperfd.system.files import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -48,25 +47,9 @@ class NfdFeatureFile:
         lines = feature_lines(verdicts)
         if lines == self._last:
             return
-        write_atomic(self.path, "".join(line + "\n" for line in lines))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        replace_file(self.path, "".join(line + "\n" for line in lines).encode(), 0o644)  # NFD reads it as another user
         self._last = lines
         log.info("node features %s: %s", self.path, lines[0])
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # NFD's worker reads it as another user
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuperfd.health.verdict import Reason
+from gpuperfd.system.files import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +93,8 @@ class HealthStore:
         """Atomic replace; an error is logged (the verdicts in memory stay right)."""
         if self.path is None:
             return
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(state.to_json(), handle, separators=(",", ":"), default=str)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
+            replace_file(self.path, json.dumps(state.to_json(), separators=(",", ":"), default=str).encode())
         except OSError as exc:
             log.error("cannot save health state %s: %s", self.path, exc)
-            tmp.unlink(missing_ok=True)

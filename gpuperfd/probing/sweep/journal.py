@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError, InvalidArgument
+from gpuperfd.system.files import replace_file
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 
 if TYPE_CHECKING:
@@ -72,23 +73,6 @@ class JournalWriteError(OSError):
     """The journal entry could not be made durable; nothing was changed and no temp file is left."""
 
 
-def write_durably(tmp: Path, path: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to ``tmp``, fsync, rename over ``path`` and fsync the folder: after a crash
-    at any point ``path`` holds the old bytes or the new ones, never a torn file."""
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 class CapJournal:
     """Records and clears original power limits in ``state_dir``.
 
@@ -126,15 +110,10 @@ class CapJournal:
                 log.warning("replacing unreadable journal entry %s", path)
         if self.registry is not None:
             register_state_dir(self.registry, self.state_dir)
-        tmp = self.state_dir / f".{path.name}.{os.getpid()}.tmp"
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            write_durably(tmp, path, json.dumps(asdict(record)).encode(), 0o600)
+            replace_file(path, json.dumps(asdict(record)).encode(), 0o600)
         except OSError as exc:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
             raise JournalWriteError(
                 exc.errno, f"cannot write the power-cap journal in {self.state_dir} ({exc.strerror or exc}); "
                 "the cap was not changed"
@@ -380,8 +359,7 @@ def register_state_dir(registry: Path, state_dir: Path) -> bool:
             dirs.append(wanted)
             if len(dirs) > MAX_REGISTERED:  # forget directories that are gone; never one that exists
                 dirs = [d for d in dirs if d.is_dir() or d == wanted]
-            tmp = registry.parent / f".{registry.name}.{os.getpid()}.tmp"
-            write_durably(tmp, registry, json.dumps({"state_dirs": [str(d) for d in dirs]}, indent=1).encode(), 0o644)
+            replace_file(registry, json.dumps({"state_dirs": [str(d) for d in dirs]}, indent=1).encode(), 0o644)
         finally:
             os.close(lock_fd)
     except OSError as exc:
