@@ -4,13 +4,15 @@
     python3 benchmarks/daemon_memory_breakdown.py --json OUT.json            # CPU: simulated GPU
     python3 benchmarks/daemon_memory_breakdown.py --nvml --json OUT.json     # GPU node (NVML, read-only)
 
-Two views, both of resident memory (VmRSS, what the issue's target is about):
+Three views, all of resident memory (VmRSS, what the issue's target is about):
 
 * ``imports``: a fresh interpreter imports the daemon's dependencies one group at a time,
   in the order the daemon needs them, and the RSS each group adds (cumulative, so the
   rows sum to the total; a module shared by two groups counts in the first). With
   ``--nvml``, ``import pynvml`` and ``nvmlInit()`` (libnvidia-ml, which maps libcuda)
   are a row of their own. Then the daemon itself is built, started and scraped.
+* ``removals``: the daemon's modules imported with and without one dependency (and what only
+  it brings): what dropping prometheus_client, APScheduler or yaml from the daemon would save.
 * ``daemon``: the real daemon (``gpuperfd run``, probes scheduled an hour away, so it is
   idle) after ``--idle`` seconds: its ``/proc/PID/smaps`` summed by what each mapping is
   (python and libpython, each shared library, the main heap, malloc arenas, thread
@@ -108,6 +110,89 @@ print(json.dumps({"rows": rows, "total": rss(), "modules": len(loaded), "collect
                   "loaded": {m: m in sys.modules for m in ("ssl", "bcrypt", "h2", "grpc", "yaml", "asyncio", "email",
                                                              "wsgiref", "multiprocessing", "torch", "numpy")}}))
 """
+
+
+#: Dependencies the daemon could drop (with what only they bring), for the ``removals`` view.
+REMOVALS: dict[str, tuple[str, ...]] = {
+    "prometheus_client and http.server (our own registry and request handler)":
+        ("prometheus_client", "http.server", "http.client", "wsgiref", "urllib.request", "urllib.error",
+         "urllib.response", "socketserver", "mimetypes", "html"),
+    "APScheduler (with asyncio, multiprocessing, tzlocal)":
+        ("apscheduler", "asyncio", "concurrent.futures.process", "multiprocessing", "tzlocal"),
+    "yaml": ("yaml", "_yaml"),
+    "ssl where only ours imports it (web.connections, for TLS)": ("ssl", "_ssl"),
+}
+
+#: Imports every module named in argv[1] (ignoring failures) and prints VmRSS in MB.
+IMPORT_SET = r"""
+import importlib, json, sys
+for name in json.loads(sys.argv[1]):
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+with open("/proc/self/status") as f:
+    print(next(int(l.split()[1]) / 1024 for l in f if l.startswith("VmRSS:")), len(sys.modules))
+"""
+
+
+#: The modules gpuperfd's loaded modules import when they load (not inside functions), by name.
+DIRECT_IMPORTS = r"""
+import ast, json, sys
+import gpuperfd.daemon
+NVML
+def imported(tree):
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+        stack.extend(ast.iter_child_nodes(node))
+names = set()
+for name, module in list(sys.modules.items()):
+    path = getattr(module, "__file__", None)
+    if name.startswith("gpuperfd") and path and path.endswith(".py"):
+        with open(path, encoding="utf-8") as f:
+            names.update(n for n in imported(ast.parse(f.read())) if not n.startswith("gpuperfd"))
+print(json.dumps(sorted(n for n in names if n in sys.modules)))
+"""
+
+
+def removals(nvml: bool, runs: int = 3) -> dict:
+    """What the daemon's imports would weigh without each dependency in :data:`REMOVALS`.
+
+    The modules gpuperfd's own modules import at load time (found in their source) are imported
+    in a fresh interpreter, all of them and then all but one dependency's; whatever the rest
+    imports comes along, so each row is what only that dependency brings (the ladder above
+    charges a shared module, ssl say, to whoever imports it first). Median of ``runs``."""
+    env = _env()
+    nvml_code = "import pynvml; pynvml.nvmlInit()" if nvml else ""
+    done = subprocess.run([sys.executable, "-c", DIRECT_IMPORTS.replace("NVML", nvml_code)],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"module list failed:\n{done.stderr[-3000:]}")
+    direct = json.loads(done.stdout.strip().splitlines()[-1])
+
+    def measure(names: list[str]) -> tuple[float, int]:
+        results = []
+        for _ in range(runs):
+            out = subprocess.run([sys.executable, "-c", nvml_code + "\n" + IMPORT_SET, json.dumps(names)],
+                                 capture_output=True, text=True, env=env, cwd=ROOT, check=True)
+            mb, count = out.stdout.split()
+            results.append((float(mb), int(count)))
+        return sorted(results)[runs // 2]
+
+    everything, count = measure(direct)
+    rows = []
+    for what, roots in [*REMOVALS.items(), ("all of the above", tuple(r for v in REMOVALS.values() for r in v))]:
+        kept = [m for m in direct if not any(m == r or m.startswith(r + ".") for r in roots)]
+        mb, kept_count = measure(kept)
+        rows.append({"without": what, "rss_mb": mb, "saves_mb": everything - mb, "modules": kept_count})
+    return {"direct_imports": direct, "all_mb": everything, "modules": count, "rows": rows}
 
 
 def _env() -> dict[str, str]:
@@ -245,9 +330,11 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     ladder = imports(args.nvml, args.gpus)
+    dropped = removals(args.nvml)
     real = daemon(args.nvml, args.idle, args.malloc_arena_max)
     report = {"machine": platform.node(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-              "command": " ".join([sys.executable, *sys.argv]), "imports": ladder, "daemon": real}
+              "command": " ".join([sys.executable, *sys.argv]), "imports": ladder, "removals": dropped,
+              "daemon": real}
     print("RSS each step adds, fresh interpreter (MB):")
     for name, mb, mods in ladder["rows"]:
         print(f"  {name:78} {mb:6.1f}  ({mods} modules)")
@@ -258,6 +345,9 @@ def main() -> None:
     print(f"  libcuda mapped: {ladder['libcuda_mapped']}")
     print(f"  loaded: {', '.join(k for k, v in ladder['loaded'].items() if v)}; "
           f"not: {', '.join(k for k, v in ladder['loaded'].items() if not v)}")
+    print(f"the daemon's imports without a dependency (all: {dropped['all_mb']:.1f} MB, {dropped['modules']} modules):")
+    for row in dropped["rows"]:
+        print(f"  without {row['without']:70} {row['rss_mb']:6.1f}  saves {row['saves_mb']:4.1f}  ({row['modules']} modules)")
     print(f"the real daemon, idle {args.idle:.0f} s: VmRSS {real['vmrss_mb']:.1f} MB "
           f"(anonymous {real['rss_anon_mb']:.1f}, file-backed {real['rss_file_mb']:.1f}), by mapping (MB):")
     for name, mb in real["by_mapping_mb"].items():

@@ -37,14 +37,14 @@ class Node:
     def uuid(self, gpu: int) -> str:
         return self.gpus[gpu].info().uuid
 
-    def step(self, seconds: float = 5.0, fast_only: bool = False) -> dict[int | None, object]:
-        """Advance the monitor's clock, read every collector (or only the fast lane's, as between
-        two reads of the slow lane) and due XIDs, evaluate."""
+    def step(self, seconds: float = 5.0, skip: frozenset[str] = frozenset()) -> dict[int | None, object]:
+        """Advance the monitor's clock, read every collector but those in ``skip`` (not due yet: a
+        longer interval) and due XIDs, evaluate."""
         self.now += seconds
-        if fast_only:
+        if skip:
             for device in self.gpus:
                 for collector in self.sampler.collectors:
-                    if not collector.slow:
+                    if collector.name not in skip:
                         self.sampler.read_one(device, collector)
         else:
             self.sampler.sample_once()
