@@ -82,7 +82,28 @@ def _add_collectors(subparsers: Any) -> None:
     collectors.set_defaults(func=cmd_collectors)
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: The module whose ``register`` adds each command's parser, in the order ``--help`` lists them.
+COMMAND_MODULES: dict[str, str] = {
+    "check": "gpuperfd.probing.check_cli",
+    "probe": "gpuperfd.probing.probe_cli",
+    "sweep": "gpuperfd.probing.sweep.cli",
+    "restore-caps": "gpuperfd.probing.sweep.cli",
+    "dashboards": "gpuperfd.dashboards.cli",
+    "install": "gpuperfd.system.install",
+    "uninstall": "gpuperfd.system.install",
+    "report": "gpuperfd.report.cli",
+}
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command word of ``argv`` (its first argument that is not an option), if any."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given ``argv`` whose command is built in (``run`` above all) or comes from
+    one module, only that command's module is imported: the daemon does not carry the probe, sweep,
+    report, dashboard and install commands' modules (2 MB of its resident memory)."""
     parser = argparse.ArgumentParser(
         prog="gpuperfd",
         description="GPU performance daemon: NVML telemetry for Prometheus, probe workloads, power-cap sweeps.",
@@ -92,8 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(subparsers)
     _add_check_config(subparsers)
     _add_collectors(subparsers)
-    for module_name in ("gpuperfd.probing.check_cli", "gpuperfd.probing.probe_cli", "gpuperfd.probing.sweep.cli", "gpuperfd.dashboards.cli", "gpuperfd.system.install",
-                        "gpuperfd.report.cli"):
+    command = _command(argv) if argv is not None else None
+    if command in ("run", "check-config", "collectors"):
+        wanted: list[str] = []
+    elif command in COMMAND_MODULES:
+        wanted = [COMMAND_MODULES[command]]
+    else:  # no command, --help, or a word argparse will refuse: every command, so both list them all
+        wanted = list(dict.fromkeys(COMMAND_MODULES.values()))
+    for module_name in wanted:
         try:
             module = __import__(module_name, fromlist=["register"])
         except ImportError:  # optional part not installed yet
@@ -168,7 +195,8 @@ def cmd_collectors(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

@@ -94,3 +94,30 @@ def test_tls_and_basic_auth_code_is_imported_only_when_a_web_config_asks_for_it(
     loaded = json.loads(secured.stdout.splitlines()[-1])
     assert loaded["gpuperfd.web.auth"] and loaded["gpuperfd.web.tls"] and loaded["gpuperfd.web.watcher"]
     assert not loaded["torch"] and not loaded["numpy"]
+
+
+RUN_MODULES = """
+import json, os, signal, sys, threading
+from gpuperfd import cli
+threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+code = cli.main(["run", "--simulate", "1", "--web.listen-address", "127.0.0.1:0", "--log-level", "warning"])
+print(json.dumps({"code": code, "loaded": sorted(set(cli.COMMAND_MODULES.values()) & set(sys.modules))}))
+"""
+
+
+def test_gpuperfd_run_does_not_carry_the_other_commands_modules():
+    """``gpuperfd run`` imports only what the daemon needs: the probe, sweep, check, report,
+    dashboard and install commands' modules stay out of its memory (2 MB, issue 36), and a
+    SIGTERM still ends it cleanly; ``--help`` still lists every command."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", RUN_MODULES], capture_output=True, text=True, cwd=root, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report == {"code": 0, "loaded": []}, report
+    usage = subprocess.run([sys.executable, "-m", "gpuperfd", "--help"], capture_output=True, text=True, cwd=root,
+                           timeout=60)
+    for command in ("run", "check", "probe", "sweep", "restore-caps", "dashboards", "install", "uninstall", "report"):
+        assert command in usage.stdout, command
