@@ -185,6 +185,24 @@ _WORKLOAD_FIELDS = ("model", "batch_size", "prompt_tokens", "output_tokens", "se
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
+#: Short names of the parameters that tell two points of a probe apart, in the order shown.
+PARAM_SHORT = {"batch_size": "b", "prompt_tokens": "in", "output_tokens": "out", "seq_len": "s", "image_size": "px",
+               "heads": "h", "head_dim": "d", "n_groups": "g"}
+
+
+def params_text(params: dict[str, Any], model: bool = True) -> str:
+    """``gpt2 b=8 in=128 out=128 causal fp16``: a point's parameters in a table cell, a progress
+    line or a report's series name (the model first unless ``model`` is False)."""
+    parts = [str(params["model"])] if model and params.get("model") else []
+    parts += [f"{short}={params[key]}" for key, short in PARAM_SHORT.items() if key in params]
+    if params.get("causal"):
+        parts.append("causal")
+    if params.get("dtype"):
+        parts.append(str(params["dtype"]).replace("bfloat16", "bf16").replace("float16", "fp16")
+                     .replace("float32", "fp32"))
+    return " ".join(parts)
+
+
 def canonical_dtype(name: str) -> str:
     """``"bf16"`` -> ``"bfloat16"``; ValueError naming the field for anything else."""
     key = str(name).strip().lower()

@@ -27,7 +27,7 @@ from typing import Any
 
 from gpuperfd.console import ProgressBar, format_duration, format_table
 from gpuperfd.probe_data.result import MAIN_LATENCY, PRIMARY_METRIC, ProbeResult, canonical_latencies, summarize
-from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec
+from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec, params_text
 from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD
 
 __all__ = ["register", "main", "build_specs", "load_config_file", "write_results", "results_table",
@@ -235,26 +235,6 @@ def write_results(path: str, results: list[ProbeResult], host: str | None = None
     append_records(path, [build_record(r, "probe", host=host, labels=labels, gpu=gpu) for r in results])
 
 
-def _params_text(result: ProbeResult) -> str:
-    shown = []
-    for key in ("batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size", "heads", "head_dim",
-                "n_groups", "causal", "dtype"):
-        if key in result.params:
-            short = {"batch_size": "b", "prompt_tokens": "in", "output_tokens": "out", "seq_len": "s",
-                     "image_size": "px", "heads": "h", "head_dim": "d", "n_groups": "g", "causal": "causal",
-                     "dtype": ""}[key]
-            value = result.params[key]
-            if key == "dtype":
-                shown.append(str(value).replace("bfloat16", "bf16").replace("float16", "fp16").replace("float32", "fp32"))
-            elif key == "causal":
-                if value:
-                    shown.append("causal")
-            else:
-                shown.append(f"{short}={value}")
-    model = result.params.get("model")
-    return " ".join(([str(model)] if model else []) + shown)
-
-
 def correctness_cell(correctness: dict[str, Any]) -> str:
     """The correctness column: ok, MISMATCH (wrong numbers: docs/probes.md, "Correctness") or - (not checked)."""
     return {"ok": "ok", "mismatch": "MISMATCH"}.get(str((correctness or {}).get("status")), "-")
@@ -281,7 +261,7 @@ def results_table(results: list[ProbeResult]) -> str:
         unit = _UNIT_SHORT.get(r.work_unit or "", r.work_unit or "")
         rows.append([
             f"{r.probe}/{r.variant}",
-            _params_text(r),
+            params_text(r.params),
             status,
             correctness_cell(r.correctness),
             metric.replace("_per_second", "/s") if stats else None,
@@ -335,14 +315,8 @@ def _nvml_device(spec: ProbeSpec) -> Any:
 
 def _describe_point(spec: ProbeSpec) -> str:
     params = spec.params()
-    parts = [f"{spec.probe}/{spec.variant}", str(params.get("model", spec.preset))]
-    if "batch_size" in params:
-        parts.append(f"b={params['batch_size']}")
-    for key, short in (("prompt_tokens", "in"), ("output_tokens", "out"), ("seq_len", "s"), ("image_size", "px"),
-                       ("n_groups", "g")):
-        if key in params:
-            parts.append(f"{short}={params[key]}")
-    return " ".join(parts)
+    return f"{spec.probe}/{spec.variant} " + (params_text(params) if params.get("model")
+                                               else f"{spec.preset} {params_text(params)}").strip()
 
 
 def main(args: argparse.Namespace) -> int:

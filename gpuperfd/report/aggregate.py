@@ -19,6 +19,7 @@ from typing import Any
 
 from gpuperfd.probe_data.record import labels_text
 from gpuperfd.probe_data.result import ProbeResult, percentile
+from gpuperfd.probe_data.spec import params_text
 from gpuperfd.probe_data.recommend import Recommendation, SweepPoint, recommend
 from gpuperfd.report.outliers import Dropped, split_outliers
 from gpuperfd.report.records import (
@@ -387,7 +388,7 @@ def summary_rows(report: Report) -> list[dict[str, Any]]:
             "batch_size": s.batch_size if s.batch_size is not None else "",
             "work_unit": s.work_unit,
             "variant": s.variant,
-            "params": _params_text(s.params),
+            "params": params_text(s.params, model=False),
             "labels": labels_text(s.labels) or "",
             "caps_tested_watts": " ".join(f"{p.cap_watts:g}" for p in s.capped),
             "baseline_cap_watts": rec.baseline_cap_watts if rec else "",
@@ -421,7 +422,7 @@ def point_rows(report: Report) -> list[dict[str, Any]]:
                 "preset": s.preset,
                 "batch_size": s.batch_size if s.batch_size is not None else "",
                 "variant": s.variant,
-                "params": _params_text(s.params),
+                "params": params_text(s.params, model=False),
                 "labels": labels_text(s.labels) or "",
                 "cap_watts": _blank(p.cap_watts),
                 "runs": p.runs,
@@ -456,15 +457,3 @@ def point_rows(report: Report) -> list[dict[str, Any]]:
 
 def _blank(value: Any) -> Any:
     return "" if value is None else value
-
-
-def _params_text(params: dict[str, Any]) -> str:
-    """``b=8 in=128 out=128 g=1 float16``: the parameters that tell a series apart."""
-    short = {"batch_size": "b", "prompt_tokens": "in", "output_tokens": "out", "seq_len": "s", "image_size": "px",
-             "heads": "h", "head_dim": "d", "n_groups": "g"}
-    parts = [f"{short[k]}={params[k]}" for k in short if k in params]
-    if params.get("causal"):
-        parts.append("causal")
-    if params.get("dtype"):
-        parts.append(str(params["dtype"]))
-    return " ".join(parts)

@@ -15,7 +15,8 @@ from typing import Any
 
 import gpuperfd
 from gpuperfd.probe_data.record import labels_text
-from gpuperfd.report.aggregate import Report, _params_text
+from gpuperfd.probe_data.spec import params_text
+from gpuperfd.report.aggregate import Report
 from gpuperfd.report.figures import energy_text, percent, utc
 from gpuperfd.report.outliers import RULE
 from gpuperfd.report.records import LATENCY_TITLES
@@ -150,7 +151,7 @@ def _points(report: Report) -> str:
                        for q in (50, 95, 99)]
             cells = [
                 _cell(s.label), _cell(s.probe), _cell(s.variant or "-"), _cell(s.preset), _cell(s.batch_size or "-"),
-                _cell(" ".join(filter(None, [_params_text(s.params), labels_text(s.labels)]))),
+                _cell(" ".join(filter(None, [params_text(s.params, model=False), labels_text(s.labels)]))),
                 _num(p.cap_watts, f"{p.cap_watts:.0f}" if p.cap_watts is not None else None), _num(p.runs, str(p.runs)),
                 _num(p.dropped, str(p.dropped)),
                 _num(p.rate, f"{p.rate:,.1f}"), _cell(f"{s.work_unit}s/s"),
