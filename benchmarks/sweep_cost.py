@@ -28,6 +28,10 @@ on the same GPU, and prints its totals next to these. Every point also records i
 SM clock and power (``window_sm_mhz``, ``window_power_w``): where a point's rate scatters, they say
 whether the clock moved under it (attention's scatter on the H100).
 
+Each warm session is prepared first, as the daemon's owned sweep prepares it: its child imports
+torch and the probe's model code before the GPU is taken (no cap changed, no GPU call), so
+those seconds are reported apart (``prepare_seconds``), not in the sweep's GPU-seconds.
+
 Both run every cap (no early stop), so they do the same measurements. Per sweep and
 point it reports GPU-seconds (wall time the GPU is out of service) and the parts:
 spawn (process start and imports), build (model, buffers; ``compile`` shown apart
@@ -134,6 +138,11 @@ def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: 
         session = ColdSession(executor, device, schedule, abort)
     else:
         session = open_session(executor, device, schedule, abort)
+    prepare_seconds = 0.0
+    if hasattr(session, "prepare"):  # as run_owned_sweep does: the child's imports before the GPU is taken
+        t_prepare = time.monotonic()
+        session.prepare()
+        prepare_seconds = time.monotonic() - t_prepare
     t0 = time.monotonic()
     try:
         points = run_sweep(device, CapJournal(state), caps, session.measure,  # type: ignore[arg-type]
@@ -158,7 +167,7 @@ def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: 
                      "window_rate": [_window_rate(w) for w in r.repeats],
                      **parts(r, "warm" if path != "per_point" else path)})
     return {"path": path, "probe": schedule.probe, "preset": schedule.preset, "sweep_gpu_seconds": wall,
-            "points": rows}
+            "prepare_seconds": prepare_seconds, "points": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,7 +306,7 @@ def _print_summary(results: list[dict]) -> None:
     keys = ("spawn", "build", "compile", "settle", "measure", "other", "phase_import", "phase_context", "phase_warmup",
             "phase_check", "phase_busy")
     print(f"\n{'probe':9s} {'path':9s} {'sweep s':>8s} {'per pt':>7s} " + " ".join(f"{k.removeprefix('phase_'):>8s}" for k in keys)
-          + f" {'max CV':>7s}")
+          + f" {'max CV':>7s} {'prepare':>8s}")
     totals: dict[str, float] = {}
     for r in results:
         n = len(r["points"]) or 1
@@ -306,9 +315,12 @@ def _print_summary(results: list[dict]) -> None:
         totals[r["path"]] = totals.get(r["path"], 0.0) + r["sweep_gpu_seconds"]
         print(f"{r['probe']:9s} {r['path']:9s} {r['sweep_gpu_seconds']:8.1f} {r['sweep_gpu_seconds'] / n:7.1f} "
               + " ".join(f"{sums[k]:8.1f}" for k in keys)
-              + (f" {100 * max(cvs):6.2f}%" if cvs else "       -"))
+              + (f" {100 * max(cvs):6.2f}%" if cvs else "       -") + f" {r.get('prepare_seconds', 0.0):8.1f}")
     for path, total in totals.items():
         print(f"all probes, {path}: {total:.1f} GPU-s per GPU")
+    prepared = sum(r.get("prepare_seconds", 0.0) for r in results)
+    if prepared:
+        print(f"(prepare: {prepared:.1f} s of child imports before the GPU was taken, not GPU time: in no row's sweep s)")
     if "per_point" in totals and "warm" in totals and totals["warm"]:
         print(f"warm path: {totals['per_point'] / totals['warm']:.1f}x less GPU time")
     cvs = [p["cv"] for r in results if r["path"] == "warm" for p in r["points"] if p["cv"] is not None]

@@ -10,7 +10,9 @@ then for each ``measure`` request it measures one point at whatever cap the pare
 has set and answers ``result``, with ``progress`` messages in between; ``build``
 (with another spec) drops the workload and builds that one in the same process
 (one child serves every probe of a sweep round: torch's import, the CUDA context
-and the compile caches in memory are paid once); ``stop`` or
+and the compile caches in memory are paid once); ``--defer-build`` and ``preload`` (with
+the next spec) import a probe's code without building it, before the parent takes the GPU
+(a ``build`` follows); ``stop`` or
 the parent's end of the pipe closing ends it. Any exception is sent as ``error``
 (reason, message, traceback) and ends the child: a CUDA error can poison the
 context, so the parent starts a fresh child for the next point. The child's stdout and stderr go to a log file whose
@@ -103,10 +105,20 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, parent_pid: int | None = None) -> None:
+def _cuda_initialized() -> bool:
+    """Whether this process has a CUDA context (asked without making one): a deferred child must not."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, parent_pid: int | None = None,
+         defer_build: bool = False) -> None:
     """Build the probe once, then measure one point per ``measure`` request; exits with os._exit.
 
-    Every message is JSON (:mod:`gpuperfd.probe_data.wire`): the parent never unpickles anything.
+    ``defer_build``: import torch and what the probe's build needs (:func:`workloads.preload`),
+    touch no GPU, say ``ready`` and wait for a ``build``: the parent starts the child before it
+    takes the GPU, so the imports are not GPU time. Every message is JSON
+    (:mod:`gpuperfd.probe_data.wire`): the parent never unpickles anything.
     """
     t_start = time.perf_counter()
     die_with_parent(parent_pid)
@@ -139,12 +151,19 @@ def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, pare
         def progress(**body: Any) -> None:
             wire.send(conn, "progress", body)
 
-        from gpuperfd.probe_child import harness
+        from gpuperfd.probe_child import harness, workloads
 
-        import_seconds = time.perf_counter() - t_start
-        prepared = harness.prepare(spec, progress=progress, identity=identity)
-        wire.send(conn, "ready", {"import_seconds": import_seconds, "setup_seconds": prepared.setup_seconds,
-                                  **identity})
+        prepared: Any = None
+        if defer_build:
+            workloads.preload(spec.probe)
+            import_seconds = time.perf_counter() - t_start
+            wire.send(conn, "ready", {"import_seconds": import_seconds, "deferred": True,
+                                      "cuda_initialized": _cuda_initialized()})
+        else:
+            import_seconds = time.perf_counter() - t_start
+            prepared = harness.prepare(spec, progress=progress, identity=identity)
+            wire.send(conn, "ready", {"import_seconds": import_seconds, "setup_seconds": prepared.setup_seconds,
+                                      **identity})
         while True:
             try:
                 kind, body = wire.recv(conn)
@@ -152,6 +171,15 @@ def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, pare
                 break
             if kind == "stop":
                 break
+            if kind == "preload":  # the round's next probe: drop this one, import that one's code, no build
+                t_preload = time.perf_counter()
+                prepared = None
+                _release_memory()
+                spec = ProbeSpec.from_dict(body["spec"])
+                workloads.preload(spec.probe)
+                wire.send(conn, "ready", {"import_seconds": time.perf_counter() - t_preload, "deferred": True,
+                                          "cuda_initialized": _cuda_initialized()})
+                continue
             if kind == "build":  # another probe in the same child: torch, CUDA context and caches stay
                 t_build = time.perf_counter()
                 prepared = None  # the old workload's memory goes before the new one is built
@@ -164,6 +192,8 @@ def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, pare
                 continue
             if kind != "measure":
                 raise ValueError(f"unknown request {kind!r}")
+            if prepared is None:
+                raise ValueError("measure before build: nothing is built in this child")
             t_point = time.perf_counter()
             result = harness.measure(prepared, progress=progress, settle_seconds=float(body.get("settle_seconds", 0)))
             result.wall_seconds = time.perf_counter() - t_point
@@ -206,10 +236,12 @@ def _cli(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpuperfd.probe_child.child")
     parser.add_argument("--fd", type=int, required=True, help="the socket to the parent (inherited)")
     parser.add_argument("--spec", required=True, help="the ProbeSpec as JSON")
+    parser.add_argument("--defer-build", action="store_true",
+                        help="import only (no GPU call), then wait for a build request")
     parser.add_argument("--log", default=None)
     parser.add_argument("--parent-pid", type=int, default=None)
     args = parser.parse_args(argv)
-    main(json.loads(args.spec), wire.Channel.from_fd(args.fd), args.log, args.parent_pid)
+    main(json.loads(args.spec), wire.Channel.from_fd(args.fd), args.log, args.parent_pid, args.defer_build)
 
 
 if __name__ == "__main__":

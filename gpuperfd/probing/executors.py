@@ -127,7 +127,38 @@ class WarmChildSession:
         self.carried: ProbeChild | None = None
         #: Children started (1 for a sweep without failures; 0 when a carried child served it).
         self.children = 0
+        #: Seconds :meth:`prepare` took (the child's imports, before the GPU was taken); reported once.
+        self.prepare_seconds = 0.0
         self._build_failure: ProbeResult | None = None
+
+    def prepare(self) -> None:
+        """Before the sweep takes the GPU (no cap changed, nothing on the GPU): a child that has
+        imported torch and this probe's model code (a new one, or the round's carried child, whose
+        old workload it drops) and waits for its build. The first point then starts at the build:
+        the imports (3-5 s on an H100 node) are not time the GPU is out of service. A child that
+        fails here is closed and the first point starts one as before, reporting the failure."""
+        from gpuperfd.probing.runner import ProbeChild
+
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout_seconds
+        child, self.carried = self.carried, None
+        if child is not None and child.alive:
+            child.should_abort = self.abort.is_set
+            failed = child.preload(self.spec, deadline)
+        else:
+            if child is not None:
+                child.close()
+            child = ProbeChild(self.spec, device=self.device, own_pids=(os.getpid(),), should_abort=self.abort.is_set,
+                               record_dir=self.state_dir, env=self.env)
+            self.children += 1
+            failed = child.start(deadline, defer_build=True)
+        if failed is not None:
+            log.warning("probe %s: the child could not be prepared (%s); the first point starts one",
+                        self.spec.probe, failed.error_message)
+            child.close()
+            return
+        self.child = child
+        self.prepare_seconds = time.monotonic() - t0
 
     def measure(self, cap_watts: float) -> ProbeResult:
         t0 = time.monotonic()
@@ -136,7 +167,7 @@ class WarmChildSession:
             return _copy_failure(self._build_failure, f"not run: the probe could not be built: "
                                  f"{self._build_failure.error_message}")
         for _attempt in range(2):
-            fresh = self.child is None or not self.child.alive
+            fresh = self.child is None or not self.child.alive or not self.child.built
             if fresh:
                 failed = self._start(deadline)
                 if failed is not None:
@@ -155,7 +186,10 @@ class WarmChildSession:
             "child_pid": self.child.pid,
             "child_start_seconds": self.child.start_seconds if fresh else 0.0,
             "child_setup_seconds": ready.get("setup_seconds") if fresh else 0.0,
+            "child_prepare_seconds": self.prepare_seconds if fresh else 0.0,
         })
+        if fresh:
+            self.prepare_seconds = 0.0
         result.wall_seconds = time.monotonic() - t0
         return result
 
@@ -163,13 +197,16 @@ class WarmChildSession:
         """A new child (the old one closed), built and ready; a failure result if not."""
         from gpuperfd.probing.runner import ProbeChild
 
-        if self.child is not None:
+        prepared = self.child if self.child is not None and self.child.alive and not self.child.built else None
+        if prepared is None and self.child is not None:
             self.child.close()
         carried, self.carried = self.carried, None
-        if carried is not None and carried.alive:
-            return self._rebuild(carried, deadline)
-        if carried is not None:
+        if prepared is None and carried is not None and carried.alive:
+            prepared = carried
+        elif carried is not None:
             carried.close()
+        if prepared is not None:  # a prepared child, or the previous probe's: built in it
+            return self._rebuild(prepared, deadline)
         own = (os.getpid(),)
         if (busy := self._busy(own)) is not None:
             return busy
@@ -179,7 +216,8 @@ class WarmChildSession:
         return self._built(self.child.start(deadline))
 
     def _rebuild(self, child: ProbeChild, deadline: float) -> ProbeResult | None:
-        """This probe built in the previous probe's child (the GPU stayed ours, the child on it)."""
+        """This probe built in a live child: the previous probe's (the GPU stayed ours, the child
+        on it) or one :meth:`prepare` started."""
         if (busy := self._busy((os.getpid(), child.pid or 0))) is not None:
             child.close()
             return busy

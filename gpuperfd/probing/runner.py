@@ -340,6 +340,8 @@ class ProbeChild:
         self._dead = False
         #: Whether the child has reported progress on the current request (it began measuring).
         self.progressed = False
+        #: Whether a workload is built in it (False after a deferred start or a preload).
+        self.built = False
 
     @property
     def alive(self) -> bool:
@@ -354,13 +356,17 @@ class ProbeChild:
         return {"probe": spec.probe, "variant": spec.variant, "preset": spec.preset, "params": spec.params(),
                 "device": spec.device, "started_at": started_at}
 
-    def start(self, deadline: float) -> ProbeResult | None:
-        """Spawn the child and wait until it has built the workload; a failure result, or None when ready."""
+    def start(self, deadline: float, defer_build: bool = False) -> ProbeResult | None:
+        """Spawn the child and wait until it has built the workload; a failure result, or None when ready.
+
+        ``defer_build``: the child only imports (torch, the probe's model code; no GPU call) and
+        waits: :meth:`rebuild` builds it once the GPU is taken."""
         t0 = time.monotonic()
         ours, theirs = socket.socketpair()
         fd, self._log_path = tempfile.mkstemp(prefix=f"gpuperfd-probe-{self.spec.probe}-", suffix=".log")
         args = [sys.executable, "-m", CHILD_MODULE, "--fd", str(theirs.fileno()), "--log", self._log_path,
-                "--parent-pid", str(os.getpid()), "--spec", json.dumps(self.spec.to_dict())]
+                "--parent-pid", str(os.getpid()), "--spec", json.dumps(self.spec.to_dict()),
+                *(["--defer-build"] if defer_build else [])]
         try:
             popen = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, pass_fds=(theirs.fileno(),),
@@ -383,18 +389,28 @@ class ProbeChild:
             return message
         self.ready = message
         self.start_seconds = time.monotonic() - t0
+        self.built = not defer_build
         return None
+
+    def preload(self, spec: ProbeSpec, deadline: float) -> ProbeResult | None:
+        """Drop this child's workload and import ``spec``'s code without building it (no GPU call);
+        a failure result (the child is then gone), or None when done. :meth:`rebuild` builds it."""
+        return self._request("preload", spec, deadline, built=False)
 
     def rebuild(self, spec: ProbeSpec, deadline: float) -> ProbeResult | None:
         """Build another probe in this same child (its imports and CUDA context kept); a failure
         result (the child is then gone), or None when ready."""
+        return self._request("build", spec, deadline, built=True)
+
+    def _request(self, kind: str, spec: ProbeSpec, deadline: float, built: bool) -> ProbeResult | None:
         t0 = time.monotonic()
         started_at = time.time()
         if not self.alive:
             return self._failure("crash", "probe process is not running", started_at, t0)
         self.spec = spec
+        self.built = False
         try:
-            wire.send(self._conn, "build", {"spec": spec.to_dict()})
+            wire.send(self._conn, kind, {"spec": spec.to_dict()})
         except (OSError, ValueError):
             pass  # it died: the wait below says how
         message = self._await(deadline, started_at, t0)
@@ -402,6 +418,7 @@ class ProbeChild:
             return message
         self.ready = message
         self.start_seconds = time.monotonic() - t0
+        self.built = built
         return None
 
     def measure(self, deadline: float, settle_seconds: float = 0.0, cap_watts: float | None = None) -> ProbeResult:

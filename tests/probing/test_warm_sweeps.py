@@ -283,3 +283,84 @@ def test_one_child_serves_every_probe_of_a_round(gpu, tmp_path):
     assert vit_first.extra["child_start_seconds"] > 0 and vit_first.extra["setup_seconds"] > 0  # rebuilt
     assert gone(pids.pop())
     assert gpu.power_limits().enforced_watts == 700 and not list(state.glob("probe-child.*"))
+
+
+def test_a_prepared_child_imports_before_the_gpu_is_taken_and_builds_at_the_first_point(gpu, tmp_path):
+    """``prepare`` (called by the owned sweep before any cap changes) starts a child that imports
+    torch and the probe's model code and builds nothing; the first point builds in that same child,
+    after the busy check, and reports the preparation apart from its own time."""
+    pytest.importorskip("torch")
+    executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=tmp_path / "state")
+    session = open_session(executor, gpu, tiny_schedule("llm"), threading.Event())
+    try:
+        session.prepare()
+        child = session.child
+        assert child is not None and child.alive and not child.built
+        assert child.ready is not None and child.ready.get("deferred") is True and "setup_seconds" not in child.ready
+        assert child.ready["cuda_initialized"] is False  # on a GPU node too: no context before the build
+        prepared_pid = child.pid
+        assert session.prepare_seconds > 0
+        points = run_sweep(gpu, CapJournal(tmp_path / "state"), [600, 400], session.measure, settle_seconds=0)
+    finally:
+        session.close()
+    assert [p.result.status for p in points] == ["ok", "ok"], [p.result.error_message for p in points]
+    first, second = (p.result.extra for p in points)
+    assert first["child_pid"] == second["child_pid"] == prepared_pid and session.children == 1
+    assert first["child_prepare_seconds"] > 0 and second["child_prepare_seconds"] == 0
+    assert 0 < first["child_start_seconds"] < first["child_prepare_seconds"] + first["child_start_seconds"]
+    assert first["import_seconds"] == 0  # paid in prepare, not in the point
+    assert gone(prepared_pid)
+
+
+def test_a_prepared_child_yields_to_a_job_that_starts_before_its_build(gpu, tmp_path):
+    """The busy check still runs right before the build: a user's job that appears while the child
+    imports makes the first point gpu_busy, and the prepared child is ended, never built."""
+    pytest.importorskip("torch")
+    executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=tmp_path / "state")
+    session = open_session(executor, gpu, tiny_schedule("attention"), threading.Event())
+    try:
+        session.prepare()
+        prepared_pid = session.child.pid
+        gpu.add_foreign_process(4242, 1 << 30)
+        result = session.measure(700)
+    finally:
+        gpu.remove_foreign_process(4242)
+        session.close()
+    assert (result.status, result.failure_reason) == ("failed", "gpu_busy"), result.error_message
+    assert gone(prepared_pid)
+
+
+def test_the_rounds_next_probe_is_preloaded_in_the_carried_child(gpu, tmp_path):
+    """In a round the next schedule's session prepares the previous probe's child: it drops the old
+    workload and imports the next one's code (same process), then builds it at the first point."""
+    pytest.importorskip("torch")
+    executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=tmp_path / "state")
+    first = open_session(executor, gpu, tiny_schedule("attention"), threading.Event())
+    first.prepare()
+    assert first.measure(700).status == "ok"
+    pid = first.child.pid
+    second = open_session(executor, gpu, tiny_schedule("vit"), threading.Event(), after=first)
+    try:
+        second.prepare()
+        assert second.child is not None and second.child.pid == pid and not second.child.built
+        result = second.measure(700)
+    finally:
+        second.close()
+    assert (result.probe, result.status, result.extra["child_pid"]) == ("vit", "ok", pid), result.error_message
+    assert second.children == 0 and gone(pid)
+
+
+def test_a_deferred_child_refuses_to_measure_before_its_build(tmp_path):
+    """The protocol's guard: a child started with ``--defer-build`` and asked to measure answers with
+    an error naming the mistake (and ends) instead of measuring nothing."""
+    pytest.importorskip("torch")
+    from gpuperfd.probe_data.spec import ProbeSpec
+    from gpuperfd.probing.runner import ProbeChild
+
+    child = ProbeChild(ProbeSpec(probe="attention", preset="tiny", device="cpu", **FAST), record_dir=tmp_path)
+    try:
+        assert child.start(time.monotonic() + 120, defer_build=True) is None and not child.built
+        result = child.measure(time.monotonic() + 60)
+    finally:
+        child.close()
+    assert result.status == "failed" and "measure before build" in (result.error_message or ""), result.error_message

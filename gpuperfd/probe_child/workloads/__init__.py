@@ -23,6 +23,23 @@ WORKLOAD_MODULES: dict[str, str] = {
 }
 
 
+#: Probe name -> modules its build imports that touch no GPU (transformers' model code): what a
+#: child told to wait for its build imports beforehand (:func:`preload`).
+PRELOAD_MODULES: dict[str, tuple[str, ...]] = {
+    "llm": ("transformers.models.gpt2.modeling_gpt2",),
+    "vit": ("transformers.models.vit.modeling_vit",),
+    "train": ("transformers.models.gpt2.modeling_gpt2",),
+}
+
+
+def preload(probe: str) -> None:
+    """Import what building ``probe`` needs, without building it: CPU work only (no CUDA call), so
+    a child can do it before the GPU is taken and the build then starts from the model code."""
+    importlib.import_module(WORKLOAD_MODULES[probe])
+    for name in PRELOAD_MODULES.get(probe, ()):
+        importlib.import_module(name)
+
+
 def build(spec: ProbeSpec, ctx: ProbeContext) -> Workload:
     """Build the workload of ``spec.probe`` (model, buffers, CUDA graphs) in this process."""
     try:
