@@ -153,8 +153,9 @@ class WarmChildSession:
             self.children += 1
             failed = child.start(deadline, defer_build=True)
         if failed is not None:
-            log.warning("probe %s: the child could not be prepared (%s); the first point starts one",
-                        self.spec.probe, failed.error_message)
+            if not self.abort.is_set():  # stopping: the sweep ends before its first point, nothing to say
+                log.warning("probe %s: the child could not be prepared (%s); the first point starts one",
+                            self.spec.probe, failed.error_message)
             child.close()
             return
         self.child = child

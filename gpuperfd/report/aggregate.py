@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuperfd.probe_data.record import labels_text
+from gpuperfd.probe_data.recommend import Recommendation, SweepPoint, recommend
 from gpuperfd.probe_data.result import ProbeResult, percentile
 from gpuperfd.probe_data.spec import params_text
-from gpuperfd.probe_data.recommend import Recommendation, SweepPoint, recommend
 from gpuperfd.report.outliers import Dropped, split_outliers
 from gpuperfd.report.records import (
     PRIMARY_LATENCY,

@@ -307,7 +307,7 @@ def test_a_prepared_child_imports_before_the_gpu_is_taken_and_builds_at_the_firs
     first, second = (p.result.extra for p in points)
     assert first["child_pid"] == second["child_pid"] == prepared_pid and session.children == 1
     assert first["child_prepare_seconds"] > 0 and second["child_prepare_seconds"] == 0
-    assert 0 < first["child_start_seconds"] < first["child_prepare_seconds"] + first["child_start_seconds"]
+    assert first["child_start_seconds"] > 0 and first["setup_seconds"] > 0  # the build, in the point
     assert first["import_seconds"] == 0  # paid in prepare, not in the point
     assert gone(prepared_pid)
 

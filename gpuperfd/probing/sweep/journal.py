@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError, InvalidArgument
-from gpuperfd.system.files import replace_file
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
+from gpuperfd.system.files import replace_file
 
 if TYPE_CHECKING:
     from gpuperfd.config import Config
