@@ -105,22 +105,9 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _cuda_initialized() -> bool:
-    """Whether this process has a CUDA context (asked without making one): a deferred child must not."""
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_initialized())
-
-
-def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, parent_pid: int | None = None,
-         defer_build: bool = False) -> None:
-    """Build the probe once, then measure one point per ``measure`` request; exits with os._exit.
-
-    ``defer_build``: import torch and what the probe's build needs (:func:`workloads.preload`),
-    touch no GPU, say ``ready`` and wait for a ``build``: the parent starts the child before it
-    takes the GPU, so the imports are not GPU time. Every message is JSON
-    (:mod:`gpuperfd.probe_data.wire`): the parent never unpickles anything.
-    """
-    t_start = time.perf_counter()
+def _become_probe_process(log_path: str | None, parent_pid: int | None) -> None:
+    """Die with the parent, lead our own process group, log to the file, nice ourselves, and fix
+    the environment (GPU numbering, no network for models) before anything heavy loads."""
     die_with_parent(parent_pid)
     try:
         os.setpgid(0, 0)  # own process group: the parent can kill us and our workers at once
@@ -141,6 +128,25 @@ def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, pare
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _cuda_initialized() -> bool:
+    """Whether this process has a CUDA context (asked without making one): a deferred child must not."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, parent_pid: int | None = None,
+         defer_build: bool = False) -> None:
+    """Build the probe once, then measure one point per ``measure`` request; exits with os._exit.
+
+    ``defer_build``: import torch and what the probe's build needs (:func:`workloads.preload`),
+    touch no GPU, say ``ready`` and wait for a ``build``: the parent starts the child before it
+    takes the GPU, so the imports are not GPU time. Every message is JSON
+    (:mod:`gpuperfd.probe_data.wire`): the parent never unpickles anything.
+    """
+    t_start = time.perf_counter()
+    _become_probe_process(log_path, parent_pid)
     code = 0
     identity: dict[str, Any] = {}
     try:
