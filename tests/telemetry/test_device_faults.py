@@ -12,12 +12,15 @@ serving, the next probe runs, and no child is left behind.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import http.client
 import os
 import signal
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -102,10 +105,26 @@ SELF_SERIES = {
     "gpuperf_xid_errors_total",
     "gpuperf_xid_events_total",
 }
-CALL_TIMEOUT = 0.2  # seconds; a "slow" fault sleeps DELAY, which is longer (a loaded 2-core CPU stalled a healthy
-# read past the 50 ms this was: the healthy GPUs then showed a spurious "slow" error)
-DELAY = 0.4
+CALL_TIMEOUT = 0.5  # seconds; a "slow" fault sleeps DELAY, which is longer. A healthy simulated read takes
+# microseconds, but a loaded 2-core CI machine stalled one past 50 ms and later past 200 ms (0.6 s, a
+# healthy GPU's "health" read beside a pcie_replays timeout on another: no path between them, the sim's
+# fault sleeps outside every lock): the healthy GPUs then showed a spurious "slow" error. The reads
+# under test also run with the garbage collector paused (a full collection of the test process's heap
+# is such a stall); what they test is isolation between GPUs, not the machine's scheduling.
+DELAY = 0.8
 FAULTY_GPU = 1
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No garbage collection inside (see CALL_TIMEOUT): a read's duration is the read's own."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def collector_series(collector: str) -> set[str]:
@@ -192,14 +211,17 @@ def test_matrix_covers_every_device_call_of_every_collector():
 @pytest.mark.parametrize("call", sorted(CALLS))
 def test_fault_on_one_call_of_one_gpu(clock, call, kind):
     backend, sampler, exporter = make(clock)
-    sampler.sample_once()
+    gc.collect()
+    with gc_paused():
+        sampler.sample_once()
     before = scrape(exporter)
     collector = CALLS[call]
     assert before.value("gpuperf_collector_success", FAULTY_GPU, collector=collector) == 1.0
 
     backend.inject(FaultConfig(gpu=FAULTY_GPU, call=call, kind=kind, delay_seconds=DELAY))
     clock.advance(1.0)
-    sampler.sample_once()
+    with gc_paused():
+        sampler.sample_once()
     after = scrape(exporter)  # the exporter keeps rendering, and Prometheus can parse it
 
     # Other GPUs are undisturbed: same series, every collector fresh, no errors.
