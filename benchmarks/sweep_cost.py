@@ -138,11 +138,9 @@ def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: 
         session = ColdSession(executor, device, schedule, abort)
     else:
         session = open_session(executor, device, schedule, abort)
-    prepare_seconds = 0.0
-    if hasattr(session, "prepare"):  # as run_owned_sweep does: the child's imports before the GPU is taken
-        t_prepare = time.monotonic()
-        session.prepare()
-        prepare_seconds = time.monotonic() - t_prepare
+    t_prepare = time.monotonic()
+    session.prepare()  # as run_owned_sweep does: the child's imports before the GPU is taken
+    prepare_seconds = time.monotonic() - t_prepare
     t0 = time.monotonic()
     try:
         points = run_sweep(device, CapJournal(state), caps, session.measure,  # type: ignore[arg-type]

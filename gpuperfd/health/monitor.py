@@ -28,6 +28,7 @@ from gpuperfd.health.verdict import ACTIONS, STATES, Reason, Verdict
 from gpuperfd.probe_data.peers import peer_key
 from gpuperfd.probe_data.record import record_row
 from gpuperfd.telemetry.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec
+from gpuperfd.telemetry.sampler import lost_gpus
 from gpuperfd.telemetry.exposition import Family, label_string
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ def snapshot_inputs(sampler: Any, gpus: Iterable[int], now: float) -> list[GpuIn
     rates) or history, which a one-shot read does not have. GPUs without an identity are left out."""
     readings, last_info, identities, _errors = sampler.store.snapshot()
     labels = spec_labels()
+    lost = lost_gpus(readings, sampler.interval_seconds)  # from this snapshot, not one more per GPU
     inputs = []
     for index in gpus:
         identity = identities.get(index)
@@ -108,7 +110,7 @@ def snapshot_inputs(sampler: Any, gpus: Iterable[int], now: float) -> list[GpuIn
         xids = {int(p.labels[0]): now for p in sampler.xid_counts.points(index)
                 if p.metric == "gpuperf_xid_errors_total" and p.value > 0}
         inputs.append(GpuInputs(gpu=index, uuid=identity.uuid, name=gpu_name(index, last_info, labels),
-                                lost=sampler.gpu_lost(index), points=points_of(index, readings, labels), xids=xids))
+                                lost=index in lost, points=points_of(index, readings, labels), xids=xids))
     return inputs
 
 
@@ -367,6 +369,7 @@ class HealthMonitor:
 
     def gather(self, now: float) -> list[GpuInputs]:
         readings, last_info, identities, _errors = self.sampler.store.snapshot()
+        lost_now = lost_gpus(readings, self.sampler.interval_seconds)  # one snapshot for every GPU
         busy_limit = self.settings["busy_utilization_ratio"]
         window = max(self.settings["busy_window_seconds"], self.settings["rate_window_seconds"])
         inputs: list[GpuInputs] = []
@@ -376,7 +379,7 @@ class HealthMonitor:
                 continue
             uuid = identity.uuid
             points = self._points(device.index, readings)
-            lost = self.sampler.gpu_lost(device.index)
+            lost = device.index in lost_now
             if not lost:
                 self._check_reset(uuid, points, now)
             self._new_xids(device.index, uuid, now)

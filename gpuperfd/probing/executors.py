@@ -58,6 +58,9 @@ def simulated_profile_name(probe: str, preset: str | None) -> str:
 class Session(Protocol):
     """One sweep's probe, built once: ``measure`` runs it at the cap set now (a warm sweep)."""
 
+    def prepare(self) -> None:
+        """Whatever needs no GPU, done before the sweep changes a cap (a child's imports)."""
+
     def measure(self, cap_watts: float) -> ProbeResult: ...
 
     def close(self) -> None: ...
@@ -68,6 +71,9 @@ class ColdSession:
 
     def __init__(self, execute: Executor, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> None:
         self._run = lambda: execute(device, schedule, abort)
+
+    def prepare(self) -> None:
+        pass  # every point starts its own child
 
     def measure(self, cap_watts: float) -> ProbeResult:
         return self._run()
@@ -380,6 +386,9 @@ class SimulatedSession:
         self.executor, self.device, self.schedule, self.abort = executor, device, schedule, abort
         #: Points measured (the simulator builds nothing: this stands for the child's reuse).
         self.points = 0
+
+    def prepare(self) -> None:
+        pass  # nothing to import: the simulator runs in this process
 
     def measure(self, cap_watts: float) -> ProbeResult:
         result = self.executor.measure(self.device, self.schedule, self.abort, self.schedule.settle_seconds)

@@ -194,9 +194,7 @@ def run_owned_sweep(
                 collect = _Collect(points, observer_for(schedule, outcome))
                 # One warm child per GPU for the whole round: the next schedule's probe is built in it.
                 session = open_session(executor, device, schedule, abort, after=session)
-                prepare = getattr(session, "prepare", None)
-                if prepare is not None:  # the child's imports before any cap changes (not GPU time)
-                    prepare()
+                session.prepare()  # the child's imports before any cap changes (not GPU time)
                 run_sweep(device, journal, outcome.caps_watts, collect.measuring(session.measure),
                           settle_seconds=schedule.settle_seconds, read_only=outcome.read_only, abort=abort,
                           observer=collect, stop_early=request.stop_early)
