@@ -15,10 +15,10 @@ def open_backend(config: Config) -> Backend:
     if config.device.backend == "simulated":
         from gpuperfd.device.simulated import SimulatedBackend
 
-        return SimulatedBackend(config.simulation)
+        return SimulatedBackend(config.simulation, call_timeout_seconds=config.device.call_timeout_seconds)
     from gpuperfd.device.nvml import NvmlBackend
 
-    return NvmlBackend(indices=config.device.gpus)
+    return NvmlBackend(indices=config.device.gpus, call_timeout_seconds=config.device.call_timeout_seconds)
 
 
 def selected_devices(backend: Backend, config: Config) -> list[Device]:

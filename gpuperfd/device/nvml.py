@@ -61,6 +61,7 @@ from gpuperfd.device.base import (
     Utilization,
     XidEvent,
 )
+from gpuperfd.device.serial import CallGate
 from gpuperfd.device.errors import (
     DeviceError,
     DeviceTimeout,
@@ -149,7 +150,8 @@ _SIMULATE_HINT = ("Without a GPU: run probes on the CPU with `gpuperfd probe PRO
 
 #: Most XID events returned by one wait_xid_events call (the rest wait for the next call).
 _MAX_EVENTS_PER_WAIT = 64
-_MAX_TIMEOUT_MS = 0xFFFFFFFF  # nvmlEventSetWait_v2 takes an unsigned int
+#: Seconds between polls of the XID event set (an XID is counted at most this late).
+XID_POLL_SECONDS = 0.25
 
 
 def _codes(*names: str) -> frozenset[int]:
@@ -203,12 +205,28 @@ def _translate(error: pynvml.NVMLError, what: str = "NVML") -> DeviceError:
 _GPU_RECOVERY_ACTION_FIELD = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)
 
 
-def _call(what: str, fn: Callable[..., T], *args: Any) -> T:
-    """Call one NVML function; an NVML error is raised as the project's exception (see _translate)."""
-    try:
-        return fn(*args)
-    except pynvml.NVMLError as error:
-        raise _translate(error, f"{what}: {getattr(fn, '__name__', 'nvml')}") from error
+#: The one way into libnvidia-ml for every thread of this process (gpuperfd.device.serial says why).
+#: Its hang threshold is ``device.call_timeout_seconds`` (:class:`NvmlBackend` sets it).
+GATE = CallGate("libnvidia-ml")
+
+
+def _call(what: str, fn: Callable[..., T], *args: Any, scope: int | None = None) -> T:
+    """Call one NVML function through :data:`GATE`; an NVML error is raised as the project's
+    exception (see _translate), translated inside the gate: its text comes from nvmlErrorString.
+    ``scope`` is the GPU index the call is about (None: node-level)."""
+    name = getattr(fn, "__name__", "nvml")
+
+    def guarded() -> T:
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as error:
+            raise _translate(error, f"{what}: {name}") from error
+
+    return GATE.call(scope, name, guarded)
+
+
+class _EmptySlot(Exception):
+    """A MIG slot with no device in it (NVML_ERROR_NOT_FOUND): skipped, not an error."""
 
 
 def _text(value: str | bytes) -> str:
@@ -264,13 +282,21 @@ class NvmlDevice(Device):
 
     # --- the one path from a getter to NVML -------------------------------------------
 
+    def _nvml(self, fn: Callable[..., T], *args: Any) -> T:
+        """One NVML call about this GPU, through the gate (scope: this GPU)."""
+        return _call(f"GPU {self.index}", fn, *args, scope=self.index)
+
+    def _nvml_mig(self, slot: int, fn: Callable[..., T], *args: Any) -> T:
+        """One NVML call about one of this GPU's MIG devices (scope: this GPU)."""
+        return _call(f"GPU {self.index} MIG {slot}", fn, *args, scope=self.index)
+
     def _read(self, field: str, fn: Callable[..., T], *args: Any) -> T:
         """Call ``fn(handle, *args)`` for ``field``; NotSupported once means NotSupported forever."""
         with self._lock:
             if field in self._unsupported:
                 raise NotSupported(f"GPU {self.index}: {field} is not supported (checked earlier)")
         try:
-            return _call(f"GPU {self.index}", fn, self._handle, *args)
+            return self._nvml(fn, self._handle, *args)
         except NotSupported:
             with self._lock:
                 first = field not in self._unsupported
@@ -296,7 +322,8 @@ class NvmlDevice(Device):
             if code == pynvml.NVML_SUCCESS:
                 out.append(_field_number(value))
                 continue
-            error = _translate(pynvml.NVMLError(code), f"GPU {self.index}: field {value.fieldId}")
+            error = GATE.call(self.index, "nvmlErrorString", _translate, pynvml.NVMLError(code),
+                              f"GPU {self.index}: field {value.fieldId}")
             if not isinstance(error, NotSupported):
                 raise error
             out.append(None)
@@ -477,14 +504,21 @@ class NvmlDevice(Device):
         uuids = []
         for slot in range(int(self._read("mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount))):
             try:
-                handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(self._handle, slot)
-            except pynvml.NVMLError as error:
-                if error.value == pynvml.NVML_ERROR_NOT_FOUND:
-                    continue  # an empty MIG slot
-                raise _translate(error, f"GPU {self.index} MIG {slot}") from error
-            uuids.append(_text(_call(f"GPU {self.index} MIG {slot}", pynvml.nvmlDeviceGetUUID, handle)))
+                handle = self._nvml_mig(slot, self._mig_handle, slot)
+            except _EmptySlot:
+                continue
+            uuids.append(_text(self._nvml_mig(slot, pynvml.nvmlDeviceGetUUID, handle)))
         return uuids
 
+
+    def _mig_handle(self, slot: int) -> Handle:
+        """The MIG device handle in ``slot`` (called inside the gate); _EmptySlot if none is there."""
+        try:
+            return pynvml.nvmlDeviceGetMigDeviceHandleByIndex(self._handle, slot)
+        except pynvml.NVMLError as error:
+            if error.value == pynvml.NVML_ERROR_NOT_FOUND:
+                raise _EmptySlot() from error
+            raise
 
     # --- deeper telemetry (slow lane) ---------------------------------------------------
 
@@ -498,7 +532,7 @@ class NvmlDevice(Device):
 
     def _gpm_sample(self, gpu_instance: int | None) -> Any:
         """A fresh GPM sample of the GPU (or of one MIG GPU instance); freed here if taking it fails."""
-        sample = _call(f"GPU {self.index}", pynvml.nvmlGpmSampleAlloc)
+        sample = self._nvml(pynvml.nvmlGpmSampleAlloc)
         try:
             if gpu_instance is None:
                 self._read("gpm", pynvml.nvmlGpmSampleGet, sample)
@@ -511,7 +545,7 @@ class NvmlDevice(Device):
 
     def _gpm_free(self, sample: Any) -> None:
         try:
-            _call(f"GPU {self.index}", pynvml.nvmlGpmSampleFree, sample)
+            self._nvml(pynvml.nvmlGpmSampleFree, sample)
         except DeviceError as error:
             log.debug("GPU %d: nvmlGpmSampleFree failed: %s", self.index, error)
 
@@ -526,7 +560,7 @@ class NvmlDevice(Device):
         request.sample2 = second
         for i, (_, metric_id, _) in enumerate(wanted):
             request.metrics[i].metricId = metric_id
-        result = _call(f"GPU {self.index}", pynvml.nvmlGpmMetricsGet, request)
+        result = self._nvml(pynvml.nvmlGpmMetricsGet, request)
         values: dict[str, float] = {}
         for i, (key, _, factor) in enumerate(wanted):
             metric = result.metrics[i]
@@ -642,7 +676,7 @@ class NvmlDevice(Device):
             found = []
             for link in range(int(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18))):
                 try:
-                    _call(f"GPU {self.index}", pynvml.nvmlDeviceGetNvLinkState, self._handle, link)
+                    self._nvml(pynvml.nvmlDeviceGetNvLinkState, self._handle, link)
                 except (NotSupported, InvalidArgument, UnknownDeviceError):
                     continue
                 found.append(link)
@@ -706,12 +740,12 @@ class NvmlDevice(Device):
         instances = []
         for slot in range(count):
             try:
-                mig = _call(f"GPU {self.index}", pynvml.nvmlDeviceGetMigDeviceHandleByIndex, self._handle, slot)
+                mig = self._nvml(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, self._handle, slot)
             except (InvalidArgument, NotSupported, UnknownDeviceError):
                 continue  # an empty slot
-            gi = int(_call(f"GPU {self.index} MIG {slot}", pynvml.nvmlDeviceGetGpuInstanceId, mig))
-            ci = int(_call(f"GPU {self.index} MIG {slot}", pynvml.nvmlDeviceGetComputeInstanceId, mig))
-            memory = _call(f"GPU {self.index} MIG {slot}", pynvml.nvmlDeviceGetMemoryInfo, mig)
+            gi = int(self._nvml_mig(slot, pynvml.nvmlDeviceGetGpuInstanceId, mig))
+            ci = int(self._nvml_mig(slot, pynvml.nvmlDeviceGetComputeInstanceId, mig))
+            memory = self._nvml_mig(slot, pynvml.nvmlDeviceGetMemoryInfo, mig)
             if gpm_ok and gi not in gpm_by_instance:
                 try:
                     gpm_by_instance[gi] = self._gpm_round(gi, MIG_GPM_FIELDS)
@@ -734,8 +768,12 @@ class NvmlBackend(Backend):
 
     name = "nvml"
 
-    def __init__(self, indices: list[int] | None = None) -> None:
-        """``indices``: NVML indices of the GPUs to manage (None: every GPU on the node)."""
+    def __init__(self, indices: list[int] | None = None, call_timeout_seconds: float | None = None) -> None:
+        """``indices``: NVML indices of the GPUs to manage (None: every GPU on the node);
+        ``call_timeout_seconds``: after this long inside NVML a call is set aside as hung
+        (:data:`GATE`, process-wide; None keeps the gate's setting)."""
+        if call_timeout_seconds is not None:
+            GATE.hang_seconds = call_timeout_seconds
         self._indices = None if indices is None else sorted(set(indices))
         self._lock = threading.Lock()
         self._initialized = False
@@ -755,13 +793,11 @@ class NvmlBackend(Backend):
             if self._initialized:
                 return
             try:
-                pynvml.nvmlInit()
+                _call("NVML", pynvml.nvmlInit)
             except OSError as error:  # libnvidia-ml present but unloadable
                 raise DriverNotFound(
                     f"no NVIDIA driver found: cannot load libnvidia-ml ({error}). {_SIMULATE_HINT}"
                 ) from error
-            except pynvml.NVMLError as error:
-                raise _translate(error, "nvmlInit") from error
             self._initialized = True
 
     def devices(self) -> list[Device]:
@@ -779,7 +815,7 @@ class NvmlBackend(Backend):
                         f"this node has {count} GPU(s) ({present})"
                     )
                 self._devices = [
-                    NvmlDevice(self, i, _call(f"GPU {i}", pynvml.nvmlDeviceGetHandleByIndex, i))
+                    NvmlDevice(self, i, _call(f"GPU {i}", pynvml.nvmlDeviceGetHandleByIndex, i, scope=i))
                     for i in indices
                 ]
             return list(self._devices)
@@ -806,6 +842,7 @@ class NvmlBackend(Backend):
                     device.handle,
                     pynvml.nvmlEventTypeXidCriticalError,
                     self._event_set,
+                    scope=device.index,
                 )
             except NotSupported:
                 self._xid_unsupported.add(device.index)
@@ -835,7 +872,11 @@ class NvmlBackend(Backend):
             return -1
 
     def wait_xid_events(self, timeout_seconds: float) -> list[XidEvent]:
-        """Block up to ``timeout_seconds`` for XID (critical error) events; [] when none came.
+        """Wait up to ``timeout_seconds`` for XID (critical error) events; [] when none came.
+
+        NVML's wait blocks inside the library, which would hold the gate (:data:`GATE`) and stop
+        every other call: so the event set is polled (a zero-timeout wait, one ioctl) every
+        XID_POLL_SECONDS, sleeping outside the library between polls.
 
         On the first call the GPUs are registered for XID events; GPUs that cannot report
         them are remembered and skipped. Raises NotSupported (at once) when no selected GPU
@@ -847,12 +888,21 @@ class NvmlBackend(Backend):
             if not self._xid_registered:
                 raise NotSupported("no selected GPU can report XID events")
             event_set = self._event_set
-        timeout_ms = min(_MAX_TIMEOUT_MS, max(0, int(round(timeout_seconds * 1000.0))))
+        deadline = time.monotonic() + max(0.0, timeout_seconds)
         events: list[XidEvent] = []
-        for attempt in range(_MAX_EVENTS_PER_WAIT):
+        while True:
+            events = self._collect_xid(event_set)
+            remaining = deadline - time.monotonic()
+            if events or remaining <= 0:
+                return events
+            time.sleep(min(XID_POLL_SECONDS, remaining))
+
+    def _collect_xid(self, event_set: Any) -> list[XidEvent]:
+        """The XID events queued now (each a zero-timeout wait); [] when none."""
+        events: list[XidEvent] = []
+        for _ in range(_MAX_EVENTS_PER_WAIT):
             try:
-                # Block on the first wait only; then collect what is already queued.
-                data = _call("NVML", pynvml.nvmlEventSetWait_v2, event_set, timeout_ms if attempt == 0 else 0)
+                data = _call("NVML", pynvml.nvmlEventSetWait_v2, event_set, 0)
             except DeviceTimeout:
                 break
             except DeviceError:

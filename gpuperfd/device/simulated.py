@@ -78,7 +78,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 from gpuperfd.config import DegradeConfig, FaultConfig, SimulationConfig
 from gpuperfd.device.base import (
@@ -104,6 +104,7 @@ from gpuperfd.device.base import (
     Utilization,
     XidEvent,
 )
+from gpuperfd.device.serial import CallGate, EntryCounter
 from gpuperfd.device.errors import (
     DeviceError,
     DeviceTimeout,
@@ -133,6 +134,8 @@ BASE_MEMORY_BYTES = GIB // 2
 THERMAL_THROTTLE_CLOCK_FACTOR = 0.8
 #: A throttled part runs hot: its thermal resistance is this many times the model's.
 THERMAL_THROTTLE_RESISTANCE_FACTOR = 2.0
+
+T = TypeVar("T")
 
 #: Longest single sleep in :meth:`SimulatedBackend.wait_xid_events`, seconds: it
 #: returns at most this late after an event becomes due.
@@ -624,6 +627,36 @@ _FAULT_ERRORS: dict[str, type[DeviceError]] = {
 }
 
 
+class SimulatedLibrary:
+    """What stands for libnvidia-ml behind a simulated node: one gate, one entry counter.
+
+    Every Device call of the node's GPUs goes through ``gate`` as NVML calls do (one caller at a
+    time, hung calls set aside after ``gate.hang_seconds``), so a slow simulated call holds up the
+    other GPUs exactly as a slow NVML call does. ``entries`` counts threads inside at once: the
+    real library crashed on that, so tests of code above the device assert it stays 0.
+    """
+
+    def __init__(self, hang_seconds: float = 5.0) -> None:
+        self.gate = CallGate("simulated GPU library", hang_seconds)
+        self.entries = EntryCounter()
+
+    def call(self, gpu: int, name: str, fn: Callable[..., T], *args: object) -> T:
+        """One library call about GPU ``gpu``; a call nested in another of the same thread goes straight in."""
+        if self.entries.inside_now():
+            return fn(*args)
+        return self.gate.call(gpu, name, self.entries.run, fn, *args)
+
+
+def _through_library(method: Callable[..., T]) -> Callable[..., T]:
+    """A Device method of SimulatedGpu, entered through its library (see SimulatedLibrary)."""
+
+    @functools.wraps(method)
+    def call(self: SimulatedGpu, *args: object) -> T:
+        return self.library.call(self.index, method.__name__, method, self, *args)
+
+    return call
+
+
 class SimulatedGpu(Device):
     """One simulated GPU; thread-safe (one lock, never held while a fault sleeps).
 
@@ -648,9 +681,12 @@ class SimulatedGpu(Device):
         node: str = "",
         nvlink_links: int | None = None,
         mig_instances: int = 0,
+        library: SimulatedLibrary | None = None,
     ) -> None:
         self.index = index
         self.model = model
+        #: The simulated library this GPU answers through (shared by the backend's GPUs).
+        self.library = library or SimulatedLibrary()
         self._faults = faults
         self._clock = clock
         self._sleep = sleep
@@ -1222,6 +1258,13 @@ class SimulatedGpu(Device):
             self._recovery_action = 0
 
 
+#: The Device interface's calls: each enters a SimulatedGpu through its library, as NVML's do.
+LIBRARY_CALLS: tuple[str, ...] = tuple(
+    name for name, value in vars(Device).items() if callable(value) and not name.startswith("_"))
+for _name in LIBRARY_CALLS:
+    setattr(SimulatedGpu, _name, _through_library(getattr(SimulatedGpu, _name)))
+
+
 class SimulatedBackend(Backend):
     """A set of simulated GPUs configured by :class:`~gpuperfd.config.SimulationConfig`.
 
@@ -1237,8 +1280,11 @@ class SimulatedBackend(Backend):
         config: SimulationConfig,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        call_timeout_seconds: float = 5.0,
     ) -> None:
         self.config = config
+        #: This node's library: every GPU's calls pass its one gate (``call_timeout_seconds``: hung).
+        self.library = SimulatedLibrary(call_timeout_seconds)
         self._clock = clock
         self._sleep = sleep
         self._lock = threading.Lock()
@@ -1264,6 +1310,7 @@ class SimulatedBackend(Backend):
                 node=config.node,
                 nvlink_links=config.nvlink_links,
                 mig_instances=mig.get(index, 0),
+                library=self.library,
             )
             for index in range(config.gpus)
         ]

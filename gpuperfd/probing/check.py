@@ -50,6 +50,8 @@ CHECK_TIMING: dict[str, Any] = {"repeats": 2, "measure_seconds": 1.0, "warmup_se
 SIMULATED_MEASURE_SECONDS = 1.0
 #: Share of ``--timeout`` the passive read (and, after it, the busy checks) may take at most.
 PASSIVE_SHARE = 0.2
+#: A hung device call is set aside after the passive budget over this (the others' reads wait that long).
+HANG_SHARE_OF_PASSIVE = 4.0
 MIG_TEXT = "MIG enabled: checked at the parent GPU's level, not probed"
 
 
@@ -203,6 +205,14 @@ def _give_to_directory_owner(lock: GpuLock) -> None:
         log.warning("cannot give %s to the state directory's owner: %s", lock.path, exc)
 
 
+def _hang_bounded(config: Config, passive_seconds: float) -> Config:
+    """The config with a device call timeout short enough that the other GPUs' reads, which wait
+    behind a hung call in the one-caller library gate (:mod:`gpuperfd.device.serial`), still finish
+    within the passive read's budget."""
+    seconds = min(config.device.call_timeout_seconds, passive_seconds / HANG_SHARE_OF_PASSIVE)
+    return config.model_copy(update={"device": config.device.model_copy(update={"call_timeout_seconds": seconds})})
+
+
 def _probe_config(config: Config, seconds: float) -> Config:
     probes = config.probes.model_copy(update={
         "timeout_seconds": max(1.0, min(seconds, 7200.0)),
@@ -308,11 +318,13 @@ def run_check(config: Config, request: CheckRequest,
     t0 = time.monotonic()
     deadline = t0 + request.timeout_seconds
     phases: dict[str, float] = {}
+    # The passive read has its own share of the budget: one hung GPU must not starve the others' probes.
+    passive_budget = max(2.0, PASSIVE_SHARE * request.timeout_seconds)
+    config = _hang_bounded(config, passive_budget)
     backend, devices = open_devices(config, request, deadline, opener or open_backend)
     phases["open"] = time.monotonic() - t0
     mark = time.monotonic()
-    # The passive read has its own share of the budget: one hung GPU must not starve the others' probes.
-    passive_seconds = min(deadline - mark, max(2.0, PASSIVE_SHARE * request.timeout_seconds))
+    passive_seconds = min(deadline - mark, passive_budget)
     sampler, read = passive_read(backend, devices, mark + passive_seconds)
     now = time.time()
     inputs = {g.gpu: g for g in snapshot_inputs(sampler, sorted(read), now)}

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
+import threading
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from unittest import mock
@@ -538,7 +540,7 @@ def test_xid_wait_returns_events(nvml: SimpleNamespace, backend: NvmlBackend) ->
     assert [(e.gpu_index, e.xid) for e in events] == [(1, 79), (0, 48)]
     assert all(e.timestamp > 0 for e in events)
     timeouts = [c.args[1] for c in nvml.nvmlEventSetWait_v2.call_args_list]
-    assert timeouts == [1500, 0, 0]  # block once, then drain what is queued
+    assert timeouts == [0, 0, 0]  # polled, never blocking inside NVML; drains what is queued
     nvml.nvmlDeviceGetIndex.assert_not_called()  # mapped by handle, no NVML call
     registered = nvml.nvmlDeviceRegisterEvents.call_args_list
     assert [(address_of(c.args[0]), c.args[1]) for c in registered] == [
@@ -549,8 +551,28 @@ def test_xid_wait_returns_events(nvml: SimpleNamespace, backend: NvmlBackend) ->
 
 def test_xid_wait_timeout_is_no_events(nvml: SimpleNamespace, backend: NvmlBackend) -> None:
     nvml.nvmlEventSetWait_v2.side_effect = nvml_error(pynvml.NVML_ERROR_TIMEOUT)
-    assert backend.wait_xid_events(0.25) == []
-    assert nvml.nvmlEventSetWait_v2.call_args.args[1] == 250
+    start = time.monotonic()
+    assert backend.wait_xid_events(0.6) == []
+    waited = time.monotonic() - start
+    # Polled every XID_POLL_SECONDS with a zero timeout (the blocking wait would hold the gate).
+    assert 0.6 <= waited < 1.5
+    calls = [c.args[1] for c in nvml.nvmlEventSetWait_v2.call_args_list]
+    assert set(calls) == {0} and 2 <= len(calls) <= 0.6 / nvml_module.XID_POLL_SECONDS + 2
+
+
+def test_xid_poll_leaves_nvml_free_between_polls(nvml: SimpleNamespace, backend: NvmlBackend) -> None:
+    """While the XID watcher waits, other threads' calls are not held up by it."""
+    nvml.nvmlEventSetWait_v2.side_effect = nvml_error(pynvml.NVML_ERROR_TIMEOUT)
+    nvml.nvmlDeviceGetPowerUsage.return_value = 1000
+    gpu = backend.devices()[0]
+    watcher = threading.Thread(target=backend.wait_xid_events, args=(1.0,))
+    watcher.start()
+    time.sleep(0.1)
+    start = time.monotonic()
+    for _ in range(20):
+        gpu.power_watts()
+    assert time.monotonic() - start < 0.2
+    watcher.join()
 
 
 def test_xid_registration_is_lazy_and_remembers_unsupported(

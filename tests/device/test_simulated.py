@@ -22,6 +22,7 @@ from gpuperfd.config import (
 )
 from gpuperfd.device.base import CLOCK_EVENT_REASONS, Backend, Device
 from gpuperfd.device.errors import (
+    DeviceError,
     DeviceTimeout,
     GpuLost,
     InvalidArgument,
@@ -494,23 +495,65 @@ def test_slow_fault_sleeps_its_delay_then_answers(clock: FakeClock) -> None:
     assert clock.sleeps == [1.5]
 
 
-def test_fault_sleep_does_not_hold_the_gpu_lock(clock: FakeClock) -> None:
-    finished = threading.Event()
-
-    def sleep(seconds: float) -> None:
-        # Another thread reads the same GPU while this call is "slow".
-        reader = threading.Thread(target=lambda: (gpu.memory(), finished.set()))
-        reader.start()
-        reader.join(timeout=5.0)
-
+def test_a_slow_call_holds_the_library_until_it_counts_as_hung(clock: FakeClock) -> None:
+    """As on NVML: one caller in the library at a time, so a slow call on GPU 0 holds GPU 1's
+    reads, but only until the call timeout; then GPU 0 gets no calls until its slow one returns."""
+    released = threading.Event()
     backend = SimulatedBackend(
-        SimulationConfig(gpus=1, seed=1, faults=[FaultConfig(call="power_watts", kind="slow")]),
-        clock=clock,
-        sleep=sleep,
+        SimulationConfig(gpus=2, seed=1, faults=[FaultConfig(gpu=0, call="power_watts", kind="slow")]),
+        clock=clock, sleep=lambda seconds: released.wait(10.0), call_timeout_seconds=0.3,
     )
-    gpu = backend.devices()[0]
-    gpu.power_watts()
-    assert finished.is_set()
+    gpu0, gpu1 = backend.devices()
+    slow = threading.Thread(target=gpu0.power_watts)
+    slow.start()
+    time.sleep(0.05)
+    start = time.monotonic()
+    gpu1.memory()
+    assert 0.2 <= time.monotonic() - start < 1.5  # held until the slow call was set aside
+    with pytest.raises(DeviceTimeout, match="power_watts has not returned"):
+        gpu0.memory()  # the hung GPU's next call is refused at once
+    start = time.monotonic()
+    gpu1.memory()
+    assert time.monotonic() - start < 0.2  # the rest of the node goes on
+    released.set()
+    slow.join(5.0)
+    gpu0.memory()  # back once the slow call returned
+    stats = backend.library.gate.stats()
+    assert stats.set_aside == 1 and stats.refused == 1 and stats.max_inside == 2
+    assert backend.library.entries.concurrent_entries == 2  # GPU 1's two reads beside the stuck call
+
+
+def test_threads_enter_the_simulated_library_one_at_a_time(clock: FakeClock) -> None:
+    backend = make_backend(clock, gpus=4)
+
+    def read(gpu: Device) -> None:
+        for _ in range(200):
+            for call in DEVICE_CALLS:
+                try:
+                    getattr(gpu, call)()
+                except DeviceError:
+                    pass
+
+    threads = [threading.Thread(target=read, args=(gpu,)) for gpu in backend.devices() for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    entries = backend.library.entries
+    assert entries.entries >= 8 * 200 and entries.concurrent_entries == 0 and entries.max_inside == 1
+
+
+def test_entry_counter_sees_two_threads_without_the_gate() -> None:
+    """The counter the tests rely on does count a concurrent entry (it can fail)."""
+    from gpuperfd.device.serial import EntryCounter
+
+    counter, inside = EntryCounter(), threading.Barrier(2)
+    threads = [threading.Thread(target=counter.run, args=(inside.wait,)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert counter.concurrent_entries == 1 and counter.max_inside == 2
 
 
 def test_wildcard_fault_hits_every_gpu_and_call(clock: FakeClock) -> None:
