@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -79,6 +80,8 @@ class CallGate:
         self._cond = threading.Condition(threading.Lock())
         self._inside: _Entry | None = None
         self._hung: list[_Entry] = []
+        #: Callers waiting, in arrival order (tickets); the first goes in when the library is free.
+        self._queue: deque[object] = deque()
         self._stats = GateStats()
 
     def stats(self) -> GateStats:
@@ -98,23 +101,35 @@ class CallGate:
             self._leave(entry)
 
     def _enter(self, scope: Scope, name: str) -> _Entry:
+        """Wait for our turn (first come, first served: a thread calling in a loop cannot starve
+        the others), setting a hung call aside when we are next and it has run too long."""
         me = threading.get_ident()
         with self._cond:
             arrived = self._clock()
+            ticket = object()
+            self._queue.append(ticket)
             waited = False
-            while True:
-                self._refuse_if_hung(scope, name)
-                current = self._inside
-                if current is None:
-                    break
-                if current.thread == me:
-                    raise RuntimeError(f"{self.library}: {name} called from inside {current.name} (same thread)")
-                age = self._clock() - current.started
-                if age >= self.hang_seconds:
-                    self._set_aside(current, age)
-                    continue
-                waited = True
-                self._cond.wait(self.hang_seconds - age)
+            try:
+                while True:
+                    self._refuse_if_hung(scope, name)
+                    current = self._inside
+                    if current is not None and current.thread == me:
+                        raise RuntimeError(f"{self.library}: {name} called from inside {current.name} (same thread)")
+                    if current is None and self._queue[0] is ticket:
+                        break
+                    if current is not None and self._queue[0] is ticket:
+                        age = self._clock() - current.started
+                        if age >= self.hang_seconds:
+                            self._set_aside(current, age)
+                            continue
+                        waited = True
+                        self._cond.wait(self.hang_seconds - age)
+                    else:
+                        waited = True
+                        self._cond.wait(self.hang_seconds)
+            finally:
+                self._queue.remove(ticket)
+                self._cond.notify_all()
             now = self._clock()
             stats = self._stats
             stats.calls += 1
