@@ -37,6 +37,7 @@ from gpuperfd.health.monitor import HealthMonitor
 from gpuperfd.health.verdict import node_verdict_json
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker
+from gpuperfd.probing.admission import Admission, memory_limit
 from gpuperfd.probing.metrics import ProbeMetrics
 from gpuperfd.probing.scheduling import ProbeScheduler
 from gpuperfd.probing.service import ProbeService
@@ -109,6 +110,22 @@ def node_uuids(backend: Backend) -> list[str]:
         except DeviceError as exc:
             log.warning("gpu %d: cannot read its identity: %s", device.index, exc)
     return uuids
+
+
+def probe_admission(config: Config, backend_name: str, metrics: ProbeMetrics) -> Admission | None:
+    """The host-memory admission of probe children (docs/operations.md), its state on the probe
+    series; None where the executor starts no child (the simulator)."""
+    from gpuperfd.probing.executors import starts_children
+
+    if not starts_children(config, backend_name):
+        return None
+    admission = Admission(*memory_limit(config.probes.memory_budget))
+    admission.listeners.append(metrics.set_admission)
+    admission.peaks.listeners.append(lambda _probe, _peak: metrics.set_admission(admission.state()))
+    metrics.set_admission(admission.state())
+    if config.probes.enabled:
+        log.info(admission.describe())
+    return admission
 
 
 def open_backend_waiting(config: Config, sleep: Callable[[float], None] = time.sleep) -> Backend:
@@ -189,10 +206,11 @@ class Daemon:
         self.sampler.listeners.append(self.tracker.observe)
         from gpuperfd.probing.executors import choose_executor
 
+        admission = probe_admission(config, self.backend.name, self.probe_metrics)
         self.probes = ProbeService(
             config.probes,
             self.devices,
-            choose_executor(config, self.backend.name),
+            choose_executor(config, self.backend.name, on_peak=admission.peaks.record if admission else None),
             self.probe_metrics,
             self.tracker,
             HistoryWriter(config.probes.history.path, config.probes.history.max_bytes, config.probes.history.backups)
@@ -201,6 +219,7 @@ class Daemon:
             on_cap_change=lambda gpu: self.sampler.refresh(gpu, "power"),
             allocations=self.pod_resources.state if self.pod_resources is not None else None,
             kubelet_socket=kubernetes.socket if kubelet_required(kubernetes.required) else None,
+            admission=admission,
         )
         # Every journal write first records its directory in the node's registry (fixed, not a
         # setting), so a later start finds it whatever probes.state_dir then says.

@@ -128,6 +128,25 @@ class Admission:
         #: Told the new :class:`AdmissionState` after every change (outside the lock).
         self.listeners: list[Callable[[AdmissionState], None]] = []
 
+    def set_limit(self, limit_bytes: int | None, source: str) -> None:
+        """A new limit (a reload changed ``probes.memory_budget``); waiters look again, and a budget
+        too small for one child is logged once more."""
+        with self._cv:
+            if (limit_bytes, source) != (self.limit_bytes, self.source):
+                self.limit_bytes, self.source, self._warned = limit_bytes, source, False
+                self._cv.notify_all()
+        self._publish()
+
+    def describe(self) -> str:
+        """One line for the start-up log: the limit, the budget, and how many default-sized children fit."""
+        budget = self.budget_bytes()
+        if budget is None:
+            return "probe children: no memory limit (cgroup or probes.memory_budget): every idle GPU's child at once"
+        fits = max(0, budget // self.peaks.default_bytes)
+        return (f"probe children: {self.source} {self.limit_bytes / MIB:.0f} MiB, {budget / MIB:.0f} MiB for children "
+                f"(less the daemon and {self.headroom_bytes / MIB:.0f} MiB headroom): {fits} child(ren) of "
+                f"~{self.peaks.default_bytes / MIB:.0f} MiB at once until measured; the others wait their turn")
+
     def budget_bytes(self) -> int | None:
         """Memory the children may use together now: limit - daemon RSS - headroom (None: no limit)."""
         if self.limit_bytes is None:
