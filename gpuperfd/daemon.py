@@ -52,6 +52,7 @@ from gpuperfd.web.landing import landing_page
 from gpuperfd.web.server import Response, WebServer, metrics_route
 
 if TYPE_CHECKING:
+    from gpuperfd.probing.executors import Executor
     from gpuperfd.web.watcher import WebConfigWatcher
 
 log = logging.getLogger(__name__)
@@ -112,20 +113,20 @@ def node_uuids(backend: Backend) -> list[str]:
     return uuids
 
 
-def probe_admission(config: Config, backend_name: str, metrics: ProbeMetrics) -> Admission | None:
-    """The host-memory admission of probe children (docs/operations.md), its state on the probe
-    series; None where the executor starts no child (the simulator)."""
-    from gpuperfd.probing.executors import starts_children
+def probe_executor(config: Config, backend_name: str, metrics: ProbeMetrics) -> tuple[Executor, Admission | None]:
+    """The probe executor and the host-memory admission of its children (docs/operations.md), the
+    admission's state on the probe series; no admission where the executor starts no child (the simulator)."""
+    from gpuperfd.probing.executors import choose_executor, starts_children
 
     if not starts_children(config, backend_name):
-        return None
+        return choose_executor(config, backend_name), None
     admission = Admission(*memory_limit(config.probes.memory_budget))
     admission.listeners.append(metrics.set_admission)
     admission.peaks.listeners.append(lambda _probe, _peak: metrics.set_admission(admission.state()))
     metrics.set_admission(admission.state())
     if config.probes.enabled:
         log.info(admission.describe())
-    return admission
+    return choose_executor(config, backend_name, on_peak=admission.peaks.record), admission
 
 
 def open_backend_waiting(config: Config, sleep: Callable[[float], None] = time.sleep) -> Backend:
@@ -204,13 +205,11 @@ class Daemon:
         )
         self.tracker = IdleTracker(config.probes.idle_utilization_threshold, clock=self.sampler.clock)
         self.sampler.listeners.append(self.tracker.observe)
-        from gpuperfd.probing.executors import choose_executor
-
-        admission = probe_admission(config, self.backend.name, self.probe_metrics)
+        executor, admission = probe_executor(config, self.backend.name, self.probe_metrics)
         self.probes = ProbeService(
             config.probes,
             self.devices,
-            choose_executor(config, self.backend.name, on_peak=admission.peaks.record if admission else None),
+            executor,
             self.probe_metrics,
             self.tracker,
             HistoryWriter(config.probes.history.path, config.probes.history.max_bytes, config.probes.history.backups)
