@@ -103,6 +103,7 @@ class AdmissionState:
     """What the series show: the budget now (None: no limit), children running and waiting."""
 
     budget_bytes: int | None
+    source: str
     running: int
     waiting: int
     wait_seconds_total: float
@@ -155,7 +156,7 @@ class Admission:
 
     def state(self) -> AdmissionState:
         with self._cv:
-            return AdmissionState(self.budget_bytes(), self._running, len(self._queue), self._wait_total,
+            return AdmissionState(self.budget_bytes(), self.source, self._running, len(self._queue), self._wait_total,
                                   self._reserved, self.peaks.peaks())
 
     def acquire(self, gpu: int, need: int, abort: threading.Event, deadline: float | None = None) -> Ticket:

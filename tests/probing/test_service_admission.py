@@ -79,7 +79,8 @@ def test_eight_gpus_queue_for_memory_and_all_run(tmp_path) -> None:
     assert registry.get_sample_value("gpuperf_probe_children_running") == 0
     assert registry.get_sample_value("gpuperf_probe_children_waiting") == 0
     assert registry.get_sample_value("gpuperf_probe_admission_wait_seconds_total") > 0.05
-    assert registry.get_sample_value("gpuperf_probe_memory_budget_bytes") == 2 * CHILD + CHILD // 2
+    assert registry.get_sample_value("gpuperf_probe_memory_budget_bytes",
+                                     {"source": "cgroup memory limit"}) == 2 * CHILD + CHILD // 2
 
 
 def test_a_budget_too_small_for_one_child_skips_every_run_and_says_so_once(tmp_path, caplog) -> None:
@@ -111,3 +112,28 @@ def test_stop_wakes_a_round_waiting_for_memory(tmp_path) -> None:
     assert not waiter.is_alive() and (outcome[0].result, outcome[0].reason) == ("skipped", "shutting_down")
     assert children.calls == 0
     service.admission.release(held)  # type: ignore[union-attr]
+
+
+def test_the_admission_series_are_absent_without_an_admission_and_lint_clean(tmp_path) -> None:
+    import shutil
+    import subprocess
+
+    from prometheus_client import generate_latest
+
+    registry = CollectorRegistry()
+    metrics = ProbeMetrics(registry)
+    assert b"gpuperf_probe_children_running" not in generate_latest(registry)  # the simulator: no children
+    admission = Admission(None, "none", PeakBook(CHILD), daemon_rss=lambda: 0)
+    metrics.set_admission(admission.state())
+    text = generate_latest(registry).decode()
+    assert "gpuperf_probe_children_running 0.0" in text and "gpuperf_probe_memory_budget_bytes{" not in text
+    admission.set_limit(4 * CHILD, "probes.memory_budget")
+    admission.peaks.record("llm", 3 * MIB)
+    metrics.set_admission(admission.state())
+    text = generate_latest(registry).decode()
+    assert 'gpuperf_probe_memory_budget_bytes{source="probes.memory_budget"}' in text
+    assert 'gpuperf_probe_child_peak_rss_bytes{probe="llm"}' in text
+    promtool = shutil.which("promtool")
+    if promtool:
+        lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+        assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), lint.stdout + lint.stderr
