@@ -37,6 +37,7 @@ from gpuperfd.health.monitor import HealthMonitor
 from gpuperfd.health.verdict import node_verdict_json
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker
+from gpuperfd.probing.admission import Admission, memory_limit
 from gpuperfd.probing.metrics import ProbeMetrics
 from gpuperfd.probing.scheduling import ProbeScheduler
 from gpuperfd.probing.service import ProbeService
@@ -51,6 +52,7 @@ from gpuperfd.web.landing import landing_page
 from gpuperfd.web.server import Response, WebServer, metrics_route
 
 if TYPE_CHECKING:
+    from gpuperfd.probing.executors import Executor
     from gpuperfd.web.watcher import WebConfigWatcher
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,22 @@ def node_uuids(backend: Backend) -> list[str]:
         except DeviceError as exc:
             log.warning("gpu %d: cannot read its identity: %s", device.index, exc)
     return uuids
+
+
+def probe_executor(config: Config, backend_name: str, metrics: ProbeMetrics) -> tuple[Executor, Admission | None]:
+    """The probe executor and the host-memory admission of its children (docs/operations.md), the
+    admission's state on the probe series; no admission where the executor starts no child (the simulator)."""
+    from gpuperfd.probing.executors import choose_executor, starts_children
+
+    if not starts_children(config, backend_name):
+        return choose_executor(config, backend_name), None
+    admission = Admission(*memory_limit(config.probes.memory_budget))
+    admission.listeners.append(metrics.set_admission)
+    admission.peaks.listeners.append(lambda _probe, _peak: metrics.set_admission(admission.state()))
+    metrics.set_admission(admission.state())
+    if config.probes.enabled:
+        log.info(admission.describe())
+    return choose_executor(config, backend_name, on_peak=admission.peaks.record), admission
 
 
 def open_backend_waiting(config: Config, sleep: Callable[[float], None] = time.sleep) -> Backend:
@@ -187,12 +205,11 @@ class Daemon:
         )
         self.tracker = IdleTracker(config.probes.idle_utilization_threshold, clock=self.sampler.clock)
         self.sampler.listeners.append(self.tracker.observe)
-        from gpuperfd.probing.executors import choose_executor
-
+        executor, admission = probe_executor(config, self.backend.name, self.probe_metrics)
         self.probes = ProbeService(
             config.probes,
             self.devices,
-            choose_executor(config, self.backend.name),
+            executor,
             self.probe_metrics,
             self.tracker,
             HistoryWriter(config.probes.history.path, config.probes.history.max_bytes, config.probes.history.backups)
@@ -201,6 +218,7 @@ class Daemon:
             on_cap_change=lambda gpu: self.sampler.refresh(gpu, "power"),
             allocations=self.pod_resources.state if self.pod_resources is not None else None,
             kubelet_socket=kubernetes.socket if kubelet_required(kubernetes.required) else None,
+            admission=admission,
         )
         # Every journal write first records its directory in the node's registry (fixed, not a
         # setting), so a later start finds it whatever probes.state_dir then says.

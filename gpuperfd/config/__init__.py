@@ -362,10 +362,41 @@ class ProbesConfig(_Strict):
     torch_device: Literal["cuda", "cpu"] = "cuda"
     #: Measured seconds of a simulated probe (simulated backend only).
     simulated_measure_seconds: Annotated[float, Field(gt=0, le=600)] = 3.0
+    #: Host memory the probe children may use together, bytes or a Kubernetes quantity ("2560Mi",
+    #: "4Gi"); the smaller of it and the cgroup's memory limit wins. None: the cgroup's limit only
+    #: (docs/operations.md, "Memory: how many probe children at once").
+    memory_budget: int | str | None = None
     history: HistoryConfig = HistoryConfig()
     #: A GPU allocated to a pod is never probed, unless every pod holding it matches this.
     ours: OursConfig = OursConfig()
     schedules: list[ScheduleConfig] = []
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _budget_bytes(cls, value: int | str | None) -> int | None:
+        if value is None:
+            return None
+        size = value if isinstance(value, int) else parse_quantity(value)
+        if size <= 0:
+            raise ValueError("must be a positive size (bytes, or a quantity such as 2560Mi or 4Gi)")
+        return size
+
+
+#: Kubernetes memory quantity suffixes, in bytes.
+QUANTITY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def parse_quantity(text: str) -> int:
+    """A memory size as Kubernetes writes it ("2560Mi", "4Gi", "500M", "1073741824") in bytes;
+    ValueError with the accepted forms otherwise."""
+    text = text.strip()
+    for suffix, factor in QUANTITY_UNITS.items():
+        if text.endswith(suffix) and text[: -len(suffix)].replace(".", "", 1).isdigit():
+            return int(float(text[: -len(suffix)]) * factor)
+    if text.isdigit():
+        return int(text)
+    raise ValueError(f"{text!r} is not a memory size: bytes, or a number with Ki, Mi, Gi, Ti, k, M, G or T "
+                     "(e.g. 2560Mi, 4Gi)")
 
 
 class HealthConfig(_Strict):

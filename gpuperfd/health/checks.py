@@ -216,6 +216,7 @@ PROBE_OUTCOMES: Mapping[str, tuple[str, str]] = {
     "timeout": ("unknown", "none"),
     "aborted": ("unknown", "none"),
     "gpu_busy": ("unknown", "none"),
+    "host_oom": ("unknown", "none"),  # the host's memory limit killed the child: not the GPU
     "exception": ("unknown", "contact_support"),
     "oom": ("degraded", "reset_gpu"),
     "crash": ("unhealthy", "reset_gpu"),
@@ -234,7 +235,7 @@ ACTION_CLEARS: Mapping[str, str] = {
 PEER_MIN_COUNT = Threshold("peer_min_count", 4.0, "GPUs", "GPUs of one model (itself included) a peer check needs")
 
 #: Failure reasons that say nothing about the GPU (skipped by probe_failures).
-NON_GPU_FAILURES: frozenset[str] = frozenset({"gpu_busy", "aborted", "early_stop"})
+NON_GPU_FAILURES: frozenset[str] = frozenset({"gpu_busy", "aborted", "early_stop", "host_oom"})
 
 
 def defaults() -> dict[str, float]:

@@ -39,8 +39,10 @@ __all__ = [
 
 #: "skipped": a sweep's point not run on purpose (its reason says why, e.g. ``early_stop``).
 STATUSES: tuple[str, ...] = ("ok", "failed", "aborted", "skipped")
+#: ``oom`` is the GPU's memory (a CUDA allocation failed); ``host_oom`` the host's (the kernel's OOM
+#: killer ended the child for the cgroup's memory limit), which says nothing about the GPU.
 FAILURE_REASONS: tuple[str, ...] = ("exception", "timeout", "oom", "crash", "cuda_error", "gpu_busy", "aborted",
-                                    "early_stop", "wrong_result")
+                                    "early_stop", "wrong_result", "host_oom")
 #: What the answer checks said (probe_child/correctness.py): "not_checked" for failed points and records
 #: written before the checks existed.
 CORRECTNESS_STATUSES: tuple[str, ...] = ("ok", "mismatch", "not_checked")

@@ -10,7 +10,9 @@ Parent side (no torch here). Everything runs under one deadline (``--timeout``):
    per-GPU lock (:mod:`.sweep.ownership`) free, which is held for the probe so the daemon
    does not sweep under it, and not busy (:func:`.idle.busy_reason`). All GPUs probe in
    parallel, through the one executor choice (:func:`.executors.choose_executor`: a probe
-   child on real GPUs, the simulator's physics with ``--simulate``). It is read-only:
+   child on real GPUs, the simulator's physics with ``--simulate``), as many children at once
+   as the host memory holds (:mod:`.admission`, the daemon's rule): the others queue, and one
+   that gets no room before the deadline is not probed, with the reason. It is read-only:
    nothing here changes a power cap;
 4. the pure judge (:func:`gpuperfd.health.judge.judge`): the daemon's table plus the
    one-shot rows. A probe that did not finish by the deadline is ``unknown``, never healthy.
@@ -34,7 +36,8 @@ from gpuperfd.health.evaluate import GpuInputs
 from gpuperfd.health.judge import expected_figure, judge, run_row
 from gpuperfd.health.monitor import snapshot_inputs
 from gpuperfd.health.verdict import Verdict
-from gpuperfd.probing.executors import choose_executor
+from gpuperfd.probing.admission import Admission, memory_limit
+from gpuperfd.probing.executors import choose_executor, starts_children
 from gpuperfd.probing.idle import BusyKind, busy_reason, mig_reason
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.telemetry.collectors import COLLECTORS
@@ -229,16 +232,27 @@ def probe_all(config: Config, backend: Backend, devices: Sequence[Device], reque
     options = {} if request.preset == "tiny" else dict(CHECK_TIMING)
     schedule = ScheduleConfig(probe=request.probe, preset=request.preset, options=options, interval_seconds=86400)
     abort = threading.Event()
+    admission = check_admission(config, backend.name)
     results: dict[int, dict[str, Any]] = {}
     threads = {}
     for device in devices:
         def run(d: Device = device) -> None:
+            ticket = None
             try:
+                if admission is not None:
+                    ticket = admission.acquire(d.index, admission.peaks.expected([request.probe]), abort,
+                                               deadline - grace)
+                    if not ticket.granted:
+                        results[d.index] = {"not_probed": not_admitted_text(ticket.reason, ticket.bytes)}
+                        return
                 results[d.index] = executor(d, schedule, abort).to_dict()
             except Exception as exc:  # noqa: BLE001 - a bug is this GPU's "could not check", never a crash
                 log.exception("gpu %d: check probe failed", d.index)
                 results[d.index] = {"probe": request.probe, "preset": request.preset, "status": "failed",
                                     "failure_reason": "exception", "error_message": str(exc)}
+            finally:
+                if ticket is not None and admission is not None:
+                    admission.release(ticket)
         thread = threading.Thread(target=run, name=f"check-probe-gpu{device.index}", daemon=True)
         thread.start()
         threads[device.index] = thread
@@ -264,6 +278,23 @@ def probe_all(config: Config, backend: Backend, devices: Sequence[Device], reque
                       "error_message": f"the probe did not finish within the {request.timeout_seconds:g} s timeout"}
         out[index] = result
     return out
+
+
+def check_admission(config: Config, backend_name: str) -> Admission | None:
+    """The host-memory admission of the check's probe children (None on the simulator)."""
+    if not starts_children(config, backend_name):
+        return None
+    return Admission(*memory_limit(config.probes.memory_budget))
+
+
+def not_admitted_text(reason: str, need: int) -> str:
+    """Why a GPU got no probe child: the memory it needed was not free in time, or never fits."""
+    mib = need / 2**20
+    if reason == "memory_budget":
+        return (f"not probed: host memory too small for one probe child (~{mib:.0f} MiB; raise the memory limit, "
+                "docs/operations.md, sizing)")
+    return (f"not probed: no host memory for its probe child (~{mib:.0f} MiB) before the deadline, other GPUs' "
+            "children held it (raise --timeout or the memory limit)")
 
 
 def _power_limit(device: Device) -> float | None:
@@ -346,6 +377,9 @@ def run_check(config: Config, request: CheckRequest,
             limits = {d.index: _power_limit(d) for d in to_probe}
             for index, result in probe_all(config, backend, to_probe, request, deadline).items():
                 gpu = inputs[index]
+                if "not_probed" in result:  # no memory for its child in time
+                    gpu.not_probed = outcome.not_probed[index] = result["not_probed"]
+                    continue
                 gpu.runs = [run_row(result, limits[index], now)]
                 key = f"{result.get('probe')}/{result.get('preset')}"
                 figure, note = expected_figure(gpu.name, request.probe, str(result.get("preset") or request.preset),

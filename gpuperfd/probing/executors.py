@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 #: Runs a probe once on a device at the cap it holds now: (device, schedule, abort) -> result.
 Executor = Callable[[Device, ScheduleConfig, threading.Event], ProbeResult]
+#: Told (probe, peak host RSS in bytes) when a probe child exits (:class:`gpuperfd.probing.admission.PeakBook`).
+PeakCallback = Callable[[str, int], None]
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +119,10 @@ class WarmChildSession:
     def __init__(self, spec: ProbeSpec, device: Device, abort: threading.Event, timeout_seconds: float,
                  settle_seconds: float, state_dir: Path | str | None, check_idle: bool = True,
                  idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, on_peak: PeakCallback | None = None) -> None:
         self.spec = spec
+        #: Told each child's peak host RSS when it exits (the admission's estimate).
+        self.on_peak = on_peak
         #: Extra environment of its children (compile caches, see :func:`compile_cache_env`).
         self.env = dict(env or {})
         self.device = device
@@ -155,7 +159,7 @@ class WarmChildSession:
             if child is not None:
                 child.close()
             child = ProbeChild(self.spec, device=self.device, own_pids=(os.getpid(),), should_abort=self.abort.is_set,
-                               record_dir=self.state_dir, env=self.env)
+                               record_dir=self.state_dir, env=self.env, on_peak=self.on_peak)
             self.children += 1
             failed = child.start(deadline, defer_build=True)
         if failed is not None:
@@ -218,7 +222,7 @@ class WarmChildSession:
         if (busy := self._busy(own)) is not None:
             return busy
         self.child = ProbeChild(self.spec, device=self.device, own_pids=own, should_abort=self.abort.is_set,
-                                record_dir=self.state_dir, env=self.env)
+                                record_dir=self.state_dir, env=self.env, on_peak=self.on_peak)
         self.children += 1
         return self._built(self.child.start(deadline))
 
@@ -279,8 +283,11 @@ class ChildProcessExecutor:
     """
 
     def __init__(self, timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None,
-                 idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD, compile_cache: bool = True) -> None:
+                 idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD, compile_cache: bool = True,
+                 on_peak: PeakCallback | None = None) -> None:
         self.timeout_seconds = timeout_seconds
+        #: Told each child's peak host RSS when it exits (the admission's estimate of the next ones).
+        self.on_peak = on_peak
         #: Keep torch.compile's and Triton's caches in the state directory across runs (and restarts).
         self.compile_cache = compile_cache
         #: ``probes.idle_utilization_threshold``: the one threshold of the busy check before a child starts.
@@ -313,6 +320,7 @@ class ChildProcessExecutor:
             record_dir=self.state_dir,
             idle_utilization_threshold=self.idle_utilization_threshold,
             env=self.child_env(),
+            on_peak=self.on_peak,
         )
 
     def child_env(self) -> dict[str, str]:
@@ -322,7 +330,8 @@ class ChildProcessExecutor:
     def open(self, device: Device, schedule: ScheduleConfig, abort: threading.Event) -> WarmChildSession:
         return WarmChildSession(self.spec(device, schedule), device, abort, self.timeout_seconds,
                                 schedule.settle_seconds, self.state_dir,
-                                idle_utilization_threshold=self.idle_utilization_threshold, env=self.child_env())
+                                idle_utilization_threshold=self.idle_utilization_threshold, env=self.child_env(),
+                                on_peak=self.on_peak)
 
 
 #: Below the state directory: torch.compile's (Inductor's FX graph and autotuning) and Triton's kernel caches.
@@ -353,24 +362,32 @@ def compile_cache_env(state_dir: Path | str | None) -> dict[str, str]:
 
 def child_process_executor(
     timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None,
-    idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD,
+    idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD, on_peak: PeakCallback | None = None,
 ) -> ChildProcessExecutor:
     """The real executor (see :class:`ChildProcessExecutor`)."""
-    return ChildProcessExecutor(timeout_seconds, torch_device, state_dir, idle_utilization_threshold)
+    return ChildProcessExecutor(timeout_seconds, torch_device, state_dir, idle_utilization_threshold, on_peak=on_peak)
 
 
-def choose_executor(config: Config, backend_name: str) -> Executor:
+def starts_children(config: Config, backend_name: str) -> bool:
+    """Whether :func:`choose_executor` picks the child executor: only then do probes need host
+    memory admitted (:mod:`gpuperfd.probing.admission`); the simulator runs in this process."""
+    kind = config.probes.executor
+    return not (kind == "simulated" or (kind == "auto" and backend_name == "simulated"))
+
+
+def choose_executor(config: Config, backend_name: str, on_peak: PeakCallback | None = None) -> Executor:
     """The one executor choice, for the daemon and ``gpuperfd sweep`` alike.
 
     ``probes.executor``: ``simulated`` (the simulator's physics, in this process), ``child`` (torch in
-    a child process), or ``auto``: simulated on the simulated backend, a child otherwise.
+    a child process), or ``auto``: simulated on the simulated backend, a child otherwise. ``on_peak``:
+    told each child's peak host RSS (the admission's :class:`~gpuperfd.probing.admission.PeakBook`).
     """
-    kind = config.probes.executor
-    if kind == "simulated" or (kind == "auto" and backend_name == "simulated"):
+    if not starts_children(config, backend_name):
         return simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed)
     return child_process_executor(config.probes.timeout_seconds, config.probes.torch_device,
                                   state_dir=config.probes.state_dir,
-                                  idle_utilization_threshold=config.probes.idle_utilization_threshold)
+                                  idle_utilization_threshold=config.probes.idle_utilization_threshold,
+                                  on_peak=on_peak)
 
 
 def _noisy(rng: random.Random, value: float, sigma: float) -> float:

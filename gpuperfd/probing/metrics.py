@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuperfd.device.base import GpuInfo
+
+if TYPE_CHECKING:
+    from gpuperfd.probing.admission import AdmissionState
 
 RUN_LABELS = ("gpu", "uuid", "probe", "preset")
 CAP_LABELS = (*RUN_LABELS, "power_cap")
@@ -95,6 +98,22 @@ class ProbeMetrics:
             RUN_LABELS, registry=registry)
         self.missed = Counter("gpuperf_scheduler_runs_missed", "Scheduled probe runs missed or skipped by the scheduler.",
                               ("probe",), registry=registry)
+        # The admission's series join the registry with its first state: absent where no child is started.
+        self._registry = registry
+        self.memory_budget = Gauge(
+            "gpuperf_probe_memory_budget_bytes",
+            "Host memory probe children may use together: the memory limit less the daemon and headroom, bytes "
+            "(absent: no limit).", ("source",), registry=None)
+        self.children_running = Gauge("gpuperf_probe_children_running",
+                                      "Probe children admitted and running now (host-memory admission).", registry=None)
+        self.children_waiting = Gauge("gpuperf_probe_children_waiting",
+                                      "Probe rounds waiting for host memory for their child.", registry=None)
+        self.admission_wait = Counter("gpuperf_probe_admission_wait_seconds",
+                                      "Seconds probe rounds waited for host memory for their child.", registry=None)
+        self.child_peak = Gauge("gpuperf_probe_child_peak_rss_bytes",
+                                "Largest peak host RSS measured of a probe's child process, bytes.", ("probe",),
+                                registry=None)
+        self._waited: float | None = None
         self.histograms = {
             key: Histogram(name, doc, RUN_LABELS, buckets=buckets, registry=registry)
             for key, (name, doc, buckets) in LATENCY_HISTOGRAMS.items()
@@ -108,6 +127,26 @@ class ProbeMetrics:
 
     def _bump(self) -> None:
         with self._lock:
+            self._version += 1
+
+    def set_admission(self, state: AdmissionState) -> None:
+        """The host-memory admission's state (:class:`~gpuperfd.probing.admission.Admission`'s listener)."""
+        with self._lock:
+            if self._waited is None:  # the first state: the series join the registry
+                self._waited = 0.0
+                for metric in (self.memory_budget, self.children_running, self.children_waiting,
+                               self.admission_wait, self.child_peak):
+                    self._registry.register(metric)
+            self.memory_budget.clear()
+            if state.budget_bytes is not None:
+                self.memory_budget.labels(state.source).set(state.budget_bytes)
+            self.children_running.set(state.running)
+            self.children_waiting.set(state.waiting)
+            if state.wait_seconds_total > self._waited:
+                self.admission_wait.inc(state.wait_seconds_total - self._waited)
+                self._waited = state.wait_seconds_total
+            for probe, peak in state.peaks.items():
+                self.child_peak.labels(probe).set(peak)
             self._version += 1
 
     def missed_run(self, probe: str) -> None:

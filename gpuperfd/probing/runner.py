@@ -24,6 +24,8 @@ GPU not idle before start    failed / ``gpu_busy`` (the child is never started)
 child raised                 failed / ``exception``, ``oom`` or ``cuda_error``
 child died by a signal       failed / ``crash`` (e.g. SIGSEGV), log tail attached
 child exited without a word  failed / ``crash``
+SIGKILL not sent by us       failed / ``host_oom`` when the cgroup's ``oom_kill``
+                             count rose (or cannot be read), else ``crash``
 hard timeout passed          failed / ``timeout`` (process group killed)
 another GPU process appeared aborted / ``aborted`` (process group killed)
 ``should_abort()`` true      aborted / ``aborted``
@@ -65,6 +67,7 @@ from gpuperfd.probe_data import wire
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.spec import ProbeSpec, default_timeout
 from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD, busy_reason
+from gpuperfd.system.cgroup_memory import oom_kill_count
 
 __all__ = ["run_probe", "ProbeChild", "ProgressCallback", "end_leftover_children"]
 
@@ -122,25 +125,51 @@ CHILD_MODULE = "gpuperfd.probe_child.child"
 
 
 class _Child:
-    """A started probe child: the few process calls the runner needs, over ``subprocess.Popen``."""
+    """A started probe child: the few process calls the runner needs, over ``subprocess.Popen``.
+
+    It is reaped with ``os.wait4`` (not Popen's ``waitpid``) so that the kernel's account of its
+    peak resident memory (``ru_maxrss``) comes back with its exit status: the admission of probe
+    children (:mod:`gpuperfd.probing.admission`) sizes the next rounds from it."""
 
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self.popen = popen
         self.pid: int | None = popen.pid
+        #: The child's peak resident memory in bytes, known once it has been reaped.
+        self.peak_rss_bytes: int | None = None
+        self._lock = threading.Lock()
+
+    def _reap(self) -> bool:
+        """True once the child has exited (and was reaped here, its peak RSS kept)."""
+        with self._lock:
+            if self.popen.returncode is not None:
+                return True
+            try:
+                pid, status, usage = os.wait4(self.popen.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: Popen knows its code
+                return self.popen.poll() is not None
+            if pid == 0:
+                return False
+            self.peak_rss_bytes = usage.ru_maxrss * 1024  # KiB on Linux
+            self.popen.returncode = os.waitstatus_to_exitcode(status)
+            return True
 
     def is_alive(self) -> bool:
-        return self.popen.poll() is None
+        return not self._reap()
 
     def join(self, timeout: float | None = None) -> None:
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.001
+        while not self._reap():
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.05)
 
     @property
     def exitcode(self) -> int | None:
         """As multiprocessing's: negative for a signal, None while running."""
-        return self.popen.poll()
+        self._reap()
+        return self.popen.returncode
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -319,8 +348,15 @@ class ProbeChild:
         should_abort: Callable[[], bool] | None = None,
         record_dir: Path | str | None = None,
         env: dict[str, str] | None = None,
+        on_peak: Callable[[str, int], None] | None = None,
     ) -> None:
         self.spec = spec
+        #: Told (probe, peak host RSS in bytes) for each probe this child ran, once it has exited.
+        self.on_peak = on_peak
+        #: The child's peak resident memory in bytes, once it has exited (``ru_maxrss``).
+        self.peak_rss_bytes: int | None = None
+        self._probes: set[str] = set()
+        self._oom_kills_at_start: int | None = None
         #: Extra environment for the child (e.g. compile cache folders under the state directory).
         self.env = dict(env or {})
         self.device = device
@@ -362,6 +398,8 @@ class ProbeChild:
         ``defer_build``: the child only imports (torch, the probe's model code; no GPU call) and
         waits: :meth:`rebuild` builds it once the GPU is taken."""
         t0 = time.monotonic()
+        self._probes.add(self.spec.probe)
+        self._oom_kills_at_start = self.oom_kills()
         ours, theirs = socket.socketpair()
         fd, self._log_path = tempfile.mkstemp(prefix=f"gpuperfd-probe-{self.spec.probe}-", suffix=".log")
         args = [sys.executable, "-m", CHILD_MODULE, "--fd", str(theirs.fileno()), "--log", self._log_path,
@@ -408,6 +446,7 @@ class ProbeChild:
         if not self.alive:
             return self._failure("crash", "probe process is not running", started_at, t0)
         self.spec = spec
+        self._probes.add(spec.probe)
         self.built = False
         try:
             wire.send(self._conn, kind, {"spec": spec.to_dict()})
@@ -473,6 +512,35 @@ class ProbeChild:
             os.unlink(self._log_path)
         except OSError:
             pass
+        self._account(proc)
+
+    #: The cgroup's OOM-kill count (a parameter for tests): read at start and when a child dies of SIGKILL.
+    oom_kills: Callable[[], int | None] = staticmethod(oom_kill_count)
+
+    def _account(self, proc: _Child) -> None:
+        """The exited child's peak RSS, told once for each probe it ran (the admission's estimate)."""
+        if self.peak_rss_bytes is not None or proc.peak_rss_bytes is None:
+            return
+        self.peak_rss_bytes = proc.peak_rss_bytes
+        if self.on_peak is not None:
+            for probe in sorted(self._probes):
+                self.on_peak(probe, proc.peak_rss_bytes)
+
+    def _death(self, code: int | None) -> tuple[str, str]:
+        """(reason, words) for a child that died on its own: a SIGKILL we did not send is the
+        kernel's OOM killer when the cgroup's ``oom_kill`` count rose (or cannot be read): the
+        host's memory, never the GPU's fault."""
+        if code is not None and code < 0:
+            text = f"probe process died with {_signal_name(-code)}"
+            if -code == signal.SIGKILL:
+                before, after = self._oom_kills_at_start, self.oom_kills()
+                if before is None or after is None or after > before:
+                    seen = "the cgroup's oom_kill count rose" if after is not None and before is not None else \
+                        "no OOM counter readable"
+                    return "host_oom", (f"{text}, not sent by gpuperfd: killed for host memory ({seen}); "
+                                        "see the memory limit and docs/operations.md, sizing")
+            return "crash", text
+        return "crash", f"probe process exited with code {code} without a result"
 
     def _failure(self, reason: str, message: str, started_at: float, t0: float, status: str = "failed",
                  **extra: Any) -> ProbeResult:
@@ -488,6 +556,7 @@ class ProbeChild:
         assert proc is not None
         _kill(proc)
         self._dead = True
+        self._account(proc)
         extra.setdefault("gpu_freed", _wait_gpu_free(self.device, proc.pid))
         return self._failure(reason, message, started_at, t0, status, **extra)
 
@@ -561,13 +630,10 @@ class ProbeChild:
                 proc.join(1.0)
                 code = proc.exitcode
                 tail = _log_tail(self._log_path)
-                if code is not None and code < 0:
-                    text = f"probe process died with {_signal_name(-code)}"
-                else:
-                    text = f"probe process exited with code {code} without a result"
+                reason, text = self._death(code)
                 if tail:
                     text += f"\n--- child log (tail) ---\n{tail}"
-                return self._end("crash", text, started_at, t0, exit_code=code)
+                return self._end(reason, text, started_at, t0, exit_code=code)
 
     def _error(self, body: dict[str, Any], started_at: float, t0: float) -> ProbeResult:
         """The child reported an exception (and exits): a failure result with its traceback."""
@@ -598,6 +664,7 @@ def run_probe(
     idle_wait_seconds: float = 5.0,
     record_dir: Path | str | None = None,
     env: dict[str, str] | None = None,
+    on_peak: Callable[[str, int], None] | None = None,
 ) -> ProbeResult:
     """Run ``spec`` in a child process and return its result; never raises for child failures.
 
@@ -608,13 +675,14 @@ def run_probe(
     ``should_abort`` is polled; returning True stops the probe with status "aborted".
     ``record_dir``: where the child's pid and start time are recorded while it runs (the daemon's
     state directory), for :func:`end_leftover_children` after a crash. ``env``: extra environment
-    for the child (compile cache folders).
+    for the child (compile cache folders). ``on_peak``: told (probe, peak host RSS bytes) once the child exited.
     """
     timeout = float(timeout_seconds) if timeout_seconds is not None else default_timeout(spec)
     started_at = time.time()
     t0 = time.monotonic()
     child = ProbeChild(spec, device=device, own_pids=own_pids, watch_interval=watch_interval,
-                       on_progress=on_progress, should_abort=should_abort, record_dir=record_dir, env=env)
+                       on_progress=on_progress, should_abort=should_abort, record_dir=record_dir, env=env,
+                       on_peak=on_peak)
     if device is not None:
         busy = busy_reason(device, idle_utilization_threshold, set(own_pids), wait_seconds=idle_wait_seconds)
         if busy is not None:

@@ -25,6 +25,7 @@ from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.recommend import SweepPoint, recommend
 from gpuperfd.probe_data.spec import DEFAULT_PRESET
+from gpuperfd.probing.admission import Admission, Ticket, memory_limit
 from gpuperfd.probing.executors import Executor
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import (BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason,
@@ -68,8 +69,11 @@ class ProbeService:
         on_cap_change: Callable[[int], None] | None = None,
         allocations: Callable[[], AllocationState] | None = None,
         kubelet_socket: str | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.config = config
+        #: Host memory for probe children (None: the executor starts none, e.g. the simulator).
+        self.admission = admission
         #: The kubelet's latest pod allocations (None: not on Kubernetes, processes only).
         self.allocations = allocations
         #: Where the kubelet must answer before any probe runs (inside a pod); None on bare metal.
@@ -116,6 +120,8 @@ class ProbeService:
         are checked at the next reload.
         """
         self.config = config
+        if self.admission is not None:
+            self.admission.set_limit(*memory_limit(config.memory_budget))
         scheduled: dict[int, set[tuple[str, str, str]]] = {}
         for index, device in self.devices.items():
             try:
@@ -156,6 +162,8 @@ class ProbeService:
     def stop(self, timeout: float = 30.0) -> None:
         """Abort running probes and wait (bounded) until their caps are restored."""
         self.abort.set()
+        if self.admission is not None:
+            self.admission.wake()  # rounds waiting for memory give up now
         deadline = time.monotonic() + timeout
         with self._idle_cv:
             while self._active and time.monotonic() < deadline:
@@ -185,29 +193,19 @@ class ProbeService:
             return RunOutcome("in_round", "served")
         if turn is Turn.TIMEOUT:
             return self._skip(info, schedule, "overlap")
-        node_locked = False
+        node_locked, ticket = False, None
         try:
             if not self.config.parallel_gpus:
                 node_locked = self._node_lock.acquire(timeout=self.config.timeout_seconds)
                 if not node_locked:
                     return self._skip_claimed(info, schedule, source, "node_busy")
-            try:
-                device.info()  # a lost GPU is skipped with its reason, not raised into the scheduler
-            except DeviceError as exc:
-                return self._skip_claimed(info, schedule, source, exc.reason, str(exc))
-            state = self.allocations() if self.allocations is not None else None
-            held = allocated_reason(device, state, self.config.ours, (os.getpid(),), self.kubelet_socket)
-            if held is not None:  # someone's GPU, even at zero utilization
-                return self._skip_claimed(info, schedule, source, "allocated", str(held))
-            if (why := mig_reason(device, self.config.allow_mig)) is not None:
-                return self._skip_claimed(info, schedule, source, "mig", str(why))
-            idle_for = self.tracker.idle_for(gpu)
-            if idle_for < self.config.idle_seconds:
-                return self._skip_claimed(info, schedule, source, "not_idle",
-                                          not_idle_text(idle_for, self.config.idle_seconds))
-            reason = self._busy_reason(device, gpu)
-            if reason is not None:
-                return self._skip_claimed(info, schedule, source, "busy", str(reason))
+            ticket = self._admit(gpu, schedule)  # host memory for the round's child, before the idle checks
+            if ticket is not None and not ticket.granted:
+                reason = "memory_budget" if ticket.reason == "memory_budget" else "shutting_down"
+                return self._skip_claimed(info, schedule, source, reason)
+            refused = self._gate(device, gpu, info, schedule, source)
+            if refused is not None:
+                return refused
             with self._active_lock:
                 self._active += 1
             rounds.open(key, schedule.probe)
@@ -221,9 +219,42 @@ class ProbeService:
                 self._own_load_ended[gpu] = time.monotonic()
                 release_free_memory()  # a round's results and messages: back to the idle footprint
         finally:
+            if ticket is not None and self.admission is not None:
+                self.admission.release(ticket)  # the round's child is closed by now
             if node_locked:
                 self._node_lock.release()
             rounds.release(lock)
+
+    def _admit(self, gpu: int, schedule: ScheduleConfig) -> Ticket | None:
+        """The round's reservation of host memory: the expected peak of its one child, the largest of
+        the probes this GPU's schedules run (any may join the round); waits its turn until it fits or
+        the service stops. None where no child is started."""
+        if self.admission is None:
+            return None
+        probes = {s.probe for s in self.config.schedules if s.gpus is None or gpu in s.gpus} | {schedule.probe}
+        return self.admission.acquire(gpu, self.admission.peaks.expected(probes), self.abort)
+
+    def _gate(self, device: Device, gpu: int, info: GpuInfo, schedule: ScheduleConfig,
+              source: RoundSource | None) -> RunOutcome | None:
+        """The skip (lost, allocated, MIG, not idle, busy) of a GPU that must not be probed now, or None."""
+        try:
+            device.info()  # a lost GPU is skipped with its reason, not raised into the scheduler
+        except DeviceError as exc:
+            return self._skip_claimed(info, schedule, source, exc.reason, str(exc))
+        state = self.allocations() if self.allocations is not None else None
+        held = allocated_reason(device, state, self.config.ours, (os.getpid(),), self.kubelet_socket)
+        if held is not None:  # someone's GPU, even at zero utilization
+            return self._skip_claimed(info, schedule, source, "allocated", str(held))
+        if (why := mig_reason(device, self.config.allow_mig)) is not None:
+            return self._skip_claimed(info, schedule, source, "mig", str(why))
+        idle_for = self.tracker.idle_for(gpu)
+        if idle_for < self.config.idle_seconds:
+            return self._skip_claimed(info, schedule, source, "not_idle",
+                                      not_idle_text(idle_for, self.config.idle_seconds))
+        reason = self._busy_reason(device, gpu)
+        if reason is not None:
+            return self._skip_claimed(info, schedule, source, "busy", str(reason))
+        return None
 
     def _skip_claimed(self, info: GpuInfo, schedule: ScheduleConfig, source: RoundSource | None, reason: str,
                       detail: str = "") -> RunOutcome:

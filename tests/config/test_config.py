@@ -140,3 +140,19 @@ def test_case3_restart_only_table_is_documented_and_applied():
     assert kept.probes.timeout_seconds == running.probes.timeout_seconds
     assert kept.probes.history == running.probes.history
     assert kept.probes.idle_seconds == 1 and kept.log_level == "debug"  # reloadable settings do reload
+
+
+def test_memory_budget_takes_bytes_or_a_quantity_and_names_file_and_field() -> None:
+    from gpuperfd.config import ConfigError, config_from_mapping, parse_quantity
+
+    assert config_from_mapping({"probes": {"memory_budget": "2560Mi"}}).probes.memory_budget == 2560 * 2**20
+    assert config_from_mapping({"probes": {"memory_budget": 4 * 2**30}}).probes.memory_budget == 4 * 2**30
+    assert config_from_mapping({}).probes.memory_budget is None
+    assert parse_quantity("1.5Gi") == 3 * 2**29 and parse_quantity("500M") == 500 * 10**6
+    for bad in ("lots", "-1Gi", 0, "4 GB"):
+        try:
+            config_from_mapping({"probes": {"memory_budget": bad}}, "/etc/gpuperfd/gpuperfd.yaml")
+        except ConfigError as exc:
+            assert "/etc/gpuperfd/gpuperfd.yaml" in str(exc) and "probes.memory_budget" in str(exc)
+        else:
+            raise AssertionError(f"{bad!r} was accepted")

@@ -435,3 +435,41 @@ def test_manifests_name_the_images_scripts_image_sh_builds(base: list[dict[str, 
     assert _container(telemetry)["image"] == f"gpuperfd:{version}"
     # the image's ENTRYPOINT is the gpuperfd console script: args start with the subcommand
     assert _container(base)["args"][0] == "run" and "command" not in _container(base)
+
+
+# --- children at once (docs/operations.md, "Memory: how many probe children at once") ----------------
+
+OPERATIONS = ROOT / "docs" / "operations.md"
+
+
+def _children_at_once(limit: float, gpus: int, daemon: float) -> int:
+    """What the daemon's admission lets run at once under a memory limit, before any measurement."""
+    from gpuperfd.probing.admission import DEFAULT_CHILD_BYTES, HEADROOM_BYTES
+
+    budget = limit - daemon - HEADROOM_BYTES
+    return int(min(gpus, max(0, budget // DEFAULT_CHILD_BYTES)))
+
+
+def _sizing_rows() -> list[tuple[str, list[int]]]:
+    """The rows of the sizing table: (limit, children at once for 1, 2, 4 and 8 GPUs)."""
+    rows = re.findall(r"^\| <!-- sizing --> (\S+) \|[^|]*\|((?: [0-9]+ \|){4})$", OPERATIONS.read_text(), re.M)
+    return [(limit, [int(n) for n in cells.replace("|", " ").split()]) for limit, cells in rows]
+
+
+def test_sizing_table_manifests_and_admission_agree(base: list[dict[str, Any]],
+                                                    overlay: list[dict[str, Any]]) -> None:
+    daemon = 70 * 2**20  # the measured daemon (docs/benchmarks.md, about 70 MB), as the docs' formula takes it
+    assert daemon >= _measured_bytes(BENCHMARKS.read_text())["daemon"] * 0.9
+    rows = dict(_sizing_rows())
+    assert len(rows) == 5
+    for limit, counts in rows.items():  # each row is what the admission does
+        assert counts == [_children_at_once(_quantity_bytes(limit), n, daemon) for n in (1, 2, 4, 8)], limit
+        k = counts[-1]  # the formula in the text: 326Mi + k x 1792Mi is enough for k
+        assert _quantity_bytes(limit) >= (326 + k * 1792) * 2**20
+    for docs in (base, overlay):  # the DaemonSet: one child at a time, as the table's first row says
+        limit = _container(docs)["resources"]["limits"]["memory"]
+        assert rows[limit] == [1, 1, 1, 1]
+    job = next(d for d in yaml.safe_load_all((ROOT / "deploy/kubernetes/preflight-job.yaml").read_text()) if d)
+    check = job["spec"]["template"]["spec"]["containers"][0]
+    limit, gpus = check["resources"]["limits"]["memory"], int(check["resources"]["limits"]["nvidia.com/gpu"])
+    assert rows[limit] == [1, 2, 4, 8] and _children_at_once(_quantity_bytes(limit), gpus, daemon) == gpus
