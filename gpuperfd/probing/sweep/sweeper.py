@@ -47,6 +47,10 @@ class SweepAborted(Exception):
     """The sweep was stopped (daemon shutdown) before every cap ran."""
 
 
+class SweepPreempted(Exception):
+    """A user's job wants the GPU (``wanted`` said so before a cap): the sweep gave it back, cap restored."""
+
+
 def run_sweep(
     device: Device,
     journal: CapJournal,
@@ -58,6 +62,7 @@ def run_sweep(
     abort: threading.Event | None = None,
     observer: SweepObserver | None = None,
     stop_early: float | None = None,
+    wanted: Callable[[], str | None] | None = None,
 ) -> list[SweepPoint]:
     """Run ``run_point`` at each cap (highest first); always restore the original cap.
 
@@ -65,6 +70,9 @@ def run_sweep(
     comes (``on_point``). ``abort`` stops between points, restoring first.
     ``stop_early``: the recommendation's max_slowdown; caps below the first one that is
     clearly slower than that (see :func:`clearly_slower`) are skipped. None runs every cap.
+    ``wanted``: asked before each cap whether a user's job now holds the GPU (why, or None); if so the
+    sweep stops with :class:`SweepPreempted`, the cap restored. A point that gave way mid-measurement
+    (status skipped, reason preempted) stops it too, as an aborted one does.
     """
     abort = abort or threading.Event()
     on_cap = observer.on_cap if observer is not None else None
@@ -75,6 +83,8 @@ def run_sweep(
         # Asked-for caps other than the current one go unmeasured: a warning, not just news.
         level = log.warning if unmeasured_caps(caps_watts, current) else log.info
         level("gpu %d: %s", device.index, read_only_note(caps_watts, current))
+        if wanted is not None and (why := wanted()) is not None:
+            raise SweepPreempted(f"probe on gpu {device.index} gave way: {why}")
         point = SweepPoint(current, run_point(current))
         if on_point:
             on_point(point)
@@ -85,6 +95,8 @@ def run_sweep(
             for cap in caps_watts:
                 if abort.is_set():
                     raise SweepAborted(f"sweep on gpu {device.index} aborted before {cap:.0f} W")
+                if wanted is not None and (why := wanted()) is not None:
+                    raise SweepPreempted(f"sweep on gpu {device.index} gave way before {cap:.0f} W: {why}")
                 if stopped_by is not None:
                     point = skipped_point(cap, stopped_by.result,
                                           f"{stopped_by.cap_watts:.0f} W was already more than "
@@ -106,8 +118,9 @@ def run_sweep(
                 points.append(point)
                 if on_point:
                     on_point(point)
-                if point.result.status == "aborted":  # someone else wants the GPU: give it back now
-                    log.warning("gpu %d: sweep stopped: %s", device.index, point.result.error_message)
+                if point.result.status == "aborted" or point.result.preempted:  # give the GPU back now
+                    (log.info if point.result.preempted else log.warning)(
+                        "gpu %d: sweep stopped: %s", device.index, point.result.error_message)
                     break
                 baseline = points[0].result
                 if (stop_early is not None and stopped_by is None and len(points) > 1 and baseline.ok
