@@ -244,6 +244,28 @@ def test_gpu_with_a_foreign_process_is_not_probed(tmp_path: Path) -> None:
     assert _by_gpu(_run(config, backend, require_probe=True))[1].state == "unknown"
 
 
+def test_a_probing_daemons_child_is_named_as_such_not_as_a_foreign_process(tmp_path: Path) -> None:
+    """`gpuperfd check` beside a probing daemon: the process on the GPU is the daemon's probe child
+    (``python -m gpuperfd.probe_child.child``) and the daemon holds the GPU's cap lock; the check says
+    so, instead of calling it a user's compute process (foreign_process)."""
+    config = _config(tmp_path)
+    backend = SimulatedBackend(config.simulation)
+    gpu = backend.devices()[1]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "gpuperfd.probe_child.child"])
+    lock = GpuLock(config.probes.state_dir, safe_name(gpu.info().uuid))
+    lock.acquire()  # the daemon's sweep of this GPU
+    try:
+        gpu.add_foreign_process(child.pid, 1 << 30)
+        outcome = _run(config, backend)
+    finally:
+        lock.release()
+        child.kill()
+        child.wait()
+    assert outcome.probed == [0]
+    assert outcome.not_probed[1] == (f"not probed: busy: gpuperfd is probing this GPU (pid {child.pid}), "
+                                     f"its power cap owned by pid {os.getpid()}")
+
+
 def test_probe_that_outlives_the_deadline_is_unknown_never_healthy(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(check_mod, "SIMULATED_MEASURE_SECONDS", 60.0)
     config = _config(tmp_path)
