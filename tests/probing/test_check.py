@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -275,6 +276,30 @@ def test_probe_that_outlives_the_deadline_is_unknown_never_healthy(tmp_path: Pat
     for verdict in outcome.verdicts:
         assert verdict.state == "unknown"
         assert [r.evidence["failure_reason"] for r in verdict.reasons if r.check == "check_probe_failed"] == ["timeout"]
+
+
+def test_a_check_probe_that_gives_way_to_a_users_job_is_unknown_and_blames_nothing(tmp_path: Path, monkeypatch) -> None:
+    """A user's job lands on GPU 1 while the check measures it: its probe gives way (skipped, preempted);
+    the verdict cannot say the GPU is healthy, and asks nobody to act (not contact_support)."""
+    monkeypatch.setattr(check_mod, "SIMULATED_MEASURE_SECONDS", 2.0)
+    real = check_mod.choose_executor
+
+    def arriving_job(cfg, name):
+        executor = real(cfg, name)
+
+        def run(device, schedule, abort):
+            if device.index == 1:
+                threading.Timer(0.3, lambda: device.add_foreign_process(434343, 1 << 30)).start()
+            return executor(device, schedule, abort)
+        return run
+
+    monkeypatch.setattr(check_mod, "choose_executor", arriving_job)
+    config = _config(tmp_path)
+    verdicts = _by_gpu(_run(config, SimulatedBackend(config.simulation)))
+    reason = next(r for r in verdicts[1].reasons if r.check == "check_probe_failed")
+    assert (reason.evidence["status"], reason.evidence["failure_reason"]) == ("skipped", "preempted")
+    assert (verdicts[1].state, verdicts[1].action) == ("unknown", "none")
+    assert verdicts[0].state == "healthy"
 
 
 def test_correctness_mismatch_is_unhealthy(tmp_path: Path, monkeypatch) -> None:
