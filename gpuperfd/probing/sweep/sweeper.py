@@ -51,6 +51,15 @@ class SweepPreempted(Exception):
     """A user's job wants the GPU (``wanted`` said so before a cap): the sweep gave it back, cap restored."""
 
 
+def _stop_before(gpu: int, cap: float, abort: threading.Event, wanted: Callable[[], str | None] | None) -> None:
+    """Raise if the sweep must not set ``cap``: a shutdown (:class:`SweepAborted`) or a user's job
+    that now holds the GPU (:class:`SweepPreempted`); the caller's ``finally`` restores the cap."""
+    if abort.is_set():
+        raise SweepAborted(f"sweep on gpu {gpu} aborted before {cap:.0f} W")
+    if wanted is not None and (why := wanted()) is not None:
+        raise SweepPreempted(f"sweep on gpu {gpu} gave way before {cap:.0f} W: {why}")
+
+
 def run_sweep(
     device: Device,
     journal: CapJournal,
@@ -70,9 +79,8 @@ def run_sweep(
     comes (``on_point``). ``abort`` stops between points, restoring first.
     ``stop_early``: the recommendation's max_slowdown; caps below the first one that is
     clearly slower than that (see :func:`clearly_slower`) are skipped. None runs every cap.
-    ``wanted``: asked before each cap whether a user's job now holds the GPU (why, or None); if so the
-    sweep stops with :class:`SweepPreempted`, the cap restored. A point that gave way mid-measurement
-    (status skipped, reason preempted) stops it too, as an aborted one does.
+    ``wanted``: asked before each cap why a user's job now holds the GPU (None: nobody); an answer
+    raises :class:`SweepPreempted`, cap restored. A point that gave way (skipped, preempted) stops it too.
     """
     abort = abort or threading.Event()
     on_cap = observer.on_cap if observer is not None else None
@@ -93,10 +101,7 @@ def run_sweep(
     try:
         with CapGuard(device, journal) as guard:
             for cap in caps_watts:
-                if abort.is_set():
-                    raise SweepAborted(f"sweep on gpu {device.index} aborted before {cap:.0f} W")
-                if wanted is not None and (why := wanted()) is not None:
-                    raise SweepPreempted(f"sweep on gpu {device.index} gave way before {cap:.0f} W: {why}")
+                _stop_before(device.index, cap, abort, wanted)
                 if stopped_by is not None:
                     point = skipped_point(cap, stopped_by.result,
                                           f"{stopped_by.cap_watts:.0f} W was already more than "
@@ -119,8 +124,8 @@ def run_sweep(
                 if on_point:
                     on_point(point)
                 if point.result.status == "aborted" or point.result.preempted:  # give the GPU back now
-                    (log.info if point.result.preempted else log.warning)(
-                        "gpu %d: sweep stopped: %s", device.index, point.result.error_message)
+                    log.log(logging.INFO if point.result.preempted else logging.WARNING, "gpu %d: sweep stopped: %s",
+                            device.index, point.result.error_message)
                     break
                 baseline = points[0].result
                 if (stop_early is not None and stopped_by is None and len(points) > 1 and baseline.ok
