@@ -217,6 +217,7 @@ PROBE_OUTCOMES: Mapping[str, tuple[str, str]] = {
     "aborted": ("unknown", "none"),
     "gpu_busy": ("unknown", "none"),
     "host_oom": ("unknown", "none"),  # the host's memory limit killed the child: not the GPU
+    "preempted": ("unknown", "none"),  # gave way to a user's job (status skipped): could not check
     "exception": ("unknown", "contact_support"),
     "oom": ("degraded", "reset_gpu"),
     "crash": ("unhealthy", "reset_gpu"),
@@ -234,8 +235,9 @@ ACTION_CLEARS: Mapping[str, str] = {
 #: Extra settings of some kinds, not thresholds of one row.
 PEER_MIN_COUNT = Threshold("peer_min_count", 4.0, "GPUs", "GPUs of one model (itself included) a peer check needs")
 
-#: Failure reasons that say nothing about the GPU (skipped by probe_failures).
-NON_GPU_FAILURES: frozenset[str] = frozenset({"gpu_busy", "aborted", "early_stop", "host_oom"})
+#: Failure reasons that say nothing about the GPU (skipped by probe_failures). ``preempted`` runs are
+#: status skipped (they gave way to a user's job) and never counted; it is listed for a record that says otherwise.
+NON_GPU_FAILURES: frozenset[str] = frozenset({"gpu_busy", "aborted", "early_stop", "host_oom", "preempted"})
 
 
 def defaults() -> dict[str, float]:

@@ -22,6 +22,7 @@ from typing import Any
 __all__ = [
     "STATUSES",
     "FAILURE_REASONS",
+    "PREEMPTED",
     "CORRECTNESS_STATUSES",
     "not_checked",
     "WORK_UNITS",
@@ -37,12 +38,18 @@ __all__ = [
     "summarize",
 ]
 
-#: "skipped": a sweep's point not run on purpose (its reason says why, e.g. ``early_stop``).
+#: "skipped": a sweep's point not run on purpose (its reason says why, e.g. ``early_stop``), or one
+#: that gave the GPU back to a user's job (``preempted``): neither says anything about the GPU.
 STATUSES: tuple[str, ...] = ("ok", "failed", "aborted", "skipped")
 #: ``oom`` is the GPU's memory (a CUDA allocation failed); ``host_oom`` the host's (the kernel's OOM
 #: killer ended the child for the cgroup's memory limit), which says nothing about the GPU.
+#: ``gpu_busy``: the GPU could not be read before a start (and, in records older than
+#: ``preempted``, a user's job that arrived first).
 FAILURE_REASONS: tuple[str, ...] = ("exception", "timeout", "oom", "crash", "cuda_error", "gpu_busy", "aborted",
-                                    "early_stop", "wrong_result", "host_oom")
+                                    "early_stop", "wrong_result", "host_oom", "preempted")
+#: The reason of a point (status ``skipped``) that gave way to a user's job: a compute process or a
+#: pod allocation appeared before its build, between points or mid-measurement.
+PREEMPTED = "preempted"
 #: What the answer checks said (probe_child/correctness.py): "not_checked" for failed points and records
 #: written before the checks existed.
 CORRECTNESS_STATUSES: tuple[str, ...] = ("ok", "mismatch", "not_checked")
@@ -198,6 +205,11 @@ class ProbeResult(WindowStats):
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def preempted(self) -> bool:
+        """Gave the GPU back to a user's job: not a failure, and no measurement (the last one stands)."""
+        return self.status == "skipped" and self.failure_reason == PREEMPTED
 
     @property
     def primary_metric(self) -> str:

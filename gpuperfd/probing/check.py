@@ -170,7 +170,18 @@ def why_not_probed(device: Device, config: Config, lost: bool) -> str | None:
     if mig is not None:
         return MIG_TEXT if mig.kind is BusyKind.MIG else f"not probed: {mig}"
     busy = busy_reason(device, config.probes.idle_utilization_threshold, (os.getpid(),))
+    if busy is not None and busy.kind is BusyKind.GPUPERFD_PROBE:  # a daemon's probe: not a user's job
+        return f"not probed: busy: {busy}{_cap_owner(device, config)}"
     return None if busy is None else f"not probed: busy, {busy} ({busy.kind.value})"
+
+
+def _cap_owner(device: Device, config: Config) -> str:
+    """Who holds the GPU's cap lock beside its probe child (the daemon or a CLI sweep), in words; "" if nobody."""
+    try:
+        owner = is_owned(config.probes.state_dir, safe_name(device.info().uuid))
+    except (DeviceError, OSError):
+        return ""
+    return "" if owner is None else f", its power cap owned by pid {owner}"
 
 
 def take_lock(config: Config, uuid: str) -> tuple[GpuLock | None, str | None]:

@@ -32,7 +32,7 @@ from gpuperfd.probe_data import wire
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.settle import wait_steady
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, ProbeSpec
-from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD, busy_reason
+from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD, busy_reason, gave_way
 
 if TYPE_CHECKING:
     from gpuperfd.probing.runner import ProbeChild
@@ -164,8 +164,10 @@ class WarmChildSession:
             failed = child.start(deadline, defer_build=True)
         if failed is not None:
             if not self.abort.is_set():  # stopping: the sweep ends before its first point, nothing to say
-                log.warning("probe %s: the child could not be prepared (%s); the first point starts one",
-                            self.spec.probe, failed.error_message)
+                # A user's job that arrived meanwhile is news, not a warning: the first point gives way too.
+                (log.info if failed.preempted else log.warning)(
+                    "probe %s: the child could not be prepared (%s); the first point starts one",
+                    self.spec.probe, failed.error_message)
             child.close()
             return
         self.child = child
@@ -237,14 +239,17 @@ class WarmChildSession:
         return self._built(child.rebuild(self.spec, deadline))
 
     def _busy(self, own: tuple[int, ...]) -> ProbeResult | None:
-        """The gpu_busy failure when the idle check is on and the GPU is not free before a build."""
+        """When the idle check is on and the GPU is not free before a build: a user's job arrived
+        since the gate, so the point gives way (skipped, preempted; :func:`.idle.gave_way`)."""
         if not self.check_idle:
             return None
         busy = busy_reason(self.device, self.idle_utilization_threshold, own, wait_seconds=5.0)
         if busy is None:
             return None
+        status, reason = gave_way(busy)
         return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "",
-                                   "gpu_busy", str(busy), device=self.spec.device, started_at=time.time())
+                                   reason, str(busy), status=status, device=self.spec.device,
+                                   started_at=time.time(), extra={"busy_kind": busy.kind.value})
 
     def _built(self, failed: ProbeResult | None) -> ProbeResult | None:
         """A build's outcome, kept when the probe cannot be built (not a timeout): no later point retries it."""
@@ -467,7 +472,7 @@ class SimulatedExecutor:
                 if abort.wait(min(left, self.watch_interval)):
                     why = "aborted by shutdown"
                 elif foreign := [p.pid for p in device.compute_processes() if p.pid != own]:
-                    why = f"compute process {foreign[0]} appeared on the GPU"
+                    why = f"compute process {foreign[0]} appeared on the GPU; probe gave way"
                 else:
                     watch.sample()
             energy_end = device.energy_joules()
@@ -475,9 +480,10 @@ class SimulatedExecutor:
         finally:
             device.end_load()
         measured = time.monotonic() - wall_start
-        if why is not None:
+        if why is not None:  # a user's job is a preemption (skipped), a shutdown an abort
+            status, reason = ("aborted", "aborted") if abort.is_set() else ("skipped", "preempted")
             return ProbeResult.failure(
-                schedule.probe, "simulated", preset, "aborted", why, status="aborted",
+                schedule.probe, "simulated", preset, reason, why, status=status,
                 device=f"sim:{device.index}", started_at=started_at, wall_seconds=measured,
             )
         point = device.operating_point(profile)

@@ -87,6 +87,32 @@ class BusyKind(str, Enum):
     OWN_TAIL = "own_tail"  # still our own run's load, and the wait for it to pass was cut short
     UNREADABLE = "unreadable"  # the driver could not say (a lost GPU, an NVML error): busy, to be safe
     MIG = "mig"  # MIG mode is on: its instances are other tenants' (probes.allow_mig off)
+    GPUPERFD_PROBE = "gpuperfd_probe"  # a gpuperfd probe child (a daemon's or a CLI's): not a user's job
+
+
+#: The probe child's module (``python -m``): how a gpuperfd probe child is told from a user's process.
+PROBE_CHILD_MODULE = "gpuperfd.probe_child.child"
+
+
+def is_probe_child(pid: int) -> bool:
+    """True if ``pid`` runs ``python -m gpuperfd.probe_child.child`` (its /proc cmdline; False when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            args = fh.read().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return any(a == "-m" and b == PROBE_CHILD_MODULE for a, b in zip(args, args[1:]))
+
+
+def foreign_reason(pids: list[int]) -> BusyReason:
+    """The reason for compute processes not ours: a gpuperfd probe child is named as such (``gpuperfd
+    check`` beside a probing daemon must not call the daemon's child a user's job)."""
+    children = [pid for pid in pids if is_probe_child(pid)]
+    if children and len(children) == len(pids):
+        return BusyReason(BusyKind.GPUPERFD_PROBE,
+                          f"gpuperfd is probing this GPU (pid {', '.join(map(str, children[:5]))})")
+    users = [pid for pid in pids if pid not in children]
+    return BusyReason(BusyKind.FOREIGN_PROCESS, f"compute process(es) {', '.join(map(str, users[:5]))} running")
 
 
 @dataclass(frozen=True)
@@ -107,8 +133,7 @@ def _read_busy(device: Device, utilization_threshold: float, own: set[int]) -> B
     try:
         foreign = [p.pid for p in device.compute_processes() if p.pid not in own]
         if foreign:
-            return BusyReason(BusyKind.FOREIGN_PROCESS,
-                              f"compute process(es) {', '.join(map(str, foreign[:5]))} running")
+            return foreign_reason(foreign)
         utilization = device.utilization().gpu_ratio
     except DeviceError as exc:
         return BusyReason(BusyKind.UNREADABLE, f"cannot check the GPU is idle: {exc.reason}")
@@ -197,28 +222,46 @@ def allocated_reason(
             f"allocation unknown: no kubelet PodResources socket at {kubelet_socket} (mount it read-only, "
             "as deploy/kubernetes does, or set attribution.kubernetes.required: false)"
         ))
+    if state is not None and state.seen and not state.answered:
+        return BusyReason(BusyKind.ALLOCATED, f"kubelet PodResources never answered ({state.reason}): allocation unknown")
+    if (pod := pod_reason(device, state, ours)) is not None:
+        return pod
+    try:
+        own = set(own_pids)
+        pids = [p.pid for p in device.compute_processes() if p.pid not in own]
+    except DeviceError as exc:
+        return BusyReason(BusyKind.UNREADABLE, f"cannot check who holds the GPU: {exc.reason}")
+    return foreign_reason(pids) if pids else None
+
+
+def pod_reason(device: Device, state: AllocationState | None, ours: OursConfig) -> BusyReason | None:
+    """Why a pod of someone else's now holds this GPU (kubelet map), or None: the check a running round
+    repeats between points (our own child's process is on the GPU then, so processes are not read)."""
+    if state is None or not state.seen or not state.answered:
+        return None  # the gate before the round refused an unknown allocation; the last good map holds
     try:
         uuid = device.info().uuid
         try:
             ids = [uuid, *device.mig_uuids()]
         except DeviceError:
             ids = [uuid]
-        if state is not None and state.seen:
-            if not state.answered:
-                return BusyReason(BusyKind.ALLOCATED,
-                                  f"kubelet PodResources never answered ({state.reason}): allocation unknown")
-            foreign = [a for a in state.for_devices(ids) if not is_ours(a, ours)]
-            if foreign:
-                first = foreign[0]
-                return BusyReason(BusyKind.ALLOCATED, f"allocated to pod {first.namespace}/{first.pod} "
-                                  f"container {first.container} ({first.resource})")
-        own = set(own_pids)
-        pids = [p.pid for p in device.compute_processes() if p.pid not in own]
     except DeviceError as exc:
         return BusyReason(BusyKind.UNREADABLE, f"cannot check who holds the GPU: {exc.reason}")
-    if pids:
-        return BusyReason(BusyKind.FOREIGN_PROCESS, f"compute process(es) {', '.join(map(str, pids[:5]))} running")
-    return None
+    foreign = [a for a in state.for_devices(ids) if not is_ours(a, ours)]
+    if not foreign:
+        return None
+    first = foreign[0]
+    return BusyReason(BusyKind.ALLOCATED,
+                      f"allocated to pod {first.namespace}/{first.pod} container {first.container} ({first.resource})")
+
+
+def gave_way(busy: BusyReason) -> tuple[str, str]:
+    """(status, failure_reason) of a point not started because the GPU is busy.
+
+    A user's job (a process, a pod, load) that arrived after the gate is a preemption: skipped,
+    ``preempted``, never a failure. A GPU the driver cannot read stays failed, ``gpu_busy``: that
+    may be the GPU's own fault."""
+    return ("failed", "gpu_busy") if busy.kind is BusyKind.UNREADABLE else ("skipped", "preempted")
 
 
 def mig_reason(device: Device, allow_mig: bool) -> BusyReason | None:

@@ -215,8 +215,15 @@ class ProbeMetrics:
         return len(dropped)
 
     def publish(self, gpu: GpuInfo, result: Any, cap_watts: float, at_operator_cap: bool) -> None:
-        """Record one finished probe run (a ProbeResult) at ``cap_watts``."""
+        """Record one finished probe run (a ProbeResult) at ``cap_watts``.
+
+        A run that gave way to a user's job (skipped, preempted) is only counted: it measured nothing,
+        so the cap's last completed result stays published as it was (its last-run timestamp tells its age).
+        """
         run = (*self.gpu_labels(gpu), result.probe, result.preset)
+        if result.status == "skipped" and result.failure_reason == "preempted":
+            self.count(gpu, result.probe, result.preset, "skipped", "preempted")
+            return
         self.duration.labels(*run).set(result.wall_seconds or 0.0)
         wrong = self.wrong_results.labels(*run)  # from 0 on the first run, even if apply_config never declared it
         if result.status != "ok":

@@ -20,14 +20,17 @@ once, measure per cap). Everything else is inferred here:
 ===========================  =====================================================
 what happened                result
 ===========================  =====================================================
-GPU not idle before start    failed / ``gpu_busy`` (the child is never started)
+GPU busy before start        skipped / ``preempted``: a user's job came first (the
+                             child is never started); failed / ``gpu_busy`` only
+                             when the driver cannot tell (:func:`.idle.gave_way`)
 child raised                 failed / ``exception``, ``oom`` or ``cuda_error``
 child died by a signal       failed / ``crash`` (e.g. SIGSEGV), log tail attached
 child exited without a word  failed / ``crash``
 SIGKILL not sent by us       failed / ``host_oom`` when the cgroup's ``oom_kill``
                              count rose (or cannot be read), else ``crash``
 hard timeout passed          failed / ``timeout`` (process group killed)
-another GPU process appeared aborted / ``aborted`` (process group killed)
+another GPU process appeared skipped / ``preempted`` (process group killed): the
+                             probe gave way to a user's job, not a failure
 ``should_abort()`` true      aborted / ``aborted``
 ===========================  =====================================================
 
@@ -66,7 +69,7 @@ from gpuperfd.device.base import Device
 from gpuperfd.probe_data import wire
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.spec import ProbeSpec, default_timeout
-from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD, busy_reason
+from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD, PROBE_CHILD_MODULE, busy_reason, gave_way
 from gpuperfd.system.cgroup_memory import oom_kill_count
 
 __all__ = ["run_probe", "ProbeChild", "ProgressCallback", "end_leftover_children"]
@@ -121,7 +124,7 @@ def _descendants(pid: int) -> set[int]:
 
 
 #: The child's entry point, started by module name: the parent never imports the child package.
-CHILD_MODULE = "gpuperfd.probe_child.child"
+CHILD_MODULE = PROBE_CHILD_MODULE
 
 
 class _Child:
@@ -589,11 +592,11 @@ class ProbeChild:
                     allowed = self.own | {proc.pid} | _descendants(proc.pid or 0)
                     foreign = sorted(set(pids) - allowed)
                     if foreign:
-                        return self._end(
-                            "aborted",
+                        return self._end(  # a user's job wants the GPU: give it back, not a failure
+                            "preempted",
                             f"another compute process appeared on the GPU (pid {', '.join(map(str, foreign))}); "
-                            "probe aborted",
-                            started_at, t0, status="aborted", foreign_pids=foreign,
+                            "probe gave way",
+                            started_at, t0, status="skipped", foreign_pids=foreign,
                         )
             wait = min(deadline, next_watch if device is not None else deadline) - time.monotonic()
             wait = min(max(wait, 0.01), 0.2)
@@ -686,7 +689,8 @@ def run_probe(
     if device is not None:
         busy = busy_reason(device, idle_utilization_threshold, set(own_pids), wait_seconds=idle_wait_seconds)
         if busy is not None:
-            return child._failure("gpu_busy", str(busy), started_at, t0)
+            status, reason = gave_way(busy)
+            return child._failure(reason, str(busy), started_at, t0, status=status, busy_kind=busy.kind.value)
     try:
         deadline = t0 + timeout
         outcome = child.start(deadline) or child.measure(deadline)

@@ -24,12 +24,13 @@ from gpuperfd.config import ProbesConfig, ScheduleConfig
 from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.recommend import SweepPoint, recommend
+from gpuperfd.probe_data.result import PREEMPTED
 from gpuperfd.probe_data.spec import DEFAULT_PRESET
 from gpuperfd.probing.admission import Admission, Ticket, memory_limit
 from gpuperfd.probing.executors import Executor
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import (BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason,
-                                   not_idle_text)
+                                   not_idle_text, pod_reason)
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
 from gpuperfd.probing.rounds import GpuRounds, RoundSource, Turn
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
@@ -311,6 +312,12 @@ class ProbeService:
                 self._ended(device, self._info(device), member, owned, ())
         return outcomes[id(schedule)]
 
+    def _wanted(self, device: Device) -> str | None:
+        """Why a pod now holds this GPU (asked between a round's points), or None."""
+        state = self.allocations() if self.allocations is not None else None
+        reason = pod_reason(device, state, self.config.ours)
+        return None if reason is None else str(reason)
+
     def _busy_reason(self, device: Device, gpu: int) -> BusyReason | None:
         """The one busy check, with the grace for our own run's utilization tail on this GPU."""
         since = time.monotonic() - self._own_load_ended.get(gpu, -math.inf)
@@ -346,7 +353,8 @@ class ProbeService:
         """
         info = self._info(device)
         request = SweepRequest(schedules, None, read_only=self.config.read_only,
-                               stop_early=self.config.max_slowdown if self.config.stop_early else None)
+                               stop_early=self.config.max_slowdown if self.config.stop_early else None,
+                               wanted=lambda: self._wanted(device))
 
         def observer_for(schedule: ScheduleConfig, outcome: OwnedSweep) -> ServiceObserver:
             operator_cap = outcome.original_cap_watts
@@ -382,6 +390,10 @@ class ProbeService:
         if status is OwnedStatus.ABORTED:
             self.metrics.count(info, schedule.probe, preset, "aborted", "shutdown")
             return RunOutcome("aborted", "shutdown", published)
+        if status is OwnedStatus.PREEMPTED:  # gave way to a user's job: counted once, its point if it had one
+            if not any(p.result.preempted for p in published):
+                self.metrics.count(info, schedule.probe, preset, "skipped", PREEMPTED)
+            return RunOutcome("skipped", PREEMPTED, published)
         if status in (OwnedStatus.DEVICE_ERROR, OwnedStatus.EXCEPTION):
             reason = outcome.reason if status is OwnedStatus.DEVICE_ERROR else "exception"
             self.metrics.count(info, schedule.probe, preset, "failed", reason)
@@ -429,14 +441,17 @@ class ServiceObserver:
 
     def on_point(self, point: SweepPoint) -> None:
         service, result = self.service, point.result
-        if result.status != "ok":
+        if result.preempted:
+            log.info("gpu %d: %s/%s at %.0f W gave way to a user's job: %s", self.device.index, self.schedule.probe,
+                     self.preset, point.cap_watts, result.error_message)
+        elif result.status != "ok":
             log.warning("gpu %d: %s/%s at %.0f W %s (%s): %s", self.device.index, self.schedule.probe, self.preset,
                         point.cap_watts, result.status, result.failure_reason, result.error_message)
         with service._latest_lock:  # a failed point is no candidate: its last ok result goes too
             points = service._latest.setdefault((self.device.index, self.schedule.probe, self.preset), {})
             if result.status == "ok":
                 points[round(point.cap_watts)] = point
-            else:
+            elif not result.preempted:  # a preemption measured nothing: the last ok result stands
                 points.pop(round(point.cap_watts), None)
         at_operator_cap = round(point.cap_watts) == round(self.operator_cap)
         service.metrics.publish(self.info, result, point.cap_watts, at_operator_cap)

@@ -332,3 +332,19 @@ def test_unnamed_simulated_nodes_keep_verdicts_in_memory(tmp_path) -> None:
     store = HealthStore(None)
     store.save(SavedState("boot-1", ["GPU-a"]))
     assert store.load() == (None, None)
+
+
+def test_runs_that_gave_way_to_a_users_job_change_no_verdict(node: Node):
+    """A preempted run (status skipped, reason preempted) is no failure: five of them after two failed
+    runs neither reach probe_failures' threshold of three nor change the GPU's verdict."""
+    node.run(3)
+    for _ in range(2):
+        node.run(3, status="failed", reason="crash")
+    before = node.step()[3]
+    for _ in range(5):
+        node.run(3, status="skipped", reason="preempted")
+    after = node.step()[3]
+    assert "probe_failures" not in reasons(after)
+    assert (after.state, after.action, set(reasons(after))) == (before.state, before.action, set(reasons(before)))
+    node.run(3, status="failed", reason="crash")  # the streak they did not break: a third failure fires
+    assert reasons(node.step()[3])["probe_failures"].evidence["count"] == 3

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -244,6 +245,28 @@ def test_gpu_with_a_foreign_process_is_not_probed(tmp_path: Path) -> None:
     assert _by_gpu(_run(config, backend, require_probe=True))[1].state == "unknown"
 
 
+def test_a_probing_daemons_child_is_named_as_such_not_as_a_foreign_process(tmp_path: Path) -> None:
+    """`gpuperfd check` beside a probing daemon: the process on the GPU is the daemon's probe child
+    (``python -m gpuperfd.probe_child.child``) and the daemon holds the GPU's cap lock; the check says
+    so, instead of calling it a user's compute process (foreign_process)."""
+    config = _config(tmp_path)
+    backend = SimulatedBackend(config.simulation)
+    gpu = backend.devices()[1]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "gpuperfd.probe_child.child"])
+    lock = GpuLock(config.probes.state_dir, safe_name(gpu.info().uuid))
+    lock.acquire()  # the daemon's sweep of this GPU
+    try:
+        gpu.add_foreign_process(child.pid, 1 << 30)
+        outcome = _run(config, backend)
+    finally:
+        lock.release()
+        child.kill()
+        child.wait()
+    assert outcome.probed == [0]
+    assert outcome.not_probed[1] == (f"not probed: busy: gpuperfd is probing this GPU (pid {child.pid}), "
+                                     f"its power cap owned by pid {os.getpid()}")
+
+
 def test_probe_that_outlives_the_deadline_is_unknown_never_healthy(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(check_mod, "SIMULATED_MEASURE_SECONDS", 60.0)
     config = _config(tmp_path)
@@ -253,6 +276,30 @@ def test_probe_that_outlives_the_deadline_is_unknown_never_healthy(tmp_path: Pat
     for verdict in outcome.verdicts:
         assert verdict.state == "unknown"
         assert [r.evidence["failure_reason"] for r in verdict.reasons if r.check == "check_probe_failed"] == ["timeout"]
+
+
+def test_a_check_probe_that_gives_way_to_a_users_job_is_unknown_and_blames_nothing(tmp_path: Path, monkeypatch) -> None:
+    """A user's job lands on GPU 1 while the check measures it: its probe gives way (skipped, preempted);
+    the verdict cannot say the GPU is healthy, and asks nobody to act (not contact_support)."""
+    monkeypatch.setattr(check_mod, "SIMULATED_MEASURE_SECONDS", 2.0)
+    real = check_mod.choose_executor
+
+    def arriving_job(cfg, name):
+        executor = real(cfg, name)
+
+        def run(device, schedule, abort):
+            if device.index == 1:
+                threading.Timer(0.3, lambda: device.add_foreign_process(434343, 1 << 30)).start()
+            return executor(device, schedule, abort)
+        return run
+
+    monkeypatch.setattr(check_mod, "choose_executor", arriving_job)
+    config = _config(tmp_path)
+    verdicts = _by_gpu(_run(config, SimulatedBackend(config.simulation)))
+    reason = next(r for r in verdicts[1].reasons if r.check == "check_probe_failed")
+    assert (reason.evidence["status"], reason.evidence["failure_reason"]) == ("skipped", "preempted")
+    assert (verdicts[1].state, verdicts[1].action) == ("unknown", "none")
+    assert verdicts[0].state == "healthy"
 
 
 def test_correctness_mismatch_is_unhealthy(tmp_path: Path, monkeypatch) -> None:

@@ -15,6 +15,8 @@ from gpuperfd.probing.idle import (
     allocated_reason,
     busy_after_own_run,
     busy_reason,
+    gave_way,
+    pod_reason,
 )
 
 
@@ -61,6 +63,39 @@ def test_an_unreadable_field_is_busy_whatever_the_field():
     for field in ("processes", "utilization"):
         reason = busy_reason(Readings(fail=field), 0.05, wait_seconds=1.0)
         assert reason.kind is BusyKind.UNREADABLE, field
+
+
+def test_a_gpuperfd_probe_child_is_named_and_a_user_process_beside_it_is_foreign():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "gpuperfd.probe_child.child"])
+    user = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ours = busy_reason(Readings(pids=[child.pid]), 0.05)
+        assert ours.kind is BusyKind.GPUPERFD_PROBE and str(ours) == f"gpuperfd is probing this GPU (pid {child.pid})"
+        mixed = busy_reason(Readings(pids=[child.pid, user.pid]), 0.05)  # a user's job beside it: the user's
+        assert mixed.kind is BusyKind.FOREIGN_PROCESS and str(mixed) == f"compute process(es) {user.pid} running"
+        assert busy_reason(Readings(pids=[user.pid]), 0.05).kind is BusyKind.FOREIGN_PROCESS
+    finally:
+        for proc in (child, user):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_user_job_gives_way_but_an_unreadable_gpu_stays_a_failure():
+    assert gave_way(busy_reason(Readings(pids=[7]), 0.05)) == ("skipped", "preempted")
+    assert gave_way(busy_reason(Readings(util=0.5), 0.05)) == ("skipped", "preempted")
+    assert gave_way(busy_reason(Readings(fail="processes"), 0.05)) == ("failed", "gpu_busy")
+
+
+def test_pod_reason_reads_only_the_kubelet_map():
+    from gpuperfd.attribution.allocations import AllocationState
+
+    device = gpu()
+    device.add_foreign_process(4242, 1 << 30)  # a round's own child is on the GPU between points: not read
+    assert pod_reason(device, None, OursConfig()) is None
+    assert pod_reason(device, AllocationState(), OursConfig()) is None
 
 
 def test_allocated_reason_is_typed():

@@ -197,6 +197,7 @@ class FakeDevice:
 
 
 def test_busy_gpu_is_refused_without_starting(monkeypatch) -> None:
+    """A user's job that holds the GPU before the start: the probe gives way (skipped, preempted), not a failure."""
     import gpuperfd.probing.runner as runner_module
 
     def spawn(*_args, **_kwargs):
@@ -204,10 +205,10 @@ def test_busy_gpu_is_refused_without_starting(monkeypatch) -> None:
 
     monkeypatch.setattr(runner_module.ProbeChild, "start", spawn)  # no child, told directly, not by timing
     result = run_probe(tiny("llm"), timeout_seconds=60, device=FakeDevice(busy_pids=(4242,)), idle_wait_seconds=0.3)
-    assert result.status == "failed" and result.failure_reason == "gpu_busy"
-    assert "4242" in result.error_message
+    assert (result.status, result.failure_reason) == ("skipped", "preempted") and result.preempted
+    assert "4242" in result.error_message and result.extra["busy_kind"] == "foreign_process"
     hot = run_probe(tiny("llm"), timeout_seconds=60, device=FakeDevice(util=0.8), idle_wait_seconds=0.3)
-    assert hot.failure_reason == "gpu_busy" and "80%" in hot.error_message
+    assert (hot.status, hot.failure_reason) == ("skipped", "preempted") and "80%" in hot.error_message
     # our own processes do not count
     assert busy_reason(FakeDevice(busy_pids=(4242,)), 0.05, own_pids=(4242,), wait_seconds=0) is None
 
@@ -222,11 +223,12 @@ def test_idle_check_waits_for_the_gpu_to_calm_down() -> None:
     assert hot is not None and hot.kind is BusyKind.UTILIZATION
 
 
-def test_new_gpu_process_aborts_the_probe() -> None:
+def test_new_gpu_process_preempts_the_probe() -> None:
+    """A user's process appearing mid-measurement: the child is killed at once and the point gave way."""
     device = FakeDevice(pids_after=1.0)
     t0 = time.monotonic()
     result = run_probe(tiny("attention", inject_fault="hang"), timeout_seconds=60, device=device, watch_interval=0.2)
-    assert result.status == "aborted" and result.failure_reason == "aborted"
+    assert (result.status, result.failure_reason) == ("skipped", "preempted") and result.preempted
     assert result.extra["foreign_pids"] == [4_000_000]
     assert time.monotonic() - t0 < 10
     assert device.calls >= 3

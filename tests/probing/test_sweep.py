@@ -304,3 +304,40 @@ def test_sweep_read_only_says_which_caps_it_did_not_measure(tmp_path, capsys):
     assert code == 0
     err = capsys.readouterr().err
     assert "read-only: measured the current cap 700 W only; 400 W not measured" in err
+
+
+def test_a_sweep_that_gives_way_to_a_users_job_restores_the_operators_cap(tmp_path, capsys):
+    """The one owned sweep (daemon and `gpuperfd sweep`): a user's process appears on the GPU
+    mid-measurement at a lowered cap; the sweep ends there as preempted (not failed), the cap the
+    operator had comes back, and the CLI's table says skipped (preempted)."""
+    from gpuperfd.probing.observer import Observers
+    from gpuperfd.probing.sweep.cli import _print_results
+    from gpuperfd.probing.sweep.owned import OwnedStatus, SweepRequest, run_owned_sweep
+
+    gpu = SimulatedBackend(SimulationConfig(gpus=1, seed=3, initial_power_limits={0: 650.0})).devices()[0]
+    schedule = ScheduleConfig(probe="attention", interval_seconds=60, caps=["max", 500, 300], settle_seconds=0)
+    executor = simulated_executor(0.6, seed=1)
+    seen = []
+
+    class Watch:
+        def on_cap(self, watts):
+            seen.append(watts)
+            if watts == 500:  # a user's job lands while the sweep holds 500 W
+                threading.Timer(0.2, lambda: gpu.add_foreign_process(717171, 1 << 30)).start()
+
+        def on_measuring(self, running):
+            pass
+
+        def on_point(self, point):
+            pass
+
+    outcome = run_owned_sweep(gpu, CapJournal(tmp_path / "state"), SweepRequest([schedule], None), executor,
+                              lambda s, o: Observers([Watch()]), threading.Event())
+    assert outcome.status is OwnedStatus.PREEMPTED and "717171" in outcome.detail
+    points = outcome.sweeps[0][1]
+    assert [(round(p.cap_watts), p.result.status, p.result.failure_reason) for p in points] == [
+        (700, "ok", None), (500, "skipped", "preempted")]  # 300 W never set
+    assert seen == [700, 500, None] and gpu.power_limits().enforced_watts == 650.0
+    assert not CapJournal(tmp_path / "state").entries()  # the journal entry is gone: nothing left to restore
+    assert _print_results(0.05, "attention", points) == 0  # not a failure
+    assert "skipped (preempted)" in capsys.readouterr().out

@@ -314,7 +314,7 @@ def test_a_prepared_child_imports_before_the_gpu_is_taken_and_builds_at_the_firs
 
 def test_a_prepared_child_yields_to_a_job_that_starts_before_its_build(gpu, tmp_path):
     """The busy check still runs right before the build: a user's job that appears while the child
-    imports makes the first point gpu_busy, and the prepared child is ended, never built."""
+    imports makes the first point give way (skipped, preempted), and the prepared child is ended, never built."""
     pytest.importorskip("torch")
     executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=tmp_path / "state")
     session = open_session(executor, gpu, tiny_schedule("attention"), threading.Event())
@@ -326,7 +326,7 @@ def test_a_prepared_child_yields_to_a_job_that_starts_before_its_build(gpu, tmp_
     finally:
         gpu.remove_foreign_process(4242)
         session.close()
-    assert (result.status, result.failure_reason) == ("failed", "gpu_busy"), result.error_message
+    assert (result.status, result.failure_reason) == ("skipped", "preempted"), result.error_message
     assert gone(prepared_pid)
 
 

@@ -272,6 +272,9 @@ def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, s
     if stop.received is not None:
         say(f"gpuperfd: sweep stopped by {stop.name}; {_cap_report(device, outcome.original_cap_watts, journal)}")
         return stop.exit_code
+    if outcome.status is OwnedStatus.PREEMPTED:  # not a failure: the table shows it skipped (preempted)
+        say(f"gpuperfd: gave way to a user's job ({outcome.detail}); "
+            f"{_cap_report(device, outcome.original_cap_watts, journal)}")
     code = 0
     for schedule, points in outcome.sweeps:
         code = max(code, _print_results(args.max_slowdown, schedule.probe, points))

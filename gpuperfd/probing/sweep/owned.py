@@ -33,7 +33,7 @@ from gpuperfd.probing.observer import SweepObserver
 from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
-from gpuperfd.probing.sweep.sweeper import SweepAborted, run_sweep
+from gpuperfd.probing.sweep.sweeper import SweepAborted, SweepPreempted, run_sweep
 
 __all__ = ["OwnedStatus", "OwnedSweep", "SweepRequest", "run_owned_sweep"]
 
@@ -49,6 +49,7 @@ class OwnedStatus(str, Enum):
     BUSY = "busy"  # the GPU was busy when checked under the lock
     BAD_CAPS = "bad_caps"  # a cap is outside the board's range (strict)
     ABORTED = "aborted"  # stopped (shutdown, a signal); the cap was restored
+    PREEMPTED = "preempted"  # gave the GPU back to a user's job (not a failure); the cap was restored
     DEVICE_ERROR = "device_error"  # the GPU failed mid-sweep
     EXCEPTION = "exception"  # a bug: logged with its traceback, the cap restored
 
@@ -71,6 +72,9 @@ class SweepRequest:
     stop_early: float | None = None
     #: How long to wait for another owner of the cap (0: refuse at once).
     wait_seconds: float = 0.0
+    #: Asked before each point: why a user's job now holds the GPU (a pod allocated it), or None.
+    #: A foreign process is the probe child's own watch (it gives way mid-measurement too).
+    wanted: Callable[[], str | None] | None = None
 
 
 @dataclass
@@ -184,26 +188,13 @@ def run_owned_sweep(
 
         if request.caps is not None and not resolve(request.caps):
             return outcome
-        session = None
-        try:
-            for schedule in request.schedules:
-                if request.caps is None and not resolve(schedule.caps, parse=True):
-                    return outcome
-                points: list[SweepPoint] = []
-                outcome.sweeps.append((schedule, points))
-                collect = _Collect(points, observer_for(schedule, outcome))
-                # One warm child per GPU for the whole round: the next schedule's probe is built in it.
-                session = open_session(executor, device, schedule, abort, after=session)
-                session.prepare()  # the child's imports before any cap changes (not GPU time)
-                run_sweep(device, journal, outcome.caps_watts, collect.measuring(session.measure),
-                          settle_seconds=schedule.settle_seconds, read_only=outcome.read_only, abort=abort,
-                          observer=collect, stop_early=request.stop_early)
-        finally:
-            if session is not None:
-                session.close()
+        _sweep_schedules(device, journal, request, executor, observer_for, abort, outcome, resolve)
     except SweepAborted as exc:
         log.warning("%s", exc)
         outcome.status, outcome.detail = OwnedStatus.ABORTED, str(exc)
+    except SweepPreempted as exc:
+        log.info("gpu %d: %s", device.index, exc)
+        outcome.status, outcome.detail = OwnedStatus.PREEMPTED, str(exc)
     except DeviceError as exc:
         log.error("gpu %d: sweep failed: %s", device.index, exc)
         outcome.status, outcome.detail, outcome.reason = OwnedStatus.DEVICE_ERROR, str(exc), exc.reason
@@ -217,3 +208,28 @@ def run_owned_sweep(
         if lock is not None:
             lock.release()
     return outcome
+
+
+def _sweep_schedules(device: Device, journal: CapJournal, request: SweepRequest, executor: Executor,
+                     observer_for: Callable[[ScheduleConfig, OwnedSweep], SweepObserver], abort: threading.Event,
+                     outcome: OwnedSweep, resolve: Callable[..., bool]) -> None:
+    """Each schedule's sweep through one warm session (one child per GPU for the whole round: the next
+    schedule's probe is built in it); raises :class:`SweepPreempted` once a point gave way to a user."""
+    session = None
+    try:
+        for schedule in request.schedules:
+            if request.caps is None and not resolve(schedule.caps, parse=True):
+                return
+            points: list[SweepPoint] = []
+            outcome.sweeps.append((schedule, points))
+            collect = _Collect(points, observer_for(schedule, outcome))
+            session = open_session(executor, device, schedule, abort, after=session)
+            session.prepare()  # the child's imports before any cap changes (not GPU time)
+            run_sweep(device, journal, outcome.caps_watts, collect.measuring(session.measure),
+                      settle_seconds=schedule.settle_seconds, read_only=outcome.read_only, abort=abort,
+                      observer=collect, stop_early=request.stop_early, wanted=request.wanted)
+            if points and points[-1].result.preempted:  # the round ends: the GPU is the user's now
+                raise SweepPreempted(points[-1].result.error_message or "a user's job wants the GPU")
+    finally:
+        if session is not None:
+            session.close()

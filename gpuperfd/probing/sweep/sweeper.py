@@ -47,6 +47,19 @@ class SweepAborted(Exception):
     """The sweep was stopped (daemon shutdown) before every cap ran."""
 
 
+class SweepPreempted(Exception):
+    """A user's job wants the GPU (``wanted`` said so before a cap): the sweep gave it back, cap restored."""
+
+
+def _stop_before(gpu: int, cap: float, abort: threading.Event, wanted: Callable[[], str | None] | None) -> None:
+    """Raise if the sweep must not set ``cap``: a shutdown (:class:`SweepAborted`) or a user's job
+    that now holds the GPU (:class:`SweepPreempted`); the caller's ``finally`` restores the cap."""
+    if abort.is_set():
+        raise SweepAborted(f"sweep on gpu {gpu} aborted before {cap:.0f} W")
+    if wanted is not None and (why := wanted()) is not None:
+        raise SweepPreempted(f"sweep on gpu {gpu} gave way before {cap:.0f} W: {why}")
+
+
 def run_sweep(
     device: Device,
     journal: CapJournal,
@@ -58,6 +71,7 @@ def run_sweep(
     abort: threading.Event | None = None,
     observer: SweepObserver | None = None,
     stop_early: float | None = None,
+    wanted: Callable[[], str | None] | None = None,
 ) -> list[SweepPoint]:
     """Run ``run_point`` at each cap (highest first); always restore the original cap.
 
@@ -65,6 +79,8 @@ def run_sweep(
     comes (``on_point``). ``abort`` stops between points, restoring first.
     ``stop_early``: the recommendation's max_slowdown; caps below the first one that is
     clearly slower than that (see :func:`clearly_slower`) are skipped. None runs every cap.
+    ``wanted``: asked before each cap why a user's job now holds the GPU (None: nobody); an answer
+    raises :class:`SweepPreempted`, cap restored. A point that gave way (skipped, preempted) stops it too.
     """
     abort = abort or threading.Event()
     on_cap = observer.on_cap if observer is not None else None
@@ -75,6 +91,8 @@ def run_sweep(
         # Asked-for caps other than the current one go unmeasured: a warning, not just news.
         level = log.warning if unmeasured_caps(caps_watts, current) else log.info
         level("gpu %d: %s", device.index, read_only_note(caps_watts, current))
+        if wanted is not None and (why := wanted()) is not None:
+            raise SweepPreempted(f"probe on gpu {device.index} gave way: {why}")
         point = SweepPoint(current, run_point(current))
         if on_point:
             on_point(point)
@@ -83,8 +101,7 @@ def run_sweep(
     try:
         with CapGuard(device, journal) as guard:
             for cap in caps_watts:
-                if abort.is_set():
-                    raise SweepAborted(f"sweep on gpu {device.index} aborted before {cap:.0f} W")
+                _stop_before(device.index, cap, abort, wanted)
                 if stopped_by is not None:
                     point = skipped_point(cap, stopped_by.result,
                                           f"{stopped_by.cap_watts:.0f} W was already more than "
@@ -106,8 +123,9 @@ def run_sweep(
                 points.append(point)
                 if on_point:
                     on_point(point)
-                if point.result.status == "aborted":  # someone else wants the GPU: give it back now
-                    log.warning("gpu %d: sweep stopped: %s", device.index, point.result.error_message)
+                if point.result.status == "aborted" or point.result.preempted:  # give the GPU back now
+                    log.log(logging.INFO if point.result.preempted else logging.WARNING, "gpu %d: sweep stopped: %s",
+                            device.index, point.result.error_message)
                     break
                 baseline = points[0].result
                 if (stop_early is not None and stopped_by is None and len(points) > 1 and baseline.ok
