@@ -132,7 +132,9 @@ class _Child:
 
     It is reaped with ``os.wait4`` (not Popen's ``waitpid``) so that the kernel's account of its
     peak resident memory (``ru_maxrss``) comes back with its exit status: the admission of probe
-    children (:mod:`gpuperfd.probing.admission`) sizes the next rounds from it."""
+    children (:mod:`gpuperfd.probing.admission`) sizes the next rounds from it. The kernel folds the
+    high-water mark of the memory the child was forked with (the parent's, before the exec) into
+    it, so it errs high by at most the parent's size: the daemon's ~60 MB, the safe direction."""
 
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self.popen = popen

@@ -4,6 +4,7 @@ the kernel's OOM killer reported as ``host_oom`` (the host's memory, never the G
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -33,7 +34,10 @@ def test_a_small_childs_peak_is_small_and_a_signal_is_a_negative_code() -> None:
     os.kill(child.pid or 0, signal.SIGTERM)
     child.join(10)
     assert child.exitcode == -signal.SIGTERM
-    assert child.peak_rss_bytes is not None and child.peak_rss_bytes < 100 * MIB
+    # ru_maxrss keeps the high-water mark of the memory the child was forked with, before its exec
+    # (the kernel folds the old mm's into it): at most this process's own peak, plus the small child.
+    parent_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert child.peak_rss_bytes is not None and child.peak_rss_bytes < max(parent_peak, 0) + 100 * MIB
 
 
 def _killed_from_outside(oom_counts: list[int | None]) -> tuple[ProbeChild, object]:
