@@ -42,7 +42,7 @@ probes:
   history: {{path: {state}/history.jsonl}}
   idle_seconds: 5
   jitter_seconds: 0
-  first_run_delay_seconds: 60
+  first_run_delay_seconds: 30
   timeout_seconds: 400
 {budget}  schedules:
     - {{probe: llm, interval_seconds: 150, caps: [current], options: {{repeats: 2}}}}
@@ -152,7 +152,7 @@ def main() -> None:
             latencies.append(latency)
         if ok and idle_cpu is None and tick - t0 > 5:
             idle_cpu = (tick, cpu_seconds(daemon.pid))
-        if ok and idle_cpu is not None and tick - t0 > 50 and "idle_cpu_percent_of_core" not in summary:
+        if ok and idle_cpu is not None and tick - t0 > 28 and "idle_cpu_percent_of_core" not in summary:
             summary["idle_cpu_percent_of_core"] = 100 * (cpu_seconds(daemon.pid) - idle_cpu[1]) / (tick - idle_cpu[0])
         if foreign is None and not simulate:
             for gpu in gpus_with_processes():
