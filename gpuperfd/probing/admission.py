@@ -1,6 +1,6 @@
 """How many probe children may run at once: a host-memory budget, reserved per round, FIFO.
 
-Why: each probe child (torch, a model, CUDA's host allocations) peaks at about 1.6-1.75 GiB of
+Why: each probe child (torch, a model, CUDA's host allocations) peaks at about 1.6-2.0 GiB of
 host memory; with ``probes.parallel_gpus`` every idle GPU starts one at the same moment, and a
 container sized for one child is OOM-killed on every round (3.54 GiB on a 2-GPU H200 node,
 ~14 GiB on 8 GPUs). So a round reserves its child's expected peak before it starts one, and a
@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 
 MIB = 2**20
 GIB = 2**30
-#: A probe child's host RSS before one was measured here: 1.75 GiB, the peak per child on a 2-GPU
-#: H200 node (3.54 GiB for the tree with two children); docs/benchmarks.md has 0.9-1.6 GiB per probe.
-DEFAULT_CHILD_BYTES = int(1.75 * GIB)
+#: A probe child's host RSS before one was measured here: 2 GiB. Children of the default llm and vit
+#: presets peaked at 2,006-2,009 MiB (ru_maxrss) on a 4x H200 node (docs/benchmarks.md, issue 41);
+#: the 2-GPU H200 node's tree reached 3.54 GiB with two; docs/benchmarks.md has 0.9-1.6 GiB on an H100.
+DEFAULT_CHILD_BYTES = 2 * GIB
 #: Kept free beside the daemon and the children: compile workers outside the measured leader,
 #: page cache the cgroup charges (history, compile caches), the 64 MiB tmpfs, allocator slack.
 HEADROOM_BYTES = 256 * MIB

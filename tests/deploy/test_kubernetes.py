@@ -464,8 +464,8 @@ def test_sizing_table_manifests_and_admission_agree(base: list[dict[str, Any]],
     assert len(rows) == 5
     for limit, counts in rows.items():  # each row is what the admission does
         assert counts == [_children_at_once(_quantity_bytes(limit), n, daemon) for n in (1, 2, 4, 8)], limit
-        k = counts[-1]  # the formula in the text: 326Mi + k x 1792Mi is enough for k
-        assert _quantity_bytes(limit) >= (326 + k * 1792) * 2**20
+        k = counts[-1]  # the formula in the text: 326Mi + k x 2048Mi is enough for k
+        assert _quantity_bytes(limit) >= (326 + k * 2048) * 2**20
     for docs in (base, overlay):  # the DaemonSet: one child at a time, as the table's first row says
         limit = _container(docs)["resources"]["limits"]["memory"]
         assert rows[limit] == [1, 1, 1, 1]
