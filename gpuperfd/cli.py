@@ -187,7 +187,7 @@ def cmd_collectors(args: argparse.Namespace) -> int:
     from gpuperfd.telemetry.collectors import COLLECTORS
 
     for name, cls in sorted(COLLECTORS.items()):
-        lane = "slow lane" if cls.slow else ("events" if getattr(cls, "event_driven", False) else "fast lane")
+        lane = "slow lane" if cls.slow else ("events" if cls.event_driven else "fast lane")
         print(f"{name:14} {lane:10} {cls.help}")
         for spec in cls.metrics:
             print(f"    {spec.name}")

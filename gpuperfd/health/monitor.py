@@ -99,7 +99,8 @@ def snapshot_inputs(sampler: Any, gpus: Iterable[int], now: float) -> list[GpuIn
     """One GPU's inputs per read GPU from one synchronous read of the sampler (``gpuperfd check``):
     the monitor's latest values, lost flag and XIDs, without its windows (busy samples, counter
     rates) or history, which a one-shot read does not have. GPUs without an identity are left out."""
-    readings, last_info, identities, _errors = sampler.store.snapshot()
+    snap = sampler.store.snapshot()
+    readings, last_info, identities = snap.readings, snap.last_good_info, snap.identities
     labels = spec_labels()
     lost = lost_gpus(readings, sampler.interval_seconds)  # from this snapshot, not one more per GPU
     inputs = []
@@ -368,7 +369,8 @@ class HealthMonitor:
         self._reset_values[uuid] = {**before, **values}
 
     def gather(self, now: float) -> list[GpuInputs]:
-        readings, last_info, identities, _errors = self.sampler.store.snapshot()
+        snap = self.sampler.store.snapshot()
+        readings, last_info, identities = snap.readings, snap.last_good_info, snap.identities
         lost_now = lost_gpus(readings, self.sampler.interval_seconds)  # one snapshot for every GPU
         busy_limit = self.settings["busy_utilization_ratio"]
         window = max(self.settings["busy_window_seconds"], self.settings["rate_window_seconds"])

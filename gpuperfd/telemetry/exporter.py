@@ -60,7 +60,7 @@ class Exporter:
         self._spec_labels = {spec.name: spec.labels for cls in COLLECTORS.values() for spec in cls.metrics}
         #: Where gpuperf_collector_age_seconds sits among the families (their order is fixed by ``enabled``).
         self._age_index = list(self._new_families()).index("gpuperf_collector_age_seconds")
-        self._event_driven = {name: bool(getattr(COLLECTORS[name], "event_driven", False)) for name in self.enabled}
+        self._event_driven = {name: COLLECTORS[name].event_driven for name in self.enabled}
         #: (gpu, collector) -> that reading's formatted lines; only the scrape thread(s) touch it,
         #: and a race between two scrapes at worst formats the same lines twice.
         self._lines_cache: dict[tuple[int, str], _ReadingLines] = {}
@@ -101,7 +101,9 @@ class Exporter:
     def _collect(self, now: float) -> _Collected:
         """The families with the age gauge left empty, and what the age lines and the cache need."""
         families = self._new_families()
-        version, readings, last_info, identities, errors = self.sampler.store.snapshot_versioned()
+        snap = self.sampler.store.snapshot()
+        version, readings, last_info, identities, errors = (snap.version, snap.readings, snap.last_good_info,
+                                                            snap.identities, snap.errors)
         lost = lost_gpus(readings, self.sampler.interval_seconds)
         prefixes = {gpu: label_string(GPU_LABELS, identity.label_values) for gpu, identity in identities.items()}
         # A GPU whose identity was never read (lost or failing since start) is still reported, with uuid="".

@@ -67,6 +67,21 @@ def lost_gpus(readings: dict[tuple[int, str], Reading], interval_seconds: float)
     }
 
 
+@dataclass(frozen=True)
+class StoreSnapshot:
+    """The store at one moment: what the exporter, the landing page and the verdicts read."""
+
+    #: The store's version when it was taken (the exporter keeps its text while it stays the same).
+    version: int
+    #: The latest reading of every (GPU, collector).
+    readings: dict[tuple[int, str], Reading]
+    #: Each GPU's last good ``info`` points (its identity labels while it is lost).
+    last_good_info: dict[int, tuple[Point, ...]]
+    identities: dict[int, GpuIdentity]
+    #: Error counts by (GPU, collector, reason).
+    errors: dict[tuple[int, str, str], int]
+
+
 class ReadingStore:
     """Latest readings and error counts; every method is thread-safe and cheap."""
 
@@ -98,20 +113,11 @@ class ReadingStore:
             self.version += 1
             self._identities[identity.index] = identity
 
-    def snapshot(
-        self,
-    ) -> tuple[dict[tuple[int, str], Reading], dict[int, tuple[Point, ...]], dict[int, GpuIdentity], dict[tuple[int, str, str], int]]:
-        """Copies of readings, last good info points, identities and error counts."""
-        return self.snapshot_versioned()[1:]
-
-    def snapshot_versioned(
-        self,
-    ) -> tuple[int, dict[tuple[int, str], Reading], dict[int, tuple[Point, ...]], dict[int, GpuIdentity],
-               dict[tuple[int, str, str], int]]:
-        """:meth:`snapshot` with the version it was taken at (one lock: they agree)."""
+    def snapshot(self) -> StoreSnapshot:
+        """Copies of everything, taken under one lock (they agree with each other and the version)."""
         with self._lock:
-            return (self.version, dict(self._readings), dict(self._last_good_info), dict(self._identities),
-                    dict(self._errors))
+            return StoreSnapshot(self.version, dict(self._readings), dict(self._last_good_info),
+                                 dict(self._identities), dict(self._errors))
 
 
 class Sampler:
@@ -131,7 +137,7 @@ class Sampler:
     ) -> None:
         self.backend = backend
         self.devices = devices
-        self.collectors = [c for c in collectors if not getattr(c, "event_driven", False)]
+        self.collectors = [c for c in collectors if not c.event_driven]
         self.interval_seconds = interval_seconds
         self.intervals = {
             c.name: (intervals or {}).get(c.name) or c.default_interval_seconds or interval_seconds for c in self.collectors
@@ -284,14 +290,13 @@ class Sampler:
         """True while the lanes keep producing readings (for the systemd watchdog)."""
         if not self.devices:
             return True
-        readings, *_ = self.store.snapshot()
+        readings = self.store.snapshot().readings
         now = self.clock()
         return any(now - r.timestamp <= self.stale_after(name) for (_, name), r in readings.items() if name != "xid")
 
     def lost(self) -> set[int]:
         """The GPUs whose newest reading (of any collector) says they are lost (one store snapshot)."""
-        readings, *_ = self.store.snapshot()
-        return lost_gpus(readings, self.interval_seconds)
+        return lost_gpus(self.store.snapshot().readings, self.interval_seconds)
 
     def gpu_lost(self, gpu: int) -> bool:
         """True if this GPU's newest reading (of any collector) says it is lost."""

@@ -191,7 +191,8 @@ def landing_page(
     ``verdicts`` is ``HealthMonitor.verdicts()``; None (health off): the health column shows "-".
     """
     by_gpu = {v.gpu: v for v in verdicts or () if v.gpu is not None}
-    readings, last_info, identities, _ = sampler.store.snapshot()
+    snap = sampler.store.snapshot()
+    readings, last_info, identities = snap.readings, snap.last_good_info, snap.identities
     latest = latest or {}
     rows = []
     names: dict[int, str] = {}

@@ -47,7 +47,7 @@ def test_sampler_lanes_and_xid_watcher(fake: FakeNvml) -> None:
     time.sleep(1.5)
     sampler.stop()
     backend.close()
-    readings, *_ = sampler.store.snapshot()
+    readings = sampler.store.snapshot().readings
     assert {gpu for gpu, _ in readings} == {0, 1, 2, 3}
     assert all(r.ok for (_, name), r in readings.items()), [k for k, r in readings.items() if not r.ok]
     assert_one_at_a_time(fake, 500)

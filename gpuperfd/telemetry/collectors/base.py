@@ -58,6 +58,9 @@ class Collector(abc.ABC):
     #: Seconds between reads; None uses the sampler's interval.
     default_interval_seconds: ClassVar[float | None] = None
     enabled_by_default: ClassVar[bool] = True
+    #: Read on events, not on an interval (XID: the sampler's watcher fills it; no lane reads it,
+    #: and the exporter never treats its reading as stale).
+    event_driven: ClassVar[bool] = False
 
     @abc.abstractmethod
     def read(self, device: Device) -> list[Point]:
