@@ -13,10 +13,11 @@ the daemon makes a few hundred a second on 8 GPUs, and a crash takes the node's 
 A hung call must not blind the node: a caller that has waited until the call inside has run for
 ``hang_seconds`` (``device.call_timeout_seconds``) sets that call aside as hung and goes in.
 The hung thread is still inside the library (nothing can pull it out), so from then on the
-process may have two threads inside: the one stuck and the one working. The hung call's GPU
-(its scope) gets no further calls: each is refused at once with :class:`DeviceTimeout` until
-the hung call returns, so a lost GPU stops its own readings and nobody else's, and the node
-waits at most ``hang_seconds`` once per hung call.
+process may have two threads inside: the one stuck and the one working. A call about the hung
+call's GPU (its scope) waits for that call to return, out of the queue so the other GPUs' calls
+go on, for at most ``hang_seconds``, then is refused with :class:`DeviceTimeout`: a slow call that
+does come back (a cap restore behind it) loses nothing, a lost GPU stops its own readings and
+nobody else's, and the node waits at most ``hang_seconds`` once per hung call.
 
 The same thread entering twice would deadlock: it raises instead (a bug in the caller).
 """
@@ -102,22 +103,34 @@ class CallGate:
 
     def _enter(self, scope: Scope, name: str) -> _Entry:
         """Wait for our turn (first come, first served: a thread calling in a loop cannot starve
-        the others), setting a hung call aside when we are next and it has run too long."""
+        the others), setting a hung call aside when we are next and it has run too long. A call
+        whose GPU has a hung call waits for that one out of the queue (the others go on), at most
+        ``hang_seconds``, then is refused."""
         me = threading.get_ident()
         with self._cond:
             arrived = self._clock()
             ticket = object()
-            self._queue.append(ticket)
             waited = False
             try:
                 while True:
-                    self._refuse_if_hung(scope, name)
+                    if self._hung_call(scope) is not None:
+                        if ticket in self._queue:
+                            self._queue.remove(ticket)
+                            self._cond.notify_all()
+                        remaining = arrived + self.hang_seconds - self._clock()
+                        if remaining <= 0:
+                            self._refuse(scope, name)
+                        waited = True
+                        self._cond.wait(remaining)
+                        continue
+                    if ticket not in self._queue:
+                        self._queue.append(ticket)
                     current = self._inside
                     if current is not None and current.thread == me:
                         raise RuntimeError(f"{self.library}: {name} called from inside {current.name} (same thread)")
-                    if current is None and self._queue[0] is ticket:
-                        break
-                    if current is not None and self._queue[0] is ticket:
+                    if self._queue[0] is ticket:
+                        if current is None:
+                            break
                         age = self._clock() - current.started
                         if age >= self.hang_seconds:
                             self._set_aside(current, age)
@@ -128,7 +141,8 @@ class CallGate:
                         waited = True
                         self._cond.wait(self.hang_seconds)
             finally:
-                self._queue.remove(ticket)
+                if ticket in self._queue:
+                    self._queue.remove(ticket)
                 self._cond.notify_all()
             now = self._clock()
             stats = self._stats
@@ -160,14 +174,17 @@ class CallGate:
         log.error("%s: %s (GPU %s) has not returned for %.1f s: treated as hung; other calls go on, "
                   "that GPU gets none until it returns", self.library, entry.name, entry.scope, age)
 
-    def _refuse_if_hung(self, scope: Scope, name: str) -> None:
-        for hung in self._hung:
-            if hung.scope == scope:
-                self._stats.refused += 1
-                where = "node-level" if scope is None else f"GPU {scope}"
-                raise DeviceTimeout(
-                    f"{where}: {name} not called: an earlier {hung.name} has not returned for "
-                    f"{self._clock() - hung.started:.1f} s ({self.library} call timeout {self.hang_seconds:g} s)")
+    def _hung_call(self, scope: Scope) -> _Entry | None:
+        return next((hung for hung in self._hung if hung.scope == scope), None)
+
+    def _refuse(self, scope: Scope, name: str) -> None:
+        hung = self._hung_call(scope)
+        assert hung is not None
+        self._stats.refused += 1
+        where = "node-level" if scope is None else f"GPU {scope}"
+        raise DeviceTimeout(
+            f"{where}: {name} not called: an earlier {hung.name} has not returned for "
+            f"{self._clock() - hung.started:.1f} s ({self.library} call timeout {self.hang_seconds:g} s)")
 
 
 class EntryCounter:

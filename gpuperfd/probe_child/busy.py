@@ -82,10 +82,15 @@ def _trace_events(prof: Any) -> list[dict[str, Any]]:
     kineto results: an LLM pass has ~60,000 kernels, whose chrome-trace export and JSON parse cost
     ~1 s more than the pass itself (H100). Falls back to the export where torch lacks the API."""
     try:
-        return [{"ph": "X", "name": ev.name(), "cat": ev.activity_type(), "ts": ev.start_ns() / 1e3,
-                 "dur": ev.duration_ns() / 1e3} for ev in prof.kineto_results.events()]
+        events = list(prof.kineto_results.events())
     except AttributeError:
-        pass
+        events = None
+    if events is not None:
+        # Times from the first event, in integer nanoseconds first: an epoch in microseconds as a float
+        # (1.8e15) keeps only quarter-microsecond steps, which dropped sub-microsecond operators.
+        base = min((ev.start_ns() for ev in events), default=0)
+        return [{"ph": "X", "name": ev.name(), "cat": ev.activity_type(), "ts": (ev.start_ns() - base) / 1e3,
+                 "dur": ev.duration_ns() / 1e3} for ev in events]
     fd, path = tempfile.mkstemp(prefix="gpuperfd-busy-", suffix=".json")
     os.close(fd)
     try:

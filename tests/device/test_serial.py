@@ -60,8 +60,10 @@ def test_a_hung_call_holds_others_only_until_the_hang_threshold() -> None:
     start = time.monotonic()
     assert gate.call(1, "nvmlOther", lambda: "ok") == "ok"
     assert 0.2 <= time.monotonic() - start < 1.0
+    start = time.monotonic()
     with pytest.raises(DeviceTimeout, match=r"GPU 0: nvmlAgain not called: an earlier nvmlStuck has not returned"):
-        gate.call(0, "nvmlAgain", lambda: None)
+        gate.call(0, "nvmlAgain", lambda: None)  # waits for GPU 0's hung call, at most the threshold
+    assert 0.2 <= time.monotonic() - start < 1.0
     assert gate.stats().hung_now and gate.stats().set_aside == 1 and gate.stats().refused == 1
     release.set()
     hung.join(5)
@@ -81,3 +83,24 @@ def test_nested_call_from_the_same_thread_is_a_bug_not_a_deadlock() -> None:
     with pytest.raises(RuntimeError, match="inner called from inside outer"):
         gate.call(0, "outer", lambda: gate.call(0, "inner", lambda: None))
     assert gate.call(0, "after", lambda: 3) == 3
+
+
+def test_a_gpus_calls_wait_out_its_slow_call_while_the_others_go_on() -> None:
+    """A slow call that does come back (0.5 s, threshold 0.3 s): the same GPU's next call waits for it
+    and then runs (a cap restore behind a slow read is not lost); another GPU's calls are not held."""
+    gate = CallGate("lib", hang_seconds=0.3)
+    slow = threading.Thread(target=gate.call, args=(0, "nvmlSlow", time.sleep, 0.5))
+    slow.start()
+    time.sleep(0.35)  # past the threshold: the next caller sets it aside
+    assert gate.call(1, "nvmlOther", lambda: "gpu1") == "gpu1"
+    waiter_result: list[str] = []
+    waiter = threading.Thread(target=lambda: waiter_result.append(gate.call(0, "nvmlSetLimit", lambda: "set")))
+    waiter.start()
+    time.sleep(0.02)
+    start = time.monotonic()
+    for _ in range(20):
+        gate.call(1, "nvmlOther", lambda: None)  # GPU 1 is not held behind GPU 0's waiter
+    assert time.monotonic() - start < 0.1
+    waiter.join(2)
+    slow.join(2)
+    assert waiter_result == ["set"] and gate.stats().refused == 0
