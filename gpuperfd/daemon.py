@@ -26,11 +26,12 @@ from gpuperfd.config import (
     Config,
     ConfigError,
     ProbesConfig,
+    WebConfig,
     keep_restart_only,
     parse_listen_address,
     restart_only_changes,
 )
-from gpuperfd.device.base import Backend
+from gpuperfd.device.base import Backend, Device
 from gpuperfd.device.errors import DeviceError, DriverNotFound
 from gpuperfd.device.factory import open_backend, selected_devices
 from gpuperfd.health.monitor import HealthMonitor
@@ -44,12 +45,12 @@ from gpuperfd.probing.service import ProbeService
 from gpuperfd.probing.sweep.journal import journals_for, node_registry, restore_all
 from gpuperfd.system import sdnotify
 from gpuperfd.system.memory import release_free_memory
-from gpuperfd.telemetry.collectors import COLLECTORS, Collector
+from gpuperfd.telemetry.collectors import CollectorSet, build_collectors
 from gpuperfd.telemetry.exporter import Exporter, process_registry, process_version
 from gpuperfd.telemetry.sampler import Sampler
 from gpuperfd.web.connections import Limits, raise_fd_limit
 from gpuperfd.web.landing import landing_page
-from gpuperfd.web.server import Response, WebServer, metrics_route
+from gpuperfd.web.server import Response, Route, WebServer, metrics_route
 
 if TYPE_CHECKING:
     from gpuperfd.probing.executors import Executor
@@ -66,26 +67,6 @@ def web_config_watcher(config: Config) -> WebConfigWatcher | None:
     from gpuperfd.web.watcher import WebConfigWatcher
 
     return WebConfigWatcher(config.web.config_file)
-
-
-def enabled_collectors(config: Config) -> list[str]:
-    """Collector names switched on by defaults and ``sampler.collectors``."""
-    names = []
-    for name, cls in sorted(COLLECTORS.items()):
-        toggle = config.sampler.collectors.get(name)
-        if (toggle.enabled if toggle is not None else cls.enabled_by_default):
-            names.append(name)
-    return names
-
-
-def build_collectors(config: Config, names: list[str], watcher: PodResourcesWatcher | None) -> list[Collector]:
-    """Instances of the named collectors, with the settings the attribution ones need."""
-    processes = config.attribution.processes
-    options: dict[str, dict] = {
-        "allocation": {"watcher": watcher},
-        "processes": {"top_n": processes.top_n, "expose_names": processes.expose_names, "proc_root": processes.proc_root},
-    }
-    return [COLLECTORS[name](**options.get(name, {})) for name in names]  # type: ignore[call-arg]
 
 
 def health_state_dir(config: Config) -> Path | None:
@@ -151,8 +132,101 @@ def open_backend_waiting(config: Config, sleep: Callable[[float], None] = time.s
             delay = min(delay * 2, 30.0)
 
 
+#: The sampler's clock; the idle tracker reads readings' times on the same one.
+SAMPLER_CLOCK: Callable[[], float] = time.monotonic
+
+
+def build_sampler(config: Config, backend: Backend, devices: list[Device], collectors: CollectorSet,
+                  tracker: IdleTracker) -> Sampler:
+    """The background sampler of the enabled collectors; every reading also goes to the idle tracker."""
+    return Sampler(
+        backend,
+        devices,
+        collectors.collectors,  # event-driven xid is fed by the watcher, not read
+        interval_seconds=config.sampler.interval_seconds,
+        intervals=collectors.intervals,
+        call_timeout_seconds=config.device.call_timeout_seconds,
+        xid_enabled=collectors.xid_enabled,
+        clock=SAMPLER_CLOCK,
+        listeners=[tracker.observe],
+    )
+
+
+def build_probe_service(
+    config: Config, backend_name: str, devices: list[Device], sampler: Sampler, tracker: IdleTracker,
+    metrics: ProbeMetrics, pod_resources: PodResourcesWatcher | None,
+) -> ProbeService:
+    """The probe service: its executor and host-memory admission, history file, allocation gate,
+    and the sampler re-reading a GPU's cap after each change."""
+    executor, admission = probe_executor(config, backend_name, metrics)
+    history = config.probes.history
+    kubernetes = config.attribution.kubernetes
+    service = ProbeService(
+        config.probes,
+        devices,
+        executor,
+        metrics,
+        tracker,
+        HistoryWriter(history.path, history.max_bytes, history.backups) if history.path is not None else None,
+        on_cap_change=sampler.cap_changed,
+        allocations=pod_resources.state if pod_resources is not None else None,
+        kubelet_socket=kubernetes.socket if kubelet_required(kubernetes.required) else None,
+        admission=admission,
+    )
+    # Every journal write first records its directory in the node's registry (fixed, not a
+    # setting), so a later start finds it whatever probes.state_dir then says.
+    service.journal.registry = node_registry(config)
+    return service
+
+
+def build_health(config: Config, sampler: Sampler, backend: Backend) -> HealthMonitor | None:
+    """The per-GPU verdicts (None when ``health.enabled`` is off), and the NFD feature file it rewrites."""
+    if not config.health.enabled:
+        return None
+    health = HealthMonitor(
+        sampler, health_state_dir(config), config.probes.history.path,
+        node_uuids=node_uuids(backend),
+        thresholds=config.health.thresholds, interval_seconds=config.health.interval_seconds,
+    )
+    if config.health.nfd_features_file is not None:
+        from gpuperfd.health.nfd import NfdFeatureFile
+
+        health.listeners.append(NfdFeatureFile(config.health.nfd_features_file))
+    return health
+
+
+def build_exporter(sampler: Sampler, backend_name: str, probe_registry: CollectorRegistry, probe_metrics: ProbeMetrics,
+                   auth_registry: CollectorRegistry | None, health: HealthMonitor | None) -> Exporter:
+    """/metrics: the readings, the probe series, process_*, the web auth counter and the verdicts."""
+    registries: list[tuple[CollectorRegistry, Callable[[], int] | None]] = [
+        (probe_registry, probe_metrics.version), (process_registry(), process_version)]
+    if auth_registry is not None:
+        registries.append((auth_registry, None))
+    return Exporter(sampler, backend_name, registries, extra_families=[health.families] if health is not None else [])
+
+
+def build_web_server(web: WebConfig, routes: dict[str, Route]) -> WebServer:
+    """The HTTP server on ``web.listen_address`` with its connection limits (not started)."""
+    host, port = parse_listen_address(web.listen_address)
+    raise_fd_limit()  # connections are capped below the open-files limit; take what the hard limit allows
+    return WebServer(host, port, routes, limits=Limits(
+        max_connections=web.max_connections,
+        max_requests=web.max_requests,
+        workers=web.workers,
+        header_timeout=web.header_timeout_seconds,
+        tls_handshake_timeout=web.tls_handshake_timeout_seconds,
+        idle_timeout=web.idle_timeout_seconds,
+    ), inline_paths=frozenset({web.telemetry_path, "/healthz"}))  # both answer from cached state
+
+
 class Daemon:
-    """One running gpuperfd: start(), then wait() until a signal, then stop()."""
+    """One running gpuperfd: start(), then wait() until a signal, then stop().
+
+    Built in one pass, each part from what the parts before it returned: the web config (first,
+    so a bad TLS or auth file fails before anything else), the GPUs, telemetry (collectors and
+    their sampler), probing (idle tracker, service, scheduler), the health verdicts, and the
+    exporter with the HTTP server that serves them all.
+    """
 
     def __init__(
         self,
@@ -167,93 +241,29 @@ class Daemon:
         self.reload_config = reload_config
         self._reload_requested = threading.Event()
         self._wake = threading.Event()
+        self._stopping = threading.Event()
         self.backend = backend if backend is not None else open_backend_waiting(config)
         self.devices = selected_devices(self.backend, config)
-        names = enabled_collectors(config)
-        intervals = {
-            name: toggle.interval_seconds
-            for name, toggle in config.sampler.collectors.items()
-            if toggle.interval_seconds is not None
-        }
-        kubernetes = config.attribution.kubernetes
+        self.tracker = IdleTracker(config.probes.idle_utilization_threshold, clock=SAMPLER_CLOCK)
+        collectors = build_collectors(config)
         #: Polls the kubelet's PodResources API on its own thread (None when the allocation collector is off).
-        self.pod_resources = (
-            PodResourcesWatcher(
-                kubernetes.socket,
-                interval_seconds=kubernetes.interval_seconds,
-                timeout_seconds=kubernetes.timeout_seconds,
-                resource_prefixes=tuple(kubernetes.resource_prefixes),
-            )
-            if "allocation" in names
-            else None
-        )
-        self.sampler = Sampler(
-            self.backend,
-            self.devices,
-            build_collectors(config, names, self.pod_resources),  # event-driven xid is fed by the watcher, not read
-            interval_seconds=config.sampler.interval_seconds,
-            intervals=intervals,
-            call_timeout_seconds=config.device.call_timeout_seconds,
-            xid_enabled="xid" in names,
-        )
+        self.pod_resources = collectors.pod_resources
+        self.sampler = build_sampler(config, self.backend, self.devices, collectors, self.tracker)
         self.probe_registry = CollectorRegistry(auto_describe=True)
         self.probe_metrics = ProbeMetrics(self.probe_registry)
-        self.exporter = Exporter(
-            self.sampler,
-            self.backend.name,
-            [(self.probe_registry, self.probe_metrics.version), (process_registry(), process_version)],
-        )
-        self.tracker = IdleTracker(config.probes.idle_utilization_threshold, clock=self.sampler.clock)
-        self.sampler.listeners.append(self.tracker.observe)
-        executor, admission = probe_executor(config, self.backend.name, self.probe_metrics)
-        self.probes = ProbeService(
-            config.probes,
-            self.devices,
-            executor,
-            self.probe_metrics,
-            self.tracker,
-            HistoryWriter(config.probes.history.path, config.probes.history.max_bytes, config.probes.history.backups)
-            if config.probes.history.path is not None
-            else None,
-            on_cap_change=lambda gpu: self.sampler.refresh(gpu, "power"),
-            allocations=self.pod_resources.state if self.pod_resources is not None else None,
-            kubelet_socket=kubernetes.socket if kubelet_required(kubernetes.required) else None,
-            admission=admission,
-        )
-        # Every journal write first records its directory in the node's registry (fixed, not a
-        # setting), so a later start finds it whatever probes.state_dir then says.
-        self.probes.journal.registry = node_registry(config)
+        self.probes = build_probe_service(config, self.backend.name, self.devices, self.sampler, self.tracker,
+                                          self.probe_metrics, self.pod_resources)
         self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices])
         #: The per-GPU verdict (docs/health.md): evaluated on its own thread from cached readings.
-        self.health = (
-            HealthMonitor(
-                self.sampler, health_state_dir(config), config.probes.history.path,
-                node_uuids=node_uuids(self.backend),
-                thresholds=config.health.thresholds, interval_seconds=config.health.interval_seconds,
-            )
-            if config.health.enabled
-            else None
-        )
-        if self.health is not None:
-            self.exporter.extra_families.append(self.health.families)
-            if config.health.nfd_features_file is not None:
-                from gpuperfd.health.nfd import NfdFeatureFile
-
-                self.health.listeners.append(NfdFeatureFile(config.health.nfd_features_file))
-        host, port = parse_listen_address(config.web.listen_address)
-        raise_fd_limit()  # connections are capped below the open-files limit; take what the hard limit allows
-        self.web = WebServer(host, port, self._routes(), limits=Limits(
-            max_connections=config.web.max_connections,
-            max_requests=config.web.max_requests,
-            workers=config.web.workers,
-            header_timeout=config.web.header_timeout_seconds,
-            tls_handshake_timeout=config.web.tls_handshake_timeout_seconds,
-            idle_timeout=config.web.idle_timeout_seconds,
-        ), inline_paths=frozenset({config.web.telemetry_path, "/healthz"}))  # both answer from cached state
-        if self.web_config is not None:
-            self._secure_web(self.web_config)
+        self.health = build_health(config, self.sampler, self.backend)
+        #: The web config's refusal counter (gpuperf_web_auth_refused_total) on /metrics, when one is configured.
+        auth_registry = CollectorRegistry(auto_describe=True) if self.web_config is not None else None
+        self.exporter = build_exporter(self.sampler, self.backend.name, self.probe_registry, self.probe_metrics,
+                                       auth_registry, self.health)
+        self.web = build_web_server(config.web, self._routes())
+        if self.web_config is not None and auth_registry is not None:
+            self._secure_web(self.web_config, auth_registry)
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
-        self._stopping = threading.Event()
 
     def restore_caps(self) -> list[str]:
         """Put back any power cap a crashed run left changed (before anything else runs).
@@ -271,14 +281,11 @@ class Daemon:
 
         return end_leftover_children(self.config.probes.state_dir)
 
-    def _secure_web(self, watcher: WebConfigWatcher) -> None:
-        """TLS and basic auth from the web config, and the auth gate's refusal counter on /metrics."""
+    def _secure_web(self, watcher: WebConfigWatcher, auth_registry: CollectorRegistry) -> None:
+        """TLS and basic auth from the web config; the auth gate counts its refusals in ``auth_registry``."""
         from gpuperfd.web.security import secure_web_server
 
-        gate = secure_web_server(self.web, watcher)
-        auth_registry = CollectorRegistry(auto_describe=True)
-        auth_registry.register(gate)  # gpuperf_web_auth_refused_total
-        self.exporter.registries.append((auth_registry, None))
+        auth_registry.register(secure_web_server(self.web, watcher))  # gpuperf_web_auth_refused_total
 
     def _routes(self) -> dict:
         telemetry_path = self.config.web.telemetry_path

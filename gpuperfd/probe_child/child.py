@@ -136,6 +136,118 @@ def _cuda_initialized() -> bool:
     return bool(torch is not None and torch.cuda.is_initialized())
 
 
+class _Session:
+    """What one child holds between requests: the spec, the built workload, the import time to report."""
+
+    def __init__(self, spec: Any, conn: Any, identity: dict[str, Any]) -> None:
+        from gpuperfd.probe_child import harness, workloads
+
+        self.harness, self.workloads = harness, workloads
+        self.spec = spec
+        self.conn = conn
+        self.identity = identity
+        self.prepared: Any = None
+        self.import_seconds = 0.0
+
+    def progress(self, **body: Any) -> None:
+        wire.send(self.conn, "progress", body)
+
+    def start(self, t_start: float, defer_build: bool) -> None:
+        """The first ``ready``: after the imports only (deferred), or after the build."""
+        if defer_build:
+            self.workloads.preload(self.spec.probe)
+            self.import_seconds = time.perf_counter() - t_start
+            wire.send(self.conn, "ready", {"import_seconds": self.import_seconds, "deferred": True,
+                                           "cuda_initialized": _cuda_initialized()})
+        else:
+            self.import_seconds = time.perf_counter() - t_start
+            self.prepared = self.harness.prepare(self.spec, progress=self.progress, identity=self.identity)
+            wire.send(self.conn, "ready", {"import_seconds": self.import_seconds,
+                                           "setup_seconds": self.prepared.setup_seconds, **self.identity})
+
+    def serve(self) -> None:
+        """Answer requests until ``stop`` or the parent's end closes."""
+        while True:
+            try:
+                kind, body = wire.recv(self.conn)
+            except EOFError:  # the parent is gone or done with us
+                return
+            if kind == "stop":
+                return
+            if kind == "preload":
+                self.preload(body)
+            elif kind == "build":
+                self.build(body)
+            elif kind == "measure":
+                self.measure(body)
+            else:
+                raise ValueError(f"unknown request {kind!r}")
+
+    def preload(self, body: dict[str, Any]) -> None:
+        """The round's next probe: drop this one, import that one's code, no build."""
+        from gpuperfd.probe_data.spec import ProbeSpec
+
+        t_preload = time.perf_counter()
+        self.prepared = None
+        _release_memory()
+        self.spec = ProbeSpec.from_dict(body["spec"])
+        self.workloads.preload(self.spec.probe)
+        wire.send(self.conn, "ready", {"import_seconds": time.perf_counter() - t_preload, "deferred": True,
+                                       "cuda_initialized": _cuda_initialized()})
+
+    def build(self, body: dict[str, Any]) -> None:
+        """Another probe in the same child: torch, CUDA context and caches stay."""
+        from gpuperfd.probe_data.spec import ProbeSpec
+
+        t_build = time.perf_counter()
+        self.prepared = None  # the old workload's memory goes before the new one is built
+        _release_memory()
+        self.spec = ProbeSpec.from_dict(body["spec"])
+        self.prepared = self.harness.prepare(self.spec, progress=self.progress, identity=self.identity)
+        self.import_seconds = 0.0
+        wire.send(self.conn, "ready", {"import_seconds": 0.0, "setup_seconds": self.prepared.setup_seconds,
+                                       "rebuild_seconds": time.perf_counter() - t_build, **self.identity})
+
+    def measure(self, body: dict[str, Any]) -> None:
+        """One point at whatever cap the parent has set."""
+        if self.prepared is None:
+            raise ValueError("measure before build: nothing is built in this child")
+        t_point = time.perf_counter()
+        result = self.harness.measure(self.prepared, progress=self.progress,
+                                      settle_seconds=float(body.get("settle_seconds", 0)))
+        result.wall_seconds = time.perf_counter() - t_point
+        result.extra["import_seconds"] = self.import_seconds if self.prepared.measured_points == 1 else 0.0
+        wire.send(self.conn, "result", result.to_dict())
+
+
+def _send_error(conn: Any, exc: BaseException, identity: dict[str, Any]) -> int:
+    """Tell the parent why the child ends; the exit code (1, or 3 when even that fails)."""
+    body = {
+        "reason": classify_exception(exc),
+        "message": f"{type(exc).__name__}: {exc}"[:4000],
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
+        **identity,
+    }
+    try:
+        traceback.print_exc()
+        wire.send(conn, "error", body)
+    except Exception:  # noqa: BLE001 - the parent will see a crash instead
+        return 3
+    return 1
+
+
+def _close_quietly(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, parent_pid: int | None = None,
          defer_build: bool = False) -> None:
     """Build the probe once, then measure one point per ``measure`` request; exits with os._exit.
@@ -152,83 +264,13 @@ def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, pare
     try:
         from gpuperfd.probe_data.spec import ProbeSpec
 
-        spec = ProbeSpec.from_dict(spec_dict)
-
-        def progress(**body: Any) -> None:
-            wire.send(conn, "progress", body)
-
-        from gpuperfd.probe_child import harness, workloads
-
-        prepared: Any = None
-        if defer_build:
-            workloads.preload(spec.probe)
-            import_seconds = time.perf_counter() - t_start
-            wire.send(conn, "ready", {"import_seconds": import_seconds, "deferred": True,
-                                      "cuda_initialized": _cuda_initialized()})
-        else:
-            import_seconds = time.perf_counter() - t_start
-            prepared = harness.prepare(spec, progress=progress, identity=identity)
-            wire.send(conn, "ready", {"import_seconds": import_seconds, "setup_seconds": prepared.setup_seconds,
-                                      **identity})
-        while True:
-            try:
-                kind, body = wire.recv(conn)
-            except EOFError:  # the parent is gone or done with us
-                break
-            if kind == "stop":
-                break
-            if kind == "preload":  # the round's next probe: drop this one, import that one's code, no build
-                t_preload = time.perf_counter()
-                prepared = None
-                _release_memory()
-                spec = ProbeSpec.from_dict(body["spec"])
-                workloads.preload(spec.probe)
-                wire.send(conn, "ready", {"import_seconds": time.perf_counter() - t_preload, "deferred": True,
-                                          "cuda_initialized": _cuda_initialized()})
-                continue
-            if kind == "build":  # another probe in the same child: torch, CUDA context and caches stay
-                t_build = time.perf_counter()
-                prepared = None  # the old workload's memory goes before the new one is built
-                _release_memory()
-                spec = ProbeSpec.from_dict(body["spec"])
-                prepared = harness.prepare(spec, progress=progress, identity=identity)
-                import_seconds = 0.0
-                wire.send(conn, "ready", {"import_seconds": 0.0, "setup_seconds": prepared.setup_seconds,
-                                          "rebuild_seconds": time.perf_counter() - t_build, **identity})
-                continue
-            if kind != "measure":
-                raise ValueError(f"unknown request {kind!r}")
-            if prepared is None:
-                raise ValueError("measure before build: nothing is built in this child")
-            t_point = time.perf_counter()
-            result = harness.measure(prepared, progress=progress, settle_seconds=float(body.get("settle_seconds", 0)))
-            result.wall_seconds = time.perf_counter() - t_point
-            result.extra["import_seconds"] = import_seconds if prepared.measured_points == 1 else 0.0
-            wire.send(conn, "result", result.to_dict())
+        session = _Session(ProbeSpec.from_dict(spec_dict), conn, identity)
+        session.start(t_start, defer_build)
+        session.serve()
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-        code = 1
-        reason = classify_exception(exc)
-        body = {
-            "reason": reason,
-            "message": f"{type(exc).__name__}: {exc}"[:4000],
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
-            **identity,
-        }
-        try:
-            traceback.print_exc()
-            wire.send(conn, "error", body)
-        except Exception:  # noqa: BLE001 - the parent will see a crash instead
-            code = 3
+        code = _send_error(conn, exc, identity)
     finally:
-        try:
-            conn.close()
-        except Exception:  # noqa: BLE001
-            pass
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except Exception:  # noqa: BLE001
-            pass
+        _close_quietly(conn)
     # Skip interpreter teardown: CUDA and NVML atexit handlers can hang after an error,
     # and the result is already with the parent.
     os._exit(code)

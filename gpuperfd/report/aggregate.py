@@ -287,16 +287,8 @@ def recommend_points(
 RULES = ("within-slowdown", "min-energy")
 
 
-def build_report(
-    loaded: Loaded, max_slowdown: float = 0.10, remove_outliers: bool = True, now: float | None = None,
-    rule: str = "within-slowdown",
-    log_y: bool | None = None,
-) -> Report:
-    """Everything the figures, HTML and CSV show. ReportError when no run is usable."""
-    if not 0 <= max_slowdown < 1:
-        raise ReportError(f"max slowdown must be in [0, 1), got {max_slowdown}")
-    if rule not in RULES:
-        raise ReportError(f"rule: {rule!r} is not one of {', '.join(RULES)}")
+def _split_runs(loaded: Loaded, remove_outliers: bool) -> tuple[list[Run], list[Run], list[Dropped]]:
+    """The input's failed runs, the successful ones kept, and the outliers dropped; ReportError when none is usable."""
     runs = loaded.runs
     if not runs:
         where = ", ".join(loaded.sources) or "the input"
@@ -310,7 +302,12 @@ def build_report(
         kept, dropped = ok, []
     if not kept:
         raise ReportError(f"no successful probe runs in the input ({len(failed)} failed)")
+    return failed, kept, dropped
 
+
+def _gpu_tallies(runs: list[Run]) -> tuple[dict[tuple[str, str], GpuId], dict[tuple[str, str], set[str]],
+                                          dict[tuple[str, str], int]]:
+    """Per GPU: its latest description, every driver version seen, and its run count."""
     identities: dict[tuple[str, str], GpuId] = {}
     drivers: dict[tuple[str, str], set[str]] = defaultdict(set)
     counts: dict[tuple[str, str], int] = defaultdict(int)
@@ -318,8 +315,14 @@ def build_report(
         identities[run.gpu.key] = run.gpu  # the latest description wins
         drivers[run.gpu.key].add(run.gpu.driver_version)
         counts[run.gpu.key] += 1
-    labels = gpu_labels(identities.values())
+    return identities, drivers, counts
 
+
+def _series(
+    kept: list[Run], dropped: list[Dropped], identities: dict[tuple[str, str], GpuId], labels: dict[tuple[str, str], str],
+    order: dict[tuple[str, str], int], max_slowdown: float, rule: str,
+) -> list[Series]:
+    """One series per GPU, probe, preset, batch, variant, params and labels: a point per cap, in display order."""
     dropped_per_group: dict[tuple, int] = defaultdict(int)
     for item in dropped:
         dropped_per_group[item.run.group] += 1
@@ -337,7 +340,6 @@ def build_report(
         params.setdefault(key, dict(members[0].params))
     # A group whose every run was dropped cannot be: the median run is always kept.
 
-    order = {gpu_key: i for i, gpu_key in enumerate(sorted(identities, key=lambda k: (identities[k].model, k)))}
     series = []
     for key, points in by_series.items():
         gpu_key, probe, preset, batch, variant, _params, labels_key = key
@@ -350,6 +352,25 @@ def build_report(
     series.sort(key=lambda s: (PROBE_ORDER.index(s.probe) if s.probe in PROBE_ORDER else 99, s.preset,
                                order[s.gpu.key], s.variant, sorted((k, str(v)) for k, v in s.params.items()),
                                sorted(s.labels.items())))
+    return series
+
+
+def build_report(
+    loaded: Loaded, max_slowdown: float = 0.10, remove_outliers: bool = True, now: float | None = None,
+    rule: str = "within-slowdown",
+    log_y: bool | None = None,
+) -> Report:
+    """Everything the figures, HTML and CSV show. ReportError when no run is usable."""
+    if not 0 <= max_slowdown < 1:
+        raise ReportError(f"max slowdown must be in [0, 1), got {max_slowdown}")
+    if rule not in RULES:
+        raise ReportError(f"rule: {rule!r} is not one of {', '.join(RULES)}")
+    runs = loaded.runs
+    failed, kept, dropped = _split_runs(loaded, remove_outliers)
+    identities, drivers, counts = _gpu_tallies(runs)
+    labels = gpu_labels(identities.values())
+    order = {gpu_key: i for i, gpu_key in enumerate(sorted(identities, key=lambda k: (identities[k].model, k)))}
+    series = _series(kept, dropped, identities, labels, order, max_slowdown, rule)
     gpus = [GpuSummary(identities[k], labels[k], sorted(drivers[k]), counts[k]) for k in sorted(identities, key=order.get)]
     times = [r.time for r in runs if r.time]
     return Report(

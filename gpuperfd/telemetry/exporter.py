@@ -48,7 +48,13 @@ def _family(spec: MetricSpec) -> Family:
 class Exporter:
     """Renders /metrics: telemetry from the reading store, plus other registries (cached)."""
 
-    def __init__(self, sampler: Sampler, backend_name: str, registries: Sequence[tuple[CollectorRegistry, Callable[[], int] | None]] = ()) -> None:
+    def __init__(
+        self,
+        sampler: Sampler,
+        backend_name: str,
+        registries: Sequence[tuple[CollectorRegistry, Callable[[], int] | None]] = (),
+        extra_families: Sequence[Callable[[], list[Family]]] = (),
+    ) -> None:
         self.sampler = sampler
         self.backend_name = backend_name
         self.clock = sampler.clock
@@ -67,7 +73,7 @@ class Exporter:
         #: The whole telemetry text per format while the store does not change (see telemetry_text).
         self._text_cache: dict[bool, _KeptText] = {}
         #: Callables returning extra families rendered with the telemetry (the health verdicts).
-        self.extra_families: list[Callable[[], list[Family]]] = []
+        self.extra_families: list[Callable[[], list[Family]]] = list(extra_families)
         self._extra_text: dict[tuple[int, bool], tuple[list[Family], bytes]] = {}
         self._build_labels = label_string(
             ("version", "python_version", "backend"), (gpuperfd.__version__, platform.python_version(), backend_name)

@@ -134,6 +134,7 @@ class Sampler:
         call_timeout_seconds: float = 5.0,
         xid_enabled: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        listeners: Iterable[Callable[[int, str, Reading], None]] = (),
     ) -> None:
         self.backend = backend
         self.devices = devices
@@ -150,7 +151,7 @@ class Sampler:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         #: Called with (gpu index, collector name, reading) after every read.
-        self.listeners: list[Callable[[int, str, Reading], None]] = []
+        self.listeners: list[Callable[[int, str, Reading], None]] = list(listeners)
 
     # -- staleness ---------------------------------------------------------
 
@@ -205,6 +206,12 @@ class Sampler:
                 for collector in self.collectors:
                     if collector.name == collector_name:
                         self.read_one(device, collector)
+
+    def cap_changed(self, gpu: int) -> None:
+        """A GPU's power cap changed: read the collectors that publish it (``reads_power_cap``) now."""
+        for collector in self.collectors:
+            if collector.reads_power_cap:
+                self.refresh(gpu, collector.name)
 
     def sample_once(self) -> None:
         """Read every collector of every device once, in this thread (start-up, tests)."""

@@ -200,6 +200,90 @@ def metrics_route(render: Callable[[bool], bytes]) -> Route:
     return route
 
 
+class _RequestHandler(BaseHTTPRequestHandler):
+    """One request on a connection the loop framed: strict head checks, the gate, the route.
+
+    :meth:`WebServer._handler_class` subclasses it per server, naming the server as ``web``."""
+
+    web: WebServer
+    server_version = "gpuperfd"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+    # Errors found before the version is parsed (garbage, HTTP/0.9) still get a status line.
+    default_request_version = "HTTP/1.0"
+    framing_problem: Problem | None = None
+    force_close = False
+    _body_after_head = b""
+
+    flush_headers = _flush_head_and_body
+
+    parse_request = _parse_request
+
+    def _check_head(self) -> Problem | None:
+        """Header size, Host, and the request target (origin or absolute form)."""
+        if sum(len(k) + len(v) + 4 for k, v in self.headers.items()) > MAX_HEADER_BYTES:
+            return 431, "Request header fields too large"
+        hosts = self.headers.get_all("Host") or []
+        if len(hosts) > 1 or (not hosts and self.request_version != "HTTP/1.0"):
+            return 400, "An HTTP/1.1 request needs exactly one Host header"
+        if not self.path.startswith("/"):
+            target = urlsplit(self.path)
+            if target.scheme.lower() not in ("http", "https") or not target.netloc:
+                if self.command == "OPTIONS" and self.path == "*":
+                    return None  # asterisk form: 405 below
+                return 400, "Request target must be a path or an absolute http(s) URL"
+            self.path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+        return None
+
+    def handle_expect_100(self) -> bool:
+        return True  # bodies are never wanted: the loop closes such a connection after the response
+
+    def _send(self, response: Response, head: bool = False) -> None:
+        self.send_response(response.status)
+        self.send_header("Content-Type", response.content_type)
+        self.send_header("Content-Length", str(len(response.body)))
+        for key, value in (response.headers or {}).items():
+            self.send_header(key, value)
+        if self.force_close:
+            self.send_header("Connection", "close")  # also sets close_connection
+        self._body_after_head = b"" if head else response.body
+        self.end_headers()  # head and body leave in one write (flush_headers)
+
+    def _dispatch(self, head: bool) -> None:
+        denied = self.web.gate.check(self)
+        if denied is not None:
+            self._send(denied, head)
+            return
+        path = self.path.split("?", 1)[0]
+        route = self.web.routes.get(path)
+        if route is None:
+            self._send(Response(404, b"not found\n"), head)
+            return
+        try:
+            response = route(self)
+        except Exception:
+            log.exception("error serving %s", path)
+            response = Response(500, b"internal error\n")
+        self._send(response, head)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._dispatch(head=False)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._dispatch(head=True)
+
+    def _not_allowed(self) -> None:
+        self.force_close = True  # whatever body it carries is never read: end the connection
+        self._send(Response(405, b"method not allowed\n", headers={"Allow": "GET, HEAD"}))
+
+    # Methods HTTP defines get 405 with Allow; a method nobody defines gets 501 (RFC 9110).
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed  # noqa: N815
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        if log.isEnabledFor(logging.DEBUG):  # formatted per request otherwise, for nothing
+            log.debug("http %s %s", self.address_string(), format % args)
+
+
 class WebServer:
     """Routes GET/HEAD requests by path; a connection loop and worker threads run in the background."""
 
@@ -269,87 +353,8 @@ class WebServer:
         return method in (b"GET", b"HEAD") and target.decode("iso-8859-1") in self.inline_paths
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        web = self
-
-        class Handler(BaseHTTPRequestHandler):
-            server_version = "gpuperfd"
-            sys_version = ""
-            protocol_version = "HTTP/1.1"
-            # Errors found before the version is parsed (garbage, HTTP/0.9) still get a status line.
-            default_request_version = "HTTP/1.0"
-            framing_problem: Problem | None = None
-            force_close = False
-            _body_after_head = b""
-
-            flush_headers = _flush_head_and_body
-
-            parse_request = _parse_request
-
-            def _check_head(self) -> Problem | None:
-                """Header size, Host, and the request target (origin or absolute form)."""
-                if sum(len(k) + len(v) + 4 for k, v in self.headers.items()) > MAX_HEADER_BYTES:
-                    return 431, "Request header fields too large"
-                hosts = self.headers.get_all("Host") or []
-                if len(hosts) > 1 or (not hosts and self.request_version != "HTTP/1.0"):
-                    return 400, "An HTTP/1.1 request needs exactly one Host header"
-                if not self.path.startswith("/"):
-                    target = urlsplit(self.path)
-                    if target.scheme.lower() not in ("http", "https") or not target.netloc:
-                        if self.command == "OPTIONS" and self.path == "*":
-                            return None  # asterisk form: 405 below
-                        return 400, "Request target must be a path or an absolute http(s) URL"
-                    self.path = (target.path or "/") + (f"?{target.query}" if target.query else "")
-                return None
-
-            def handle_expect_100(self) -> bool:
-                return True  # bodies are never wanted: the loop closes such a connection after the response
-
-            def _send(self, response: Response, head: bool = False) -> None:
-                self.send_response(response.status)
-                self.send_header("Content-Type", response.content_type)
-                self.send_header("Content-Length", str(len(response.body)))
-                for key, value in (response.headers or {}).items():
-                    self.send_header(key, value)
-                if self.force_close:
-                    self.send_header("Connection", "close")  # also sets close_connection
-                self._body_after_head = b"" if head else response.body
-                self.end_headers()  # head and body leave in one write (flush_headers)
-
-            def _dispatch(self, head: bool) -> None:
-                denied = web.gate.check(self)
-                if denied is not None:
-                    self._send(denied, head)
-                    return
-                path = self.path.split("?", 1)[0]
-                route = web.routes.get(path)
-                if route is None:
-                    self._send(Response(404, b"not found\n"), head)
-                    return
-                try:
-                    response = route(self)
-                except Exception:
-                    log.exception("error serving %s", path)
-                    response = Response(500, b"internal error\n")
-                self._send(response, head)
-
-            def do_GET(self) -> None:  # noqa: N802
-                self._dispatch(head=False)
-
-            def do_HEAD(self) -> None:  # noqa: N802
-                self._dispatch(head=True)
-
-            def _not_allowed(self) -> None:
-                self.force_close = True  # whatever body it carries is never read: end the connection
-                self._send(Response(405, b"method not allowed\n", headers={"Allow": "GET, HEAD"}))
-
-            # Methods HTTP defines get 405 with Allow; a method nobody defines gets 501 (RFC 9110).
-            do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed  # noqa: N815
-
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-                if log.isEnabledFor(logging.DEBUG):  # formatted per request otherwise, for nothing
-                    log.debug("http %s %s", self.address_string(), format % args)
-
-        return Handler
+        """This server's handler class: :class:`_RequestHandler` routing through this server."""
+        return type("Handler", (_RequestHandler,), {"web": self})
 
     def start(self) -> None:
         self._loop = ConnectionLoop(self._listener, self._handle, self.limits, self.tls,

@@ -14,6 +14,8 @@ fails with the call's reason (``unavailable``, ``no_permission``, ``timeout``, `
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gpuperfd.attribution.allocations import PodResourcesWatcher
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError, NotSupported
@@ -24,6 +26,9 @@ from gpuperfd.telemetry.collectors.base import (
     optional,
     register,
 )
+
+if TYPE_CHECKING:
+    from gpuperfd.config import Config
 
 
 class AttributionError(DeviceError):
@@ -52,6 +57,18 @@ class AllocationCollector(Collector):
     def __init__(self, watcher: PodResourcesWatcher | None = None) -> None:
         self.watcher = watcher
         self._uuids: dict[int, str] = {}  # a GPU's UUID never changes: read once
+
+    @classmethod
+    def from_config(cls, config: Config) -> AllocationCollector:
+        """With its own kubelet poller, from ``attribution.kubernetes``: the daemon starts and stops
+        it, and the probe gate reads its answers too (:attr:`CollectorSet.pod_resources`)."""
+        kubernetes = config.attribution.kubernetes
+        return cls(PodResourcesWatcher(
+            kubernetes.socket,
+            interval_seconds=kubernetes.interval_seconds,
+            timeout_seconds=kubernetes.timeout_seconds,
+            resource_prefixes=tuple(kubernetes.resource_prefixes),
+        ))
 
     def _uuid(self, device: Device) -> str:
         uuid = self._uuids.get(device.index)

@@ -7,16 +7,22 @@ points of every GPU into Prometheus families at scrape time.
 
 Collectors register themselves with :func:`register`, as node_exporter's do;
 the config's ``sampler.collectors`` keys and ``gpuperfd collectors`` come from
-that registry, not from a hand-kept list.
+that registry, not from a hand-kept list. Each collector also reads its own
+settings (:meth:`Collector.is_enabled`, :meth:`Collector.interval_seconds`,
+:meth:`Collector.from_config`); :func:`gpuperfd.telemetry.collectors.build_collectors`
+is the one place that builds the sampler's set from them.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from gpuperfd.device.base import Device
+
+if TYPE_CHECKING:
+    from gpuperfd.config import CollectorToggle, Config
 
 #: Labels every per-GPU series carries, in this order.
 GPU_LABELS: tuple[str, ...] = ("gpu", "uuid")
@@ -61,6 +67,32 @@ class Collector(abc.ABC):
     #: Read on events, not on an interval (XID: the sampler's watcher fills it; no lane reads it,
     #: and the exporter never treats its reading as stale).
     event_driven: ClassVar[bool] = False
+    #: Publishes the power cap: read again right after a probe changes it (:meth:`Sampler.cap_changed`).
+    reads_power_cap: ClassVar[bool] = False
+
+    @classmethod
+    def settings(cls, config: Config) -> CollectorToggle | None:
+        """This collector's section, ``sampler.collectors.<name>``; None when the config has none."""
+        return config.sampler.collectors.get(cls.name)
+
+    @classmethod
+    def is_enabled(cls, config: Config) -> bool:
+        """Switched on by its section's ``enabled``, else by ``enabled_by_default``."""
+        settings = cls.settings(config)
+        return settings.enabled if settings is not None else cls.enabled_by_default
+
+    @classmethod
+    def interval_seconds(cls, config: Config) -> float:
+        """Seconds between reads: its section's ``interval_seconds``, else ``default_interval_seconds``,
+        else the sampler's ``sampler.interval_seconds``."""
+        settings = cls.settings(config)
+        override = settings.interval_seconds if settings is not None else None
+        return override or cls.default_interval_seconds or config.sampler.interval_seconds
+
+    @classmethod
+    def from_config(cls, config: Config) -> Collector:
+        """An instance with whatever options the collector takes from the config (none by default)."""
+        return cls()
 
     @abc.abstractmethod
     def read(self, device: Device) -> list[Point]:

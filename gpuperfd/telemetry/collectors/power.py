@@ -17,6 +17,7 @@ from gpuperfd.telemetry.collectors.base import (
 class PowerCollector(Collector):
     name = "power"
     help = "Power draw, enforced power limit, its default and its min/max"
+    reads_power_cap = True
     metrics = (
         MetricSpec("gpuperf_power_draw_watts", "Power draw as averaged by the driver, watts."),
         MetricSpec("gpuperf_power_limit_watts", "Enforced power limit (cap), watts."),

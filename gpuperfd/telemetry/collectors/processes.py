@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuperfd.attribution.procinfo import ProcessIdentity, identify
 from gpuperfd.device.base import Device
 from gpuperfd.telemetry.collectors.base import Collector, MetricSpec, Point, register
+
+if TYPE_CHECKING:
+    from gpuperfd.config import Config
 
 
 @register
@@ -40,6 +44,12 @@ class ProcessesCollector(Collector):
         self.proc_root = proc_root
         self._lock = threading.Lock()
         self._identities: dict[int, dict[int, ProcessIdentity]] = {}  # gpu -> pid -> identity
+
+    @classmethod
+    def from_config(cls, config: Config) -> ProcessesCollector:
+        """Its options live under ``attribution.processes`` (top_n, expose_names, proc_root)."""
+        processes = config.attribution.processes
+        return cls(top_n=processes.top_n, expose_names=processes.expose_names, proc_root=processes.proc_root)
 
     def _identity(self, pid: int, known: dict[int, ProcessIdentity]) -> ProcessIdentity:
         identity = known.get(pid)
