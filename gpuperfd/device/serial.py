@@ -105,19 +105,22 @@ class CallGate:
         """Wait for our turn (first come, first served: a thread calling in a loop cannot starve
         the others), setting a hung call aside when we are next and it has run too long. A call
         whose GPU has a hung call waits for that one out of the queue (the others go on), at most
-        ``hang_seconds``, then is refused."""
+        ``hang_seconds`` from when it found it hung (it may have queued behind it before), then
+        is refused."""
         me = threading.get_ident()
         with self._cond:
             arrived = self._clock()
             ticket = object()
             waited = False
+            hung_seen: float | None = None  # when this call found its GPU's call hung
             try:
                 while True:
                     if self._hung_call(scope) is not None:
                         if ticket in self._queue:
                             self._queue.remove(ticket)
                             self._cond.notify_all()
-                        remaining = arrived + self.hang_seconds - self._clock()
+                        hung_seen = self._clock() if hung_seen is None else hung_seen
+                        remaining = hung_seen + self.hang_seconds - self._clock()
                         if remaining <= 0:
                             self._refuse(scope, name)
                         waited = True

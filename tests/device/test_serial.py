@@ -104,3 +104,15 @@ def test_a_gpus_calls_wait_out_its_slow_call_while_the_others_go_on() -> None:
     waiter.join(2)
     slow.join(2)
     assert waiter_result == ["set"] and gate.stats().refused == 0
+
+
+def test_a_call_queued_behind_a_slow_call_before_it_was_set_aside_still_goes_through() -> None:
+    """The fleet's case: a GPU's busy check queued behind its own slow ECC read (0.8 s, threshold
+    0.5 s) must wait for the read to return, not be refused for the time it spent queued."""
+    gate = CallGate("lib", hang_seconds=0.5)
+    slow = threading.Thread(target=gate.call, args=(0, "ecc_errors", time.sleep, 0.8))
+    slow.start()
+    time.sleep(0.05)
+    assert gate.call(0, "compute_processes", lambda: "free") == "free"
+    slow.join(2)
+    assert gate.stats().refused == 0 and gate.stats().set_aside == 1
