@@ -1,5 +1,6 @@
 """The architecture's rules as tests: docs/architecture.md's module table matches the package exactly,
-imports go one way across the probe boundary and down to the device layer, and functions stay short."""
+every import direction "The tree" states holds (function-level imports included), the figures it states
+match the code, and functions stay short."""
 
 from __future__ import annotations
 
@@ -56,13 +57,6 @@ def test_top_level_holds_only_entry_points() -> None:
     assert top == ["cli.py", "console.py", "daemon.py"], top
 
 
-def test_harness_and_workloads_do_not_import_each_other() -> None:
-    harness = (PACKAGE / "probe_child" / "harness.py").read_text()
-    assert "workloads." not in re.sub(r"workloads\.build", "", harness)
-    for module in (PACKAGE / "probe_child" / "workloads").glob("*.py"):
-        assert "probe_child.harness" not in module.read_text(), module.name
-
-
 # --- import direction -----------------------------------------------------------------------------
 
 
@@ -111,10 +105,24 @@ def _violations(folder: str, allowed: tuple[str, ...]) -> list[str]:
             for path in _modules_under(folder) for line, module in _outside(_imports(path), allowed)]
 
 
+def _package_of(path: Path) -> str:
+    """The top-level part of gpuperfd a file belongs to: ``probing`` for probing/sweep/caps.py, ``cli`` for cli.py."""
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _package_imports(folder: str) -> set[str]:
+    """The other top-level parts of gpuperfd that any module under ``folder`` imports."""
+    return {module.split(".")[1] for path in _modules_under(folder) for _, module, _ in _imports(path)
+            if module.count(".") >= 1 and module.split(".")[1] != folder}
+
+
+# docs/architecture.md, "The tree": each rule below is a sentence there; the comment quotes its gist.
 @pytest.mark.parametrize(
     ("folder", "allowed"),
     [
-        # the child: its own package, the shared data, the device layer (it reads the energy counter)
+        # the child: its own package, the shared data, the device layer (it reads the energy counter);
+        # never probing, telemetry, web or config
         ("probe_child", ("gpuperfd.probe_child", "gpuperfd.probe_data", "gpuperfd.device")),
         # the shared data imports neither side, nor the device layer: plain data and pure rules
         ("probe_data", ("gpuperfd.probe_data",)),
@@ -122,6 +130,12 @@ def _violations(folder: str, allowed: tuple[str, ...]) -> list[str]:
         ("device", ("gpuperfd.device", "gpuperfd.config")),
         # the configuration is a leaf: the names other packages own are handed in (gpuperfd.cli)
         ("config", ("gpuperfd.config",)),
+        # telemetry imports device and attribution (who holds a GPU) only: never the probing flow, web or config
+        ("telemetry", ("gpuperfd.telemetry", "gpuperfd.device", "gpuperfd.attribution")),
+        # web serves what telemetry renders, the health verdict and the shared probe data; never probing
+        ("web", ("gpuperfd.web", "gpuperfd.telemetry", "gpuperfd.health", "gpuperfd.probe_data", "gpuperfd.config")),
+        # the report reads run records and imports the recommendation rule, never the sweeper (offline)
+        ("report", ("gpuperfd.report", "gpuperfd.probe_data")),
     ],
 )
 def test_imports_go_one_way(folder: str, allowed: tuple[str, ...]) -> None:
@@ -130,7 +144,8 @@ def test_imports_go_one_way(folder: str, allowed: tuple[str, ...]) -> None:
 
 
 def test_nothing_outside_the_child_package_imports_it() -> None:
-    """The parent starts the child by module name (``python -m``); no module outside probe_child/ imports it."""
+    """The parent starts the child by module name (``python -m``); no module outside probe_child/ imports it,
+    the daemon included."""
     bad = []
     for path in PACKAGE.rglob("*.py"):
         if path.is_relative_to(PACKAGE / "probe_child"):
@@ -141,6 +156,69 @@ def test_nothing_outside_the_child_package_imports_it() -> None:
     assert not bad, "nothing outside probe_child/ may import the child package:\n" + "\n".join(bad)
 
 
+def test_the_parent_names_the_child_module_only() -> None:
+    from gpuperfd.probing.runner import CHILD_MODULE
+
+    assert CHILD_MODULE == "gpuperfd.probe_child.child"
+    assert (PACKAGE / "probe_child" / "child.py").is_file()
+
+
+def test_nothing_imports_the_entry_points() -> None:
+    """cli.py, daemon.py and __main__.py wire the packages; no package imports them back (cli imports daemon)."""
+    entry = {"cli", "daemon", "__main__"}
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+           for path in PACKAGE.rglob("*.py") if _package_of(path) not in entry
+           for line, module, _ in _imports(path) if module.count(".") >= 1 and module.split(".")[1] in entry]
+    assert not bad, "\n".join(bad)
+
+
+#: The two flows of "The tree" (docs/architecture.md) by package.
+FLOWS = {"telemetry": ("telemetry", "web"), "probing": ("probing", "probe_child", "probe_data")}
+#: The modules of one flow that import the other; the tree's paragraph names each, and only these.
+MEETING_PLACES = {
+    "probing/idle.py",  # the busy check reads the sampler's Readings
+    "probing/check.py",  # `gpuperfd check` reads each GPU once through the collectors and a Sampler
+    "web/landing.py",  # the landing page shows probe results and the recommendation (probe_data)
+}
+
+
+def _flow_meetings() -> set[str]:
+    flow_of = {package: flow for flow, packages in FLOWS.items() for package in packages}
+    meet = set()
+    for path in PACKAGE.rglob("*.py"):
+        flow = flow_of.get(_package_of(path))
+        for _, module, _ in _imports(path):
+            other = flow_of.get(module.split(".")[1]) if module.count(".") >= 1 else None
+            if flow and other and other != flow:
+                meet.add(str(path.relative_to(PACKAGE)))
+    return meet
+
+
+def test_the_two_flows_meet_only_where_the_tree_says() -> None:
+    assert _flow_meetings() == MEETING_PLACES
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    tree = text[text.index("## The tree"):text.index("## Modules")]
+    paragraph = tree[:tree.index("```")]
+    for place in MEETING_PLACES:
+        assert f"`{place}`" in paragraph, f"docs/architecture.md's tree paragraph does not name {place}"
+
+
+def test_the_probing_flow_meets_telemetry_only_through_the_sampler() -> None:
+    """telemetry never imports the probing flow; probing imports telemetry only in its meeting places."""
+    assert not _package_imports("telemetry") & set(FLOWS["probing"])
+    users = {str(path.relative_to(PACKAGE)) for path in _modules_under("probing")
+             for _, module, _ in _imports(path) if module.startswith("gpuperfd.telemetry")}
+    assert users <= MEETING_PLACES, users
+
+
+def test_harness_and_workloads_do_not_import_each_other() -> None:
+    """The harness picks a workload by name through the registry (workloads/__init__.py) only."""
+    harness = {m for _, m, _ in _imports(PACKAGE / "probe_child" / "harness.py")}
+    assert not {m for m in harness if m.startswith("gpuperfd.probe_child.workloads.")}, harness
+    for module in (PACKAGE / "probe_child" / "workloads").glob("*.py"):
+        assert not [m for _, m, _ in _imports(module) if m.startswith("gpuperfd.probe_child.harness")], module.name
+
+
 def test_the_import_check_sees_violations(tmp_path: Path) -> None:
     """The checker itself: a function-level import and a relative import are both seen."""
     module = tmp_path / "example.py"
@@ -148,6 +226,20 @@ def test_the_import_check_sees_violations(tmp_path: Path) -> None:
     bad = _outside(_imports(module, "gpuperfd.probe_data"), ("gpuperfd.probe_data",))
     assert [m for _, m in bad] == ["gpuperfd.probing", "gpuperfd.probing.runner",
                                    "gpuperfd.telemetry", "gpuperfd.telemetry.sampler"], bad
+
+
+# --- figures the document states ---------------------------------------------------------------
+
+
+def test_the_stated_slow_lane_intervals_are_the_collectors_defaults() -> None:
+    """Every "energy ... N s" and "PCIe ... N s" in docs/architecture.md is the collector's default interval."""
+    from gpuperfd.telemetry.collectors import COLLECTORS
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    for name, pattern in (("energy", r"energy(?: counter)?(?: every)? (\d+(?:\.\d+)?) s\b"),
+                          ("pcie", r"PCIe(?: every)? (\d+(?:\.\d+)?) s\b")):
+        stated = {float(n) for n in re.findall(pattern, text)}
+        assert stated == {COLLECTORS[name].default_interval_seconds}, (name, stated)
 
 
 # --- function length -----------------------------------------------------------------------------
