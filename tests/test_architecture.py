@@ -245,24 +245,73 @@ def test_the_stated_slow_lane_intervals_are_the_collectors_defaults() -> None:
 # --- function length -----------------------------------------------------------------------------
 
 #: The longest a function (body, decorators and docstring included) may be.
-MAX_FUNCTION_LINES = 100
+MAX_FUNCTION_LINES = 80
 #: Generated code is exempt (none in the package today).
 GENERATED: frozenset[str] = frozenset()
+#: Functions that were over 80 lines when the limit came down from 100 (issue 42), with the length each
+#: had then: each may shrink but not grow, and once one is split to 80 lines or fewer its entry must go
+#: (the test says so), so this list only shrinks. Nothing may be added to it.
+OVER_THE_LIMIT: dict[str, int] = {
+    "gpuperfd/daemon.py Daemon.__init__": 100,
+    "gpuperfd/probing/executors.py SimulatedExecutor.measure": 97,
+    "gpuperfd/probe_child/child.py main": 96,
+    "gpuperfd/report/aggregate.py build_report": 82,
+    "gpuperfd/web/server.py WebServer._handler_class": 82,
+    "gpuperfd/probing/probe_cli.py _run_points": 81,
+}
 
 
-def _long_functions(path: Path) -> list[str]:
+def _function_lengths(path: Path) -> dict[str, tuple[int, int]]:
+    """'path Class.function' -> (line, length) for every function in ``path``."""
     tree = ast.parse(path.read_text(), str(path))
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            length = (node.end_lineno or node.lineno) - start + 1
-            if length > MAX_FUNCTION_LINES:
-                out.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} is {length} lines")
+    out: dict[str, tuple[int, int]] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                name = prefix + child.name
+                out[f"{path.relative_to(ROOT)} {name}"] = (child.lineno, (child.end_lineno or child.lineno) - start + 1)
+                visit(child, name + ".")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
     return out
 
 
-def test_no_function_is_longer_than_100_lines() -> None:
-    long = [f for path in sorted(PACKAGE.rglob("*.py"))
-            if str(path.relative_to(PACKAGE)) not in GENERATED for f in _long_functions(path)]
+def _all_function_lengths() -> dict[str, tuple[int, int]]:
+    return {name: found for path in sorted(PACKAGE.rglob("*.py"))
+            if str(path.relative_to(PACKAGE)) not in GENERATED for name, found in _function_lengths(path).items()}
+
+
+def _long_functions(lengths: dict[str, tuple[int, int]]) -> list[str]:
+    """The functions over the limit that the allowlist does not excuse, and allowlist entries gone stale."""
+    bad = []
+    for name, (line, length) in lengths.items():
+        allowed = OVER_THE_LIMIT.get(name, MAX_FUNCTION_LINES)
+        if length > allowed:
+            bad.append(f"{name} (line {line}) is {length} lines (at most {allowed})")
+    for name, allowed in OVER_THE_LIMIT.items():
+        if name not in lengths or lengths[name][1] <= MAX_FUNCTION_LINES:
+            bad.append(f"{name} is no longer over {MAX_FUNCTION_LINES} lines: remove it from OVER_THE_LIMIT")
+    return bad
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    long = _long_functions(_all_function_lengths())
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_the_length_check_sees_a_new_long_function_and_a_grown_one() -> None:
+    lengths = _all_function_lengths()
+    assert not _long_functions(lengths)
+    assert _long_functions({**lengths, "gpuperfd/x.py new": (1, 81)}) == [
+        f"gpuperfd/x.py new (line 1) is 81 lines (at most {MAX_FUNCTION_LINES})"]
+    grown = {**lengths, "gpuperfd/daemon.py Daemon.__init__": (157, 101)}
+    assert _long_functions(grown) == ["gpuperfd/daemon.py Daemon.__init__ (line 157) is 101 lines (at most 100)"]
+    split = {**lengths, "gpuperfd/web/server.py WebServer._handler_class": (271, 60)}
+    assert _long_functions(split) == [
+        f"gpuperfd/web/server.py WebServer._handler_class is no longer over {MAX_FUNCTION_LINES} lines: remove it from OVER_THE_LIMIT"]
