@@ -20,14 +20,42 @@ from gpuperfd.config import (
     DEFAULT_CONFIG_PATH,
     Config,
     ConfigError,
+    Vocabulary,
     config_with_flags,
     env_config_path,
     load_config,
+    use_vocabulary,
 )
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_DEVICE, EXIT_LISTEN = 0, 1, 2, 3, 4
 
 log = logging.getLogger("gpuperfd")
+
+
+def config_vocabulary() -> Vocabulary:
+    """The names the configuration checks that other packages own (the config imports none of them):
+    probe options and presets, collector names, health threshold keys. Imported only when a config needs them."""
+    from gpuperfd.health.checks import defaults
+    from gpuperfd.probe_data.spec import OPTION_KEYS, check_options, schedule_fault, unknown_key_message
+    from gpuperfd.telemetry.collectors import COLLECTOR_NAMES
+
+    def check_probe_options(probe: str, options: dict[str, Any], preset: str | None) -> None:
+        try:
+            allowed = {"inject_fault"} if schedule_fault(options) else set()
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+        unknown = [key for key in options if key not in OPTION_KEYS and key not in allowed]
+        if unknown:
+            raise ValueError(unknown_key_message(unknown[0], OPTION_KEYS, where="options"))
+        try:
+            check_options(probe, options, preset)
+        except ValueError as exc:
+            raise ValueError(f"options/preset: {exc}") from None
+
+    return Vocabulary(check_probe_options, tuple(COLLECTOR_NAMES), tuple(defaults()))
+
+
+use_vocabulary(config_vocabulary)  # every command, and the daemon's reload, validates through cli
 
 
 def _add_run(subparsers: Any) -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
+import gpuperfd.cli  # noqa: F401  (hands the config its vocabulary, as every command does)
+
 # The daemon requires the kubelet's answer before probing inside a Kubernetes pod
 # (attribution.kubernetes.required: auto); a CI runner that is itself a pod must not
 # turn every test daemon's probes into "allocated" skips. Tests that want it set it.

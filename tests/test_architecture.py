@@ -1,5 +1,6 @@
 """The architecture's rules as tests: docs/architecture.md's module table matches the package exactly,
-imports go one way across the probe boundary and down to the device layer, and functions stay short."""
+every import direction "The tree" states holds (function-level imports included), the figures it states
+match the code, and functions stay short."""
 
 from __future__ import annotations
 
@@ -56,13 +57,6 @@ def test_top_level_holds_only_entry_points() -> None:
     assert top == ["cli.py", "console.py", "daemon.py"], top
 
 
-def test_harness_and_workloads_do_not_import_each_other() -> None:
-    harness = (PACKAGE / "probe_child" / "harness.py").read_text()
-    assert "workloads." not in re.sub(r"workloads\.build", "", harness)
-    for module in (PACKAGE / "probe_child" / "workloads").glob("*.py"):
-        assert "probe_child.harness" not in module.read_text(), module.name
-
-
 # --- import direction -----------------------------------------------------------------------------
 
 
@@ -111,15 +105,37 @@ def _violations(folder: str, allowed: tuple[str, ...]) -> list[str]:
             for path in _modules_under(folder) for line, module in _outside(_imports(path), allowed)]
 
 
+def _package_of(path: Path) -> str:
+    """The top-level part of gpuperfd a file belongs to: ``probing`` for probing/sweep/caps.py, ``cli`` for cli.py."""
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _package_imports(folder: str) -> set[str]:
+    """The other top-level parts of gpuperfd that any module under ``folder`` imports."""
+    return {module.split(".")[1] for path in _modules_under(folder) for _, module, _ in _imports(path)
+            if module.count(".") >= 1 and module.split(".")[1] != folder}
+
+
+# docs/architecture.md, "The tree": each rule below is a sentence there; the comment quotes its gist.
 @pytest.mark.parametrize(
     ("folder", "allowed"),
     [
-        # the child: its own package, the shared data, the device layer (it reads the energy counter)
+        # the child: its own package, the shared data, the device layer (it reads the energy counter);
+        # never probing, telemetry, web or config
         ("probe_child", ("gpuperfd.probe_child", "gpuperfd.probe_data", "gpuperfd.device")),
         # the shared data imports neither side, nor the device layer: plain data and pure rules
         ("probe_data", ("gpuperfd.probe_data",)),
         # nothing below device/ imports above it; the configuration is a leaf of plain data it reads
         ("device", ("gpuperfd.device", "gpuperfd.config")),
+        # the configuration is a leaf: the names other packages own are handed in (gpuperfd.cli)
+        ("config", ("gpuperfd.config",)),
+        # telemetry imports device and attribution (who holds a GPU) only: never the probing flow, web or config
+        ("telemetry", ("gpuperfd.telemetry", "gpuperfd.device", "gpuperfd.attribution")),
+        # web serves what telemetry renders, the health verdict and the shared probe data; never probing
+        ("web", ("gpuperfd.web", "gpuperfd.telemetry", "gpuperfd.health", "gpuperfd.probe_data", "gpuperfd.config")),
+        # the report reads run records and imports the recommendation rule, never the sweeper (offline)
+        ("report", ("gpuperfd.report", "gpuperfd.probe_data")),
     ],
 )
 def test_imports_go_one_way(folder: str, allowed: tuple[str, ...]) -> None:
@@ -128,7 +144,8 @@ def test_imports_go_one_way(folder: str, allowed: tuple[str, ...]) -> None:
 
 
 def test_nothing_outside_the_child_package_imports_it() -> None:
-    """The parent starts the child by module name (``python -m``); no module outside probe_child/ imports it."""
+    """The parent starts the child by module name (``python -m``); no module outside probe_child/ imports it,
+    the daemon included."""
     bad = []
     for path in PACKAGE.rglob("*.py"):
         if path.is_relative_to(PACKAGE / "probe_child"):
@@ -137,6 +154,69 @@ def test_nothing_outside_the_child_package_imports_it() -> None:
             if module.startswith("gpuperfd.probe_child"):
                 bad.append(f"{path.relative_to(ROOT)}:{line} ({func}) imports {module}")
     assert not bad, "nothing outside probe_child/ may import the child package:\n" + "\n".join(bad)
+
+
+def test_the_parent_names_the_child_module_only() -> None:
+    from gpuperfd.probing.runner import CHILD_MODULE
+
+    assert CHILD_MODULE == "gpuperfd.probe_child.child"
+    assert (PACKAGE / "probe_child" / "child.py").is_file()
+
+
+def test_nothing_imports_the_entry_points() -> None:
+    """cli.py, daemon.py and __main__.py wire the packages; no package imports them back (cli imports daemon)."""
+    entry = {"cli", "daemon", "__main__"}
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+           for path in PACKAGE.rglob("*.py") if _package_of(path) not in entry
+           for line, module, _ in _imports(path) if module.count(".") >= 1 and module.split(".")[1] in entry]
+    assert not bad, "\n".join(bad)
+
+
+#: The two flows of "The tree" (docs/architecture.md) by package.
+FLOWS = {"telemetry": ("telemetry", "web"), "probing": ("probing", "probe_child", "probe_data")}
+#: The modules of one flow that import the other; the tree's paragraph names each, and only these.
+MEETING_PLACES = {
+    "probing/idle.py",  # the busy check reads the sampler's Readings
+    "probing/check.py",  # `gpuperfd check` reads each GPU once through the collectors and a Sampler
+    "web/landing.py",  # the landing page shows probe results and the recommendation (probe_data)
+}
+
+
+def _flow_meetings() -> set[str]:
+    flow_of = {package: flow for flow, packages in FLOWS.items() for package in packages}
+    meet = set()
+    for path in PACKAGE.rglob("*.py"):
+        flow = flow_of.get(_package_of(path))
+        for _, module, _ in _imports(path):
+            other = flow_of.get(module.split(".")[1]) if module.count(".") >= 1 else None
+            if flow and other and other != flow:
+                meet.add(str(path.relative_to(PACKAGE)))
+    return meet
+
+
+def test_the_two_flows_meet_only_where_the_tree_says() -> None:
+    assert _flow_meetings() == MEETING_PLACES
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    tree = text[text.index("## The tree"):text.index("## Modules")]
+    paragraph = tree[:tree.index("```")]
+    for place in MEETING_PLACES:
+        assert f"`{place}`" in paragraph, f"docs/architecture.md's tree paragraph does not name {place}"
+
+
+def test_the_probing_flow_meets_telemetry_only_through_the_sampler() -> None:
+    """telemetry never imports the probing flow; probing imports telemetry only in its meeting places."""
+    assert not _package_imports("telemetry") & set(FLOWS["probing"])
+    users = {str(path.relative_to(PACKAGE)) for path in _modules_under("probing")
+             for _, module, _ in _imports(path) if module.startswith("gpuperfd.telemetry")}
+    assert users <= MEETING_PLACES, users
+
+
+def test_harness_and_workloads_do_not_import_each_other() -> None:
+    """The harness picks a workload by name through the registry (workloads/__init__.py) only."""
+    harness = {m for _, m, _ in _imports(PACKAGE / "probe_child" / "harness.py")}
+    assert not {m for m in harness if m.startswith("gpuperfd.probe_child.workloads.")}, harness
+    for module in (PACKAGE / "probe_child" / "workloads").glob("*.py"):
+        assert not [m for _, m, _ in _imports(module) if m.startswith("gpuperfd.probe_child.harness")], module.name
 
 
 def test_the_import_check_sees_violations(tmp_path: Path) -> None:
@@ -148,27 +228,90 @@ def test_the_import_check_sees_violations(tmp_path: Path) -> None:
                                    "gpuperfd.telemetry", "gpuperfd.telemetry.sampler"], bad
 
 
+# --- figures the document states ---------------------------------------------------------------
+
+
+def test_the_stated_slow_lane_intervals_are_the_collectors_defaults() -> None:
+    """Every "energy ... N s" and "PCIe ... N s" in docs/architecture.md is the collector's default interval."""
+    from gpuperfd.telemetry.collectors import COLLECTORS
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    for name, pattern in (("energy", r"energy(?: counter)?(?: every)? (\d+(?:\.\d+)?) s\b"),
+                          ("pcie", r"PCIe(?: every)? (\d+(?:\.\d+)?) s\b")):
+        stated = {float(n) for n in re.findall(pattern, text)}
+        assert stated == {COLLECTORS[name].default_interval_seconds}, (name, stated)
+
+
 # --- function length -----------------------------------------------------------------------------
 
 #: The longest a function (body, decorators and docstring included) may be.
-MAX_FUNCTION_LINES = 100
+MAX_FUNCTION_LINES = 80
 #: Generated code is exempt (none in the package today).
 GENERATED: frozenset[str] = frozenset()
+#: Functions that were over 80 lines when the limit came down from 100 (issue 42), with the length each
+#: had then: each may shrink but not grow, and once one is split to 80 lines or fewer its entry must go
+#: (the test says so), so this list only shrinks. Nothing may be added to it.
+OVER_THE_LIMIT: dict[str, int] = {
+    "gpuperfd/daemon.py Daemon.__init__": 100,
+    "gpuperfd/probing/executors.py SimulatedExecutor.measure": 97,
+    "gpuperfd/probe_child/child.py main": 96,
+    "gpuperfd/report/aggregate.py build_report": 82,
+    "gpuperfd/web/server.py WebServer._handler_class": 82,
+    "gpuperfd/probing/probe_cli.py _run_points": 81,
+}
 
 
-def _long_functions(path: Path) -> list[str]:
+def _function_lengths(path: Path) -> dict[str, tuple[int, int]]:
+    """'path Class.function' -> (line, length) for every function in ``path``."""
     tree = ast.parse(path.read_text(), str(path))
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            length = (node.end_lineno or node.lineno) - start + 1
-            if length > MAX_FUNCTION_LINES:
-                out.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} is {length} lines")
+    out: dict[str, tuple[int, int]] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                name = prefix + child.name
+                out[f"{path.relative_to(ROOT)} {name}"] = (child.lineno, (child.end_lineno or child.lineno) - start + 1)
+                visit(child, name + ".")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
     return out
 
 
-def test_no_function_is_longer_than_100_lines() -> None:
-    long = [f for path in sorted(PACKAGE.rglob("*.py"))
-            if str(path.relative_to(PACKAGE)) not in GENERATED for f in _long_functions(path)]
+def _all_function_lengths() -> dict[str, tuple[int, int]]:
+    return {name: found for path in sorted(PACKAGE.rglob("*.py"))
+            if str(path.relative_to(PACKAGE)) not in GENERATED for name, found in _function_lengths(path).items()}
+
+
+def _long_functions(lengths: dict[str, tuple[int, int]]) -> list[str]:
+    """The functions over the limit that the allowlist does not excuse, and allowlist entries gone stale."""
+    bad = []
+    for name, (line, length) in lengths.items():
+        allowed = OVER_THE_LIMIT.get(name, MAX_FUNCTION_LINES)
+        if length > allowed:
+            bad.append(f"{name} (line {line}) is {length} lines (at most {allowed})")
+    for name, allowed in OVER_THE_LIMIT.items():
+        if name not in lengths or lengths[name][1] <= MAX_FUNCTION_LINES:
+            bad.append(f"{name} is no longer over {MAX_FUNCTION_LINES} lines: remove it from OVER_THE_LIMIT")
+    return bad
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    long = _long_functions(_all_function_lengths())
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_the_length_check_sees_a_new_long_function_and_a_grown_one() -> None:
+    lengths = _all_function_lengths()
+    assert not _long_functions(lengths)
+    assert _long_functions({**lengths, "gpuperfd/x.py new": (1, 81)}) == [
+        f"gpuperfd/x.py new (line 1) is 81 lines (at most {MAX_FUNCTION_LINES})"]
+    grown = {**lengths, "gpuperfd/daemon.py Daemon.__init__": (157, 101)}
+    assert _long_functions(grown) == ["gpuperfd/daemon.py Daemon.__init__ (line 157) is 101 lines (at most 100)"]
+    split = {**lengths, "gpuperfd/web/server.py WebServer._handler_class": (271, 60)}
+    assert _long_functions(split) == [
+        f"gpuperfd/web/server.py WebServer._handler_class is no longer over {MAX_FUNCTION_LINES} lines: remove it from OVER_THE_LIMIT"]

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import reprlib
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -64,6 +67,51 @@ FaultKind = Literal["not_supported", "no_permission", "gpu_lost", "timeout", "un
 
 class ConfigError(Exception):
     """A configuration that cannot be used; str() is the full, user-facing message."""
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The names a configuration may use that other packages own: the configuration imports none of
+    them (it is a leaf: docs/architecture.md), so the entry point hands them in (:func:`use_vocabulary`,
+    done by :mod:`gpuperfd.cli` when it is imported). Only a config that sets these fields needs it.
+
+    A file or mapping (:func:`config_from_mapping`, so :func:`load_config` and :func:`config_with_flags`)
+    that needs it and finds none is a wiring bug: RuntimeError, never a silently skipped check. A model
+    built directly in code (``ScheduleConfig(probe=..., options=...)`` in a script) is checked when a
+    vocabulary was handed in and otherwise not here (the run's ``ProbeSpec`` checks probe, preset and
+    fields again when it is built)."""
+
+    #: ``(probe, options, preset)`` -> None, or ValueError whose text is the user-facing message.
+    check_probe_options: Callable[[str, dict[str, Any], str | None], None]
+    #: ``sampler.collectors`` keys: the telemetry collectors' names.
+    collector_names: tuple[str, ...]
+    #: ``health.thresholds`` keys: the health checks' threshold and setting keys.
+    health_threshold_keys: tuple[str, ...]
+
+
+_vocabulary_source: Callable[[], Vocabulary] | None = None
+_vocabulary: Vocabulary | None = None
+#: True while config_from_mapping validates: a needed vocabulary must then be there.
+_vocabulary_required: ContextVar[bool] = ContextVar("gpuperfd_config_vocabulary_required", default=False)
+
+
+def use_vocabulary(source: Callable[[], Vocabulary] | None) -> None:
+    """Hand in where the outside names come from (None forgets it). ``source`` is called the first
+    time a configuration needs them, so a command that never reads a schedule's options, a collector
+    setting or a health threshold never imports their owners."""
+    global _vocabulary_source, _vocabulary
+    _vocabulary_source, _vocabulary = source, None
+
+
+def vocabulary() -> Vocabulary | None:
+    """The outside names; None where none was handed in (RuntimeError inside config_from_mapping)."""
+    global _vocabulary
+    if _vocabulary is None and _vocabulary_source is not None:
+        _vocabulary = _vocabulary_source()
+    if _vocabulary is None and _vocabulary_required.get():
+        raise RuntimeError("gpuperfd.config: no vocabulary handed in (probe options, collector names, "
+                           "health thresholds); import gpuperfd.cli or call use_vocabulary() first")
+    return _vocabulary
 
 
 class _Strict(BaseModel):
@@ -282,24 +330,10 @@ class ScheduleConfig(_Strict):
 
     @model_validator(mode="after")
     def _valid_probe_options(self) -> "ScheduleConfig":
-        from gpuperfd.probe_data.spec import (  # pure Python: no torch
-            OPTION_KEYS,
-            check_options,
-            schedule_fault,
-            unknown_key_message,
-        )
-
-        try:
-            allowed = {"inject_fault"} if schedule_fault(self.options) else set()
-        except ValueError as exc:
-            raise ValueError(str(exc)) from None
-        unknown = [key for key in self.options if key not in OPTION_KEYS and key not in allowed]
-        if unknown:
-            raise ValueError(unknown_key_message(unknown[0], OPTION_KEYS, where="options"))
-        try:
-            check_options(self.probe, self.options, self.preset)
-        except ValueError as exc:
-            raise ValueError(f"options/preset: {exc}") from None
+        if self.options or self.preset is not None:  # the defaults need no outside knowledge
+            names = vocabulary()
+            if names is not None:
+                names.check_probe_options(self.probe, self.options, self.preset)
         return self
 
     @model_validator(mode="after")
@@ -413,12 +447,14 @@ class HealthConfig(_Strict):
 
     @model_validator(mode="after")
     def _known_keys(self) -> "HealthConfig":
-        from gpuperfd.health.checks import defaults  # late: plain data, no config import
-
-        unknown = sorted(set(self.thresholds) - set(defaults()))
+        names = vocabulary() if self.thresholds else None
+        if names is None:
+            return self
+        known = names.health_threshold_keys
+        unknown = sorted(set(self.thresholds) - set(known))
         if unknown:
             raise ValueError(f"health.thresholds: unknown key(s) {', '.join(unknown)}; "
-                             f"known: {', '.join(sorted(defaults()))}")
+                             f"known: {', '.join(sorted(known))}")
         return self
 
 
@@ -434,15 +470,15 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _check_collectors(self) -> "Config":
-        from gpuperfd.telemetry.collectors import (
-            COLLECTOR_NAMES,  # late: collectors import config types
-        )
-
-        unknown = sorted(set(self.sampler.collectors) - set(COLLECTOR_NAMES))
+        names = vocabulary() if self.sampler.collectors else None
+        if names is None:
+            return self
+        known = names.collector_names
+        unknown = sorted(set(self.sampler.collectors) - set(known))
         if unknown:
             raise ValueError(
                 f"sampler.collectors: unknown collector(s) {', '.join(unknown)}; "
-                f"known: {', '.join(COLLECTOR_NAMES)}"
+                f"known: {', '.join(known)}"
             )
         return self
 
@@ -509,6 +545,7 @@ def config_from_mapping(data: Any, source: str = "<config>") -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping of sections, got {type(data).__name__}")
+    required = _vocabulary_required.set(True)
     try:
         return Config.model_validate(data)
     except ValidationError as error:
@@ -517,6 +554,8 @@ def config_from_mapping(data: Any, source: str = "<config>") -> Config:
         raise ConfigError(f"{source}: invalid configuration: nested too deeply") from None
     except ValueError as error:  # raised by model validators outside the schema's wrapping
         raise ConfigError(f"{source}: invalid configuration: {error}") from None
+    finally:
+        _vocabulary_required.reset(required)
 
 
 def load_config(path: Path | str | None, *, required: bool = False) -> Config:

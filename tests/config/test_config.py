@@ -156,3 +156,57 @@ def test_memory_budget_takes_bytes_or_a_quantity_and_names_file_and_field() -> N
             assert "/etc/gpuperfd/gpuperfd.yaml" in str(exc) and "probes.memory_budget" in str(exc)
         else:
             raise AssertionError(f"{bad!r} was accepted")
+
+
+# --- issue 42: the configuration is a leaf; the names other packages own are handed in ----------
+
+
+@pytest.mark.parametrize(
+    "text,field,words",
+    [
+        ("health: {thresholds: {nope: 1}}", "health", "health.thresholds: unknown key(s) nope"),
+        ("probes: {schedules: [{probe: llm, interval_seconds: 60, options: {batch: 3}}]}",
+         "probes.schedules.0", "'batch' is 'batch_size'"),
+        ("probes: {schedules: [{probe: llm, interval_seconds: 60, preset: nonesuch}]}",
+         "probes.schedules.0", "options/preset:"),
+    ],
+)
+def test_outside_names_are_still_checked_naming_file_and_field(tmp_path, text, field, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(path) in str(error.value) and f"  - {field}: " in str(error.value) and words in str(error.value)
+
+
+def test_without_a_vocabulary_only_files_that_need_one_fail_and_loudly(monkeypatch, tmp_path):
+    import gpuperfd.config as config
+
+    monkeypatch.setattr(config, "_vocabulary_source", None)
+    monkeypatch.setattr(config, "_vocabulary", None)
+    assert config.config_from_mapping({"web": {"listen_address": "127.0.0.1:1"}}).web.listen_address
+    for data in ({"sampler": {"collectors": {"pcie": {}}}}, {"health": {"thresholds": {"peer_ratio": 1}}},
+                 {"probes": {"schedules": [{"probe": "llm", "interval_seconds": 60, "preset": "gpt2"}]}}):
+        with pytest.raises(RuntimeError, match="no vocabulary handed in"):
+            config.config_from_mapping(data)
+    # a model built in code (a script without the CLI) is not checked here; the probe's spec checks it later
+    assert config.ScheduleConfig(probe="llm", interval_seconds=60, options={"batch": 3}).options == {"batch": 3}
+    assert not config._vocabulary_required.get()  # config_from_mapping put it back, errors included
+
+
+def test_a_model_built_in_code_is_checked_when_a_vocabulary_was_handed_in():
+    from gpuperfd.config import ScheduleConfig
+
+    with pytest.raises(ValueError, match="'batch' is 'batch_size'"):
+        ScheduleConfig(probe="llm", interval_seconds=60, options={"batch": 3})
+
+
+def test_bad_outside_names_fail_run_and_check_at_once(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("sampler: {collectors: {bogus: {}}}\n")
+    for command in (["run", "--simulate", "1"], ["check", "--simulate", "1"]):
+        out = subprocess.run([sys.executable, "-m", "gpuperfd", *command, "--config", str(path)],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, (command, out.stderr)
+        assert f"{path}: invalid configuration" in out.stderr and "sampler.collectors: unknown collector(s) bogus" \
+            in out.stderr, out.stderr
