@@ -130,8 +130,9 @@ def _package_imports(folder: str) -> set[str]:
         ("device", ("gpuperfd.device", "gpuperfd.config")),
         # the configuration is a leaf: the names other packages own are handed in (gpuperfd.cli)
         ("config", ("gpuperfd.config",)),
-        # telemetry imports device and attribution (who holds a GPU) only: never the probing flow, web or config
-        ("telemetry", ("gpuperfd.telemetry", "gpuperfd.device", "gpuperfd.attribution")),
+        # telemetry imports device, attribution (who holds a GPU) and the config (each collector reads its
+        # own section, as node_exporter's own their flags) only: never the probing flow or web
+        ("telemetry", ("gpuperfd.telemetry", "gpuperfd.device", "gpuperfd.attribution", "gpuperfd.config")),
         # web serves what telemetry renders, the health verdict and the shared probe data; never probing
         ("web", ("gpuperfd.web", "gpuperfd.telemetry", "gpuperfd.health", "gpuperfd.probe_data", "gpuperfd.config")),
         # the report reads run records and imports the recommendation rule, never the sweeper (offline)
@@ -252,11 +253,7 @@ GENERATED: frozenset[str] = frozenset()
 #: had then: each may shrink but not grow, and once one is split to 80 lines or fewer its entry must go
 #: (the test says so), so this list only shrinks. Nothing may be added to it.
 OVER_THE_LIMIT: dict[str, int] = {
-    "gpuperfd/daemon.py Daemon.__init__": 100,
     "gpuperfd/probing/executors.py SimulatedExecutor.measure": 97,
-    "gpuperfd/probe_child/child.py main": 96,
-    "gpuperfd/report/aggregate.py build_report": 82,
-    "gpuperfd/web/server.py WebServer._handler_class": 82,
     "gpuperfd/probing/probe_cli.py _run_points": 81,
 }
 
@@ -310,8 +307,9 @@ def test_the_length_check_sees_a_new_long_function_and_a_grown_one() -> None:
     assert not _long_functions(lengths)
     assert _long_functions({**lengths, "gpuperfd/x.py new": (1, 81)}) == [
         f"gpuperfd/x.py new (line 1) is 81 lines (at most {MAX_FUNCTION_LINES})"]
-    grown = {**lengths, "gpuperfd/daemon.py Daemon.__init__": (157, 101)}
-    assert _long_functions(grown) == ["gpuperfd/daemon.py Daemon.__init__ (line 157) is 101 lines (at most 100)"]
-    split = {**lengths, "gpuperfd/web/server.py WebServer._handler_class": (271, 60)}
+    name, allowed = next(iter(OVER_THE_LIMIT.items()))
+    grown = {**lengths, name: (157, allowed + 1)}
+    assert _long_functions(grown) == [f"{name} (line 157) is {allowed + 1} lines (at most {allowed})"]
+    split = {**lengths, name: (271, 60)}
     assert _long_functions(split) == [
-        f"gpuperfd/web/server.py WebServer._handler_class is no longer over {MAX_FUNCTION_LINES} lines: remove it from OVER_THE_LIMIT"]
+        f"{name} is no longer over {MAX_FUNCTION_LINES} lines: remove it from OVER_THE_LIMIT"]
