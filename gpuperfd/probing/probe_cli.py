@@ -414,17 +414,17 @@ class _Simulated:
 
     def run(self, spec: ProbeSpec, on_progress: Any, abort: Any) -> ProbeResult:
         """One point: ``spec.repeats`` simulated windows pooled as the child pools its windows."""
-        from gpuperfd.config import ScheduleConfig
+        from gpuperfd.probe_data.request import ProbeRequest
         from gpuperfd.probe_data.result import RepeatResult
 
         device = self.devices[_simulate_index(spec, len(self.devices))]
         params = spec.params()
         options = {k: params[k] for k in ("batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size")
                    if k in params}
-        schedule = ScheduleConfig(probe=spec.probe, preset=spec.preset, interval_seconds=3600, options=options)
+        request = ProbeRequest(probe=spec.probe, preset=spec.preset, options=options)
         windows: list[ProbeResult] = []
         for number in range(1, spec.repeats + 1):
-            window = self.executor.measure(device, schedule, abort, 0.0)
+            window = self.executor.measure(device, request, abort, 0.0)
             if not window.ok:
                 return window
             windows.append(window)
