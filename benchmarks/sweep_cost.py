@@ -125,19 +125,21 @@ def _window_rate(window: Any) -> float | None:
 
 def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: list[float], state: Path,
           holder: dict | None = None) -> dict:
-    from gpuperfd.probing.executors import ColdSession, open_session
+    from gpuperfd.probing.executors import PerPointExecutor, open_session
+    from gpuperfd.probing.sweep.owned import request_from_schedule
     from gpuperfd.probing.sweep.journal import CapJournal
     from gpuperfd.probe_data.recommend import rate_noise
     from gpuperfd.probing.sweep.sweeper import run_sweep
 
     abort = threading.Event()
     holder = holder if holder is not None else {}
+    request = request_from_schedule(schedule)
     if path == "shared":  # the production path: the previous probe's session hands its child over
-        session: Any = open_session(executor, device, schedule, abort, after=holder.pop("session", None))
+        session: Any = open_session(executor, device, request, abort, after=holder.pop("session", None))
     elif path == "per_point":
-        session = ColdSession(executor, device, schedule, abort)
+        session = PerPointExecutor(executor).open(device, request, abort)
     else:
-        session = open_session(executor, device, schedule, abort)
+        session = open_session(executor, device, request, abort)
     t_prepare = time.monotonic()
     session.prepare()  # as run_owned_sweep does: the child's imports before the GPU is taken
     prepare_seconds = time.monotonic() - t_prepare
@@ -264,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
 def _merge_cache(source: Path, state: Path) -> None:
     import shutil
 
-    from gpuperfd.probing.executors import COMPILE_CACHE_DIR
+    from gpuperfd.probing.compile_cache import COMPILE_CACHE_DIR
 
     src = source / COMPILE_CACHE_DIR
     if src.is_dir():

@@ -29,13 +29,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuperfd.config import Config, ScheduleConfig
+from gpuperfd.config import Config
 from gpuperfd.device.base import Backend, Device
 from gpuperfd.device.errors import DeviceError, NotSupported
 from gpuperfd.health.evaluate import GpuInputs
 from gpuperfd.health.judge import expected_figure, judge, run_row
 from gpuperfd.health.monitor import snapshot_inputs
 from gpuperfd.health.verdict import Verdict
+from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probing.admission import Admission, memory_limit
 from gpuperfd.probing.executors import choose_executor, starts_children
 from gpuperfd.probing.idle import BusyKind, busy_reason, mig_reason
@@ -241,7 +242,7 @@ def probe_all(config: Config, backend: Backend, devices: Sequence[Device], reque
     grace = min(3.0, max(0.5, 0.1 * request.timeout_seconds))
     executor = choose_executor(_probe_config(config, deadline - time.monotonic() - grace), backend.name)
     options = {} if request.preset == "tiny" else dict(CHECK_TIMING)
-    schedule = ScheduleConfig(probe=request.probe, preset=request.preset, options=options, interval_seconds=86400)
+    probe = ProbeRequest(probe=request.probe, preset=request.preset, options=options)
     abort = threading.Event()
     admission = check_admission(config, backend.name)
     results: dict[int, dict[str, Any]] = {}
@@ -256,7 +257,7 @@ def probe_all(config: Config, backend: Backend, devices: Sequence[Device], reque
                     if not ticket.granted:
                         results[d.index] = {"not_probed": not_admitted_text(ticket.reason, ticket.bytes)}
                         return
-                results[d.index] = executor(d, schedule, abort).to_dict()
+                results[d.index] = executor(d, probe, abort).to_dict()
             except Exception as exc:  # noqa: BLE001 - a bug is this GPU's "could not check", never a crash
                 log.exception("gpu %d: check probe failed", d.index)
                 results[d.index] = {"probe": request.probe, "preset": request.preset, "status": "failed",

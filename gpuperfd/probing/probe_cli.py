@@ -414,17 +414,17 @@ class _Simulated:
 
     def run(self, spec: ProbeSpec, on_progress: Any, abort: Any) -> ProbeResult:
         """One point: ``spec.repeats`` simulated windows pooled as the child pools its windows."""
-        from gpuperfd.config import ScheduleConfig
+        from gpuperfd.probe_data.request import ProbeRequest
         from gpuperfd.probe_data.result import RepeatResult
 
         device = self.devices[_simulate_index(spec, len(self.devices))]
         params = spec.params()
         options = {k: params[k] for k in ("batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size")
                    if k in params}
-        schedule = ScheduleConfig(probe=spec.probe, preset=spec.preset, interval_seconds=3600, options=options)
+        request = ProbeRequest(probe=spec.probe, preset=spec.preset, options=options)
         windows: list[ProbeResult] = []
         for number in range(1, spec.repeats + 1):
-            window = self.executor.measure(device, schedule, abort, 0.0)
+            window = self.executor(device, request, abort)  # one point, no settle: a window of the repeat
             if not window.ok:
                 return window
             windows.append(window)
@@ -540,19 +540,24 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
         if simulated is not None:
             simulated.close()
 
+    _print_results(args, results, simulated=simulated is not None)
+    return EXIT_OK if all(r.ok for r in results) else EXIT_FAILURE
+
+
+def _print_results(args: argparse.Namespace, results: list[ProbeResult], simulated: bool) -> None:
+    """The points' JSON (``--json``), or their table with the GPU line and the LOW-BUSY note."""
     if args.json:
         json.dump([r.to_dict() for r in results], sys.stdout, indent=2)
         sys.stdout.write("\n")
-    else:
-        print(results_table(results))
-        gpu_name = next((r.gpu_name for r in results if r.gpu_name), None)
-        if gpu_name:
-            capability = next(r.compute_capability for r in results if r.gpu_name)
-            where = " SIMULATED (the simulator's physics, not a measurement)" if simulated is not None else ""
-            print(f"GPU: {gpu_name} (compute capability {capability}){where}")
-        if any(r.ok and r.low_gpu_busy for r in results):
-            print("LOW-BUSY: the device was idle for part of the window; the figure measures the host as much as the GPU.")
-    return EXIT_OK if all(r.ok for r in results) else EXIT_FAILURE
+        return
+    print(results_table(results))
+    gpu_name = next((r.gpu_name for r in results if r.gpu_name), None)
+    if gpu_name:
+        capability = next(r.compute_capability for r in results if r.gpu_name)
+        where = " SIMULATED (the simulator's physics, not a measurement)" if simulated else ""
+        print(f"GPU: {gpu_name} (compute capability {capability}){where}")
+    if any(r.ok and r.low_gpu_busy for r in results):
+        print("LOW-BUSY: the device was idle for part of the window; the figure measures the host as much as the GPU.")
 
 
 def _run_real(args: argparse.Namespace, spec: ProbeSpec, devices: dict[str, Any], bar: ProgressBar,

@@ -67,6 +67,7 @@ def test_probe_service_beside_the_sampler(fake: FakeNvml, tmp_path: Path) -> Non
     while the sampler reads them: the daemon's threads, all entering NVML."""
     from prometheus_client import CollectorRegistry
 
+    from gpuperfd.probing.executors import PerPointExecutor
     from gpuperfd.probing.idle import IdleTracker
     from gpuperfd.probing.metrics import ProbeMetrics
     from gpuperfd.probing.service import ProbeService
@@ -85,7 +86,8 @@ def test_probe_service_beside_the_sampler(fake: FakeNvml, tmp_path: Path) -> Non
                            measured_seconds=1.0, device=f"cuda:{device.index}")
 
     config = ProbesConfig(state_dir=tmp_path / "state", idle_seconds=0, read_only=True, parallel_gpus=True)
-    service = ProbeService(config, backend.devices(), executor, ProbeMetrics(CollectorRegistry()), tracker)
+    service = ProbeService(config, backend.devices(), PerPointExecutor(executor), ProbeMetrics(CollectorRegistry()),
+                           tracker)
     schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=["current"])
     outcomes: list[str] = []
     threads = [threading.Thread(target=lambda g=gpu: outcomes.append(service.run(schedule, g).result))

@@ -238,10 +238,10 @@ def test_each_schedule_of_a_round_keeps_its_own_failure(node):
         def __call__(self, device, schedule, abort):
             return real(device, schedule, abort)
 
-        def open(self, device, schedule, abort):
-            if schedule.probe == "llm":
+        def open(self, device, request, abort, carried=None):
+            if request.probe == "llm":
                 raise ZeroDivisionError("bug in llm's session")
-            return real.open(device, schedule, abort)
+            return real.open(device, request, abort, carried)
 
     n.service.executor = Failing()
     n.fire(JOBS["llm"])

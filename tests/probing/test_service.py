@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probe_data.result import ProbeResult
-from gpuperfd.probing.executors import simulated_executor
+from gpuperfd.probing.executors import PerPointExecutor, simulated_executor
 from gpuperfd.probing.history import HistoryWriter, read_history
 from gpuperfd.probing.idle import IdleTracker
 from gpuperfd.probing.metrics import ProbeMetrics
@@ -273,7 +273,7 @@ def test_executor_bug_is_counted_and_the_cap_restored(tmp_path):
     def broken(device, schedule, abort):
         raise ZeroDivisionError("bug in an executor")
 
-    service.executor = broken
+    service.executor = PerPointExecutor(broken)
     outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60, caps=[500], settle_seconds=0), 0)
     assert (outcome.result, outcome.reason) == ("failed", "exception")
     assert devices[0].power_limits().enforced_watts == 680.0
@@ -296,7 +296,7 @@ def test_a_failed_point_withdraws_that_caps_result_until_it_succeeds_again(tmp_p
             return replace(result, status="failed", failure_reason="oom", error_message="out of memory")
         return result
 
-    service.executor = fails_at_700
+    service.executor = PerPointExecutor(fails_at_700)
     outcome = service.run(schedule, 0)
     assert outcome.result == "failed"
     for name in ("gpuperf_probe_power_cap_watts", "gpuperf_probe_average_power_watts"):

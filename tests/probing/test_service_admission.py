@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probing.admission import MIB, Admission, PeakBook
-from gpuperfd.probing.executors import simulated_executor
+from gpuperfd.probing.executors import PerPointExecutor, simulated_executor
 from gpuperfd.probing.idle import IdleTracker
 from gpuperfd.probing.metrics import ProbeMetrics
 from gpuperfd.probing.service import ProbeService
@@ -56,7 +56,7 @@ def _service(tmp_path, limit: int) -> tuple[ProbeService, FakeChildren, Collecto
     admission.listeners.append(metrics.set_admission)
     children = FakeChildren()
     config = ProbesConfig(state_dir=tmp_path / "state", idle_seconds=0.0, schedules=[SCHEDULE])
-    service = ProbeService(config, devices, children, metrics, tracker, admission=admission)
+    service = ProbeService(config, devices, PerPointExecutor(children), metrics, tracker, admission=admission)
     return service, children, registry, devices
 
 

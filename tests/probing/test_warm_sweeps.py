@@ -17,6 +17,7 @@ import pytest
 
 from gpuperfd.config import ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
+from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.spec import PROBES
 from gpuperfd.probing.executors import (
     ChildProcessExecutor,
@@ -24,6 +25,7 @@ from gpuperfd.probing.executors import (
     open_session,
 )
 from gpuperfd.probing.sweep.journal import CapJournal
+from gpuperfd.probing.sweep.owned import request_from_schedule
 from gpuperfd.probe_data.recommend import recommend
 from gpuperfd.probing.sweep.sweeper import run_sweep
 
@@ -34,6 +36,11 @@ FAST = {"repeats": 2, "measure_seconds": 0.15, "busy_profile_seconds": 0.0}
 def tiny_schedule(probe: str = "attention", **options) -> ScheduleConfig:
     return ScheduleConfig(probe=probe, preset="tiny", interval_seconds=60, settle_seconds=0,
                           options={**FAST, **options})
+
+
+def tiny_request(probe: str = "attention", **options) -> ProbeRequest:
+    """The tiny schedule's probe request, as an owned sweep builds it."""
+    return request_from_schedule(tiny_schedule(probe, **options))
 
 
 @pytest.fixture
@@ -54,7 +61,7 @@ def gone(pid: int) -> bool:
 def test_warm_child_measures_every_cap_in_one_process(gpu, tmp_path):
     pytest.importorskip("torch")
     executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=tmp_path / "state")
-    session = open_session(executor, gpu, tiny_schedule(), threading.Event())
+    session = open_session(executor, gpu, tiny_request(), threading.Event())
     try:
         points = run_sweep(gpu, CapJournal(tmp_path / "state"), [600, 400, 250], session.measure, settle_seconds=1)
         pids = {p.result.extra["child_pid"] for p in points}
@@ -85,7 +92,7 @@ def test_child_killed_between_points_and_during_a_point(gpu, tmp_path):
     pytest.importorskip("torch")
     executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=tmp_path / "state")
     # Windows long enough to kill the child inside one (3 x 1 s).
-    session = open_session(executor, gpu, tiny_schedule(repeats=3, measure_seconds=1.0), threading.Event())
+    session = open_session(executor, gpu, tiny_request(repeats=3, measure_seconds=1.0), threading.Event())
     killed: list[int] = []
 
     def run_point(cap: float):
@@ -122,7 +129,7 @@ def test_a_child_that_cannot_be_built_is_not_rebuilt_for_every_cap(gpu, tmp_path
     # A dataset that is not token ids fails in the build, before the first window.
     bad = tmp_path / "tokens.npy"
     bad.write_bytes(b"not a numpy file")
-    session = open_session(executor, gpu, tiny_schedule("llm", dataset_path=str(bad)), threading.Event())
+    session = open_session(executor, gpu, tiny_request("llm", dataset_path=str(bad)), threading.Event())
     try:
         points = run_sweep(gpu, CapJournal(tmp_path), [600, 400], session.measure, settle_seconds=0)
     finally:
@@ -141,7 +148,7 @@ def test_early_stop_gives_the_full_sweeps_recommendation(tmp_path, probe):
         gpu = backend.devices()[0]
         executor = SimulatedExecutor(0.05, seed=11, noise=0.004, watch_interval=0.01)
         schedule = ScheduleConfig(probe=probe, interval_seconds=60, settle_seconds=0)
-        session = open_session(executor, gpu, schedule, threading.Event())
+        session = open_session(executor, gpu, request_from_schedule(schedule), threading.Event())
         runs[mode] = run_sweep(gpu, CapJournal(tmp_path / mode), caps, session.measure, settle_seconds=0,
                                stop_early=stop)
         backend.close()
@@ -173,7 +180,7 @@ def test_early_stop_gives_the_full_sweeps_recommendation(tmp_path, probe):
 
 def test_simulated_session_settles_by_measurement_and_crosses_as_plain_data(gpu, tmp_path):
     schedule = ScheduleConfig(probe="vit", interval_seconds=60, settle_seconds=2.0)
-    session = open_session(SimulatedExecutor(0.05, seed=1), gpu, schedule, threading.Event())
+    session = open_session(SimulatedExecutor(0.05, seed=1), gpu, request_from_schedule(schedule), threading.Event())
     points = run_sweep(gpu, CapJournal(tmp_path), [600, 300], session.measure, settle_seconds=2.0)
     for point in points:
         extra = point.result.extra
@@ -239,12 +246,14 @@ from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probing.runner import run_probe
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probing.executors import ChildProcessExecutor, open_session
+from gpuperfd.probing.sweep.owned import request_from_schedule
 if __name__ == "__main__":
     gpu = SimulatedBackend(SimulationConfig(gpus=1)).devices()[0]
     schedule = ScheduleConfig(probe="train", preset="tiny", interval_seconds=60, settle_seconds=0,
                               options={"repeats": 1, "measure_seconds": 0.1})
-    once = ChildProcessExecutor(120, torch_device="cpu")(gpu, schedule, threading.Event())
-    session = open_session(ChildProcessExecutor(120, torch_device="cpu"), gpu, schedule, threading.Event())
+    once = ChildProcessExecutor(120, torch_device="cpu")(gpu, request_from_schedule(schedule), threading.Event())
+    session = open_session(ChildProcessExecutor(120, torch_device="cpu"), gpu, request_from_schedule(schedule),
+                           threading.Event())
     warm = [session.measure(700).status, session.measure(500).status]
     session.close()
     hook = run_probe(ProbeSpec(probe="llm", preset="tiny", device="cpu", repeats=1)).status
@@ -291,7 +300,7 @@ def test_a_prepared_child_imports_before_the_gpu_is_taken_and_builds_at_the_firs
     after the busy check, and reports the preparation apart from its own time."""
     pytest.importorskip("torch")
     executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=tmp_path / "state")
-    session = open_session(executor, gpu, tiny_schedule("llm"), threading.Event())
+    session = open_session(executor, gpu, tiny_request("llm"), threading.Event())
     try:
         session.prepare()
         child = session.child
@@ -317,7 +326,7 @@ def test_a_prepared_child_yields_to_a_job_that_starts_before_its_build(gpu, tmp_
     imports makes the first point give way (skipped, preempted), and the prepared child is ended, never built."""
     pytest.importorskip("torch")
     executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=tmp_path / "state")
-    session = open_session(executor, gpu, tiny_schedule("attention"), threading.Event())
+    session = open_session(executor, gpu, tiny_request("attention"), threading.Event())
     try:
         session.prepare()
         prepared_pid = session.child.pid
@@ -335,11 +344,11 @@ def test_the_rounds_next_probe_is_preloaded_in_the_carried_child(gpu, tmp_path):
     workload and imports the next one's code (same process), then builds it at the first point."""
     pytest.importorskip("torch")
     executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=tmp_path / "state")
-    first = open_session(executor, gpu, tiny_schedule("attention"), threading.Event())
+    first = open_session(executor, gpu, tiny_request("attention"), threading.Event())
     first.prepare()
     assert first.measure(700).status == "ok"
     pid = first.child.pid
-    second = open_session(executor, gpu, tiny_schedule("vit"), threading.Event(), after=first)
+    second = open_session(executor, gpu, tiny_request("vit"), threading.Event(), after=first)
     try:
         second.prepare()
         assert second.child is not None and second.child.pid == pid and not second.child.built

@@ -26,6 +26,7 @@ from gpuperfd.config import ScheduleConfig
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.recommend import SweepPoint
+from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.executors import Executor, open_session
 from gpuperfd.probing.idle import BusyReason
@@ -210,6 +211,13 @@ def run_owned_sweep(
     return outcome
 
 
+def request_from_schedule(schedule: ScheduleConfig) -> ProbeRequest:
+    """The probe request of a YAML schedule, built once where the schedule is consumed: the executors
+    and sessions below take the request, never the configuration model."""
+    return ProbeRequest(probe=schedule.probe, preset=schedule.preset, options=dict(schedule.options),
+                        settle_seconds=schedule.settle_seconds)
+
+
 def _sweep_schedules(device: Device, journal: CapJournal, request: SweepRequest, executor: Executor,
                      observer_for: Callable[[ScheduleConfig, OwnedSweep], SweepObserver], abort: threading.Event,
                      outcome: OwnedSweep, resolve: Callable[..., bool]) -> None:
@@ -223,7 +231,7 @@ def _sweep_schedules(device: Device, journal: CapJournal, request: SweepRequest,
             points: list[SweepPoint] = []
             outcome.sweeps.append((schedule, points))
             collect = _Collect(points, observer_for(schedule, outcome))
-            session = open_session(executor, device, schedule, abort, after=session)
+            session = open_session(executor, device, request_from_schedule(schedule), abort, after=session)
             session.prepare()  # the child's imports before any cap changes (not GPU time)
             run_sweep(device, journal, outcome.caps_watts, collect.measuring(session.measure),
                       settle_seconds=schedule.settle_seconds, read_only=outcome.read_only, abort=abort,

@@ -1,0 +1,333 @@
+"""The simulated probe: a probe point on a ``SimulatedGpu``, from the simulator's physics.
+
+It loads the simulated GPU with the profile of the probe and preset (calibrated from the real cards'
+figures at 700 W; presets without figures of their own run their probe's default preset profile)
+for a measured window and derives the result from the physics: throughput from the SM clock the cap
+allows, energy from the simulated hardware counter, with realistic noise, so sweeps on the simulator
+show real-looking curves with a known true optimum. What differs per probe (its latencies, rates,
+unit of work and extra fields) is one row of :data:`PROBE_SHAPES`; nothing else names a probe.
+
+It lives on the probing side, not in ``device/``, because it builds a ``ProbeResult`` (probe_data/),
+which the device layer does not import (tests/test_architecture.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpuperfd.device.base import Device
+from gpuperfd.device.errors import DeviceError
+from gpuperfd.probe_data import wire
+from gpuperfd.probe_data.request import ProbeRequest
+from gpuperfd.probe_data.result import ProbeResult
+from gpuperfd.probe_data.settle import wait_steady
+from gpuperfd.probe_data.spec import DEFAULT_PRESET, GPT2_MODELS, PRESETS
+
+if TYPE_CHECKING:  # the simulator's module is imported when a simulated point runs, not with the daemon
+    from gpuperfd.device.simulated import SimulatedGpu, WorkloadProfile
+    from gpuperfd.probing.runner import ProbeChild
+
+#: The simulator profile of each probe's default preset ("probe/preset").
+SIMULATED_PROFILE = {probe: f"{probe}/{preset}" for probe, preset in DEFAULT_PRESET.items()}
+
+
+def simulated_profile_name(probe: str, preset: str | None) -> str:
+    """The simulator profile for ``probe`` at ``preset``: the preset's own where measured,
+    else the default preset's (the simulator does not model model size or batch size)."""
+    from gpuperfd.device.simulated import WORKLOAD_PROFILES
+
+    name = f"{probe}/{preset or DEFAULT_PRESET[probe]}"
+    return name if name in WORKLOAD_PROFILES else SIMULATED_PROFILE[probe]
+
+
+# --- what differs per probe ------------------------------------------------------------------------
+
+#: (latencies, throughput, unit of work) of one point, as the probe's workload reports them.
+Shape = tuple[dict[str, list[float]], dict[str, float], str]
+
+
+def _llm_shape(rate: float, samples: list[float], options: Mapping[str, Any]) -> Shape:
+    from gpuperfd.device.simulated import LLM_PREFILL_SPEEDUP
+
+    batch = int(options.get("batch_size", 1))
+    prompt = int(options.get("prompt_tokens", 128))
+    output = int(options.get("output_tokens", 128))
+    tpot = batch / rate
+    ttft = batch * prompt / (rate * LLM_PREFILL_SPEEDUP)
+    request = ttft + output * tpot
+    return ({"ttft_seconds": [ttft * s for s in samples[:8]], "tpot_seconds": [tpot * s for s in samples],
+             "request_seconds": [request * s for s in samples[:8]]},
+            {"output_tokens_per_second": rate, "prompt_tokens_per_second": batch * prompt / ttft,
+             "requests_per_second": batch / request}, "token")
+
+
+def _vit_shape(rate: float, samples: list[float], options: Mapping[str, Any]) -> Shape:
+    batch = int(options.get("batch_size", 128))
+    return {"batch_seconds": [batch / rate * s for s in samples]}, {"images_per_second": rate}, "image"
+
+
+def _attention_shape(rate: float, samples: list[float], options: Mapping[str, Any]) -> Shape:
+    return {"iteration_seconds": [s / rate for s in samples]}, {"iterations_per_second": rate}, "iteration"
+
+
+def _train_shape(rate: float, samples: list[float], options: Mapping[str, Any]) -> Shape:
+    tokens_per_step = int(options.get("batch_size", 16)) * int(options.get("seq_len", 1024))
+    return {"step_seconds": [tokens_per_step / rate * s for s in samples]}, {"tokens_per_second": rate}, "token"
+
+
+def _train_loss(request: ProbeRequest, preset: str, units: float, draw: Callable[[], float]) -> dict[str, float]:
+    """A train point's loss, as the train probe reports it (``loss`` over the window, ``loss_first``):
+    the simulator trains nothing, so it is the cross-entropy of an untrained model of the preset's
+    vocabulary (ln V) with a small noisy decrease over the window's tokens."""
+    model = request.options.get("model") or PRESETS["train"].get(preset, {}).get("model", preset)
+    first = math.log(int(GPT2_MODELS.get(str(model), {}).get("vocab_size", 50257)))
+    drop = 0.02 * (1.0 - math.exp(-units / 1e5)) + abs(draw())
+    return {"loss_first": first, "loss": first * (1.0 - drop)}
+
+
+@dataclass(frozen=True)
+class ProbeShape:
+    """One probe's row: its latencies and rates from the simulated rate, and its extra fields."""
+
+    shape: Callable[[float, list[float], Mapping[str, Any]], Shape]
+    #: Extra result fields from (request, preset, units of work, a noise draw); None: none.
+    extra: Callable[[ProbeRequest, str, float, Callable[[], float]], dict[str, float]] | None = None
+    #: Whether healthy peers share the answer check's fingerprint.
+    peer_comparable: bool = True
+
+
+#: Every probe the simulator runs; adding a probe adds a row here.
+PROBE_SHAPES: dict[str, ProbeShape] = {
+    "llm": ProbeShape(_llm_shape),
+    "vit": ProbeShape(_vit_shape),
+    "attention": ProbeShape(_attention_shape),
+    "train": ProbeShape(_train_shape, extra=_train_loss, peer_comparable=False),
+}
+
+
+def _correctness(device: SimulatedGpu, probe: str, preset: str) -> dict[str, Any]:
+    """What the answer checks say on a simulated GPU: ok with one fingerprint per (model, probe, preset),
+    shared by healthy peers; a mismatch and a fingerprint of its own where ``wrong_results`` is set."""
+    wrong = bool(getattr(device, "wrong_results", False))
+    key = f"{device.model.key}/{probe}/{preset}" + (f"/wrong/{device.index}" if wrong else "")
+    return {
+        "status": "mismatch" if wrong else "ok", "checks": 2,
+        "failed_checks": ["repeat", "slice"] if wrong else [],
+        "max_abs_error": 0.5 if wrong else 1e-3, "max_rel_error": 0.4 if wrong else 2e-3,
+        "elements_checked": 4096, "fingerprint": hashlib.blake2b(key.encode(), digest_size=8).hexdigest(),
+        "peer_comparable": PROBE_SHAPES[probe].peer_comparable, "precision": "bfloat16", "path": "simulated",
+        "seconds": 0.0,
+    }
+
+
+# --- the loaded window -----------------------------------------------------------------------------
+
+
+class _WindowTelemetry:
+    """What the simulated GPU shows over a loaded window, sampled at each watch tick (means and
+    maximum, as the child's telemetry sampler gives them); a faulty simulated part leaves it out."""
+
+    def __init__(self, device: SimulatedGpu) -> None:
+        self.device = device
+        self.values: dict[str, list[float]] = {"temperature": [], "gpu": [], "memory": []}
+
+    def sample(self) -> None:
+        try:
+            temperature, utilization = self.device.temperature_celsius(), self.device.utilization()
+        except Exception:  # noqa: BLE001 - a faulty simulated part: leave the telemetry out
+            return
+        self.values["temperature"].append(float(temperature))
+        self.values["gpu"].append(float(utilization.gpu_ratio))
+        self.values["memory"].append(float(utilization.memory_ratio))
+
+    def mean(self, name: str) -> float | None:
+        values = self.values[name]
+        return sum(values) / len(values) if values else None
+
+    def max(self, name: str) -> float | None:
+        return max(self.values[name], default=None)
+
+
+def _window_gpm(device: SimulatedGpu) -> Any:
+    """The simulated GPU's GPM activity under the probe's load (constant over the window),
+    as the child reads it between two GPM samples; None where the model has no GPM."""
+    if not device.model.has_gpm:
+        return None
+    try:
+        return device.gpm_activity()
+    except DeviceError:
+        return None
+
+
+@dataclass
+class _Window:
+    """One loaded window: how long, the energy counter's difference, what the GPU showed, and why it
+    ended early (None: it ran its length)."""
+
+    measured: float = 0.0
+    energy: float = 0.0
+    settled: tuple[float, bool | None] = (0.0, None)
+    gpm: Any = None
+    watch: _WindowTelemetry | None = None
+    why: str | None = None
+    started_at: float = field(default_factory=time.time)
+
+
+class SimulatedExecutor:
+    """Run a probe on a SimulatedGpu: load it for ``measure_seconds`` and read its physics."""
+
+    def __init__(self, measure_seconds: float, seed: int | None = None, noise: float = 0.004,
+                 watch_interval: float = 0.1) -> None:
+        self.measure_seconds = measure_seconds
+        self.noise = noise
+        self.watch_interval = watch_interval
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def __call__(self, device: Device, request: ProbeRequest, abort: threading.Event) -> ProbeResult:
+        """One point at the cap set now, without settling (``gpuperfd check``'s one-shot probe)."""
+        return self.measure(device, request, abort, 0.0)
+
+    def open(self, device: Device, request: ProbeRequest, abort: threading.Event,
+             carried: ProbeChild | None = None) -> SimulatedSession:
+        """A sweep's session; a carried child (none comes from a simulated session) is closed: the
+        simulator runs in this process."""
+        if carried is not None:
+            carried.close()
+        return SimulatedSession(self, device, request, abort)
+
+    def measure(self, device: Device, request: ProbeRequest, abort: threading.Event,
+                settle_seconds: float) -> ProbeResult:
+        """One point at the cap set now: load, settle (at most ``settle_seconds``), measured window."""
+        from gpuperfd.device.simulated import WORKLOAD_PROFILES, SimulatedGpu
+
+        if not isinstance(device, SimulatedGpu):
+            raise TypeError("the simulated executor needs a simulated GPU")
+        preset = request.preset or DEFAULT_PRESET[request.probe]
+        profile = WORKLOAD_PROFILES[simulated_profile_name(request.probe, preset)]
+        window = self._load(device, profile, abort, settle_seconds)
+        if window.why is not None:  # a user's job is a preemption (skipped), a shutdown an abort
+            status, reason = ("aborted", "aborted") if abort.is_set() else ("skipped", "preempted")
+            return ProbeResult.failure(request.probe, "simulated", preset, reason, window.why, status=status,
+                                       device=f"sim:{device.index}", started_at=window.started_at,
+                                       wall_seconds=window.measured)
+        return self._result(device, request, preset, profile, window)
+
+    def _load(self, device: SimulatedGpu, profile: WorkloadProfile, abort: threading.Event,
+              settle_seconds: float) -> _Window:
+        """Load the GPU, settle, then watch a measured window; like the child runner, a process of
+        someone else's appearing mid-probe ends it and gives the GPU back at once."""
+        own = os.getpid()
+        window = _Window()
+        device.begin_load(profile, pid=own)
+        window.gpm = _window_gpm(device)
+        try:
+            if settle_seconds > 0:
+                def sample(seconds: float) -> tuple[float | None, float | None]:
+                    abort.wait(seconds)
+                    return device.power_watts(), device.clocks().sm_hertz
+
+                window.settled = wait_steady(sample, settle_seconds, slice_seconds=min(0.25, settle_seconds / 4))
+            wall_start = time.monotonic()
+            energy_start = device.energy_joules()
+            deadline = time.monotonic() + self.measure_seconds
+            window.watch = watch = _WindowTelemetry(device)
+            while window.why is None and (left := deadline - time.monotonic()) > 0:
+                if abort.wait(min(left, self.watch_interval)):
+                    window.why = "aborted by shutdown"
+                elif foreign := [p.pid for p in device.compute_processes() if p.pid != own]:
+                    window.why = f"compute process {foreign[0]} appeared on the GPU; probe gave way"
+                else:
+                    watch.sample()
+            window.energy = device.energy_joules() - energy_start
+            watch.sample()  # what the GPU shows at the end of the loaded window
+        finally:
+            device.end_load()
+        window.measured = time.monotonic() - wall_start
+        return window
+
+    def _noisy(self, value: float, sigma: float) -> float:
+        return max(value * (1.0 + self._rng.gauss(0.0, sigma)), 0.0)
+
+    def _result(self, device: SimulatedGpu, request: ProbeRequest, preset: str, profile: WorkloadProfile,
+                window: _Window) -> ProbeResult:
+        """A finished window's result: the rate the cap allows, with noise, shaped as the probe reports it."""
+        row = PROBE_SHAPES[request.probe]
+        point = device.operating_point(profile)
+        with self._lock:
+            rate = self._noisy(point.units_per_second, self.noise)
+            samples = [self._noisy(1.0, self.noise * 3) for _ in range(32)]
+        measured, energy, watch, gpm = window.measured, window.energy, window.watch, window.gpm
+        assert watch is not None
+        units = rate * measured
+        info = device.info()
+        options = {**PRESETS[request.probe].get(preset, {}), **request.options}
+        latencies, throughput, unit = row.shape(rate, samples, options)
+        extra: dict[str, Any] = {"settle_seconds": window.settled[0], "settle_steady": window.settled[1],
+                                 "temperature_celsius_mean": watch.mean("temperature")}
+        if row.extra is not None:
+            with self._lock:
+                extra.update(row.extra(request, preset, units, lambda: self._rng.gauss(0.0, self.noise)))
+        correctness = _correctness(device, request.probe, preset)
+        wrong = correctness["status"] == "mismatch"
+        return ProbeResult(
+            status="failed" if wrong else "ok", failure_reason="wrong_result" if wrong else None,
+            error_message="wrong result: repeat, slice check failed (simulated silent data corruption)" if wrong
+            else None,
+            correctness=correctness, probe=request.probe, variant="simulated", preset=preset,
+            params=dict(request.options), device=f"sim:{device.index}", gpu_name=info.name,
+            compute_capability=info.compute_capability, gpu_uuid=info.uuid, started_at=window.started_at,
+            wall_seconds=measured, measured_seconds=measured, work_unit=unit, units_of_work=units,
+            throughput=throughput, latencies=latencies, energy_joules=energy,
+            average_power_watts=energy / measured, energy_per_unit_joules=energy / units if units else None,
+            peak_memory_bytes=profile.memory_bytes, allocated_memory_bytes=profile.memory_bytes,
+            sm_clock_hertz_mean=point.sm_hertz, clock_events_seen=sorted(point.clock_events),
+            gpu_busy_ratio=profile.activity, temperature_celsius_max=watch.max("temperature"),
+            gpu_utilization_mean_ratio=watch.mean("gpu"), memory_utilization_mean_ratio=watch.mean("memory"),
+            power_limit_watts=device.power_limits().enforced_watts,
+            gpm_sm_active_mean_ratio=None if gpm is None else gpm.sm_active,
+            gpm_tensor_active_mean_ratio=None if gpm is None else gpm.tensor_active,
+            gpm_dram_active_mean_ratio=None if gpm is None else gpm.dram_active,
+            extra=extra,
+        )
+
+
+class SimulatedSession:
+    """A warm sweep on the simulator: the same protocol as the child's (results cross as JSON),
+    settle by measurement under load, one point per ``measure``."""
+
+    def __init__(self, executor: SimulatedExecutor, device: Device, request: ProbeRequest,
+                 abort: threading.Event) -> None:
+        self.executor, self.device, self.request, self.abort = executor, device, request, abort
+        #: Points measured (the simulator builds nothing: this stands for the child's reuse).
+        self.points = 0
+
+    def prepare(self) -> None:
+        pass  # nothing to import: the simulator runs in this process
+
+    def measure(self, cap_watts: float) -> ProbeResult:
+        result = self.executor.measure(self.device, self.request, self.abort, self.request.settle_seconds)
+        result.extra.update({"warm": True, "point_index": self.points})
+        self.points += 1
+        return ProbeResult.from_dict(wire.decode(wire.encode("result", result.to_dict()))[1])
+
+    def hand_over(self) -> ProbeChild | None:
+        """No child to hand to the round's next session."""
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def simulated_executor(measure_seconds: float, seed: int | None = None, noise: float = 0.004,
+                       watch_interval: float = 0.1) -> SimulatedExecutor:
+    """The simulator's executor (see :class:`SimulatedExecutor`)."""
+    return SimulatedExecutor(measure_seconds, seed, noise, watch_interval)
