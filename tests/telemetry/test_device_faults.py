@@ -424,10 +424,12 @@ def test_real_daemon_hung_call_lost_gpu_and_recovery(start_daemon, tmp_path):
         assert s.value("gpuperf_gpu_info", 1) == 1.0  # identity kept
         assert s.value("gpuperf_power_draw_watts", 1) is None
         assert s.value("gpuperf_collector_success", 2, collector="power") == 1.0
-    # gpu 2 saw nothing at all, in any scrape
+    # gpu 2 saw nothing but, at most once per hung call, a read that waited behind it in the one-caller
+    # gate (device/serial.py) for up to the call timeout and so counted "slow": never a failed read
     for _, _, s in results:
         assert s.value("gpuperf_gpu_up", 2) == 1.0
-        assert s.errors(2) == {}
+        errors = s.errors(2)
+        assert {reason for _, reason in errors} <= {"slow"} and all(n <= 2 for n in errors.values()), errors
         for name in COLLECTORS:
             if name != "xid":
                 assert s.value("gpuperf_collector_success", 2, collector=name) == 1.0, name
