@@ -108,7 +108,9 @@ def gpus_with_processes() -> set[int]:
     """NVML indices of GPUs with a compute process on them now (the probe children; one thread here)."""
     import pynvml
 
-    pynvml.nvmlInit()
+    if not getattr(gpus_with_processes, "initialized", False):  # once: nvmlInit counts its callers
+        pynvml.nvmlInit()
+        gpus_with_processes.initialized = True  # type: ignore[attr-defined]
     return {i for i in range(pynvml.nvmlDeviceGetCount())
             if pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i))}
 

@@ -889,7 +889,6 @@ class NvmlBackend(Backend):
                 raise NotSupported("no selected GPU can report XID events")
             event_set = self._event_set
         deadline = time.monotonic() + max(0.0, timeout_seconds)
-        events: list[XidEvent] = []
         while True:
             events = self._collect_xid(event_set)
             remaining = deadline - time.monotonic()
