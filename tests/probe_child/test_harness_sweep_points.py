@@ -48,7 +48,9 @@ def test_first_point_measures_every_window_and_later_points_stop_once_steady() -
 
 
 def test_windows_agree_needs_enough_windows_with_steady_rates() -> None:
-    assert not harness._windows_agree(_windows(100.0, 100.0))  # too few windows
+    assert not harness._windows_agree(_windows(100.0))  # too few windows
+    assert harness._windows_agree(_windows(100.0, 100.1))  # two whole-cycle windows 0.1 % apart
+    assert not harness._windows_agree(_windows(100.0, 101.5))  # 1.5 % apart: CV 1.06 %
     assert harness._windows_agree(_windows(100.0, 100.0, 100.0))
     assert not harness._windows_agree(_windows(98.0, 100.0, 102.0))  # rates 2 % apart
     assert harness._windows_agree(_windows(99.9, 100.0, 100.1, 100.0))
