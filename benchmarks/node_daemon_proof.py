@@ -74,19 +74,28 @@ def cgroup_for(limit: int, out: Path) -> Path | None:
         return None
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and all its descendants (/proc)."""
-    total, todo = 0, [pid]
+def tree_rss(pid: int) -> tuple[int, int]:
+    """Resident bytes of ``pid`` and all its descendants (/proc): (VmRSS summed, RssAnon summed).
+
+    VmRSS sums count every shared page once per process (torch's CUDA libraries, mapped by the
+    child, are file pages held once in the page cache) and a CUDA process's device mappings; the
+    anonymous part is each process's own memory, and the cgroup's memory.peak the node's truth."""
+    total = anon = 0
+    todo = [pid]
     while todo:
         current = todo.pop()
         try:
             status = Path(f"/proc/{current}/status").read_text()
-            total += int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) * 1024 if "VmRSS" in status else 0
+            for name, value in re.findall(r"(VmRSS|RssAnon):\s+(\d+)", status):
+                if name == "VmRSS":
+                    total += int(value) * 1024
+                else:
+                    anon += int(value) * 1024
             for task in Path(f"/proc/{current}/task").iterdir():
                 todo.extend(int(c) for c in (task / "children").read_text().split())
-        except (OSError, AttributeError):
+        except OSError:
             continue
-    return total
+    return total, anon
 
 
 def cpu_seconds(pid: int) -> float:
@@ -139,7 +148,7 @@ def main() -> None:
                                   "duration_seconds": duration}
     scrapes_ok = scrapes_failed = 0
     latencies: list[float] = []
-    peak_rss = 0
+    peak_rss = peak_anon = 0
     checks: dict[str, int] = {}
     foreign: subprocess.Popen[bytes] | None = None
     seen_busy: dict[int, float] = {}
@@ -165,7 +174,8 @@ def main() -> None:
             summary["foreign_started_at_seconds"] = round(tick - t0, 1)
             (out / "scrape_before_foreign.txt").write_text(body)
         while time.monotonic() < tick + 1.0:
-            peak_rss = max(peak_rss, tree_rss(daemon.pid))
+            rss, anon = tree_rss(daemon.pid)
+            peak_rss, peak_anon = max(peak_rss, rss), max(peak_anon, anon)
             time.sleep(0.25)
         if time.monotonic() >= next_check:
             next_check += CHECK_EVERY
@@ -181,7 +191,8 @@ def main() -> None:
         "daemon_alive": daemon.poll() is None, "scrapes_ok": scrapes_ok, "scrapes_failed": scrapes_failed,
         "scrape_p50_ms": 1000 * sorted(latencies)[len(latencies) // 2] if latencies else None,
         "scrape_max_ms": 1000 * max(latencies) if latencies else None,
-        "process_tree_peak_rss_mib": peak_rss / 2**20, "quick_checks_by_exit_code": checks,
+        "process_tree_peak_rss_mib": peak_rss / 2**20,
+        "process_tree_peak_anon_mib": peak_anon / 2**20, "quick_checks_by_exit_code": checks,
         "foreign_exit": foreign.wait() if foreign else None,
     })
     if group is not None:
