@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from gpuperfd.probing.runner import ProbeChild, ProgressCallback
 
 __all__ = ["Executor", "Session", "PeakCallback", "PerPointExecutor", "open_session", "measure_once",
-           "choose_executor", "starts_children", "ChildProcessExecutor", "child_process_executor", "SimulatedExecutor", "simulated_executor",
-           "SIMULATED_PROFILE", "simulated_profile_name"]
+           "choose_executor", "starts_children", "ChildProcessExecutor", "child_process_executor",
+           "SimulatedExecutor", "simulated_executor", "SIMULATED_PROFILE", "simulated_profile_name"]
 
 
 class Session(Protocol):
@@ -121,7 +121,7 @@ def measure_once(executor: Executor, device: Device | None, request: ProbeReques
     start, the build and the measurement. The result's start and wall time are the whole run's.
     """
     started_at, t0 = time.time(), time.monotonic()
-    session = executor.open(device, request, abort, on_progress=on_progress)  # type: ignore[arg-type]  # None: see above
+    session = executor.open(device, request, abort, on_progress=on_progress)  # type: ignore[arg-type]  # None: above
     try:
         result = session.measure(None)
     finally:
