@@ -48,6 +48,7 @@ def run_point(spec: ProbeSpec, timeout: float, device: Any) -> ProbeResult:
     """One point in a child, as ``gpuperfd probe`` runs it (``device`` None: no idle check, no watch)."""
     import threading
 
+    os.environ.setdefault("GPUPERFD_PROBE_NICE", "0")  # nothing to yield to: measured at normal priority
     executor = ChildProcessExecutor(timeout, compile_cache=False, idle_wait_seconds=10.0)
     return measure_once(executor, device, ProbeRequest.from_spec(spec, timeout), threading.Event())
 
