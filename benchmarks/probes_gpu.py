@@ -9,7 +9,7 @@ or compute mode. What it does, in order:
 1. In a child process: the card's bf16 matmul ceiling (8192^3, random data,
    median of 20 timed products) and a correctness check of the static-cache
    GPT-2 decode against Hugging Face (fp32 greedy tokens must match).
-2. The probe points, each through ``run_probe`` with the NVML idle check and
+2. The probe points, each a one-shot session (``measure_once``) with the NVML idle check and
    process watch: GPT-2 124M decode at batch 1 (graph, then eager generate()
    in the same run), every default probe, then optional extras while the time
    budget lasts (GQA attention, more batch sizes, forced CUDA error and OOM).
@@ -39,8 +39,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gpuperfd.console import format_table  # noqa: E402
 from gpuperfd.probe_data.result import PRIMARY_METRIC, ProbeResult, summarize  # noqa: E402
-from gpuperfd.probing.runner import run_probe  # noqa: E402
+from gpuperfd.probe_data.request import ProbeRequest  # noqa: E402
 from gpuperfd.probe_data.spec import ProbeSpec, default_timeout  # noqa: E402
+from gpuperfd.probing.executors import ChildProcessExecutor, measure_once  # noqa: E402
+
+
+def run_point(spec: ProbeSpec, timeout: float, device: Any) -> ProbeResult:
+    """One point in a child, as ``gpuperfd probe`` runs it (``device`` None: no idle check, no watch)."""
+    import threading
+
+    os.environ.setdefault("GPUPERFD_PROBE_NICE", "0")  # nothing to yield to: measured at normal priority
+    executor = ChildProcessExecutor(timeout, compile_cache=False, idle_wait_seconds=10.0)
+    return measure_once(executor, device, ProbeRequest.from_spec(spec, timeout), threading.Event())
 
 MAIN_LATENCY = {"llm": "tpot_seconds", "vit": "batch_seconds", "attention": "batch_seconds", "train": "step_seconds"}
 
@@ -436,11 +446,11 @@ def main() -> int:
         spec = ProbeSpec(**fields)
         timeout = min(default_timeout(spec), 300.0 if spec.variant != "compiled" else 420.0)
         print(f"[{elapsed:6.1f}s] run {name}: {spec.params()} variant={spec.variant}", flush=True)
-        result = run_probe(spec, timeout_seconds=timeout, device=device, idle_wait_seconds=10.0)
+        result = run_point(spec, timeout, device)
         if result.failure_reason == "gpu_busy":
             # Say so, then measure anyway without the check: one lease, no second chance.
             print(f"  idle check refused {name}: {result.error_message}; retrying without it", flush=True)
-            result = run_probe(spec, timeout_seconds=timeout, device=None)
+            result = run_point(spec, timeout, None)
             result.extra["idle_check_refused"] = True
         with open(results_path, "a") as fh:
             fh.write(json.dumps({"point": name, **result.to_dict()}) + "\n")

@@ -125,7 +125,7 @@ def _window_rate(window: Any) -> float | None:
 
 def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: list[float], state: Path,
           holder: dict | None = None) -> dict:
-    from gpuperfd.probing.executors import PerPointExecutor, open_session
+    from gpuperfd.probing.executors import PerPointExecutor, measure_once, open_session
     from gpuperfd.probing.sweep.owned import request_from_schedule
     from gpuperfd.probing.sweep.journal import CapJournal
     from gpuperfd.probe_data.recommend import rate_noise
@@ -137,7 +137,7 @@ def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: 
     if path == "shared":  # the production path: the previous probe's session hands its child over
         session: Any = open_session(executor, device, request, abort, after=holder.pop("session", None))
     elif path == "per_point":
-        session = PerPointExecutor(executor).open(device, request, abort)
+        session = PerPointExecutor(lambda d, r, a: measure_once(executor, d, r, a)).open(device, request, abort)
     else:
         session = open_session(executor, device, request, abort)
     t_prepare = time.monotonic()

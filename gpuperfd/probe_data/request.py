@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuperfd.probe_data.spec import ProbeSpec
 
 
 @dataclass(frozen=True)
@@ -26,3 +29,10 @@ class ProbeRequest:
     settle_seconds: float = 5.0
     #: Hard limit of one point, seconds (a build included); None: the executor's own.
     timeout_seconds: float | None = None
+
+    @classmethod
+    def from_spec(cls, spec: ProbeSpec, timeout_seconds: float | None = None) -> ProbeRequest:
+        """Every field of a built spec, its torch device included (``gpuperfd probe``'s points: the
+        child runs exactly the spec the flags made), read-only and unsettled as a one-shot point is."""
+        fields = {k: v for k, v in spec.to_dict().items() if k not in ("probe", "preset")}
+        return cls(spec.probe, spec.preset, fields, settle_seconds=0.0, timeout_seconds=timeout_seconds)

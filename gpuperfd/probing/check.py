@@ -10,7 +10,8 @@ Parent side (no torch here). Everything runs under one deadline (``--timeout``):
    per-GPU lock (:mod:`.sweep.ownership`) free, which is held for the probe so the daemon
    does not sweep under it, and not busy (:func:`.idle.busy_reason`). All GPUs probe in
    parallel, through the one executor choice (:func:`.executors.choose_executor`: a probe
-   child on real GPUs, the simulator's physics with ``--simulate``), as many children at once
+   child on real GPUs, the simulator's physics with ``--simulate``), one session of one point
+   each (:func:`.executors.measure_once`, as the daemon's sessions run), as many children at once
    as the host memory holds (:mod:`.admission`, the daemon's rule): the others queue, and one
    that gets no room before the deadline is not probed, with the reason. It is read-only:
    nothing here changes a power cap;
@@ -38,7 +39,7 @@ from gpuperfd.health.monitor import snapshot_inputs
 from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probing.admission import Admission, memory_limit
-from gpuperfd.probing.executors import choose_executor, starts_children
+from gpuperfd.probing.executors import choose_executor, measure_once, starts_children
 from gpuperfd.probing.idle import BusyKind, busy_reason, mig_reason
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.telemetry.collectors import COLLECTORS
@@ -241,8 +242,11 @@ def probe_all(config: Config, backend: Backend, devices: Sequence[Device], reque
     not come back by the deadline maps to a failed ``timeout`` result."""
     grace = min(3.0, max(0.5, 0.1 * request.timeout_seconds))
     executor = choose_executor(_probe_config(config, deadline - time.monotonic() - grace), backend.name)
-    options = {} if request.preset == "tiny" else dict(CHECK_TIMING)
-    probe = ProbeRequest(probe=request.probe, preset=request.preset, options=options)
+    # the child's timing; the simulator measures one window of SIMULATED_MEASURE_SECONDS
+    children = starts_children(config, backend.name)
+    options = dict(CHECK_TIMING) if children and request.preset != "tiny" else {}
+    # read-only and unsettled: one point at the cap the GPU holds, as the shipped figures were measured
+    probe = ProbeRequest(probe=request.probe, preset=request.preset, options=options, settle_seconds=0.0)
     abort = threading.Event()
     admission = check_admission(config, backend.name)
     results: dict[int, dict[str, Any]] = {}
@@ -257,7 +261,7 @@ def probe_all(config: Config, backend: Backend, devices: Sequence[Device], reque
                     if not ticket.granted:
                         results[d.index] = {"not_probed": not_admitted_text(ticket.reason, ticket.bytes)}
                         return
-                results[d.index] = executor(d, probe, abort).to_dict()
+                results[d.index] = measure_once(executor, d, probe, abort).to_dict()
             except Exception as exc:  # noqa: BLE001 - a bug is this GPU's "could not check", never a crash
                 log.exception("gpu %d: check probe failed", d.index)
                 results[d.index] = {"probe": request.probe, "preset": request.preset, "status": "failed",

@@ -24,10 +24,12 @@ from gpuperfd.probing.compile_cache import compile_cache_env
 from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD, busy_reason, gave_way
 
 if TYPE_CHECKING:
-    from gpuperfd.probing.runner import ProbeChild
+    from gpuperfd.probing.runner import ProbeChild, ProgressCallback
 
 #: Told (probe, peak host RSS in bytes) when a probe child exits (:class:`gpuperfd.probing.admission.PeakBook`).
 PeakCallback = Callable[[str, int], None]
+#: Seconds the busy check before a child starts waits for a GPU that is only briefly busy.
+IDLE_WAIT_SECONDS = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +42,20 @@ class WarmChildSession:
     built is not built again for the next caps: they fail with the same reason.
     """
 
-    def __init__(self, spec: ProbeSpec, device: Device, abort: threading.Event, timeout_seconds: float,
+    def __init__(self, spec: ProbeSpec, device: Device | None, abort: threading.Event, timeout_seconds: float,
                  settle_seconds: float, state_dir: Path | str | None, check_idle: bool = True,
                  idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD,
                  env: dict[str, str] | None = None, on_peak: PeakCallback | None = None,
-                 carried: ProbeChild | None = None) -> None:
+                 carried: ProbeChild | None = None, on_progress: ProgressCallback | None = None,
+                 idle_wait_seconds: float = IDLE_WAIT_SECONDS) -> None:
         self.spec = spec
+        #: Told the child's progress messages (``gpuperfd probe``'s bar); None: nobody listens.
+        self.on_progress = on_progress
         #: Told each child's peak host RSS when it exits (the admission's estimate).
         self.on_peak = on_peak
         #: Extra environment of its children (compile caches, see :func:`compile_cache_env`).
         self.env = dict(env or {})
+        #: The GPU watched (busy check, foreign processes); None: nothing to watch (a CPU probe).
         self.device = device
         self.abort = abort
         self.timeout_seconds = timeout_seconds
@@ -57,6 +63,7 @@ class WarmChildSession:
         self.state_dir = state_dir
         self.check_idle = check_idle
         self.idle_utilization_threshold = idle_utilization_threshold
+        self.idle_wait_seconds = idle_wait_seconds
         self.child: ProbeChild | None = None
         #: A live child of the round's previous probe (its session's :meth:`hand_over`), rebuilt for
         #: this one instead of a new child.
@@ -73,20 +80,16 @@ class WarmChildSession:
         old workload it drops) and waits for its build. The first point then starts at the build:
         the imports (3-5 s on an H100 node) are not time the GPU is out of service. A child that
         fails here is closed and the first point starts one as before, reporting the failure."""
-        from gpuperfd.probing.runner import ProbeChild
-
         t0 = time.monotonic()
         deadline = t0 + self.timeout_seconds
         child, self.carried = self.carried, None
         if child is not None and child.alive:
-            child.should_abort = self.abort.is_set
+            child.should_abort, child.on_progress = self.abort.is_set, self.on_progress
             failed = child.preload(self.spec, deadline)
         else:
             if child is not None:
                 child.close()
-            child = ProbeChild(self.spec, device=self.device, own_pids=(os.getpid(),), should_abort=self.abort.is_set,
-                               record_dir=self.state_dir, env=self.env, on_peak=self.on_peak)
-            self.children += 1
+            child = self._child((os.getpid(),))
             failed = child.start(deadline, defer_build=True)
         if failed is not None:
             if not self.abort.is_set():  # stopping: the sweep ends before its first point, nothing to say
@@ -99,7 +102,7 @@ class WarmChildSession:
         self.child = child
         self.prepare_seconds = time.monotonic() - t0
 
-    def measure(self, cap_watts: float) -> ProbeResult:
+    def measure(self, cap_watts: float | None) -> ProbeResult:
         t0 = time.monotonic()
         deadline = t0 + self.timeout_seconds  # the hard limit of one point, a (re)build included
         if self._build_failure is not None:
@@ -134,8 +137,6 @@ class WarmChildSession:
 
     def _start(self, deadline: float) -> ProbeResult | None:
         """A new child (the old one closed), built and ready; a failure result if not."""
-        from gpuperfd.probing.runner import ProbeChild
-
         prepared = self.child if self.child is not None and self.child.alive and not self.child.built else None
         if prepared is None and self.child is not None:
             self.child.close()
@@ -149,10 +150,16 @@ class WarmChildSession:
         own = (os.getpid(),)
         if (busy := self._busy(own)) is not None:
             return busy
-        self.child = ProbeChild(self.spec, device=self.device, own_pids=own, should_abort=self.abort.is_set,
-                                record_dir=self.state_dir, env=self.env, on_peak=self.on_peak)
-        self.children += 1
+        self.child = self._child(own)
         return self._built(self.child.start(deadline))
+
+    def _child(self, own: tuple[int, ...]) -> ProbeChild:
+        """A new (not yet started) child of this session, counted."""
+        from gpuperfd.probing.runner import ProbeChild
+
+        self.children += 1
+        return ProbeChild(self.spec, device=self.device, own_pids=own, should_abort=self.abort.is_set,
+                          record_dir=self.state_dir, env=self.env, on_peak=self.on_peak, on_progress=self.on_progress)
 
     def _rebuild(self, child: ProbeChild, deadline: float) -> ProbeResult | None:
         """This probe built in a live child: the previous probe's (the GPU stayed ours, the child
@@ -160,16 +167,16 @@ class WarmChildSession:
         if (busy := self._busy((os.getpid(), child.pid or 0))) is not None:
             child.close()
             return busy
-        child.should_abort = self.abort.is_set
+        child.should_abort, child.on_progress = self.abort.is_set, self.on_progress
         self.child = child
         return self._built(child.rebuild(self.spec, deadline))
 
     def _busy(self, own: tuple[int, ...]) -> ProbeResult | None:
         """When the idle check is on and the GPU is not free before a build: a user's job arrived
         since the gate, so the point gives way (skipped, preempted; :func:`.idle.gave_way`)."""
-        if not self.check_idle:
+        if not self.check_idle or self.device is None:
             return None
-        busy = busy_reason(self.device, self.idle_utilization_threshold, own, wait_seconds=5.0)
+        busy = busy_reason(self.device, self.idle_utilization_threshold, own, wait_seconds=self.idle_wait_seconds)
         if busy is None:
             return None
         status, reason = gave_way(busy)
@@ -209,14 +216,16 @@ def _copy_failure(failure: ProbeResult, message: str) -> ProbeResult:
 class ChildProcessExecutor:
     """Run the real probe in a child process on the CUDA device matching the NVML index (or the CPU).
 
-    Called, it runs one point in a child of its own (the per-point path, ``gpuperfd probe``);
-    :meth:`open` gives a sweep one warm child for all its caps.
+    :meth:`open` gives a sweep one warm child for all its caps; a one-shot point (``gpuperfd probe``,
+    ``gpuperfd check``) is a session of one point (:func:`gpuperfd.probing.executors.measure_once`).
     """
 
     def __init__(self, timeout_seconds: float, torch_device: str = "cuda", state_dir: Path | str | None = None,
                  idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD, compile_cache: bool = True,
-                 on_peak: PeakCallback | None = None) -> None:
+                 on_peak: PeakCallback | None = None, idle_wait_seconds: float = IDLE_WAIT_SECONDS) -> None:
         self.timeout_seconds = timeout_seconds
+        #: How long the busy check before a child starts waits for a briefly busy GPU to calm down.
+        self.idle_wait_seconds = idle_wait_seconds
         #: Told each child's peak host RSS when it exits (the admission's estimate of the next ones).
         self.on_peak = on_peak
         #: Keep torch.compile's and Triton's caches in the state directory across runs (and restarts).
@@ -231,42 +240,30 @@ class ChildProcessExecutor:
         # Probe children yield the CPU to the exporter (see probe_child/child.py).
         os.environ.setdefault("GPUPERFD_PROBE_NICE", "10")
 
-    def spec(self, device: Device, request: ProbeRequest) -> ProbeSpec:
-        return ProbeSpec(
-            probe=request.probe,
-            preset=request.preset,
-            device=f"cuda:{device.index}" if self.torch_device == "cuda" else "cpu",
-            **request.options,
-        )
-
-    def __call__(self, device: Device, request: ProbeRequest, abort: threading.Event) -> ProbeResult:
-        """One point in a child of its own (spawn, build, measure, end): ``gpuperfd check``'s probe."""
-        from gpuperfd.probing.runner import run_probe
-
-        return run_probe(
-            self.spec(device, request),
-            timeout_seconds=request.timeout_seconds or self.timeout_seconds,
-            device=device,
-            own_pids=(os.getpid(),),
-            should_abort=abort.is_set,
-            record_dir=self.state_dir,
-            idle_utilization_threshold=self.idle_utilization_threshold,
-            env=self.child_env(),
-            on_peak=self.on_peak,
-        )
+    def spec(self, device: Device | None, request: ProbeRequest) -> ProbeSpec:
+        """The child's spec: the torch device of ``device`` (NVML's index) unless the request names one
+        (``gpuperfd probe --device``, numbered as CUDA_VISIBLE_DEVICES numbers them)."""
+        fields = dict(request.options)
+        if "device" not in fields:
+            if self.torch_device == "cuda" and device is None:
+                raise ValueError("device: a cuda probe needs the GPU it runs on (or a device option)")
+            fields["device"] = f"cuda:{device.index}" if self.torch_device == "cuda" and device is not None else "cpu"
+        return ProbeSpec(probe=request.probe, preset=request.preset, **fields)
 
     def child_env(self) -> dict[str, str]:
         """What its children get on top of the daemon's environment."""
         return compile_cache_env(self.state_dir) if self.compile_cache else {}
 
-    def open(self, device: Device, request: ProbeRequest, abort: threading.Event,
-             carried: ProbeChild | None = None) -> WarmChildSession:
+    def open(self, device: Device | None, request: ProbeRequest, abort: threading.Event,
+             carried: ProbeChild | None = None, on_progress: ProgressCallback | None = None) -> WarmChildSession:
         """A warm session for a sweep; ``carried``: the live child of the round's previous session
-        (its :meth:`WarmChildSession.hand_over`), in which this probe is built instead of a new child."""
+        (its :meth:`WarmChildSession.hand_over`), in which this probe is built instead of a new child.
+        ``device`` None: no GPU to watch (a CPU probe, ``gpuperfd probe --no-idle-check``)."""
         return WarmChildSession(self.spec(device, request), device, abort,
                                 request.timeout_seconds or self.timeout_seconds, request.settle_seconds,
                                 self.state_dir, idle_utilization_threshold=self.idle_utilization_threshold,
-                                env=self.child_env(), on_peak=self.on_peak, carried=carried)
+                                env=self.child_env(), on_peak=self.on_peak, carried=carried, on_progress=on_progress,
+                                idle_wait_seconds=self.idle_wait_seconds)
 
 
 def child_process_executor(

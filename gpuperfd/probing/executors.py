@@ -13,6 +13,7 @@ child) and the simulator's physics (:mod:`.simulated_probe`); this module only c
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,11 +30,11 @@ from gpuperfd.probing.simulated_probe import (
 )
 
 if TYPE_CHECKING:
-    from gpuperfd.probing.runner import ProbeChild
+    from gpuperfd.probing.runner import ProbeChild, ProgressCallback
 
-__all__ = ["Executor", "Session", "PeakCallback", "PerPointExecutor", "open_session", "choose_executor", "starts_children",
-           "ChildProcessExecutor", "child_process_executor", "SimulatedExecutor", "simulated_executor",
-           "SIMULATED_PROFILE", "simulated_profile_name"]
+__all__ = ["Executor", "Session", "PeakCallback", "PerPointExecutor", "open_session", "measure_once",
+           "choose_executor", "starts_children", "ChildProcessExecutor", "child_process_executor",
+           "SimulatedExecutor", "simulated_executor", "SIMULATED_PROFILE", "simulated_profile_name"]
 
 
 class Session(Protocol):
@@ -42,8 +43,8 @@ class Session(Protocol):
     def prepare(self) -> None:
         """Whatever needs no GPU, done before the sweep changes a cap (a child's imports)."""
 
-    def measure(self, cap_watts: float) -> ProbeResult:
-        """One point at the cap the GPU holds now (``cap_watts``, for the record)."""
+    def measure(self, cap_watts: float | None) -> ProbeResult:
+        """One point at the cap the GPU holds now (``cap_watts``, for the record; None: not read)."""
 
     def hand_over(self) -> ProbeChild | None:
         """The live probe child, taken out for the round's next session (None: none, or dead)."""
@@ -53,14 +54,12 @@ class Session(Protocol):
 
 
 class Executor(Protocol):
-    """Runs probes on a device: a session per sweep, or one point from scratch."""
+    """Runs probes on a device: a session per sweep (a one-shot point is a session of one, :func:`measure_once`)."""
 
     def open(self, device: Device, request: ProbeRequest, abort: threading.Event,
-             carried: ProbeChild | None = None) -> Session:
-        """A session for ``request``; ``carried``: the previous session's child, to build this probe in."""
-
-    def __call__(self, device: Device, request: ProbeRequest, abort: threading.Event) -> ProbeResult:
-        """One point from scratch at the cap set now (``gpuperfd check``'s one-shot probe)."""
+             carried: ProbeChild | None = None, on_progress: ProgressCallback | None = None) -> Session:
+        """A session for ``request``; ``carried``: the previous session's child, to build this probe in;
+        ``on_progress``: told the probe's progress messages (phase, repeat of repeats: a CLI's bar)."""
 
 
 class _PerPointSession:
@@ -72,7 +71,7 @@ class _PerPointSession:
     def prepare(self) -> None:
         pass  # every point starts from scratch
 
-    def measure(self, cap_watts: float) -> ProbeResult:
+    def measure(self, cap_watts: float | None) -> ProbeResult:
         return self._run()
 
     def hand_over(self) -> ProbeChild | None:
@@ -89,11 +88,8 @@ class PerPointExecutor:
     def __init__(self, run_point: Callable[[Device, ProbeRequest, threading.Event], ProbeResult]) -> None:
         self.run_point = run_point
 
-    def __call__(self, device: Device, request: ProbeRequest, abort: threading.Event) -> ProbeResult:
-        return self.run_point(device, request, abort)
-
     def open(self, device: Device, request: ProbeRequest, abort: threading.Event,
-             carried: ProbeChild | None = None) -> Session:
+             carried: ProbeChild | None = None, on_progress: ProgressCallback | None = None) -> Session:
         if carried is not None:
             carried.close()
         return _PerPointSession(lambda: self.run_point(device, request, abort))
@@ -112,6 +108,27 @@ def open_session(executor: Executor, device: Device, request: ProbeRequest, abor
         carried = after.hand_over()
         after.close()
     return executor.open(device, request, abort, carried=carried)
+
+
+def measure_once(executor: Executor, device: Device | None, request: ProbeRequest, abort: threading.Event,
+                 on_progress: ProgressCallback | None = None) -> ProbeResult:
+    """One point at the cap the GPU holds now, through a session of its own: ``gpuperfd probe`` and
+    ``gpuperfd check``, read-only (no cap is set, so there is nothing to own or restore).
+
+    ``device`` None: no GPU to watch (a CPU probe, or ``--no-idle-check``; the child executor only).
+    No ``prepare``: it exists to do the imports before a sweep changes a cap, and here none changes,
+    so the point starts at its busy check (a busy GPU starts no child) and one deadline covers the
+    start, the build and the measurement. The result's start and wall time are the whole run's.
+    """
+    started_at, t0 = time.time(), time.monotonic()
+    session = executor.open(device, request, abort, on_progress=on_progress)  # type: ignore[arg-type]  # None: above
+    try:
+        result = session.measure(None)
+    finally:
+        session.close()
+    result.started_at = started_at
+    result.wall_seconds = time.monotonic() - t0
+    return result
 
 
 def starts_children(config: Config, backend_name: str) -> bool:

@@ -3,7 +3,8 @@
 A run matrix: ``--preset``, ``--variant``, ``--batch-size``, ``--prompt-tokens``,
 ``--output-tokens``, ``--seq-len``, ``--image-size``, ``--n-groups`` and ``--dtype``
 each take several values and the product of them runs, one point per child process
-(:func:`~gpuperfd.probing.runner.run_probe`), under one progress bar with a time
+(a read-only session of the daemon's executor, :func:`~gpuperfd.probing.executors.measure_once`;
+``--simulate N``: the simulator's), under one progress bar with a time
 estimate; a failed point is reported and the matrix goes on. ``--config FILE``
 (YAML or JSON) describes the same matrix plus warmup and repeats; flags override it.
 ``--output`` appends one run record per point (:mod:`gpuperfd.probe_data.record`).
@@ -348,7 +349,7 @@ def main(args: argparse.Namespace) -> int:
     from gpuperfd.system.stopsignals import StopSignals, say
 
     abort = threading.Event()
-    # SIGTERM/SIGHUP/SIGINT/SIGQUIT only set `abort`: run_probe then kills the child's process group.
+    # SIGTERM/SIGHUP/SIGINT/SIGQUIT only set `abort`: the session then kills the child's process group.
     with StopSignals(abort) as stop:
         try:
             code = _run_points(args, specs, abort)
@@ -391,102 +392,93 @@ def _simulate_index(spec: ProbeSpec, gpus: int) -> int:
     return index
 
 
-class _Simulated:
-    """``--simulate N``: each point runs on a simulated GPU through the simulator's executor (its
-    physics: power, clocks, temperature, energy; no torch, no workload), one window per repeat."""
+class _Points:
+    """Where the points run, through the daemon's sessions (:func:`~gpuperfd.probing.executors.measure_once`):
+    ``--simulate N`` on the simulator's GPUs through its executor (its physics: power, clocks,
+    temperature, energy; no torch, no workload), else in a probe child on this host's torch device,
+    the GPU under it watched unless ``--no-idle-check``. Read-only: no cap is ever set."""
 
-    def __init__(self, gpus: int, measure_seconds: float | None) -> None:
-        from gpuperfd.config import config_with_flags
-        from gpuperfd.device.factory import open_backend
-        from gpuperfd.probing.executors import simulated_executor
+    def __init__(self, args: argparse.Namespace, specs: Sequence[ProbeSpec]) -> None:
+        from gpuperfd.probe_data.spec import default_timeout
+        from gpuperfd.probing.executors import Executor, child_process_executor, simulated_executor
 
-        config = config_with_flags(None, {}, simulate=gpus)
-        self.backend = open_backend(config)
-        self.devices = {d.index: d for d in self.backend.devices()}
-        self.window = measure_seconds or 1.0
-        self.executor = simulated_executor(self.window, seed=config.simulation.seed)
+        self.args = args
+        self.backend: Any = None
+        #: The simulated GPUs by index, or the NVML device of each torch device (None: not watched).
+        self.devices: dict[Any, Any] = {}
+        self.executor: Executor
+        if args.simulate is not None:
+            from gpuperfd.config import config_with_flags
+            from gpuperfd.device.factory import open_backend
 
-    def gpu(self, spec: ProbeSpec) -> dict[str, Any]:
+            config = config_with_flags(None, {}, simulate=args.simulate)
+            self.backend = open_backend(config)
+            self.devices = {d.index: d for d in self.backend.devices()}
+            self.window = args.measure_seconds or 1.0
+            self.executor = simulated_executor(self.window, seed=config.simulation.seed)
+        else:
+            os.environ.setdefault("GPUPERFD_PROBE_NICE", "0")  # no exporter to yield to: the child keeps its priority
+            self.executor = child_process_executor(args.timeout or max(default_timeout(s) for s in specs),
+                                                   idle_utilization_threshold=args.idle_threshold)
+
+    @property
+    def simulated(self) -> bool:
+        return self.backend is not None
+
+    def gpu(self, spec: ProbeSpec) -> dict[str, Any] | None:
+        """The simulated GPU's identity for the run record (None: a real point's child reports its own)."""
         import dataclasses
 
+        if not self.simulated:
+            return None
         info = self.devices[_simulate_index(spec, len(self.devices))].info()
         return {k: v for k, v in dataclasses.asdict(info).items() if k != "serial"}
 
-    def run(self, spec: ProbeSpec, on_progress: Any, abort: Any) -> ProbeResult:
-        """One point: ``spec.repeats`` simulated windows pooled as the child pools its windows."""
+    def run(self, spec: ProbeSpec, bar: ProgressBar, on_progress: Any, abort: Any) -> ProbeResult:
+        """One point, read-only at the cap the GPU holds now: no settle (the table's windows are the spec's)."""
         from gpuperfd.probe_data.request import ProbeRequest
-        from gpuperfd.probe_data.result import RepeatResult
+        from gpuperfd.probe_data.spec import default_timeout
+        from gpuperfd.probing.executors import measure_once
 
-        device = self.devices[_simulate_index(spec, len(self.devices))]
-        params = spec.params()
-        options = {k: params[k] for k in ("batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size")
-                   if k in params}
-        request = ProbeRequest(probe=spec.probe, preset=spec.preset, options=options)
-        windows: list[ProbeResult] = []
-        for number in range(1, spec.repeats + 1):
-            window = self.executor(device, request, abort)  # one point, no settle: a window of the repeat
-            if not window.ok:
-                return window
-            windows.append(window)
-            on_progress({"phase": "measure", "repeat": number, "repeats": spec.repeats})
-        return _pool(windows, params, [RepeatResult(index=i, measured_seconds=w.measured_seconds,
-                                                    units_of_work=w.units_of_work, **w.window_fields())
-                                       for i, w in enumerate(windows)])
+        if self.simulated:  # the spec's parameters (repeats among them): one window per repeat, pooled
+            request = ProbeRequest(spec.probe, spec.preset, spec.params(), settle_seconds=0.0)
+            device = self.devices[_simulate_index(spec, len(self.devices))]
+        else:  # every field of the spec, its torch device included
+            request = ProbeRequest.from_spec(spec, self.args.timeout or default_timeout(spec))
+            device = self._watched(spec, bar)
+        return measure_once(self.executor, device, request, abort, on_progress)
+
+    def _watched(self, spec: ProbeSpec, bar: ProgressBar) -> Any:
+        """The NVML device under a CUDA point, for the idle check and the watch (None: a CPU point,
+        ``--no-idle-check``, or NVML cannot say: run without the check, but say so)."""
+        if not spec.is_cuda or self.args.no_idle_check:
+            return None
+        if spec.device not in self.devices:
+            try:
+                self.devices[spec.device] = _nvml_device(spec)
+            except Exception as exc:  # noqa: BLE001 - run without the check, but say so
+                bar.write(f"gpuperfd probe: warning: no idle check for {spec.device}: {exc}")
+                self.devices[spec.device] = None
+        return self.devices[spec.device]
 
     def close(self) -> None:
-        self.backend.close()
-
-
-def _pool(windows: list[ProbeResult], params: dict[str, Any], repeats: list[Any]) -> ProbeResult:
-    """Simulated windows as one point: rates and telemetry means, energy summed, latencies pooled."""
-    import dataclasses
-
-    def mean(values: list[Any]) -> float | None:
-        known = [v for v in values if v is not None]
-        return sum(known) / len(known) if known else None
-
-    first = windows[0]
-    seconds = sum(w.measured_seconds or 0.0 for w in windows)
-    units = sum(w.units_of_work or 0.0 for w in windows)
-    energy = sum(w.energy_joules or 0.0 for w in windows)
-    latencies: dict[str, list[float]] = {}
-    for w in windows:
-        for name, samples in w.latencies.items():
-            latencies.setdefault(name, []).extend(samples)
-    extra = dict(first.extra)
-    for key in ("temperature_celsius_mean", "loss", "loss_first", "settle_seconds"):
-        if any(key in w.extra for w in windows):
-            extra[key] = mean([w.extra.get(key) for w in windows])
-    extra["simulated"] = True
-    return dataclasses.replace(
-        first, params={**params, **first.params}, repeats=repeats,
-        wall_seconds=sum(w.wall_seconds or 0 for w in windows), measured_seconds=seconds, units_of_work=units,
-        energy_joules=energy, average_power_watts=energy / seconds if seconds else None,
-        energy_per_unit_joules=energy / units if units else None,
-        throughput={k: mean([w.throughput.get(k) for w in windows]) for k in first.throughput},
-        latencies=latencies, temperature_celsius_max=max((w.temperature_celsius_max for w in windows
-                                                          if w.temperature_celsius_max is not None), default=None),
-        gpu_utilization_mean_ratio=mean([w.gpu_utilization_mean_ratio for w in windows]),
-        memory_utilization_mean_ratio=mean([w.memory_utilization_mean_ratio for w in windows]),
-        sm_clock_hertz_mean=mean([w.sm_clock_hertz_mean for w in windows]), extra=extra,
-    )
+        if self.backend is not None:
+            self.backend.close()
 
 
 def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) -> int:
     from gpuperfd.probe_data.record import RecordError, parse_labels
     from gpuperfd.probe_data.recommend import point_words
-    from gpuperfd.probe_data.spec import default_timeout
-    from gpuperfd.probing.runner import run_probe
 
     labels = parse_labels(getattr(args, "label", None))
-    simulated = _Simulated(args.simulate, args.measure_seconds) if args.simulate is not None else None
-    if simulated is not None:
+    points = _Points(args, specs)
+    simulated = points.simulated
+    if simulated:
         print(f"gpuperfd probe: SIMULATED: {args.simulate} simulated GPU(s), the simulator's physics "
-              f"({simulated.window:g} s windows); no workload runs and no real GPU is measured", file=sys.stderr)
+              f"({points.window:g} s windows); no workload runs and no real GPU is measured", file=sys.stderr)
     results: list[ProbeResult] = []
     total = sum(spec.repeats for spec in specs)
-    devices: dict[str, Any] = {}
-    estimate = estimate_seconds(specs, simulated=simulated is not None)
+    estimate = estimate_seconds(specs, simulated=simulated)
     if len(specs) > 1 and estimate >= 2:
         print(f"gpuperfd probe: {len(specs)} points, about {format_duration(estimate)} (the bar refines it)",
               file=sys.stderr)
@@ -497,7 +489,7 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                 if abort.is_set():
                     break
                 what = _describe_point(spec)
-                if simulated is not None:  # never silently: every line names the simulated variant
+                if simulated:  # never silently: every line names the simulated variant
                     what = what.replace(f"{spec.probe}/{spec.variant}", f"{spec.probe}/simulated", 1)
                 label = f"[{number}/{len(specs)}] {what}"
                 bar.set_message(label)
@@ -511,13 +503,8 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                     else:
                         bar.set_message(f"{label} {body.get('phase', '')}")
 
-                gpu = None
                 point_started = time.monotonic()
-                if simulated is not None:
-                    result = simulated.run(spec, on_progress, abort)
-                    gpu = simulated.gpu(spec)
-                else:
-                    result = _run_real(args, spec, devices, bar, on_progress, abort, run_probe, default_timeout)
+                result, gpu = points.run(spec, bar, on_progress, abort), points.gpu(spec)
                 if done < spec.repeats:
                     bar.update(spec.repeats - done)
                 if not result.ok:
@@ -526,7 +513,7 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                 bar.point_done(what, point_words(result))
                 if number == 1 and len(specs) > 1 and bar.mode != "off":
                     took = time.monotonic() - point_started
-                    left = refined_estimate(spec, took, specs[1:], simulated is not None)
+                    left = refined_estimate(spec, took, specs[1:], simulated)
                     if not estimate / 1.5 <= left + took <= estimate * 1.5:
                         bar.write(f"gpuperfd probe: the first point took {format_duration(took)}: "
                                   f"about {format_duration(left)} left for {len(specs) - 1} more")
@@ -537,10 +524,9 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                     except (RecordError, OSError) as exc:
                         bar.write(f"gpuperfd probe: output: {exc}")
     finally:
-        if simulated is not None:
-            simulated.close()
+        points.close()
 
-    _print_results(args, results, simulated=simulated is not None)
+    _print_results(args, results, simulated=simulated)
     return EXIT_OK if all(r.ok for r in results) else EXIT_FAILURE
 
 
@@ -558,23 +544,6 @@ def _print_results(args: argparse.Namespace, results: list[ProbeResult], simulat
         print(f"GPU: {gpu_name} (compute capability {capability}){where}")
     if any(r.ok and r.low_gpu_busy for r in results):
         print("LOW-BUSY: the device was idle for part of the window; the figure measures the host as much as the GPU.")
-
-
-def _run_real(args: argparse.Namespace, spec: ProbeSpec, devices: dict[str, Any], bar: ProgressBar,
-              on_progress: Any, abort: Any, run_probe: Any, default_timeout: Any) -> ProbeResult:
-    """One point in a child process (torch), with the idle check on a GPU."""
-    device = None
-    if spec.is_cuda and not args.no_idle_check:
-        if spec.device not in devices:
-            try:
-                devices[spec.device] = _nvml_device(spec)
-            except Exception as exc:  # noqa: BLE001 - run without the check, but say so
-                bar.write(f"gpuperfd probe: warning: no idle check for {spec.device}: {exc}")
-                devices[spec.device] = None
-        device = devices[spec.device]
-    timeout = args.timeout if args.timeout is not None else default_timeout(spec)
-    return run_probe(spec, timeout_seconds=timeout, device=device, idle_utilization_threshold=args.idle_threshold,
-                     on_progress=on_progress, should_abort=abort.is_set)
 
 
 def _standalone(argv: Sequence[str] | None = None) -> int:

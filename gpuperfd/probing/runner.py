@@ -15,7 +15,8 @@ beside the daemon (a second Python process, 16.5 MB, a zombie after the daemon
 exits) and the child's torch/tqdm locks register semaphores with it ("leaked
 semaphore objects" at every shutdown). The pipe needs neither, so the daemon's
 footprint stays one process. :class:`ProbeChild` keeps one child for several points (a warm sweep: build
-once, measure per cap). Everything else is inferred here:
+once, measure per cap); the busy check before a start is its session's
+(:class:`~gpuperfd.probing.child_session.WarmChildSession`). Everything else is inferred here:
 
 ===========================  =====================================================
 what happened                result
@@ -68,11 +69,11 @@ from typing import Any
 from gpuperfd.device.base import Device
 from gpuperfd.probe_data import wire
 from gpuperfd.probe_data.result import ProbeResult
-from gpuperfd.probe_data.spec import ProbeSpec, default_timeout
-from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD, PROBE_CHILD_MODULE, busy_reason, gave_way
+from gpuperfd.probe_data.spec import ProbeSpec
+from gpuperfd.probing.idle import PROBE_CHILD_MODULE
 from gpuperfd.system.cgroup_memory import oom_kill_count
 
-__all__ = ["run_probe", "ProbeChild", "ProgressCallback", "end_leftover_children"]
+__all__ = ["ProbeChild", "ProgressCallback", "end_leftover_children"]
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +337,8 @@ class ProbeChild:
     """The parent's end of one probe child: built once, then measured at one cap per request.
 
     A warm sweep keeps one child for all its caps (model, compile and CUDA graphs
-    once); :func:`run_probe` is a child measured once. Every wait watches the same
+    once; :class:`~gpuperfd.probing.child_session.WarmChildSession`, which also checks the GPU is
+    free before a child starts); a one-shot point is such a session of one point. Every wait watches the same
     things: the deadline, ``should_abort``, a foreign process on ``device``, the child
     dying. Any failure ends the child (a failed CUDA context is never reused), the
     failure comes back as a :class:`ProbeResult` (nothing raises for the child's
@@ -656,53 +658,3 @@ class ProbeChild:
                 setattr(result, key, body[key])
         return result
 
-
-def run_probe(
-    spec: ProbeSpec,
-    timeout_seconds: float | None = None,
-    device: Device | None = None,
-    idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD,
-    watch_interval: float = 0.5,
-    own_pids: Iterable[int] = (),
-    on_progress: ProgressCallback | None = None,
-    should_abort: Callable[[], bool] | None = None,
-    idle_wait_seconds: float = 5.0,
-    record_dir: Path | str | None = None,
-    env: dict[str, str] | None = None,
-    on_peak: Callable[[str, int], None] | None = None,
-) -> ProbeResult:
-    """Run ``spec`` in a child process and return its result; never raises for child failures.
-
-    ``device``: the GPU the probe will use, for the idle check before start and the
-    watch for other compute processes while it runs (None: neither). ``own_pids``:
-    processes of ours that may use the GPU (the child and its descendants are always
-    allowed). ``on_progress`` receives the child's progress messages (phase, repeat).
-    ``should_abort`` is polled; returning True stops the probe with status "aborted".
-    ``record_dir``: where the child's pid and start time are recorded while it runs (the daemon's
-    state directory), for :func:`end_leftover_children` after a crash. ``env``: extra environment
-    for the child (compile cache folders). ``on_peak``: told (probe, peak host RSS bytes) once the child exited.
-    """
-    timeout = float(timeout_seconds) if timeout_seconds is not None else default_timeout(spec)
-    started_at = time.time()
-    t0 = time.monotonic()
-    child = ProbeChild(spec, device=device, own_pids=own_pids, watch_interval=watch_interval,
-                       on_progress=on_progress, should_abort=should_abort, record_dir=record_dir, env=env,
-                       on_peak=on_peak)
-    if device is not None:
-        busy = busy_reason(device, idle_utilization_threshold, set(own_pids), wait_seconds=idle_wait_seconds)
-        if busy is not None:
-            status, reason = gave_way(busy)
-            return child._failure(reason, str(busy), started_at, t0, status=status, busy_kind=busy.kind.value)
-    try:
-        deadline = t0 + timeout
-        outcome = child.start(deadline) or child.measure(deadline)
-    except BaseException:
-        # KeyboardInterrupt or a bug here: never leave a probe running on the GPU.
-        if child._proc is not None:
-            _kill(child._proc)
-        raise
-    finally:
-        child.close()
-    outcome.started_at = started_at
-    outcome.wall_seconds = time.monotonic() - t0
-    return outcome

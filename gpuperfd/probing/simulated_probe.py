@@ -33,7 +33,7 @@ from gpuperfd.probe_data.spec import DEFAULT_PRESET, GPT2_MODELS, PRESETS
 
 if TYPE_CHECKING:  # the simulator's module is imported when a simulated point runs, not with the daemon
     from gpuperfd.device.simulated import SimulatedGpu, WorkloadProfile
-    from gpuperfd.probing.runner import ProbeChild
+    from gpuperfd.probing.runner import ProbeChild, ProgressCallback
 
 #: The simulator profile of each probe's default preset ("probe/preset").
 SIMULATED_PROFILE = {probe: f"{probe}/{preset}" for probe, preset in DEFAULT_PRESET.items()}
@@ -192,17 +192,13 @@ class SimulatedExecutor:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
 
-    def __call__(self, device: Device, request: ProbeRequest, abort: threading.Event) -> ProbeResult:
-        """One point at the cap set now, without settling (``gpuperfd check``'s one-shot probe)."""
-        return self.measure(device, request, abort, 0.0)
-
     def open(self, device: Device, request: ProbeRequest, abort: threading.Event,
-             carried: ProbeChild | None = None) -> SimulatedSession:
+             carried: ProbeChild | None = None, on_progress: ProgressCallback | None = None) -> SimulatedSession:
         """A sweep's session; a carried child (none comes from a simulated session) is closed: the
         simulator runs in this process."""
         if carried is not None:
             carried.close()
-        return SimulatedSession(self, device, request, abort)
+        return SimulatedSession(self, device, request, abort, on_progress)
 
     def measure(self, device: Device, request: ProbeRequest, abort: threading.Event,
                 settle_seconds: float) -> ProbeResult:
@@ -302,22 +298,40 @@ class SimulatedExecutor:
 
 class SimulatedSession:
     """A warm sweep on the simulator: the same protocol as the child's (results cross as JSON),
-    settle by measurement under load, one point per ``measure``."""
+    settle by measurement under load, one point per ``measure``. A request with a ``repeats`` option
+    measures that many windows, pooled as the child pools its repeats (``gpuperfd probe --simulate``)."""
 
     def __init__(self, executor: SimulatedExecutor, device: Device, request: ProbeRequest,
-                 abort: threading.Event) -> None:
+                 abort: threading.Event, on_progress: ProgressCallback | None = None) -> None:
         self.executor, self.device, self.request, self.abort = executor, device, request, abort
+        self.on_progress = on_progress
         #: Points measured (the simulator builds nothing: this stands for the child's reuse).
         self.points = 0
 
     def prepare(self) -> None:
         pass  # nothing to import: the simulator runs in this process
 
-    def measure(self, cap_watts: float) -> ProbeResult:
-        result = self.executor.measure(self.device, self.request, self.abort, self.request.settle_seconds)
+    def measure(self, cap_watts: float | None) -> ProbeResult:
+        if "repeats" in self.request.options:
+            result = self._repeated(int(self.request.options["repeats"]))
+        else:
+            result = self.executor.measure(self.device, self.request, self.abort, self.request.settle_seconds)
         result.extra.update({"warm": True, "point_index": self.points})
         self.points += 1
         return ProbeResult.from_dict(wire.decode(wire.encode("result", result.to_dict()))[1])
+
+    def _repeated(self, repeats: int) -> ProbeResult:
+        """``repeats`` windows (settled before the first) as one point; the first failed window is the point's."""
+        windows: list[ProbeResult] = []
+        for number in range(1, repeats + 1):
+            settle = self.request.settle_seconds if number == 1 else 0.0
+            window = self.executor.measure(self.device, self.request, self.abort, settle)
+            if not window.ok:
+                return window
+            windows.append(window)
+            if self.on_progress is not None:
+                self.on_progress({"phase": "measure", "repeat": number, "repeats": repeats})
+        return _pool(windows)
 
     def hand_over(self) -> ProbeChild | None:
         """No child to hand to the round's next session."""
@@ -325,6 +339,45 @@ class SimulatedSession:
 
     def close(self) -> None:
         pass
+
+
+def _pool(windows: list[ProbeResult]) -> ProbeResult:
+    """Windows as one point with a repeat each: rates and telemetry means, energy summed, latencies pooled."""
+    import dataclasses
+
+    from gpuperfd.probe_data.result import RepeatResult
+
+    def mean(values: list[Any]) -> float | None:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else None
+
+    first = windows[0]
+    seconds = sum(w.measured_seconds or 0.0 for w in windows)
+    units = sum(w.units_of_work or 0.0 for w in windows)
+    energy = sum(w.energy_joules or 0.0 for w in windows)
+    latencies: dict[str, list[float]] = {}
+    for w in windows:
+        for name, samples in w.latencies.items():
+            latencies.setdefault(name, []).extend(samples)
+    extra = dict(first.extra)
+    for key in ("temperature_celsius_mean", "loss", "loss_first", "settle_seconds"):
+        if any(key in w.extra for w in windows):
+            extra[key] = mean([w.extra.get(key) for w in windows])
+    extra["simulated"] = True
+    repeats = [RepeatResult(index=i, measured_seconds=w.measured_seconds, units_of_work=w.units_of_work,
+                            **w.window_fields()) for i, w in enumerate(windows)]
+    return dataclasses.replace(
+        first, repeats=repeats,
+        wall_seconds=sum(w.wall_seconds or 0 for w in windows), measured_seconds=seconds, units_of_work=units,
+        energy_joules=energy, average_power_watts=energy / seconds if seconds else None,
+        energy_per_unit_joules=energy / units if units else None,
+        throughput={k: mean([w.throughput.get(k) for w in windows]) for k in first.throughput},
+        latencies=latencies, temperature_celsius_max=max((w.temperature_celsius_max for w in windows
+                                                          if w.temperature_celsius_max is not None), default=None),
+        gpu_utilization_mean_ratio=mean([w.gpu_utilization_mean_ratio for w in windows]),
+        memory_utilization_mean_ratio=mean([w.memory_utilization_mean_ratio for w in windows]),
+        sm_clock_hertz_mean=mean([w.sm_clock_hertz_mean for w in windows]), extra=extra,
+    )
 
 
 def simulated_executor(measure_seconds: float, seed: int | None = None, noise: float = 0.004,

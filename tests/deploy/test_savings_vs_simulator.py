@@ -61,7 +61,7 @@ def sweep(probe: str) -> dict[int, dict[str, float]]:
     figures = {}
     for cap in CAPS:
         gpu.set_power_limit(float(cap))
-        result = execute(gpu, ScheduleConfig(probe=probe, interval_seconds=60), threading.Event())
+        result = execute.measure(gpu, ScheduleConfig(probe=probe, interval_seconds=60), threading.Event(), 0.0)
         assert result.status == "ok"
         figures[cap] = {
             "rate": result.units_of_work / result.measured_seconds,

@@ -59,7 +59,8 @@ def test_simulated_default_probe_matches_the_card_at_700_watts(model: str, name:
     gpu = simulated_gpu(model)
     assert gpu.power_limits().enforced_watts == MEASURED_POWER_LIMIT_WATTS
     execute = simulated_executor(0.05, seed=1, watch_interval=0.01)
-    result = execute(gpu, ScheduleConfig(probe=probe, preset=preset, interval_seconds=60), threading.Event())
+    result = execute.measure(gpu, ScheduleConfig(probe=probe, preset=preset, interval_seconds=60), threading.Event(),
+                             0.0)
 
     assert result.status == "ok" and result.work_unit == real["unit"]
     rate = result.units_of_work / result.measured_seconds

@@ -19,6 +19,7 @@ from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probing import check as check_mod
 from gpuperfd.probing.check import CheckRequest, run_check
 from gpuperfd.probing.check_cli import EXIT_DEGRADED, EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN, EXIT_USAGE
+from gpuperfd.probing.executors import PerPointExecutor, measure_once
 from gpuperfd.probing.sweep.ownership import GpuLock, safe_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -226,8 +227,8 @@ def test_our_lock_is_held_during_the_probe_and_released_after(tmp_path: Path, mo
         def run(device, schedule, abort):
             from gpuperfd.probing.sweep.ownership import is_owned
             seen.append(is_owned(config.probes.state_dir, safe_name(uuid)))
-            return executor(device, schedule, abort)
-        return run
+            return measure_once(executor, device, schedule, abort)
+        return PerPointExecutor(run)
 
     monkeypatch.setattr(check_mod, "choose_executor", spying)
     _run(config, backend)
@@ -290,8 +291,8 @@ def test_a_check_probe_that_gives_way_to_a_users_job_is_unknown_and_blames_nothi
         def run(device, schedule, abort):
             if device.index == 1:
                 threading.Timer(0.3, lambda: device.add_foreign_process(434343, 1 << 30)).start()
-            return executor(device, schedule, abort)
-        return run
+            return measure_once(executor, device, schedule, abort)
+        return PerPointExecutor(run)
 
     monkeypatch.setattr(check_mod, "choose_executor", arriving_job)
     config = _config(tmp_path)
@@ -309,12 +310,12 @@ def test_correctness_mismatch_is_unhealthy(tmp_path: Path, monkeypatch) -> None:
         executor = real(cfg, name)
 
         def run(device, schedule, abort):
-            result = executor(device, schedule, abort)
+            result = measure_once(executor, device, schedule, abort)
             if device.index == 1:
                 result.correctness = {"status": "mismatch", "checks": 2, "failed_checks": ["repeat"],
                                       "max_abs_error": 3.5, "max_rel_error": 0.8, "elements_checked": 4096}
             return result
-        return run
+        return PerPointExecutor(run)
 
     monkeypatch.setattr(check_mod, "choose_executor", corrupting)
     config = _config(tmp_path)

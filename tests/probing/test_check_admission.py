@@ -12,6 +12,7 @@ from gpuperfd.config import config_from_mapping
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probing.admission import MIB, Admission, PeakBook
 from gpuperfd.probing.check import CheckRequest, run_check
+from gpuperfd.probing.executors import PerPointExecutor, measure_once
 
 CHILD = 100 * MIB
 
@@ -35,11 +36,11 @@ def _check(tmp_path: Path, monkeypatch, limit: int, seconds: float, timeout: flo
                 counts["peak"] = max(counts["peak"], counts["running"])
             try:
                 time.sleep(seconds)
-                return executor(device, schedule, abort)
+                return measure_once(executor, device, schedule, abort)
             finally:
                 with lock:
                     counts["running"] -= 1
-        return run
+        return PerPointExecutor(run)
 
     monkeypatch.setattr(check_mod, "choose_executor", slow)
     backend = SimulatedBackend(config.simulation)

@@ -165,7 +165,7 @@ def _sweep_child(state: Path, crash_at: int, out_fd: int) -> None:
         SimulationConfig(gpus=1, seed=1, initial_power_limits={0: 650}, state_file=state / "sim-limits.json")
     )
     device = backend.devices()[0]
-    executor = around(simulated_executor(0.001, seed=1))
+    measure = around(simulated_executor(0.001, seed=1).measure)
     schedule = ScheduleConfig(probe="llm", interval_seconds=60, settle_seconds=0)
     import threading
 
@@ -174,7 +174,7 @@ def _sweep_child(state: Path, crash_at: int, out_fd: int) -> None:
         device,
         CapJournal(state),
         [700, 500, 300, 200],
-        lambda cap: executor(device, schedule, abort),
+        lambda cap: measure(device, schedule, abort, 0.0),
         settle_seconds=0,
     )
     os.write(out_fd, f"{steps[0]}\n".encode())

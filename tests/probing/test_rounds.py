@@ -235,9 +235,6 @@ def test_each_schedule_of_a_round_keeps_its_own_failure(node):
     real = n.service.executor
 
     class Failing:
-        def __call__(self, device, schedule, abort):
-            return real(device, schedule, abort)
-
         def open(self, device, request, abort, carried=None):
             if request.probe == "llm":
                 raise ZeroDivisionError("bug in llm's session")

@@ -1,6 +1,7 @@
 """The probe runner with real child processes on the CPU (tiny presets).
 
-Every probe runs through ``run_probe`` and must come back with every field filled
+Every probe runs as a one-shot point through the child executor's session (``measure_once``, the
+path of ``gpuperfd probe`` and ``gpuperfd check``) and must come back with every field filled
 consistently; forced faults must come back as failure results (the parent keeps
 going and the next probe runs); a busy GPU refuses the start and a GPU process
 appearing mid-run aborts the probe (fake Device).
@@ -12,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -20,9 +22,10 @@ from child_processes import alive
 
 from gpuperfd.device.base import ComputeProcess, Utilization
 from gpuperfd.probe_data.result import PRIMARY_METRIC, ProbeResult, summarize
-from gpuperfd.probing.idle import BusyKind, busy_reason
-from gpuperfd.probing.runner import run_probe
+from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.spec import PROBES, ProbeSpec
+from gpuperfd.probing.executors import ChildProcessExecutor, measure_once
+from gpuperfd.probing.idle import BusyKind, busy_reason
 
 FAST = {"repeats": 2, "measure_seconds": 0.15, "busy_profile_seconds": 0.05}
 
@@ -31,12 +34,20 @@ def tiny(probe: str, **fields: Any) -> ProbeSpec:
     return ProbeSpec(probe, preset="tiny", **{**FAST, **fields})
 
 
+def run_point(spec: ProbeSpec, timeout_seconds: float, device: Any = None, on_progress: Any = None,
+              abort: threading.Event | None = None, idle_wait_seconds: float = 5.0) -> ProbeResult:
+    """One point of ``spec`` in a child, read-only, as ``gpuperfd probe`` runs it (no state directory)."""
+    executor = ChildProcessExecutor(timeout_seconds, idle_wait_seconds=idle_wait_seconds)
+    return measure_once(executor, device, ProbeRequest.from_spec(spec, timeout_seconds), abort or threading.Event(),
+                        on_progress)
+
+
 @pytest.fixture(scope="module")
 def results() -> dict[str, tuple[ProbeResult, list[dict[str, Any]]]]:
     out = {}
     for probe in PROBES:
         events: list[dict[str, Any]] = []
-        result = run_probe(tiny(probe), timeout_seconds=120, on_progress=events.append)
+        result = run_point(tiny(probe), 120, on_progress=events.append)
         out[probe] = (result, events)
     return out
 
@@ -132,7 +143,7 @@ def test_progress_reports_every_repeat(results: dict) -> None:
 
 
 def test_parent_does_not_import_torch() -> None:
-    code = ("import sys, gpuperfd.probing.executors, gpuperfd.probe_data.spec, gpuperfd.probing.runner, gpuperfd.probing.probe_cli, gpuperfd.probe_data.result;"
+    code = ("import sys, gpuperfd.probing.executors, gpuperfd.probe_data.spec, gpuperfd.probing.runner, gpuperfd.probing.probe_cli, gpuperfd.probe_data.result, gpuperfd.probing.check;"
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -152,7 +163,7 @@ def test_parent_does_not_import_torch() -> None:
 def test_fault_becomes_a_failure_result(fault: str, reason: str, text: str) -> None:
     spec = tiny("attention", inject_fault=fault, memory_limit_bytes=256 << 20 if fault == "oom" else None)
     t0 = time.monotonic()
-    result = run_probe(spec, timeout_seconds=60)
+    result = run_point(spec, 60)
     assert result.status == "failed"
     assert result.failure_reason == reason, result.error_message
     assert text in (result.error_message or ""), result.error_message
@@ -167,12 +178,12 @@ def test_fault_becomes_a_failure_result(fault: str, reason: str, text: str) -> N
 
 def test_timeout_kills_the_child_and_the_next_probe_runs() -> None:
     t0 = time.monotonic()
-    hung = run_probe(tiny("attention", inject_fault="hang"), timeout_seconds=8)
+    hung = run_point(tiny("attention", inject_fault="hang"), 8)
     elapsed = time.monotonic() - t0
     assert hung.status == "failed" and hung.failure_reason == "timeout"
     assert 8 <= elapsed < 20
     assert hung.wall_seconds >= 8
-    after = run_probe(tiny("attention"), timeout_seconds=60)
+    after = run_point(tiny("attention"), 60)
     assert after.status == "ok"
 
 
@@ -204,10 +215,10 @@ def test_busy_gpu_is_refused_without_starting(monkeypatch) -> None:
         raise AssertionError("a child was spawned on a busy GPU")
 
     monkeypatch.setattr(runner_module.ProbeChild, "start", spawn)  # no child, told directly, not by timing
-    result = run_probe(tiny("llm"), timeout_seconds=60, device=FakeDevice(busy_pids=(4242,)), idle_wait_seconds=0.3)
+    result = run_point(tiny("llm"), 60, device=FakeDevice(busy_pids=(4242,)), idle_wait_seconds=0.3)
     assert (result.status, result.failure_reason) == ("skipped", "preempted") and result.preempted
     assert "4242" in result.error_message and result.extra["busy_kind"] == "foreign_process"
-    hot = run_probe(tiny("llm"), timeout_seconds=60, device=FakeDevice(util=0.8), idle_wait_seconds=0.3)
+    hot = run_point(tiny("llm"), 60, device=FakeDevice(util=0.8), idle_wait_seconds=0.3)
     assert (hot.status, hot.failure_reason) == ("skipped", "preempted") and "80%" in hot.error_message
     # our own processes do not count
     assert busy_reason(FakeDevice(busy_pids=(4242,)), 0.05, own_pids=(4242,), wait_seconds=0) is None
@@ -227,7 +238,7 @@ def test_new_gpu_process_preempts_the_probe() -> None:
     """A user's process appearing mid-measurement: the child is killed at once and the point gave way."""
     device = FakeDevice(pids_after=1.0)
     t0 = time.monotonic()
-    result = run_probe(tiny("attention", inject_fault="hang"), timeout_seconds=60, device=device, watch_interval=0.2)
+    result = run_point(tiny("attention", inject_fault="hang"), 60, device=device)
     assert (result.status, result.failure_reason) == ("skipped", "preempted") and result.preempted
     assert result.extra["foreign_pids"] == [4_000_000]
     assert time.monotonic() - t0 < 10
@@ -236,9 +247,9 @@ def test_new_gpu_process_preempts_the_probe() -> None:
 
 def test_caller_can_abort() -> None:
     t0 = time.monotonic()
-    deadline = t0 + 1.0
-    result = run_probe(tiny("attention", inject_fault="hang"), timeout_seconds=60,
-                       should_abort=lambda: time.monotonic() > deadline)
+    abort = threading.Event()
+    threading.Timer(1.0, abort.set).start()
+    result = run_point(tiny("attention", inject_fault="hang"), 60, abort=abort)
     assert result.status == "aborted" and result.failure_reason == "aborted"
     assert time.monotonic() - t0 < 10
 
@@ -254,7 +265,7 @@ def test_answers_are_checked_across_the_pipe(results: dict, probe: str) -> None:
 
 def test_wrong_result_in_the_child_fails_the_point(monkeypatch) -> None:
     monkeypatch.setenv("GPUPERFD_TEST_FAULTS", "1")  # the child inherits the switch
-    result = run_probe(tiny("attention", inject_fault="wrong_result_bit"), timeout_seconds=60)
+    result = run_point(tiny("attention", inject_fault="wrong_result_bit"), 60)
     assert result.status == "failed" and result.failure_reason == "wrong_result"
     assert result.correctness["status"] == "mismatch" and result.correctness["max_rel_error"] > 0.05
 
@@ -263,12 +274,13 @@ def test_wrong_result_in_the_child_fails_the_point(monkeypatch) -> None:
 
 
 FOOTPRINT_SCRIPT = """
-import os, sys
+import os, sys, threading
+from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.spec import ProbeSpec
-from gpuperfd.probing.runner import run_probe
+from gpuperfd.probing.executors import ChildProcessExecutor, measure_once
 
-result = run_probe(ProbeSpec("attention", preset="tiny", repeats=2, measure_seconds=0.15,
-                             busy_profile_seconds=0.05), timeout_seconds=120)
+spec = ProbeSpec("attention", preset="tiny", repeats=2, measure_seconds=0.15, busy_profile_seconds=0.05)
+result = measure_once(ChildProcessExecutor(120), None, ProbeRequest.from_spec(spec), threading.Event())
 assert result.status == "ok", result.error_message
 me = str(os.getpid())
 kids = []
@@ -325,10 +337,12 @@ def test_one_child_serves_several_probes_and_a_failed_build_ends_it() -> None:
 
 
 HANGING_PARENT = """
-import sys
+import sys, threading
+from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.spec import ProbeSpec
-from gpuperfd.probing.runner import run_probe
-run_probe(ProbeSpec('attention', preset='tiny', inject_fault='hang'), timeout_seconds=600, record_dir=sys.argv[1])
+from gpuperfd.probing.executors import ChildProcessExecutor, measure_once
+spec = ProbeSpec('attention', preset='tiny', inject_fault='hang')
+measure_once(ChildProcessExecutor(600, state_dir=sys.argv[1]), None, ProbeRequest.from_spec(spec), threading.Event())
 """
 
 

@@ -291,7 +291,7 @@ def test_a_failed_point_withdraws_that_caps_result_until_it_succeeds_again(tmp_p
     ok_executor = service.executor
 
     def fails_at_700(device, schedule, abort):
-        result = ok_executor(device, schedule, abort)
+        result = ok_executor.measure(device, schedule, abort, 0.0)
         if round(device.power_limits().enforced_watts) == 700:
             return replace(result, status="failed", failure_reason="oom", error_message="out of memory")
         return result

@@ -152,7 +152,7 @@ def test_recommendation_matches_the_simulators_true_optimum(tmp_path):
     execute = simulated_executor(measure_seconds=0.05, seed=1, noise=0.002)
     for probe in ("llm", "vit", "train"):
         schedule = ScheduleConfig(probe=probe, interval_seconds=60)
-        points = run_sweep(gpu, CapJournal(tmp_path), caps, lambda cap: execute(gpu, schedule, threading.Event()),
+        points = run_sweep(gpu, CapJournal(tmp_path), caps, lambda cap: execute.measure(gpu, schedule, threading.Event(), 0.0),
                            settle_seconds=0)
         best = recommend(points, 0.10)
         truth = gpu.true_optimal_cap(WORKLOAD_PROFILES[SIMULATED_PROFILE[probe]], caps, 0.10)

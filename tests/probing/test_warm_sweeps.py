@@ -243,20 +243,22 @@ def test_executor_in_process_leaves_no_torch_in_sys_modules(tmp_path):
 import json, os, sys, threading
 from gpuperfd.config import ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
-from gpuperfd.probing.runner import run_probe
+from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.spec import ProbeSpec
-from gpuperfd.probing.executors import ChildProcessExecutor, open_session
+from gpuperfd.probing.executors import ChildProcessExecutor, measure_once, open_session
 from gpuperfd.probing.sweep.owned import request_from_schedule
 if __name__ == "__main__":
     gpu = SimulatedBackend(SimulationConfig(gpus=1)).devices()[0]
     schedule = ScheduleConfig(probe="train", preset="tiny", interval_seconds=60, settle_seconds=0,
                               options={"repeats": 1, "measure_seconds": 0.1})
-    once = ChildProcessExecutor(120, torch_device="cpu")(gpu, request_from_schedule(schedule), threading.Event())
+    once = measure_once(ChildProcessExecutor(120, torch_device="cpu"), gpu, request_from_schedule(schedule),
+                        threading.Event())
     session = open_session(ChildProcessExecutor(120, torch_device="cpu"), gpu, request_from_schedule(schedule),
                            threading.Event())
     warm = [session.measure(700).status, session.measure(500).status]
     session.close()
-    hook = run_probe(ProbeSpec(probe="llm", preset="tiny", device="cpu", repeats=1)).status
+    hook = measure_once(ChildProcessExecutor(120), None, ProbeRequest.from_spec(ProbeSpec(
+        probe="llm", preset="tiny", device="cpu", repeats=1)), threading.Event()).status
     maps = sorted({l.split()[-1] for l in open("/proc/self/maps") if "torch" in l or "numpy" in l})
     print(json.dumps({"statuses": [once.status, *warm, hook], "maps": maps,
                       "modules": [m for m in ("torch", "transformers", "numpy") if m in sys.modules]}))
