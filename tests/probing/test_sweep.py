@@ -211,6 +211,18 @@ def test_sweep_cli_caps_out_of_range_are_errors_unless_clamp(tmp_path, capsys):
         assert [float(r["power_cap_watts"]) for r in csv.DictReader(handle)] == [700.0]
 
 
+def test_sweep_cli_refused_caps_create_no_state_dir(tmp_path, capsys):
+    """A cap out of range is refused before the state directory is touched: no directory, no lock."""
+    from gpuperfd.cli import main
+
+    state = tmp_path / "st2"
+    code = main(["sweep", "--simulate", "1", "--probe", "llm", "--caps", "9000", "--state-dir", str(state),
+                 "--settle", "0", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--caps: cap 9000.0 is 9000 W, outside this GPU's range 200-700 W" in err
+    assert not state.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_sweep_cli_option_errors_are_one_line(tmp_path, capsys):
     from gpuperfd.cli import main
 

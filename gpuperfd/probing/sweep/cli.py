@@ -31,7 +31,7 @@ from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.spec import PROBES
 from gpuperfd.probing.executors import choose_executor
 from gpuperfd.probing.idle import busy_reason
-from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list
+from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal, journals_for, restore_all
 from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, SweepRequest, run_owned_sweep
 from gpuperfd.probing.sweep.ownership import is_owned
@@ -235,10 +235,28 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
             if args.gpu not in devices:
                 say(f"gpuperfd: --gpu {args.gpu}: no such GPU (have {sorted(devices)})")
                 return 2
+            if (problem := _caps_out_of_range(args, devices[args.gpu], caps_spec)) is not None:
+                say(f"gpuperfd: --caps: {problem}")
+                return 2
             code = _sweep(args, config, backend.name, devices[args.gpu], schedules, caps_spec, abort, stop)
         finally:
             backend.close()
     return code
+
+
+def _caps_out_of_range(args: SweepArgs, device: Device, caps_spec: list[str | float]) -> str | None:
+    """Why a cap is outside the board's range (without --clamp), read before the state directory is
+    touched: a refused sweep creates no lock, no journal, no directory. None when the caps fit, or
+    when the limits cannot be read here (the owned sweep then says so with the cap restored)."""
+    if args.clamp:
+        return None
+    try:
+        resolve_caps(caps_spec, device.power_limits(), strict=True)
+    except CapSpecError as exc:
+        return str(exc)
+    except DeviceError:
+        return None
+    return None
 
 
 def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, schedules: list[ScheduleConfig],
