@@ -26,7 +26,8 @@ from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.device.factory import open_backend
 from gpuperfd.probe_data.record import RecordError, append_records, build_record, check_output, parse_labels
-from gpuperfd.probe_data.recommend import SweepPoint, point_words, read_only_note, recommend, work_rate
+from gpuperfd.probe_data.recommend import (SweepPoint, cut_short, point_words, read_only_note, recommend,
+                                           work_rate)
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.spec import PROBES
 from gpuperfd.probing.executors import choose_executor
@@ -268,6 +269,7 @@ def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, s
                            stop_early=args.max_slowdown if args.stop_early else None, wait_seconds=args.wait)
     threshold = config.probes.idle_utilization_threshold
     bars: list[CliObserver] = []
+    planned_points: dict[int, int] = {}  # id(schedule) -> how many points its sweep was to measure
 
     def observer_for(schedule: ScheduleConfig, planned: OwnedSweep) -> CliObserver:
         if planned.read_only and planned.original_cap_watts is not None and not bars:
@@ -275,6 +277,7 @@ def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, s
             say(f"gpuperfd: gpu {args.gpu}: {read_only_note(planned.caps_watts, planned.original_cap_watts)}")
         records.start(planned.original_cap_watts)
         total = 1 if planned.read_only else len(planned.caps_watts)
+        planned_points[id(schedule)] = total
         bars.append(CliObserver(ProgressBar(total, desc=f"sweep {schedule.probe} gpu{args.gpu}",
                                             enabled=None if args.progress else False), records))
         return bars[-1]
@@ -288,14 +291,17 @@ def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, s
     if (early := _refusal(args, device, journal, outcome, stop)) is not None:
         return early
     if stop.received is not None:
-        say(f"gpuperfd: sweep stopped by {stop.name}; {_cap_report(device, outcome.original_cap_watts, journal)}")
+        done = sum(1 for _, points in outcome.sweeps for p in points if p.result.status != "aborted")
+        say(f"gpuperfd: sweep stopped by {stop.name}: interrupted after {done} of {sum(planned_points.values())} "
+            f"points, no recommendation; {_cap_report(device, outcome.original_cap_watts, journal)}")
         return stop.exit_code
     if outcome.status is OwnedStatus.PREEMPTED:  # not a failure: the table shows it skipped (preempted)
         say(f"gpuperfd: gave way to a user's job ({outcome.detail}); "
             f"{_cap_report(device, outcome.original_cap_watts, journal)}")
     code = 0
     for schedule, points in outcome.sweeps:
-        code = max(code, _print_results(args.max_slowdown, schedule.probe, points))
+        code = max(code, _print_results(args.max_slowdown, schedule.probe, points,
+                                        planned_points.get(id(schedule), len(points))))
     if args.report:
         code = max(code, _write_report(args.report, args.max_slowdown, records.records))
     return code
@@ -433,8 +439,9 @@ def _settle_seconds(result: ProbeResult) -> float | None:
     return sum(known) if known else None
 
 
-def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint]) -> int:
-    """The table of one probe's sweep and its recommendation; 1 when a point failed."""
+def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint], planned: int) -> int:
+    """The table of one probe's sweep and its recommendation (none when it was cut short of its
+    ``planned`` points); 1 when a point failed."""
     rows = _rows(points)
     print(f"\n{probe}:")
     print(format_table(
@@ -444,6 +451,9 @@ def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint]) ->
           (row["sm_clock_hertz"] or 0) / 1e6 or None, row["gpu_busy_ratio"], row["settle_seconds"]]
          for row in rows],
     ))
+    if (why := cut_short(points, planned)) is not None:
+        print(f"\nsweep {why}")
+        return 1
     best = recommend(points, max_slowdown)
     if best is not None and len(points) > 1:
         print(
