@@ -87,9 +87,10 @@ def cut_short(points: Sequence[SweepPoint], planned: int) -> str | None:
 
     A sweep stopped mid-way (a signal, a shutdown: the point being measured comes back ``aborted``)
     has not measured the lower caps; "recommending" the best of what it has would name the highest
-    cap with a 0 % saving. Skipped points (early stop) count as done: their caps were ruled out.
+    cap with a 0 % saving. Skipped points (early stop) count as done: their caps were ruled out; a
+    point that gave way to a user's job (preempted) does not.
     """
-    done = sum(1 for p in points if p.result.status != "aborted")
+    done = sum(1 for p in points if p.result.status != "aborted" and not p.result.preempted)
     if done >= planned:
         return None
     return f"interrupted after {done} of {planned} points: no recommendation"

@@ -351,5 +351,7 @@ def test_a_sweep_that_gives_way_to_a_users_job_restores_the_operators_cap(tmp_pa
         (700, "ok", None), (500, "skipped", "preempted")]  # 300 W never set
     assert seen == [700, 500, None] and gpu.power_limits().enforced_watts == 650.0
     assert not CapJournal(tmp_path / "state").entries()  # the journal entry is gone: nothing left to restore
-    assert _print_results(0.05, "attention", points) == 0  # not a failure
-    assert "skipped (preempted)" in capsys.readouterr().out
+    assert _print_results(0.05, "attention", points, 3) == 0  # not a failure
+    printed = capsys.readouterr().out
+    assert "skipped (preempted)" in printed
+    assert "sweep interrupted after 1 of 3 points: no recommendation" in printed and "recommended cap" not in printed

@@ -291,7 +291,8 @@ def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, s
     if (early := _refusal(args, device, journal, outcome, stop)) is not None:
         return early
     if stop.received is not None:
-        done = sum(1 for _, points in outcome.sweeps for p in points if p.result.status != "aborted")
+        done = sum(1 for _, points in outcome.sweeps for p in points
+                   if p.result.status != "aborted" and not p.result.preempted)
         say(f"gpuperfd: sweep stopped by {stop.name}: interrupted after {done} of {sum(planned_points.values())} "
             f"points, no recommendation; {_cap_report(device, outcome.original_cap_watts, journal)}")
         return stop.exit_code
@@ -439,9 +440,9 @@ def _settle_seconds(result: ProbeResult) -> float | None:
     return sum(known) if known else None
 
 
-def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint], planned: int) -> int:
+def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint], planned: int | None = None) -> int:
     """The table of one probe's sweep and its recommendation (none when it was cut short of its
-    ``planned`` points); 1 when a point failed."""
+    ``planned`` points, default: as many as it has); 1 when a point failed."""
     rows = _rows(points)
     print(f"\n{probe}:")
     print(format_table(
@@ -451,11 +452,10 @@ def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint], pl
           (row["sm_clock_hertz"] or 0) / 1e6 or None, row["gpu_busy_ratio"], row["settle_seconds"]]
          for row in rows],
     ))
-    if (why := cut_short(points, planned)) is not None:
-        print(f"\nsweep {why}")
-        return 1
     best = recommend(points, max_slowdown)
-    if best is not None and len(points) > 1:
+    if (why := cut_short(points, len(points) if planned is None else planned)) is not None:
+        print(f"\nsweep {why}")
+    elif best is not None and len(points) > 1:
         print(
             f"\nrecommended cap: {best.cap_watts:.0f} W: {100 * best.energy_saving_ratio:.1f}% less energy per "
             f"{points[0].result.work_unit}, {100 * best.slowdown_ratio:.1f}% slower than {best.baseline_cap_watts:.0f} W "
