@@ -355,3 +355,25 @@ def test_a_sweep_that_gives_way_to_a_users_job_restores_the_operators_cap(tmp_pa
     printed = capsys.readouterr().out
     assert "skipped (preempted)" in printed
     assert "sweep interrupted after 1 of 3 points: no recommendation" in printed and "recommended cap" not in printed
+
+
+def test_restore_caps_says_when_the_state_dir_is_missing_and_exits_2(tmp_path, capsys):
+    """A mistyped --state-dir is not "all restored": the script running it hears so, and nothing is created."""
+    from gpuperfd.cli import main
+
+    missing = tmp_path / "nonexistent"
+    assert main(["restore-caps", "--simulate", "1", "--state-dir", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"state directory {missing} does not exist: no power-cap journal there" in err
+    assert not missing.exists()
+
+
+def test_restore_caps_with_nothing_to_restore_says_so_and_succeeds(tmp_path, capsys):
+    from gpuperfd.cli import main
+
+    state = tmp_path / "state"
+    state.mkdir()
+    assert main(["restore-caps", "--simulate", "1", "--state-dir", str(state)]) == 0
+    captured = capsys.readouterr()
+    assert f"nothing to restore (no power-cap journal entry in {state})" in captured.out and captured.err == ""
+    assert list(state.iterdir()) == []

@@ -464,12 +464,34 @@ def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint], pl
     return 0 if all(p.result.status in ("ok", "skipped") for p in points) else 1
 
 
+def _missing_state_dir(config: Config) -> str | None:
+    """Why the configured state directory holds no journal at all (missing, or not a directory), or None.
+
+    A script that runs ``restore-caps --state-dir DIR`` with a mistyped DIR must hear about it: the
+    exit code is 2 then, where a directory that exists with nothing to restore is success."""
+    state_dir = config.probes.state_dir
+    if state_dir.is_dir():
+        return None
+    what = "is not a directory" if state_dir.exists() else "does not exist"
+    return f"state directory {state_dir} {what}: no power-cap journal there"
+
+
 def cmd_restore_caps(args: argparse.Namespace) -> int:
+    """Restore every cap journaled in the state directory and every other one this node used;
+    0 when none is left changed (and says "nothing to restore" when there was nothing), 1 when one
+    is, 2 when the configured state directory does not exist and no other held anything to restore
+    (one that did is restored, and the missing directory still named)."""
     config = _load(args.config, args.state_dir, args.simulate)
     setup_logging(config.log_level)
+    missing = _missing_state_dir(config)
+    if missing is not None:
+        print(f"gpuperfd: restore-caps: {missing}", file=sys.stderr)
     journals = journals_for(config)  # the configured state directory and every other one this node used
     if not any(journal.entries() for journal in journals):
-        return 0
+        if missing is None:
+            searched = ", ".join(str(j.state_dir) for j in journals)
+            print(f"gpuperfd: restore-caps: nothing to restore (no power-cap journal entry in {searched})")
+        return 2 if missing is not None else 0
     try:
         backend = open_backend(config)
     except DeviceError as exc:
