@@ -167,6 +167,29 @@ def test_bad_flags_are_usage_errors(tmp_path: Path, args: list[str]) -> None:
     assert proc.returncode == EXIT_USAGE, proc.stderr
 
 
+def _parse_check(args: list[str], capsys) -> tuple[int, str]:
+    import argparse
+
+    from gpuperfd.probing.check_cli import register
+
+    parser = argparse.ArgumentParser(prog="gpuperfd")
+    register(parser.add_subparsers())
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["check", *args])
+    return int(exited.value.code), capsys.readouterr().err
+
+
+def test_a_reversed_gpu_range_is_named_as_such(capsys) -> None:
+    code, err = _parse_check(["--gpus", "0,3-1"], capsys)
+    assert code == EXIT_USAGE and "'3-1' is a reversed range: write 1-3" in err
+    assert "no GPU index given" not in err
+
+
+def test_json_and_line_are_exclusive(capsys) -> None:
+    code, err = _parse_check(["--json", "--line"], capsys)
+    assert code == EXIT_USAGE and "--line: not allowed with argument --json" in err
+
+
 def test_no_driver_is_could_not_check(tmp_path: Path) -> None:
     config = tmp_path / "nvml.yaml"
     config.write_text(f"device: {{backend: nvml}}\nprobes: {{state_dir: {tmp_path}}}\n")
