@@ -132,7 +132,7 @@ def _print_summary(report: Any, files: Any) -> None:
     from gpuperfd.report.html import WRONG_RESULT
 
     print(f"{len(report.gpus)} GPU(s), {len(report.series)} series, {report.runs_total} runs "
-          f"({len(report.dropped)} outliers removed, {len(report.failed)} failed)")
+          f"({report.runs_text})")
     wrong = [r for r in report.failed if r.failure_reason == WRONG_RESULT]
     if wrong:
         gpus = sorted({f"{r.gpu.node}/{r.gpu.index}" for r in wrong})

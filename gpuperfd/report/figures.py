@@ -569,8 +569,7 @@ def header_lines(report: Report) -> list[str]:
         report.rule_text,
         f"Nodes: {', '.join(report.nodes)} \u00b7 drivers: {', '.join(report.drivers)}",
         *[("GPUs: " if i == 0 else "      ") + text for i, text in enumerate(gpus)],
-        f"Runs: {report.runs_total} ({report.runs_kept} kept, {len(report.dropped)} outliers removed, "
-        f"{len(report.failed)} failed) \u00b7 "
+        f"Runs: {report.runs_total} ({report.runs_text}) \u00b7 "
         + ("outliers: outside median \u00b1 max(3\u00b71.4826\u00b7MAD, 5%) per (GPU, probe, preset, batch, cap)"
            if report.outliers_removed else "outlier removal off"),
     ]
