@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuperfd.probe_data.datasets import dataset_problem
+
 __all__ = [
     "PROBES",
     "FAULTS",
@@ -384,6 +386,8 @@ class ProbeSpec:
             raise ValueError("weights_path: the attention probe has no weights")
         if self.dataset_path is not None and probe == "attention":
             raise ValueError("dataset_path: the attention probe uses random tensors only")
+        if self.dataset_path is not None and (problem := dataset_problem(self.dataset_path, probe)) is not None:
+            raise ValueError(f"dataset_path: {problem}")
 
     # --- views ------------------------------------------------------------------------
 
