@@ -29,6 +29,7 @@ from matplotlib.ticker import EngFormatter, FixedLocator, NullLocator  # noqa: E
 from gpuperfd.report.aggregate import Report, Series  # noqa: E402
 from gpuperfd.report.records import LATENCY_TITLES, kind_of  # noqa: E402
 from gpuperfd.report.repeats import repeat_rows, repeat_series  # noqa: E402
+from gpuperfd.report.scales import panel_ranges, shared_range, tag  # noqa: E402
 
 COLUMN_INCHES = 4.0
 ROW_INCHES = 2.35
@@ -172,6 +173,8 @@ def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], styl
     }
     for row, ax in zip(rows, axes):
         _tidy(ax)
+        tag(ax, (workload, row), scale if row == "energy" else 1.0)
+        _share_y(ax)
         ax.set_ylabel(labels[row], fontsize=8)
         ax.grid(True, alpha=0.3)
         ax.tick_params(labelsize=7)
@@ -250,6 +253,28 @@ def _tidy(ax: Any) -> None:
     middle = (lo + hi) / 2
     if middle and hi - lo < 0.08 * abs(middle):
         ax.set_ylim(middle - 0.04 * abs(middle), middle + 0.04 * abs(middle))
+
+
+def _share_y(ax: Any) -> None:
+    """The y range every facet's same panel shares (:mod:`gpuperfd.report.scales`), if one is in force;
+    log when that range spans more than two decades (or with ``--log-y``), padded 5 %."""
+    span = shared_range(ax)
+    if span is None:
+        return
+    lo, hi = span
+    if wants_log([lo, hi], _LOG_Y.get()):
+        ax.set_yscale("log")
+        ax.set_ylim(lo / 1.15, hi * 1.15)
+        return
+    ax.set_yscale("linear")
+    middle = (lo + hi) / 2
+    width = max(hi - lo, 0.08 * abs(middle)) or 1.0
+    ax.set_ylim(middle - 0.55 * width, middle + 0.55 * width)
+
+
+def cap_panel_ranges(report: Report) -> dict[Any, tuple[float, float]]:
+    """Each power-cap panel's data range (base units), measured on a figure that is never saved."""
+    return panel_ranges(cap_figure(report))
 
 
 def _with_report_scale(draw: Any) -> Any:
