@@ -343,6 +343,10 @@ def main(args: argparse.Namespace) -> int:
     except (UsageError, RecordError) as exc:
         print(f"gpuperfd probe: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    from gpuperfd.probe_data.cpu_path import half_on_cpu_warning
+
+    if getattr(args, "simulate", None) is None and (warning := half_on_cpu_warning(specs)) is not None:
+        print(f"gpuperfd probe: {warning}", file=sys.stderr)  # once for the whole matrix
     import threading
 
     from gpuperfd.system.stopsignals import StopSignals, say
@@ -475,6 +479,7 @@ def _pool(windows: list[ProbeResult], params: dict[str, Any], repeats: list[Any]
 def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) -> int:
     from gpuperfd.probe_data.record import RecordError, parse_labels
     from gpuperfd.probe_data.recommend import point_words
+    from gpuperfd.probe_data.cpu_path import timeout_hint
     from gpuperfd.probe_data.spec import default_timeout
     from gpuperfd.probing.runner import run_probe
 
@@ -523,6 +528,8 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                 if not result.ok:
                     first_line = (result.error_message or "").splitlines()[0] if result.error_message else ""
                     bar.write(f"gpuperfd probe: {label}: {result.status} ({result.failure_reason}): {first_line}")
+                    if result.failure_reason == "timeout" and simulated is None:
+                        bar.write(f"gpuperfd probe: {timeout_hint(spec, _timeout(args, spec))}")
                 bar.point_done(what, point_words(result))
                 if number == 1 and len(specs) > 1 and bar.mode != "off":
                     took = time.monotonic() - point_started
@@ -572,9 +579,16 @@ def _run_real(args: argparse.Namespace, spec: ProbeSpec, devices: dict[str, Any]
                 bar.write(f"gpuperfd probe: warning: no idle check for {spec.device}: {exc}")
                 devices[spec.device] = None
         device = devices[spec.device]
-    timeout = args.timeout if args.timeout is not None else default_timeout(spec)
+    timeout = _timeout(args, spec)
     return run_probe(spec, timeout_seconds=timeout, device=device, idle_utilization_threshold=args.idle_threshold,
                      on_progress=on_progress, should_abort=abort.is_set)
+
+
+def _timeout(args: argparse.Namespace, spec: ProbeSpec) -> float:
+    """The point's hard time bound: --timeout, else the spec's default (on a CPU it grows with the work)."""
+    from gpuperfd.probe_data.spec import default_timeout
+
+    return float(args.timeout) if args.timeout is not None else default_timeout(spec)
 
 
 def _standalone(argv: Sequence[str] | None = None) -> int:
