@@ -529,7 +529,8 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                     first_line = (result.error_message or "").splitlines()[0] if result.error_message else ""
                     bar.write(f"gpuperfd probe: {label}: {result.status} ({result.failure_reason}): {first_line}")
                     if result.failure_reason == "timeout" and simulated is None:
-                        bar.write(f"gpuperfd probe: {timeout_hint(spec, _timeout(args, spec))}")
+                        bound = args.timeout if args.timeout is not None else default_timeout(spec)
+                        bar.write(f"gpuperfd probe: {timeout_hint(spec, bound)}")
                 bar.point_done(what, point_words(result))
                 if number == 1 and len(specs) > 1 and bar.mode != "off":
                     took = time.monotonic() - point_started
@@ -579,16 +580,9 @@ def _run_real(args: argparse.Namespace, spec: ProbeSpec, devices: dict[str, Any]
                 bar.write(f"gpuperfd probe: warning: no idle check for {spec.device}: {exc}")
                 devices[spec.device] = None
         device = devices[spec.device]
-    timeout = _timeout(args, spec)
+    timeout = args.timeout if args.timeout is not None else default_timeout(spec)
     return run_probe(spec, timeout_seconds=timeout, device=device, idle_utilization_threshold=args.idle_threshold,
                      on_progress=on_progress, should_abort=abort.is_set)
-
-
-def _timeout(args: argparse.Namespace, spec: ProbeSpec) -> float:
-    """The point's hard time bound: --timeout, else the spec's default (on a CPU it grows with the work)."""
-    from gpuperfd.probe_data.spec import default_timeout
-
-    return float(args.timeout) if args.timeout is not None else default_timeout(spec)
 
 
 def _standalone(argv: Sequence[str] | None = None) -> int:
