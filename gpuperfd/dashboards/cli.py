@@ -26,8 +26,13 @@ def main(args: argparse.Namespace) -> int:
     except ImportError:
         print("gpuperfd dashboards: grafanalib is not installed; pip install 'gpuperfd[dashboards]'", file=sys.stderr)
         return 1
-    from gpuperfd.dashboards.generate import write_all
+    from gpuperfd.dashboards.generate import OutDirError, write_all
 
-    for path in write_all(args.out):
+    try:
+        written = write_all(args.out)
+    except OutDirError as exc:
+        print(f"gpuperfd dashboards: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
         print(path)
     return 0

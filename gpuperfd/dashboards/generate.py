@@ -8,6 +8,7 @@ in ``dashboards/generated/`` can be compared byte for byte with a fresh render
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,13 +43,39 @@ def dashboards_json() -> list[dict[str, Any]]:
     return [json.loads(text) for text in render_all().values()]
 
 
-def write_all(out_dir: str | Path) -> list[Path]:
-    """Write every dashboard into ``out_dir`` (created if missing); returns the paths written."""
+class OutDirError(ValueError):
+    """``--out`` cannot hold the dashboards (a file, not a directory; or not writable)."""
+
+
+def usable_out_dir(out_dir: str | Path) -> Path:
+    """``out_dir`` as a directory that exists and can be written, created if missing.
+
+    Checked before any file is written, so a bad ``--out`` changes nothing; raises OutDirError naming the path.
+    """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise OutDirError(f"--out {out_dir}: is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutDirError(f"--out {out_dir}: cannot create the directory ({exc.strerror or exc})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise OutDirError(f"--out {out_dir}: directory is not writable")
+    return out
+
+
+def write_all(out_dir: str | Path) -> list[Path]:
+    """Write every dashboard into ``out_dir`` (created if missing); returns the paths written.
+
+    Everything is rendered, and the directory checked, before the first file is written."""
+    texts = render_all()
+    out = usable_out_dir(out_dir)
     written = []
-    for name, text in render_all().items():
+    for name, text in texts.items():
         path = out / name
-        path.write_text(text, encoding="utf-8")
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise OutDirError(f"--out {out_dir}: cannot write {name} ({exc.strerror or exc})") from None
         written.append(path)
     return written

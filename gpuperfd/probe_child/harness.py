@@ -318,7 +318,11 @@ def _measure_window(prepared: Prepared, plan: _Plan, sampler: WindowSampler, ind
 
 def _busy_pass(prepared: Prepared, plan: _Plan, telemetry: Telemetry,
                report: Callable[..., None]) -> tuple[float | None, str | None, dict[str, Any]]:
-    """The GPU-busy fraction (profiler pass, else NVML's utilization): (ratio, method, details)."""
+    """The GPU-busy fraction (profiler pass, else NVML's utilization): (ratio, method, details).
+
+    On a CPU device there is no GPU to be busy: the ratio is None (never flagged low_gpu_busy; empty
+    in the table, the CSV and the JSON alike) and the profiler's operator union is kept as
+    ``cpu_op_busy_ratio`` in the details; no NVML fallback (a GPU beside the CPU run is not its device)."""
     spec, ctx = prepared.spec, prepared.ctx
     busy: float | None = None
     busy_info: dict[str, Any] = {}
@@ -330,6 +334,10 @@ def _busy_pass(prepared: Prepared, plan: _Plan, telemetry: Telemetry,
             busy_method = "profiler_kernel_union" if ctx.is_cuda else "profiler_cpu_op_union"
         except Exception as exc:  # noqa: BLE001 - fall back to NVML's view rather than lose the point
             busy_info = {"busy_error": f"{type(exc).__name__}: {exc}"}
+    if not ctx.is_cuda:
+        if busy is not None:
+            busy_info["cpu_op_busy_ratio"] = busy
+        return None, busy_method, busy_info
     if busy is None and telemetry.gpu_util:
         busy = mean(telemetry.gpu_util)
         busy_method = "nvml_utilization"

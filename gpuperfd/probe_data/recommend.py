@@ -16,7 +16,7 @@ from gpuperfd.probe_data.result import ProbeResult, RepeatResult, describe
 
 __all__ = ["SweepPoint", "Recommendation", "work_rate", "recommend", "rate_cv", "rate_noise", "clearly_slower",
            "DEFAULT_RATE_NOISE", "EARLY_STOP_SIGMAS", "read_only_note", "unmeasured_caps", "comparison_words",
-           "point_words"]
+           "point_words", "cut_short"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,20 @@ def recommend(points: Sequence[SweepPoint], max_slowdown: float = 0.10) -> Recom
         slowdown_ratio=1.0 - rate / baseline_rate,
         max_slowdown=max_slowdown,
     )
+
+
+def cut_short(points: Sequence[SweepPoint], planned: int) -> str | None:
+    """Why a sweep's points support no recommendation, in words, or None when every planned cap has its point.
+
+    A sweep stopped mid-way (a signal, a shutdown: the point being measured comes back ``aborted``)
+    has not measured the lower caps; "recommending" the best of what it has would name the highest
+    cap with a 0 % saving. Skipped points (early stop) count as done: their caps were ruled out; a
+    point that gave way to a user's job (preempted) does not.
+    """
+    done = sum(1 for p in points if p.result.status != "aborted" and not p.result.preempted)
+    if done >= planned:
+        return None
+    return f"interrupted after {done} of {planned} points: no recommendation"
 
 
 #: A result without repeats (or one) is given this relative noise for the early-stop margin.

@@ -21,6 +21,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuperfd.probe_data.cpu_path import cpu_dtype, cpu_timeout_seconds
+from gpuperfd.probe_data.datasets import dataset_problem
+
 __all__ = [
     "PROBES",
     "FAULTS",
@@ -300,9 +303,12 @@ class ProbeSpec:
             if name not in used and getattr(self, name) is not None:
                 raise ValueError(f"{name}: not used by probe {self.probe!r} (it uses {', '.join(used)})")
         object.__setattr__(self, "preset", preset)
+        dtype_given = self.dtype is not None
         for key, value in presets[preset].items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
+        # The presets' half precision is for GPUs; a CPU point without a dtype runs float32 (cpu_path.py).
+        object.__setattr__(self, "dtype", cpu_dtype(self.dtype, dtype_given, self.is_cuda))
         if self.iterations is not None and self.measure_seconds is None:
             object.__setattr__(self, "measure_seconds", 0.0)
         object.__setattr__(self, "extra", dict(self.extra))
@@ -384,6 +390,8 @@ class ProbeSpec:
             raise ValueError("weights_path: the attention probe has no weights")
         if self.dataset_path is not None and probe == "attention":
             raise ValueError("dataset_path: the attention probe uses random tensors only")
+        if self.dataset_path is not None and (problem := dataset_problem(self.dataset_path, probe)) is not None:
+            raise ValueError(f"dataset_path: {problem}")
 
     # --- views ------------------------------------------------------------------------
 
@@ -519,11 +527,12 @@ def check_options(probe: str, options: dict[str, Any], preset: str | None = None
 
 
 def default_timeout(spec: ProbeSpec) -> float:
-    """A hard timeout generous enough for setup (model build, torch.compile) plus the windows."""
+    """A hard timeout generous enough for setup (model build, torch.compile) plus the windows; on a CPU
+    also every iteration's work (:func:`gpuperfd.probe_data.cpu_path.cpu_timeout_seconds`)."""
     windows = spec.repeats * (spec.measure_seconds or 0.0) + spec.warmup_seconds + spec.busy_profile_seconds
-    setup = 120.0 if spec.is_cuda else 60.0
-    if spec.variant == "compiled":
-        setup += 480.0
+    compile_seconds = 480.0 if spec.variant == "compiled" else 0.0
     if spec.iterations is not None:
         windows += 60.0  # fixed iteration counts have no time bound of their own
-    return setup + 3.0 * windows
+    if not spec.is_cuda:  # grows with the point's work: a CPU runs gpt2-xl's iterations in minutes, not ms
+        return cpu_timeout_seconds(spec, windows) + compile_seconds
+    return 120.0 + compile_seconds + 3.0 * windows

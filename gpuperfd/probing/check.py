@@ -39,7 +39,7 @@ from gpuperfd.health.monitor import snapshot_inputs
 from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probing.admission import Admission, memory_limit
-from gpuperfd.probing.executors import choose_executor, measure_once, starts_children
+from gpuperfd.probing.executors import Executor, child_process_executor, choose_executor, measure_once, starts_children
 from gpuperfd.probing.idle import BusyKind, busy_reason, mig_reason
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.telemetry.collectors import COLLECTORS
@@ -186,6 +186,15 @@ def _cap_owner(device: Device, config: Config) -> str:
     return "" if owner is None else f", its power cap owned by pid {owner}"
 
 
+def shares_gpus(config: Config) -> bool:
+    """Whether the check's GPUs may be shared with a daemon or a sweep, so each probe takes the GPU's lock.
+
+    Real GPUs are: the lock keeps a daemon beside the check from sweeping under its probe. Simulated
+    GPUs live inside this process alone; nobody can sweep them, so a simulated check (which says
+    read-only) writes nothing under the state directory."""
+    return config.device.backend != "simulated"
+
+
 def take_lock(config: Config, uuid: str) -> tuple[GpuLock | None, str | None]:
     """The GPU's lock, held for the probe so the daemon does not sweep under it; or why not probed.
 
@@ -236,12 +245,22 @@ def _probe_config(config: Config, seconds: float) -> Config:
     return config.model_copy(update={"probes": probes})
 
 
+def check_executor(config: Config, backend_name: str) -> Executor:
+    """The executor choice of :func:`choose_executor`, except that a check never creates the state
+    directory: where it does not exist, the probe child keeps no compile cache and no record there."""
+    if config.probes.state_dir.is_dir() or not starts_children(config, backend_name):
+        return choose_executor(config, backend_name)
+    probes = config.probes
+    return child_process_executor(probes.timeout_seconds, probes.torch_device, state_dir=None,
+                                  idle_utilization_threshold=probes.idle_utilization_threshold)
+
+
 def probe_all(config: Config, backend: Backend, devices: Sequence[Device], request: CheckRequest,
               deadline: float) -> dict[int, dict[str, Any]]:
     """The check probe on each device in parallel: index -> the result's dict; a GPU whose probe did
     not come back by the deadline maps to a failed ``timeout`` result."""
     grace = min(3.0, max(0.5, 0.1 * request.timeout_seconds))
-    executor = choose_executor(_probe_config(config, deadline - time.monotonic() - grace), backend.name)
+    executor = check_executor(_probe_config(config, deadline - time.monotonic() - grace), backend.name)
     # the child's timing; the simulator measures one window of SIMULATED_MEASURE_SECONDS
     children = starts_children(config, backend.name)
     options = dict(CHECK_TIMING) if children and request.preset != "tiny" else {}
@@ -330,7 +349,7 @@ def gate(config: Config, request: CheckRequest, devices: Sequence[Device], input
         gpu = inputs[device.index]
         why = "not probed: --quick (passive checks only)" if request.quick else why_not_probed(device, config, gpu.lost)
         lock = None
-        if why is None:
+        if why is None and shares_gpus(config):
             lock, why = take_lock(config, gpu.uuid)
         decided[device.index] = (why, lock)
 

@@ -40,6 +40,8 @@ def gpu_list(text: str) -> list[int]:
         low, dash, high = part.partition("-")
         if not (low.isdigit() and (not dash or high.isdigit())):
             raise argparse.ArgumentTypeError(f"{part!r} is not a GPU index or range (e.g. 0,2,4-7)")
+        if dash and int(high) < int(low):
+            raise argparse.ArgumentTypeError(f"{part!r} is a reversed range: write {high}-{low}")
         out += list(range(int(low), int(high) + 1)) if dash else [int(low)]
     if not out:
         raise argparse.ArgumentTypeError("no GPU index given")
@@ -66,8 +68,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--quick", action="store_true", help="passive checks only (under a second)")
     parser.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPU indices, e.g. 0,2,4-7 (default: all)")
-    parser.add_argument("--json", action="store_true", help="print the verdict as JSON (the shape of GET /api/v1/health)")
-    parser.add_argument("--line", action="store_true",
+    output = parser.add_mutually_exclusive_group()  # README: [--json | --line]
+    output.add_argument("--json", action="store_true", help="print the verdict as JSON (the shape of GET /api/v1/health)")
+    output.add_argument("--line", action="store_true",
                         help="print one line (state, action, each failing GPU's worst reason): for a Slurm drain "
                         "reason or a node-problem-detector message")
     parser.add_argument("--config", metavar="FILE", help=f"YAML config (default: $GPUPERFD_CONFIG or "

@@ -344,6 +344,10 @@ def main(args: argparse.Namespace) -> int:
     except (UsageError, RecordError) as exc:
         print(f"gpuperfd probe: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    from gpuperfd.probe_data.cpu_path import half_on_cpu_warning
+
+    if getattr(args, "simulate", None) is None and (warning := half_on_cpu_warning(specs)) is not None:
+        print(f"gpuperfd probe: {warning}", file=sys.stderr)  # once for the whole matrix
     import threading
 
     from gpuperfd.system.stopsignals import StopSignals, say
@@ -469,6 +473,8 @@ class _Points:
 def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) -> int:
     from gpuperfd.probe_data.record import RecordError, parse_labels
     from gpuperfd.probe_data.recommend import point_words
+    from gpuperfd.probe_data.cpu_path import timeout_hint
+    from gpuperfd.probe_data.spec import default_timeout
 
     labels = parse_labels(getattr(args, "label", None))
     points = _Points(args, specs)
@@ -510,6 +516,9 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                 if not result.ok:
                     first_line = (result.error_message or "").splitlines()[0] if result.error_message else ""
                     bar.write(f"gpuperfd probe: {label}: {result.status} ({result.failure_reason}): {first_line}")
+                    if result.failure_reason == "timeout" and not simulated:
+                        bound = args.timeout if args.timeout is not None else default_timeout(spec)
+                        bar.write(f"gpuperfd probe: {timeout_hint(spec, bound)}")
                 bar.point_done(what, point_words(result))
                 if number == 1 and len(specs) > 1 and bar.mode != "off":
                     took = time.monotonic() - point_started

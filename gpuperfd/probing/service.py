@@ -23,7 +23,7 @@ from gpuperfd.attribution.allocations import AllocationState
 from gpuperfd.config import ProbesConfig, ScheduleConfig
 from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
-from gpuperfd.probe_data.recommend import SweepPoint, recommend
+from gpuperfd.probe_data.recommend import SweepPoint, cut_short, recommend
 from gpuperfd.probe_data.result import PREEMPTED
 from gpuperfd.probe_data.spec import DEFAULT_PRESET
 from gpuperfd.probing.admission import Admission, Ticket, memory_limit
@@ -356,7 +356,10 @@ class ProbeService:
                                stop_early=self.config.max_slowdown if self.config.stop_early else None,
                                wanted=lambda: self._wanted(device))
 
+        planned: dict[int, int] = {}  # id(schedule) -> how many points its sweep was to measure
+
         def observer_for(schedule: ScheduleConfig, outcome: OwnedSweep) -> ServiceObserver:
+            planned[id(schedule)] = 1 if outcome.read_only else len(outcome.caps_watts)
             operator_cap = outcome.original_cap_watts
             assert operator_cap is not None  # read before any schedule starts
             self._operator_caps[device.index] = operator_cap
@@ -370,12 +373,13 @@ class ProbeService:
         for schedule in members or [leader]:
             points = tuple(points_of.get(id(schedule), ()))
             ran_whole = id(schedule) in points_of and schedule is not last
-            results[id(schedule)] = (self._done(device, info, schedule, points) if ran_whole
-                                     else self._ended(device, info, schedule, outcome, points))
+            wanted = planned.get(id(schedule), len(points))
+            results[id(schedule)] = (self._done(device, info, schedule, points, wanted) if ran_whole
+                                     else self._ended(device, info, schedule, outcome, points, wanted))
         return results, outcome
 
     def _ended(self, device: Device, info: GpuInfo, schedule: ScheduleConfig, outcome: OwnedSweep,
-               published: tuple[SweepPoint, ...]) -> RunOutcome:
+               published: tuple[SweepPoint, ...], planned: int | None = None) -> RunOutcome:
         """The outcome of the round's last schedule (or one it never got to): the sweep's status decides."""
         preset = preset_of(schedule)
         status = outcome.status
@@ -398,13 +402,17 @@ class ProbeService:
             reason = outcome.reason if status is OwnedStatus.DEVICE_ERROR else "exception"
             self.metrics.count(info, schedule.probe, preset, "failed", reason)
             return RunOutcome("failed", reason, published)
-        return self._done(device, info, schedule, published)
+        return self._done(device, info, schedule, published, planned)
 
     def _done(self, device: Device, info: GpuInfo, schedule: ScheduleConfig,
-              published: tuple[SweepPoint, ...]) -> RunOutcome:
-        """A schedule whose sweep ran to its end: its recommendation logged, ok unless a point failed."""
+              published: tuple[SweepPoint, ...], planned: int | None = None) -> RunOutcome:
+        """A schedule whose sweep ran to its end: its recommendation logged, ok unless a point failed.
+
+        ``planned``: how many points it was to measure; one stopped before (a point aborted) recommends nothing."""
         failed = [p for p in published if p.result.status not in ("ok", "skipped")]
-        if len(published) > 1:
+        if (why := cut_short(published, len(published) if planned is None else planned)) is not None:
+            log.warning("gpu %d %s/%s: sweep %s", device.index, schedule.probe, preset_of(schedule), why)
+        elif len(published) > 1:
             best = recommend(published, self.config.max_slowdown)
             if best is not None:
                 log.info(

@@ -157,6 +157,21 @@ class Report:
     rule: str = "within-slowdown"
     #: Log y axes: True (``--log-y``), False (``--linear-y``), None: where a panel spans > 2 decades.
     log_y: bool | None = None
+    #: Runs not made on purpose (status ``skipped``: a sweep's early stop, a run that gave way to a
+    #: user's job): counted apart from the failed ones, which they are not.
+    skipped: list[Run] = field(default_factory=list)
+
+    @property
+    def runs_text(self) -> str:
+        """``3 kept, 0 outliers removed, 2 skipped (early stop), 1 failed``: the header's run counts."""
+        reasons: dict[str, int] = {}
+        for run in self.skipped:
+            reasons[run.failure_reason or "no reason"] = reasons.get(run.failure_reason or "no reason", 0) + 1
+        why = ", ".join(reason.replace("_", " ") if len(reasons) == 1 else f"{n} {reason.replace('_', ' ')}"
+                        for reason, n in sorted(reasons.items()))
+        skipped = f"{len(self.skipped)} skipped ({why})" if self.skipped else "0 skipped"
+        return (f"{self.runs_kept} kept, {len(self.dropped)} outliers removed, {skipped}, "
+                f"{len(self.failed)} failed")
 
     @property
     def rule_text(self) -> str:
@@ -288,7 +303,8 @@ RULES = ("within-slowdown", "min-energy")
 
 
 def _split_runs(loaded: Loaded, remove_outliers: bool) -> tuple[list[Run], list[Run], list[Dropped]]:
-    """The input's failed runs, the successful ones kept, and the outliers dropped; ReportError when none is usable."""
+    """The input's runs that did not measure (failed or skipped), the successful ones kept, and the outliers
+    dropped; ReportError when none is usable."""
     runs = loaded.runs
     if not runs:
         where = ", ".join(loaded.sources) or "the input"
@@ -382,13 +398,14 @@ def build_report(
         runs_total=len(runs),
         runs_kept=len(kept),
         dropped=dropped,
-        failed=failed,
+        failed=[r for r in failed if r.status != "skipped"],
         first_time=min(times) if times else None,
         last_time=max(times) if times else None,
         notes=list(loaded.notes),
         outliers_removed=remove_outliers,
         rule=rule,
         log_y=log_y,
+        skipped=[r for r in failed if r.status == "skipped"],
     )
 
 

@@ -52,6 +52,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--facet", metavar="KEY",
                         help="one report per value of the run label KEY (--label KEY=VALUE), in DIR/KEY=VALUE/, "
                              "and DIR/index.html with every value's figure side by side")
+    parser.add_argument("--free-y", action="store_true",
+                        help="with --facet: each facet scales its power-cap panels to its own data (default: one "
+                             "y-scale per panel across the facets, so they compare by eye)")
     parser.set_defaults(func=main)
 
 
@@ -64,6 +67,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.prometheus and not args.start:
         print("gpuperfd: --prometheus needs --start (and optionally --end, --step)", file=sys.stderr)
+        return 2
+    if getattr(args, "free_y", False) and not getattr(args, "facet", None):
+        print("gpuperfd: --free-y frees the y-scales of facets; it needs --facet KEY", file=sys.stderr)
         return 2
     try:
         start = parse_time(args.start) if args.start else None
@@ -110,16 +116,25 @@ def _build_and_write(args: argparse.Namespace, loaded: Any, out: Any) -> tuple[A
 
 
 def _write_facets(args: argparse.Namespace, loaded: Any) -> int:
-    """``--facet KEY``: a report per label value and the index page that sets them side by side."""
+    """``--facet KEY``: a report per label value and the index page that sets them side by side; each
+    power-cap panel on one y-scale across the facets (unless ``--free-y``)."""
     from pathlib import Path
 
+    from gpuperfd.report import build_report, write_report
     from gpuperfd.report.facets import FacetFiles, facet_folder, split_by_label, write_index
+    from gpuperfd.report.figures import cap_panel_ranges
+    from gpuperfd.report.scales import merge, shared
 
     out = Path(args.out)
     facets = []
-    for value, subset in split_by_label(loaded, args.facet).items():
+    reports = {value: build_report(subset, args.max_slowdown, remove_outliers=not args.keep_outliers, rule=args.rule,
+                                   log_y=args.log_y)
+               for value, subset in split_by_label(loaded, args.facet).items()}
+    ranges = None if getattr(args, "free_y", False) else merge(cap_panel_ranges(r) for r in reports.values())
+    for value, report in reports.items():
         folder = facet_folder(out, args.facet, value)
-        report, files = _build_and_write(args, subset, folder)
+        with shared(ranges):
+            files = write_report(report, folder)
         print(f"{args.facet} = {value}:")
         _print_summary(report, files)
         facets.append(FacetFiles(value, folder))
@@ -132,7 +147,7 @@ def _print_summary(report: Any, files: Any) -> None:
     from gpuperfd.report.html import WRONG_RESULT
 
     print(f"{len(report.gpus)} GPU(s), {len(report.series)} series, {report.runs_total} runs "
-          f"({len(report.dropped)} outliers removed, {len(report.failed)} failed)")
+          f"({report.runs_text})")
     wrong = [r for r in report.failed if r.failure_reason == WRONG_RESULT]
     if wrong:
         gpus = sorted({f"{r.gpu.node}/{r.gpu.index}" for r in wrong})

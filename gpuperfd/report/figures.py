@@ -29,6 +29,7 @@ from matplotlib.ticker import EngFormatter, FixedLocator, NullLocator  # noqa: E
 from gpuperfd.report.aggregate import Report, Series  # noqa: E402
 from gpuperfd.report.records import LATENCY_TITLES, kind_of  # noqa: E402
 from gpuperfd.report.repeats import repeat_rows, repeat_series  # noqa: E402
+from gpuperfd.report.scales import panel_ranges, shared_range, tag  # noqa: E402
 
 COLUMN_INCHES = 4.0
 ROW_INCHES = 2.35
@@ -172,6 +173,8 @@ def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], styl
     }
     for row, ax in zip(rows, axes):
         _tidy(ax)
+        tag(ax, (workload, row), scale if row == "energy" else 1.0)
+        _share_y(ax)
         ax.set_ylabel(labels[row], fontsize=8)
         ax.grid(True, alpha=0.3)
         ax.tick_params(labelsize=7)
@@ -250,6 +253,28 @@ def _tidy(ax: Any) -> None:
     middle = (lo + hi) / 2
     if middle and hi - lo < 0.08 * abs(middle):
         ax.set_ylim(middle - 0.04 * abs(middle), middle + 0.04 * abs(middle))
+
+
+def _share_y(ax: Any) -> None:
+    """The y range every facet's same panel shares (:mod:`gpuperfd.report.scales`), if one is in force;
+    log when that range spans more than two decades (or with ``--log-y``), padded 5 %."""
+    span = shared_range(ax)
+    if span is None:
+        return
+    lo, hi = span
+    if wants_log([lo, hi], _LOG_Y.get()):
+        ax.set_yscale("log")
+        ax.set_ylim(lo / 1.15, hi * 1.15)
+        return
+    ax.set_yscale("linear")
+    middle = (lo + hi) / 2
+    width = max(hi - lo, 0.08 * abs(middle)) or 1.0
+    ax.set_ylim(middle - 0.55 * width, middle + 0.55 * width)
+
+
+def cap_panel_ranges(report: Report) -> dict[Any, tuple[float, float]]:
+    """Each power-cap panel's data range (base units), measured on a figure that is never saved."""
+    return panel_ranges(cap_figure(report))
 
 
 def _with_report_scale(draw: Any) -> Any:
@@ -569,8 +594,7 @@ def header_lines(report: Report) -> list[str]:
         report.rule_text,
         f"Nodes: {', '.join(report.nodes)} \u00b7 drivers: {', '.join(report.drivers)}",
         *[("GPUs: " if i == 0 else "      ") + text for i, text in enumerate(gpus)],
-        f"Runs: {report.runs_total} ({report.runs_kept} kept, {len(report.dropped)} outliers removed, "
-        f"{len(report.failed)} failed) \u00b7 "
+        f"Runs: {report.runs_total} ({report.runs_text}) \u00b7 "
         + ("outliers: outside median \u00b1 max(3\u00b71.4826\u00b7MAD, 5%) per (GPU, probe, preset, batch, cap)"
            if report.outliers_removed else "outlier removal off"),
     ]

@@ -74,7 +74,7 @@ data from <b>{escape(utc(report.first_time))}</b> to <b>{escape(utc(report.last_
 {''.join(rows)}
 </table>
 <p>Sources: {escape('; '.join(report.sources))}</p>
-<p>Runs: <b>{report.runs_total}</b> ({report.runs_kept} kept, {len(report.dropped)} outliers removed, {len(report.failed)} failed).
+<p>Runs: <b>{report.runs_total}</b> ({escape(report.runs_text)}).
 <span id="rule">{escape(report.rule_text[0].upper() + report.rule_text[1:])}</span>.</p>
 {notes}
 </header>"""
@@ -208,6 +208,12 @@ def _outliers(report: Report) -> str:
                                      wrong_result_marker(r.failure_reason))) + "</tr>"
         for r in report.failed
     )
+    skipped = "".join(
+        "<tr>" + "".join(_cell(v) for v in (utc(r.time, "%Y-%m-%d %H:%M:%S"), r.gpu.node, r.gpu.index, r.probe,
+                                          r.preset, r.batch_size or "-", _cap(r.cap_watts), r.status,
+                                          r.failure_reason or "")) + "</tr>"
+        for r in report.skipped
+    )
     wrong = sum(r.failure_reason == WRONG_RESULT for r in report.failed)
     wrong_note = (f'<p class="wrong-result"><b>{wrong} run(s) computed wrong numbers</b> (answer checks failed: '
                   "silent data corruption; see docs/probes.md, Correctness). Treat those GPUs as unhealthy.</p>"
@@ -222,6 +228,8 @@ of normal data. A group with a MAD of 0 or fewer than 3 runs drops nothing. See 
 <h3>Failed ({len(report.failed)})</h3>
 {wrong_note}
 {'<table><tr><th>time (UTC)</th><th>node</th><th>GPU</th><th>probe</th><th>preset</th><th>batch</th><th>cap (W)</th><th>status</th><th>reason</th></tr>' + failed + '</table>' if failed else '<p class="muted">none</p>'}
+<h3>Skipped on purpose ({len(report.skipped)})</h3>
+{'<table><tr><th>time (UTC)</th><th>node</th><th>GPU</th><th>probe</th><th>preset</th><th>batch</th><th>cap (W)</th><th>status</th><th>reason</th></tr>' + skipped + '</table>' if skipped else '<p class="muted">none</p>'}
 </section>"""
 
 

@@ -224,3 +224,30 @@ def test_generated_json_is_loadable():
     for path in GENERATED.glob("*.json"):
         dash = json.loads(path.read_text(encoding="utf-8"))
         assert dash["uid"] and dash["panels"]
+
+
+def _run_dashboards(out: str):
+    parser = argparse.ArgumentParser()
+    dashboards_cli.register(parser.add_subparsers())
+    args = parser.parse_args(["dashboards", "--out", out])
+    return args.func(args)
+
+
+def test_cli_refuses_a_file_as_out_dir_and_writes_nothing(tmp_path, capsys):
+    target = tmp_path / "passwd"
+    target.write_text("root:x:0:0\n", encoding="utf-8")
+    assert _run_dashboards(str(target)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"--out {target}: is a file, not a directory" in err
+    assert target.read_text(encoding="utf-8") == "root:x:0:0\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["passwd"]
+
+
+def test_cli_refuses_an_out_dir_it_cannot_create(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x", encoding="utf-8")
+    assert _run_dashboards(str(blocker / "sub")) == 2
+    err = capsys.readouterr().err
+    assert "cannot create the directory" in err and str(blocker / "sub") in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

@@ -168,6 +168,29 @@ def test_bad_flags_are_usage_errors(tmp_path: Path, args: list[str]) -> None:
     assert proc.returncode == EXIT_USAGE, proc.stderr
 
 
+def _parse_check(args: list[str], capsys) -> tuple[int, str]:
+    import argparse
+
+    from gpuperfd.probing.check_cli import register
+
+    parser = argparse.ArgumentParser(prog="gpuperfd")
+    register(parser.add_subparsers())
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["check", *args])
+    return int(exited.value.code), capsys.readouterr().err
+
+
+def test_a_reversed_gpu_range_is_named_as_such(capsys) -> None:
+    code, err = _parse_check(["--gpus", "0,3-1"], capsys)
+    assert code == EXIT_USAGE and "'3-1' is a reversed range: write 1-3" in err
+    assert "no GPU index given" not in err
+
+
+def test_json_and_line_are_exclusive(capsys) -> None:
+    code, err = _parse_check(["--json", "--line"], capsys)
+    assert code == EXIT_USAGE and "--line: not allowed with argument --json" in err
+
+
 def test_no_driver_is_could_not_check(tmp_path: Path) -> None:
     config = tmp_path / "nvml.yaml"
     config.write_text(f"device: {{backend: nvml}}\nprobes: {{state_dir: {tmp_path}}}\n")
@@ -197,7 +220,13 @@ def _by_gpu(outcome):
     return {v.gpu: v for v in outcome.verdicts}
 
 
-def test_gpu_owned_by_a_sweep_is_not_probed_and_the_lock_is_never_fought(tmp_path: Path) -> None:
+@pytest.fixture
+def real_gpus(monkeypatch):
+    """The simulated GPUs stand in for real ones: the check takes each probed GPU's lock, as beside a daemon."""
+    monkeypatch.setattr(check_mod, "shares_gpus", lambda _config: True)
+
+
+def test_gpu_owned_by_a_sweep_is_not_probed_and_the_lock_is_never_fought(tmp_path: Path, real_gpus) -> None:
     config = _config(tmp_path)
     backend = SimulatedBackend(config.simulation)
     lock = GpuLock(config.probes.state_dir, safe_name(backend.devices()[0].info().uuid))
@@ -213,7 +242,7 @@ def test_gpu_owned_by_a_sweep_is_not_probed_and_the_lock_is_never_fought(tmp_pat
     assert _run(config, backend, require_probe=True).probed == [0, 1]  # released: both probed now
 
 
-def test_our_lock_is_held_during_the_probe_and_released_after(tmp_path: Path, monkeypatch) -> None:
+def test_our_lock_is_held_during_the_probe_and_released_after(tmp_path: Path, real_gpus, monkeypatch) -> None:
     config = _config(tmp_path, gpus=1)
     config.probes.state_dir.mkdir()  # the daemon's state directory exists
     backend = SimulatedBackend(config.simulation)
@@ -336,14 +365,32 @@ def test_check_changes_no_power_cap(tmp_path: Path) -> None:
     assert "500 W: peers only" in measured.message and measured.evidence["expected"].get("units_per_second") is None
 
 
-def test_no_state_directory_is_probed_without_creating_one(tmp_path: Path) -> None:
+def test_no_state_directory_is_probed_without_creating_one(tmp_path: Path, real_gpus) -> None:
     config = config_from_mapping({"device": {"backend": "simulated"}, "simulation": {"gpus": 1, "seed": 1},
                                   "probes": {"state_dir": str(tmp_path / "never-made")}})
     outcome = _run(config, SimulatedBackend(config.simulation))
     assert outcome.probed == [0] and not (tmp_path / "never-made").exists()
 
 
-def test_lock_file_made_by_root_belongs_to_the_state_directory_owner(tmp_path: Path) -> None:
+def test_a_simulated_check_writes_nothing_under_the_state_directory(tmp_path: Path) -> None:
+    """Read-only means read-only: simulated GPUs are nobody else's, so no lock file is made or rewritten."""
+    config = _config(tmp_path)
+    config.probes.state_dir.mkdir()
+    outcome = _run(config, SimulatedBackend(config.simulation))
+    assert outcome.probed == [0, 1] and list(config.probes.state_dir.iterdir()) == []
+
+
+def test_a_real_check_with_a_probe_child_never_creates_the_state_directory(tmp_path: Path, real_gpus) -> None:
+    """The probe child's compile cache and child record live in the state directory when it exists;
+    a check must not create it (a node where no daemon ever ran)."""
+    config = config_from_mapping({"device": {"backend": "simulated"}, "simulation": {"gpus": 1, "seed": 1},
+                                  "probes": {"state_dir": str(tmp_path / "never-made"), "executor": "child",
+                                             "torch_device": "cpu"}})
+    outcome = _run(config, SimulatedBackend(config.simulation), preset="tiny")
+    assert outcome.probed == [0] and not (tmp_path / "never-made").exists()
+
+
+def test_lock_file_made_by_root_belongs_to_the_state_directory_owner(tmp_path: Path, real_gpus) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to hand a file to another user")  # CI and the dev VMs run as root
     config = _config(tmp_path, gpus=1)

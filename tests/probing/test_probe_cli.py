@@ -234,3 +234,30 @@ def test_correctness_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     text = cli.results_table([wrong, ProbeResult.failure("llm", "graph", "tiny", reason="timeout", message="x")])
     assert "MISMATCH" in text and "failed:wrong_result" in text
     assert cli.correctness_cell({"status": "not_checked"}) == "-" and cli.correctness_cell({}) == "-"
+
+
+def test_a_dataset_that_is_not_token_ids_is_refused_before_any_point_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--dataset /etc/passwd` failed inside the child seconds later; now it is refused at once, like --weights."""
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    out = tmp_path / "out.csv"
+    code = cli.main(parse(["llm", "--preset", "gpt2", *SIM, "--dataset", str(passwd), "--output", str(out)]))
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE
+    assert f"dataset_path: {passwd}: unsupported file type (no suffix) for llm" in err
+    assert not out.exists()
+
+
+def test_cpu_float16_is_warned_once_and_a_timeout_says_what_to_change(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An explicit --dtype float16 on the CPU runs (the user's choice) with one warning for the matrix; a point
+    that runs out of time names the flags that help (a 1 s bound: the child cannot even import torch)."""
+    code = cli.main(parse(["llm", "--preset", "tiny", "--device", "cpu", "--dtype", "float16", "--batch-size", "1", "2",
+                           "--timeout", "1", "--no-progress"]))
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_FAILURE
+    assert err.count("warning: --dtype float16 on the CPU (2 point(s))") == 1
+    hint = ("the point ran out of its 1 s on the CPU: change --timeout S, --dtype float32, "
+            "or a smaller --preset or --batch-size")
+    assert err.count(hint) == 2, err

@@ -541,3 +541,28 @@ def test_simulated_wrong_results_fail_runs_and_count(tmp_path):
     assert all(r["status"] == "failed" and r["failure_reason"] == "wrong_result"
                and r["correctness"]["status"] == "mismatch" for r in by_gpu[1]) and len(by_gpu[1]) == 2
     assert by_gpu[0][0]["correctness"]["fingerprint"] != by_gpu[1][0]["correctness"]["fingerprint"]
+
+
+def test_a_sweep_stopped_after_one_point_recommends_nothing_and_says_so(tmp_path, caplog):
+    """A shutdown mid-sweep: the second point comes back aborted. The one point measured is no
+    ground for a recommendation ("recommended cap 700 W, saves 0.0 %" was logged before)."""
+    backend, devices, registry, service = make(tmp_path)
+    ok_executor = service.executor
+    calls = []
+
+    def aborted_second(device, schedule, abort):
+        calls.append(1)
+        result = ok_executor(device, schedule, abort)
+        if len(calls) == 2:
+            return ProbeResult.failure(result.probe, result.variant, result.preset, "aborted",
+                                       "probe aborted by the caller", status="aborted")
+        return result
+
+    service.executor = PerPointExecutor(aborted_second)
+    schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=[700, 500, 300], settle_seconds=0)
+    with caplog.at_level(logging.INFO, logger="gpuperfd.probing.service"):
+        outcome = service.run(schedule, 0)
+    assert outcome.result == "aborted" and len(outcome.points) == 2
+    assert "recommended cap" not in caplog.text
+    assert "gpu 0 llm/gpt2: sweep interrupted after 1 of 3 points: no recommendation" in caplog.text
+    assert devices[0].power_limits().enforced_watts == 680.0

@@ -211,6 +211,18 @@ def test_sweep_cli_caps_out_of_range_are_errors_unless_clamp(tmp_path, capsys):
         assert [float(r["power_cap_watts"]) for r in csv.DictReader(handle)] == [700.0]
 
 
+def test_sweep_cli_refused_caps_create_no_state_dir(tmp_path, capsys):
+    """A cap out of range is refused before the state directory is touched: no directory, no lock."""
+    from gpuperfd.cli import main
+
+    state = tmp_path / "st2"
+    code = main(["sweep", "--simulate", "1", "--probe", "llm", "--caps", "9000", "--state-dir", str(state),
+                 "--settle", "0", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--caps: cap 9000.0 is 9000 W, outside this GPU's range 200-700 W" in err
+    assert not state.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_sweep_cli_option_errors_are_one_line(tmp_path, capsys):
     from gpuperfd.cli import main
 
@@ -339,5 +351,29 @@ def test_a_sweep_that_gives_way_to_a_users_job_restores_the_operators_cap(tmp_pa
         (700, "ok", None), (500, "skipped", "preempted")]  # 300 W never set
     assert seen == [700, 500, None] and gpu.power_limits().enforced_watts == 650.0
     assert not CapJournal(tmp_path / "state").entries()  # the journal entry is gone: nothing left to restore
-    assert _print_results(0.05, "attention", points) == 0  # not a failure
-    assert "skipped (preempted)" in capsys.readouterr().out
+    assert _print_results(0.05, "attention", points, 3) == 0  # not a failure
+    printed = capsys.readouterr().out
+    assert "skipped (preempted)" in printed
+    assert "sweep interrupted after 1 of 3 points: no recommendation" in printed and "recommended cap" not in printed
+
+
+def test_restore_caps_says_when_the_state_dir_is_missing_and_exits_2(tmp_path, capsys):
+    """A mistyped --state-dir is not "all restored": the script running it hears so, and nothing is created."""
+    from gpuperfd.cli import main
+
+    missing = tmp_path / "nonexistent"
+    assert main(["restore-caps", "--simulate", "1", "--state-dir", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"state directory {missing} does not exist: no power-cap journal there" in err
+    assert not missing.exists()
+
+
+def test_restore_caps_with_nothing_to_restore_says_so_and_succeeds(tmp_path, capsys):
+    from gpuperfd.cli import main
+
+    state = tmp_path / "state"
+    state.mkdir()
+    assert main(["restore-caps", "--simulate", "1", "--state-dir", str(state)]) == 0
+    captured = capsys.readouterr()
+    assert f"nothing to restore (no power-cap journal entry in {state})" in captured.out and captured.err == ""
+    assert list(state.iterdir()) == []

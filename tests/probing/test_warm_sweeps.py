@@ -126,9 +126,12 @@ def test_child_killed_between_points_and_during_a_point(gpu, tmp_path):
 def test_a_child_that_cannot_be_built_is_not_rebuilt_for_every_cap(gpu, tmp_path):
     pytest.importorskip("torch")
     executor = ChildProcessExecutor(60, torch_device="cpu")
-    # A dataset that is not token ids fails in the build, before the first window.
+    # Token ids outside the vocabulary fail in the build, before the first window (a file that is not
+    # token ids at all is refused before any child starts: gpuperfd/probe_data/datasets.py).
+    import numpy as np
+
     bad = tmp_path / "tokens.npy"
-    bad.write_bytes(b"not a numpy file")
+    np.save(bad, np.full(4096, 10**9, dtype=np.int64))
     session = open_session(executor, gpu, tiny_request("llm", dataset_path=str(bad)), threading.Event())
     try:
         points = run_sweep(gpu, CapJournal(tmp_path), [600, 400], session.measure, settle_seconds=0)

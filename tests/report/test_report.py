@@ -287,7 +287,7 @@ def test_outliers_are_removed_by_the_documented_rule(tmp_path):
     assert len(dropped) == 2  # one outlier, one failed run
     assert dropped[0][3:7] == ["llm", "gpt2", "8", "700"] and dropped[0][7].startswith("throughput ")
     assert dropped[1][3:] == ["llm", "gpt2", "8", "700", "failed", "oom"]
-    assert "Runs: <b>92</b> (90 kept, 1 outliers removed, 1 failed)" in html
+    assert "Runs: <b>92</b> (90 kept, 1 outliers removed, 0 skipped, 1 failed)" in html
     assert "2 line(s) skipped as not runs" in html  # the malformed line and the record that is not a run  # the record that is not a probe run
 
     kept = tmp_path / "kept"
@@ -295,6 +295,26 @@ def test_outliers_are_removed_by_the_documented_rule(tmp_path):
     row = next(r for r in read_csv(kept / "points.csv")
                if (r["gpu_uuid"], r["probe"], r["preset"], int(r["batch_size"]), float(r["cap_watts"])) == key)
     assert (int(row["runs"]), int(row["outliers_dropped"])) == (4, 0)
+
+
+def test_early_stop_skips_are_counted_apart_from_failed_runs(tmp_path, capsys):
+    """A sweep's early stop is not a failure: the header counts it as skipped (early stop)."""
+    records = lines(H100)
+    target = next(r for r in records if r["result"]["probe"] == "llm" and r["power_cap_watts"] == 700)
+    skipped = copy.deepcopy(target)
+    skipped["time"] += 1
+    skipped["power_cap_watts"] = 200
+    skipped["result"] = ProbeResult.failure("llm", "simulated", "gpt2", "early_stop", "300 W was already slower",
+                                            status="skipped", params={"batch_size": 8}).to_dict()
+    history = tmp_path / "history.jsonl"
+    history.write_text(H100.read_text() + json.dumps(skipped) + "\n")
+    out = tmp_path / "out"
+    assert run_cli("--history", str(history), "--out", str(out)) == 0
+    printed = capsys.readouterr().out
+    assert "(90 kept, 0 outliers removed, 1 skipped (early stop), 0 failed)" in printed
+    html, tables = parse_html(out / "report.html")
+    assert "Runs: <b>91</b> (90 kept, 0 outliers removed, 1 skipped (early stop), 0 failed)" in html
+    assert "<h3>Failed (0)</h3>" in html and "<h3>Skipped on purpose (1)</h3>" in html
 
 
 def _run(rate: float, energy: float = 1.0, cap: float = 500.0) -> Run:

@@ -51,3 +51,54 @@ def test_facet_on_a_label_no_run_has_is_one_clear_error(tmp_path: Path, capsys: 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no run has the label 'driver'" in err[0] and "dataset" in err[0]
     assert not (tmp_path / "r").exists()
+
+
+def _sweep_runs(tmp_path: Path) -> Path:
+    """Two facets of one workload at clearly different throughput (batch 1 and batch 32)."""
+    config = tmp_path / "fast.yaml"
+    config.write_text("probes:\n  simulated_measure_seconds: 0.05\n")
+    runs = tmp_path / "sweeps.jsonl"
+    for batch, label in ((1, "small"), (32, "large")):
+        assert main(["sweep", "--simulate", "1", "--config", str(config), "--probe", "vit", "--caps", "max,500,300",
+                     "--settle", "0", "--no-stop-early", "--state-dir", str(tmp_path / "state"), "--no-progress",
+                     "--option", f"batch_size={batch}", "--label", f"size={label}", "--output", str(runs)]) == 0
+    return runs
+
+
+def _rate_ylims(runs: Path, free: bool) -> dict[str, tuple[float, float]]:
+    """Each facet's throughput panel's y range, drawn as `report --facet size` draws it."""
+    from gpuperfd.report import build_report, load_history
+    from gpuperfd.report.facets import split_by_label
+    from gpuperfd.report.figures import cap_figure, cap_panel_ranges
+    from gpuperfd.report.scales import merge, shared
+
+    reports = {v: build_report(s, 0.1) for v, s in split_by_label(load_history([str(runs)]), "size").items()}
+    ranges = None if free else merge(cap_panel_ranges(r) for r in reports.values())
+    out = {}
+    for value, report in reports.items():
+        with shared(ranges):
+            fig = cap_figure(report)
+        ax = next(a for a in fig.get_axes() if getattr(a, "gpuperfd_panel", (None,))[0] == (("vit", "vit-b16"), "rate"))
+        out[value] = ax.get_ylim()
+    return out
+
+
+def test_facets_share_each_panels_y_scale_unless_freed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = _sweep_runs(tmp_path)
+    shared_lims = _rate_ylims(runs, free=False)
+    assert shared_lims["small"] == shared_lims["large"]
+    free_lims = _rate_ylims(runs, free=True)
+    assert free_lims["small"] != free_lims["large"]
+    low, high = shared_lims["small"]  # the shared scale holds both facets' data
+    assert low <= min(v[0] for v in free_lims.values()) * 1.2 and high >= max(v[1] for v in free_lims.values()) * 0.9
+    for flags in ([], ["--free-y"]):
+        assert main(["report", "--history", str(runs), "--facet", "size", "--out", str(tmp_path / "r"), *flags]) == 0
+
+
+def test_free_y_without_facet_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = tmp_path / "vit.csv"
+    _probe(runs, "dataset=cifar10")
+    capsys.readouterr()
+    assert main(["report", "--history", str(runs), "--free-y", "--out", str(tmp_path / "r")]) == 2
+    assert "--free-y frees the y-scales of facets; it needs --facet KEY" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

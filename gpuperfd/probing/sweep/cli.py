@@ -26,12 +26,13 @@ from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.device.factory import open_backend
 from gpuperfd.probe_data.record import RecordError, append_records, build_record, check_output, parse_labels
-from gpuperfd.probe_data.recommend import SweepPoint, point_words, read_only_note, recommend, work_rate
+from gpuperfd.probe_data.recommend import (SweepPoint, cut_short, point_words, read_only_note, recommend,
+                                           work_rate)
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.spec import PROBES
 from gpuperfd.probing.executors import choose_executor
 from gpuperfd.probing.idle import busy_reason
-from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list
+from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal, journals_for, restore_all
 from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, SweepRequest, run_owned_sweep
 from gpuperfd.probing.sweep.ownership import is_owned
@@ -235,10 +236,28 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
             if args.gpu not in devices:
                 say(f"gpuperfd: --gpu {args.gpu}: no such GPU (have {sorted(devices)})")
                 return 2
+            if (problem := _caps_out_of_range(args, devices[args.gpu], caps_spec)) is not None:
+                say(f"gpuperfd: --caps: {problem}")
+                return 2
             code = _sweep(args, config, backend.name, devices[args.gpu], schedules, caps_spec, abort, stop)
         finally:
             backend.close()
     return code
+
+
+def _caps_out_of_range(args: SweepArgs, device: Device, caps_spec: list[str | float]) -> str | None:
+    """Why a cap is outside the board's range (without --clamp), read before the state directory is
+    touched: a refused sweep creates no lock, no journal, no directory. None when the caps fit, or
+    when the limits cannot be read here (the owned sweep then says so with the cap restored)."""
+    if args.clamp:
+        return None
+    try:
+        resolve_caps(caps_spec, device.power_limits(), strict=True)
+    except CapSpecError as exc:
+        return str(exc)
+    except DeviceError:
+        return None
+    return None
 
 
 def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, schedules: list[ScheduleConfig],
@@ -250,6 +269,7 @@ def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, s
                            stop_early=args.max_slowdown if args.stop_early else None, wait_seconds=args.wait)
     threshold = config.probes.idle_utilization_threshold
     bars: list[CliObserver] = []
+    planned_points: dict[int, int] = {}  # id(schedule) -> how many points its sweep was to measure
 
     def observer_for(schedule: ScheduleConfig, planned: OwnedSweep) -> CliObserver:
         if planned.read_only and planned.original_cap_watts is not None and not bars:
@@ -257,6 +277,7 @@ def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, s
             say(f"gpuperfd: gpu {args.gpu}: {read_only_note(planned.caps_watts, planned.original_cap_watts)}")
         records.start(planned.original_cap_watts)
         total = 1 if planned.read_only else len(planned.caps_watts)
+        planned_points[id(schedule)] = total
         bars.append(CliObserver(ProgressBar(total, desc=f"sweep {schedule.probe} gpu{args.gpu}",
                                             enabled=None if args.progress else False), records))
         return bars[-1]
@@ -270,14 +291,18 @@ def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, s
     if (early := _refusal(args, device, journal, outcome, stop)) is not None:
         return early
     if stop.received is not None:
-        say(f"gpuperfd: sweep stopped by {stop.name}; {_cap_report(device, outcome.original_cap_watts, journal)}")
+        done = sum(1 for _, points in outcome.sweeps for p in points
+                   if p.result.status != "aborted" and not p.result.preempted)
+        say(f"gpuperfd: sweep stopped by {stop.name}: interrupted after {done} of {sum(planned_points.values())} "
+            f"points, no recommendation; {_cap_report(device, outcome.original_cap_watts, journal)}")
         return stop.exit_code
     if outcome.status is OwnedStatus.PREEMPTED:  # not a failure: the table shows it skipped (preempted)
         say(f"gpuperfd: gave way to a user's job ({outcome.detail}); "
             f"{_cap_report(device, outcome.original_cap_watts, journal)}")
     code = 0
     for schedule, points in outcome.sweeps:
-        code = max(code, _print_results(args.max_slowdown, schedule.probe, points))
+        code = max(code, _print_results(args.max_slowdown, schedule.probe, points,
+                                        planned_points.get(id(schedule), len(points))))
     if args.report:
         code = max(code, _write_report(args.report, args.max_slowdown, records.records))
     return code
@@ -415,8 +440,9 @@ def _settle_seconds(result: ProbeResult) -> float | None:
     return sum(known) if known else None
 
 
-def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint]) -> int:
-    """The table of one probe's sweep and its recommendation; 1 when a point failed."""
+def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint], planned: int | None = None) -> int:
+    """The table of one probe's sweep and its recommendation (none when it was cut short of its
+    ``planned`` points, default: as many as it has); 1 when a point failed."""
     rows = _rows(points)
     print(f"\n{probe}:")
     print(format_table(
@@ -427,7 +453,9 @@ def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint]) ->
          for row in rows],
     ))
     best = recommend(points, max_slowdown)
-    if best is not None and len(points) > 1:
+    if (why := cut_short(points, len(points) if planned is None else planned)) is not None:
+        print(f"\nsweep {why}")
+    elif best is not None and len(points) > 1:
         print(
             f"\nrecommended cap: {best.cap_watts:.0f} W: {100 * best.energy_saving_ratio:.1f}% less energy per "
             f"{points[0].result.work_unit}, {100 * best.slowdown_ratio:.1f}% slower than {best.baseline_cap_watts:.0f} W "
@@ -436,12 +464,34 @@ def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint]) ->
     return 0 if all(p.result.status in ("ok", "skipped") for p in points) else 1
 
 
+def _missing_state_dir(config: Config) -> str | None:
+    """Why the configured state directory holds no journal at all (missing, or not a directory), or None.
+
+    A script that runs ``restore-caps --state-dir DIR`` with a mistyped DIR must hear about it: the
+    exit code is 2 then, where a directory that exists with nothing to restore is success."""
+    state_dir = config.probes.state_dir
+    if state_dir.is_dir():
+        return None
+    what = "is not a directory" if state_dir.exists() else "does not exist"
+    return f"state directory {state_dir} {what}: no power-cap journal there"
+
+
 def cmd_restore_caps(args: argparse.Namespace) -> int:
+    """Restore every cap journaled in the state directory and every other one this node used;
+    0 when none is left changed (and says "nothing to restore" when there was nothing), 1 when one
+    is, 2 when the configured state directory does not exist and no other held anything to restore
+    (one that did is restored, and the missing directory still named)."""
     config = _load(args.config, args.state_dir, args.simulate)
     setup_logging(config.log_level)
+    missing = _missing_state_dir(config)
+    if missing is not None:
+        print(f"gpuperfd: restore-caps: {missing}", file=sys.stderr)
     journals = journals_for(config)  # the configured state directory and every other one this node used
     if not any(journal.entries() for journal in journals):
-        return 0
+        if missing is None:
+            searched = ", ".join(str(j.state_dir) for j in journals)
+            print(f"gpuperfd: restore-caps: nothing to restore (no power-cap journal entry in {searched})")
+        return 2 if missing is not None else 0
     try:
         backend = open_backend(config)
     except DeviceError as exc:
