@@ -28,6 +28,7 @@ from typing import Any
 from gpuperfd.console import ProgressBar, format_duration, format_table
 from gpuperfd.probe_data.result import MAIN_LATENCY, PRIMARY_METRIC, ProbeResult, canonical_latencies, summarize
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec, params_text
+from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY
 from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD
 
 __all__ = ["register", "main", "build_specs", "load_config_file", "write_results", "results_table",
@@ -391,6 +392,11 @@ def _simulate_index(spec: ProbeSpec, gpus: int) -> int:
     return index
 
 
+#: The point's options the simulated executor reads (it models the workload ones and names the rest).
+SIMULATED_OPTIONS = ("model", "variant", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size",
+                     "heads", "head_dim", "n_groups", "causal", "dtype", "weights_path", "dataset_path")
+
+
 class _Simulated:
     """``--simulate N``: each point runs on a simulated GPU through the simulator's executor (its
     physics: power, clocks, temperature, energy; no torch, no workload), one window per repeat."""
@@ -419,8 +425,9 @@ class _Simulated:
 
         device = self.devices[_simulate_index(spec, len(self.devices))]
         params = spec.params()
-        options = {k: params[k] for k in ("batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size")
-                   if k in params}
+        fields = {**params, "variant": spec.variant, "weights_path": spec.weights_path,
+                  "dataset_path": spec.dataset_path}
+        options = {k: fields[k] for k in SIMULATED_OPTIONS if fields.get(k) is not None}
         request = ProbeRequest(probe=spec.probe, preset=spec.preset, options=options)
         windows: list[ProbeResult] = []
         for number in range(1, spec.repeats + 1):
@@ -556,6 +563,8 @@ def _print_results(args: argparse.Namespace, results: list[ProbeResult], simulat
         capability = next(r.compute_capability for r in results if r.gpu_name)
         where = " SIMULATED (the simulator's physics, not a measurement)" if simulated else ""
         print(f"GPU: {gpu_name} (compute capability {capability}){where}")
+    if unmodelled := sorted({k for r in results for k in r.extra.get(NOT_MODELLED_KEY, [])}):
+        print(f"simulated: {', '.join(unmodelled)} not modelled (the simulated figures do not follow it)")
     if any(r.ok and r.low_gpu_busy for r in results):
         print("LOW-BUSY: the device was idle for part of the window; the figure measures the host as much as the GPU.")
 
