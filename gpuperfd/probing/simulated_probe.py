@@ -2,9 +2,9 @@
 
 It loads the simulated GPU with the profile of the probe and preset (calibrated from the real cards'
 figures at 700 W on the default presets, and scaled to every other point by the work it does:
-``simulated_workload.py``) for a measured window and derives the result from the physics: throughput from the SM clock the cap
-allows, energy from the simulated hardware counter, with realistic noise, so sweeps on the simulator
-show real-looking curves with a known true optimum. What differs per probe (its latencies, rates,
+``simulated_workload.py``) for a measured window and derives the result from the physics: throughput
+from the SM clock the cap allows, energy from the simulated hardware counter, with realistic noise,
+so sweeps on the simulator show real-looking curves with a known true optimum. What differs per probe (its latencies, rates,
 unit of work and extra fields) is one row of :data:`PROBE_SHAPES`; nothing else names a probe.
 
 It lives on the probing side, not in ``device/``, because it builds a ``ProbeResult`` (probe_data/),
