@@ -29,6 +29,7 @@ from typing import Any
 from gpuperfd.console import ProgressBar, format_duration, format_table
 from gpuperfd.probe_data.result import MAIN_LATENCY, PRIMARY_METRIC, ProbeResult, canonical_latencies, summarize
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec, params_text
+from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY
 from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD
 
 __all__ = ["register", "main", "build_specs", "load_config_file", "write_results", "results_table",
@@ -444,8 +445,11 @@ class _Points:
         from gpuperfd.probe_data.spec import default_timeout
         from gpuperfd.probing.executors import measure_once
 
-        if self.simulated:  # the spec's parameters (repeats among them): one window per repeat, pooled
-            request = ProbeRequest(spec.probe, spec.preset, spec.params(), settle_seconds=0.0)
+        if self.simulated:  # the spec's parameters (repeats among them): one window per repeat, pooled;
+            # the options the simulator does not model ride along, so its result names them
+            named = {"variant": spec.variant, "weights_path": spec.weights_path, "dataset_path": spec.dataset_path}
+            options = {**spec.params(), **{k: v for k, v in named.items() if v is not None}}
+            request = ProbeRequest(spec.probe, spec.preset, options, settle_seconds=0.0)
             device = self.devices[_simulate_index(spec, len(self.devices))]
         else:  # every field of the spec, its torch device included
             request = ProbeRequest.from_spec(spec, self.args.timeout or default_timeout(spec))
@@ -551,6 +555,8 @@ def _print_results(args: argparse.Namespace, results: list[ProbeResult], simulat
         capability = next(r.compute_capability for r in results if r.gpu_name)
         where = " SIMULATED (the simulator's physics, not a measurement)" if simulated else ""
         print(f"GPU: {gpu_name} (compute capability {capability}){where}")
+    if unmodelled := sorted({k for r in results for k in r.extra.get(NOT_MODELLED_KEY, [])}):
+        print(f"simulated: {', '.join(unmodelled)} not modelled (the simulated figures do not follow it)")
     if any(r.ok and r.low_gpu_busy for r in results):
         print("LOW-BUSY: the device was idle for part of the window; the figure measures the host as much as the GPU.")
 

@@ -1,10 +1,10 @@
 """The simulated probe: a probe point on a ``SimulatedGpu``, from the simulator's physics.
 
 It loads the simulated GPU with the profile of the probe and preset (calibrated from the real cards'
-figures at 700 W; presets without figures of their own run their probe's default preset profile)
-for a measured window and derives the result from the physics: throughput from the SM clock the cap
-allows, energy from the simulated hardware counter, with realistic noise, so sweeps on the simulator
-show real-looking curves with a known true optimum. What differs per probe (its latencies, rates,
+figures at 700 W on the default presets, and scaled to every other point by the work it does:
+``simulated_workload.py``) for a measured window and derives the result from the physics: throughput
+from the SM clock the cap allows, energy from the simulated hardware counter, with realistic noise,
+so sweeps on the simulator show real-looking curves with a known true optimum. What differs per probe (its latencies, rates,
 unit of work and extra fields) is one row of :data:`PROBE_SHAPES`; nothing else names a probe.
 
 It lives on the probing side, not in ``device/``, because it builds a ``ProbeResult`` (probe_data/),
@@ -30,6 +30,8 @@ from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.settle import wait_steady
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, GPT2_MODELS, PRESETS
+from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY
+from gpuperfd.probing.simulated_workload import SimulatedWorkload, simulated_workload
 
 if TYPE_CHECKING:  # the simulator's module is imported when a simulated point runs, not with the daemon
     from gpuperfd.device.simulated import SimulatedGpu, WorkloadProfile
@@ -40,8 +42,8 @@ SIMULATED_PROFILE = {probe: f"{probe}/{preset}" for probe, preset in DEFAULT_PRE
 
 
 def simulated_profile_name(probe: str, preset: str | None) -> str:
-    """The simulator profile for ``probe`` at ``preset``: the preset's own where measured,
-    else the default preset's (the simulator does not model model size or batch size)."""
+    """The calibrated simulator profile for ``probe`` at ``preset``: the preset's own where measured,
+    else the default preset's (which ``simulated_workload`` scales to the preset's work)."""
     from gpuperfd.device.simulated import WORKLOAD_PROFILES
 
     name = f"{probe}/{preset or DEFAULT_PRESET[probe]}"
@@ -54,14 +56,13 @@ def simulated_profile_name(probe: str, preset: str | None) -> str:
 Shape = tuple[dict[str, list[float]], dict[str, float], str]
 
 
-def _llm_shape(rate: float, samples: list[float], options: Mapping[str, Any]) -> Shape:
-    from gpuperfd.device.simulated import LLM_PREFILL_SPEEDUP
-
+def _llm_shape(rate: float, samples: list[float], options: Mapping[str, Any], work: SimulatedWorkload) -> Shape:
     batch = int(options.get("batch_size", 1))
     prompt = int(options.get("prompt_tokens", 128))
     output = int(options.get("output_tokens", 128))
     tpot = batch / rate
-    ttft = batch * prompt / (rate * LLM_PREFILL_SPEEDUP)
+    assert work.ttft_per_tpot is not None
+    ttft = tpot * work.ttft_per_tpot
     request = ttft + output * tpot
     return ({"ttft_seconds": [ttft * s for s in samples[:8]], "tpot_seconds": [tpot * s for s in samples],
              "request_seconds": [request * s for s in samples[:8]]},
@@ -69,16 +70,19 @@ def _llm_shape(rate: float, samples: list[float], options: Mapping[str, Any]) ->
              "requests_per_second": batch / request}, "token")
 
 
-def _vit_shape(rate: float, samples: list[float], options: Mapping[str, Any]) -> Shape:
+def _vit_shape(rate: float, samples: list[float], options: Mapping[str, Any],
+               work: SimulatedWorkload) -> Shape:
     batch = int(options.get("batch_size", 128))
     return {"batch_seconds": [batch / rate * s for s in samples]}, {"images_per_second": rate}, "image"
 
 
-def _attention_shape(rate: float, samples: list[float], options: Mapping[str, Any]) -> Shape:
+def _attention_shape(rate: float, samples: list[float], options: Mapping[str, Any],
+                     work: SimulatedWorkload) -> Shape:
     return {"iteration_seconds": [s / rate for s in samples]}, {"iterations_per_second": rate}, "iteration"
 
 
-def _train_shape(rate: float, samples: list[float], options: Mapping[str, Any]) -> Shape:
+def _train_shape(rate: float, samples: list[float], options: Mapping[str, Any],
+                 work: SimulatedWorkload) -> Shape:
     tokens_per_step = int(options.get("batch_size", 16)) * int(options.get("seq_len", 1024))
     return {"step_seconds": [tokens_per_step / rate * s for s in samples]}, {"tokens_per_second": rate}, "token"
 
@@ -97,7 +101,7 @@ def _train_loss(request: ProbeRequest, preset: str, units: float, draw: Callable
 class ProbeShape:
     """One probe's row: its latencies and rates from the simulated rate, and its extra fields."""
 
-    shape: Callable[[float, list[float], Mapping[str, Any]], Shape]
+    shape: Callable[[float, list[float], Mapping[str, Any], SimulatedWorkload], Shape]
     #: Extra result fields from (request, preset, units of work, a noise draw); None: none.
     extra: Callable[[ProbeRequest, str, float, Callable[[], float]], dict[str, float]] | None = None
     #: Whether healthy peers share the answer check's fingerprint.
@@ -203,19 +207,19 @@ class SimulatedExecutor:
     def measure(self, device: Device, request: ProbeRequest, abort: threading.Event,
                 settle_seconds: float) -> ProbeResult:
         """One point at the cap set now: load, settle (at most ``settle_seconds``), measured window."""
-        from gpuperfd.device.simulated import WORKLOAD_PROFILES, SimulatedGpu
+        from gpuperfd.device.simulated import SimulatedGpu
 
         if not isinstance(device, SimulatedGpu):
             raise TypeError("the simulated executor needs a simulated GPU")
         preset = request.preset or DEFAULT_PRESET[request.probe]
-        profile = WORKLOAD_PROFILES[simulated_profile_name(request.probe, preset)]
-        window = self._load(device, profile, abort, settle_seconds)
+        work = simulated_workload(request.probe, preset, request.options)
+        window = self._load(device, work.profile, abort, settle_seconds)
         if window.why is not None:  # a user's job is a preemption (skipped), a shutdown an abort
             status, reason = ("aborted", "aborted") if abort.is_set() else ("skipped", "preempted")
             return ProbeResult.failure(request.probe, "simulated", preset, reason, window.why, status=status,
                                        device=f"sim:{device.index}", started_at=window.started_at,
                                        wall_seconds=window.measured)
-        return self._result(device, request, preset, profile, window)
+        return self._result(device, request, preset, work, window)
 
     def _load(self, device: SimulatedGpu, profile: WorkloadProfile, abort: threading.Event,
               settle_seconds: float) -> _Window:
@@ -253,10 +257,10 @@ class SimulatedExecutor:
     def _noisy(self, value: float, sigma: float) -> float:
         return max(value * (1.0 + self._rng.gauss(0.0, sigma)), 0.0)
 
-    def _result(self, device: SimulatedGpu, request: ProbeRequest, preset: str, profile: WorkloadProfile,
+    def _result(self, device: SimulatedGpu, request: ProbeRequest, preset: str, work: SimulatedWorkload,
                 window: _Window) -> ProbeResult:
         """A finished window's result: the rate the cap allows, with noise, shaped as the probe reports it."""
-        row = PROBE_SHAPES[request.probe]
+        row, profile = PROBE_SHAPES[request.probe], work.profile
         point = device.operating_point(profile)
         with self._lock:
             rate = self._noisy(point.units_per_second, self.noise)
@@ -266,9 +270,11 @@ class SimulatedExecutor:
         units = rate * measured
         info = device.info()
         options = {**PRESETS[request.probe].get(preset, {}), **request.options}
-        latencies, throughput, unit = row.shape(rate, samples, options)
+        latencies, throughput, unit = row.shape(rate, samples, options, work)
         extra: dict[str, Any] = {"settle_seconds": window.settled[0], "settle_steady": window.settled[1],
                                  "temperature_celsius_mean": watch.mean("temperature")}
+        if work.not_modelled:  # the simulated figure does not follow these: say so, never draw a flat line
+            extra[NOT_MODELLED_KEY] = list(work.not_modelled)
         if row.extra is not None:
             with self._lock:
                 extra.update(row.extra(request, preset, units, lambda: self._rng.gauss(0.0, self.noise)))

@@ -16,6 +16,7 @@ from typing import Any
 from gpuperfd.probe_data.record import RecordError, finite_or_none, normalize, read_records, record_labels
 from gpuperfd.probe_data.result import MAIN_LATENCY, ProbeResult
 from gpuperfd.probe_data.recommend import work_rate
+from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY
 
 log = logging.getLogger(__name__)
 
@@ -293,4 +294,17 @@ def load_history(
     if skipped:
         notes.append(f"{skipped} line(s) skipped as not runs (first: {bad[0]})")
         log.warning("%s", notes[0])
+    notes.extend(_not_modelled_notes(record for record, _ in records))
     return Loaded(runs, [str(p) for p in paths], skipped, notes)
+
+
+def _not_modelled_notes(records: Iterable[dict[str, Any]]) -> list[str]:
+    """"simulated: variant not modelled (3 runs)": options the simulator's figures do not follow, so
+    a flat line across them is not read as a trend (JSON lines keep the list; a CSV row does not)."""
+    counts: dict[str, int] = {}
+    for record in records:
+        extra = (record.get("result") or {}).get("extra") or {}
+        for option in extra.get(NOT_MODELLED_KEY) or []:
+            counts[str(option)] = counts.get(str(option), 0) + 1
+    return [f"simulated: {option} not modelled ({n} run{'s' if n != 1 else ''}): the simulated figures do not "
+            "follow it" for option, n in sorted(counts.items())]

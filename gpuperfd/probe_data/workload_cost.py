@@ -1,0 +1,164 @@
+"""The work one step of a probe does: FLOPs, bytes moved, kernels, and the memory it holds.
+
+Why: the simulated GPU (``probing/simulated_workload.py`` over ``device/roofline.py``) turns this
+into time, power and peak memory, so its figures follow the workload's shape (model size, batch,
+prompt and output length, sequence length, head groups, image size, dtype) instead of one flat line
+per probe. The arithmetic reads the model shapes from ``spec.py`` (the same tables the child builds
+its models from) and stays pure Python: it runs in the daemon, which never imports torch.
+
+Counts are the usual transformer estimates (2 FLOPs per multiply-add, weights read once per step,
+activations written and read once per fused kernel); they set the *shape* of the simulated figures,
+and the simulator calibrates the absolute level on the default presets' real figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuperfd.probe_data.spec import GPT2_MODELS, VIT_MODELS, canonical_dtype
+
+#: Where a simulated result lists the options its figures do not follow (``ProbeResult.extra``); the
+#: CLI's table and the report name them, so a flat simulated line is never read as a trend.
+NOT_MODELLED_KEY = "simulated_not_modelled"
+
+#: Bytes per element of each canonical dtype.
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+#: Kernels per transformer layer of a step: a CUDA-graph decode or compiled forward (fused), and an
+#: eager training step (forward and backward, many element-wise kernels).
+FUSED_KERNELS_PER_LAYER = 12
+TRAIN_KERNELS_PER_LAYER = 40
+#: ViT classes (ViTConfig, 1000 classes).
+VIT_CLASSES = 1000
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One step: FLOPs, bytes moved to and from device memory, kernels launched."""
+
+    flops: float
+    bytes_moved: float
+    kernels: int
+
+
+@dataclass(frozen=True)
+class MemoryBytes:
+    """What a probe holds at its peak, bytes: weights, activations, KV cache, optimizer state (with grads)."""
+
+    weights: float
+    activations: float
+    kv_cache: float = 0.0
+    optimizer: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.activations + self.kv_cache + self.optimizer
+
+
+@dataclass(frozen=True)
+class WorkCost:
+    """A probe point's work: its measured step (``step``, ``units_per_step`` units of work each), the
+    llm probe's prefill (time to first token), its dtype and the memory it holds."""
+
+    dtype: str
+    step: Phase
+    units_per_step: float
+    memory: MemoryBytes
+    prefill: Phase | None = None
+
+
+def _gpt2_params(model: str, n_groups: int = 1) -> tuple[dict[str, int], float, float]:
+    """(config, matmul parameters incl. the tied LM head, all parameters) of a GPT-2 model whose
+    K/V projections are shared by ``n_groups`` query heads."""
+    cfg = GPT2_MODELS[model]
+    h, layers, vocab = cfg["n_embd"], cfg["n_layer"], cfg["vocab_size"]
+    per_layer = h * (h + 2 * h / n_groups) + h * h + 8 * h * h  # qkv, attention out, MLP
+    matmul = layers * per_layer + vocab * h
+    total = matmul + cfg["n_positions"] * h + layers * 13 * h
+    return cfg, matmul, total
+
+
+def llm_cost(model: str, batch: int, prompt: int, output: int, n_groups: int, dtype: str) -> WorkCost:
+    """Prefill of the batch's prompts and one decode step (static KV cache of ``prompt + output``
+    positions, read whole every step under a mask, as ``gpt2_static`` does)."""
+    cfg, matmul, total = _gpt2_params(model, n_groups)
+    size = ELEMENT_BYTES[dtype]
+    h, layers, vocab = cfg["n_embd"], cfg["n_layer"], cfg["vocab_size"]
+    context = prompt + output
+    kv = batch * layers * 2 * context * (h / n_groups) * size
+    weights = total * size
+    kernels = layers * FUSED_KERNELS_PER_LAYER + 5
+    decode = Phase(flops=2 * batch * matmul + 4 * batch * layers * context * h,
+                   bytes_moved=weights + kv + batch * (layers * 10 * h + vocab) * size, kernels=kernels)
+    prefill = Phase(flops=2 * batch * prompt * (matmul - vocab * h) + 2 * batch * vocab * h
+                    + 2 * batch * layers * prompt * prompt * h,
+                    bytes_moved=weights + kv + batch * prompt * layers * 12 * h * size, kernels=kernels)
+    # the prefill's transient peak: the residual stream and one layer's intermediate (the graph reuses
+    # its buffers), and the last position's logits
+    activations = batch * prompt * 2 * h * size + batch * vocab * size
+    return WorkCost(dtype, decode, float(batch), MemoryBytes(weights, activations, kv_cache=kv), prefill)
+
+
+def vit_cost(model: str, batch: int, image_size: int, dtype: str) -> WorkCost:
+    """One batch of images through the ViT (fp32 input images, ``dtype`` compute)."""
+    cfg = VIT_MODELS[model]
+    h, layers, inner, patch = (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"],
+                               cfg["patch_size"])
+    size = ELEMENT_BYTES[dtype]
+    tokens = (image_size // patch) ** 2 + 1
+    per_layer = 4 * h * h + 2 * h * inner
+    params = layers * (per_layer + 9 * h + inner) + 3 * patch * patch * h + tokens * h + VIT_CLASSES * h
+    per_image = 2 * tokens * layers * per_layer + 4 * tokens * tokens * h * layers + 2 * tokens * 3 * patch * patch * h
+    images = batch * 3 * image_size * image_size * 4
+    step = Phase(flops=batch * per_image,
+                 bytes_moved=params * size + images + batch * tokens * layers * (8 * h + 2 * inner) * size,
+                 kernels=layers * FUSED_KERNELS_PER_LAYER + 4)
+    activations = images + batch * tokens * (inner + h) * size
+    return WorkCost(dtype, step, float(batch), MemoryBytes(params * size, activations))
+
+
+def attention_cost(batch: int, heads: int, head_dim: int, seq_len: int, n_groups: int, causal: bool,
+                   dtype: str) -> WorkCost:
+    """One fused attention call: Q and O with ``heads`` heads, K and V with ``heads / n_groups``."""
+    size = ELEMENT_BYTES[dtype]
+    flops = 4 * batch * heads * seq_len * seq_len * head_dim * (0.5 if causal else 1.0)
+    tensors = (2 * heads + 2 * heads / n_groups) * batch * seq_len * head_dim * size
+    return WorkCost(dtype, Phase(flops, tensors, 1), 1.0, MemoryBytes(0.0, tensors))
+
+
+def train_cost(model: str, batch: int, seq_len: int, dtype: str) -> WorkCost:
+    """One eager training step (forward, backward, fused AdamW): fp32 master weights, their gradients
+    and two Adam moments (16 bytes a parameter), activations in ``dtype`` (autocast)."""
+    cfg, matmul, total = _gpt2_params(model)
+    size = ELEMENT_BYTES[dtype]
+    h, layers, heads, vocab = cfg["n_embd"], cfg["n_layer"], cfg["n_head"], cfg["vocab_size"]
+    tokens = batch * seq_len
+    flops = 6 * matmul * tokens + 6 * batch * layers * seq_len * seq_len * h
+    # per layer, Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) bytes at 2 bytes an element
+    per_layer = tokens * (34 * h + 5 * heads * seq_len) * size / 2
+    logits = tokens * vocab * (size + 4 + 4)  # logits, fp32 upcast for the loss, its gradient
+    step = Phase(flops=flops, bytes_moved=total * 34 + 2 * (layers * per_layer + logits),
+                 kernels=layers * TRAIN_KERNELS_PER_LAYER + 20)
+    return WorkCost(dtype, step, float(tokens),
+                    MemoryBytes(total * 4, layers * per_layer + logits, optimizer=total * 12))
+
+
+def workload_cost(probe: str, options: Mapping[str, Any]) -> WorkCost:
+    """The cost of ``probe`` at ``options`` (a preset's values with the request's on top).
+
+    KeyError names a missing option; ValueError an unknown probe.
+    """
+    dtype = canonical_dtype(options["dtype"])
+    if probe == "llm":
+        return llm_cost(str(options["model"]), int(options["batch_size"]), int(options["prompt_tokens"]),
+                        int(options["output_tokens"]), int(options.get("n_groups") or 1), dtype)
+    if probe == "vit":
+        return vit_cost(str(options["model"]), int(options["batch_size"]), int(options["image_size"]), dtype)
+    if probe == "attention":
+        return attention_cost(int(options["batch_size"]), int(options["heads"]), int(options["head_dim"]),
+                              int(options["seq_len"]), int(options.get("n_groups") or 1),
+                              bool(options.get("causal")), dtype)
+    if probe == "train":
+        return train_cost(str(options["model"]), int(options["batch_size"]), int(options["seq_len"]), dtype)
+    raise ValueError(f"probe: no cost model for {probe!r}")
