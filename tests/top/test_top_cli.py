@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuperfd.cli import main
 from gpuperfd.top import cli as top_cli
 from gpuperfd.top.frame import fmt_rate
-from tests.conftest import free_port
+from conftest import free_port
 
 #: Readings frozen for the test's length: the values /metrics and top show are the same reading.
 STILL = """
