@@ -142,7 +142,7 @@ def live(source: Source, data: dict[str, Any], gpus: list[int] | None, interval:
     """Redraw every ``interval`` seconds until Ctrl-C (or SIGTERM); exit 0 with the terminal restored.
 
     A failed fetch keeps the last frame on screen, marked stale with the reason, and tries again."""
-    tty = out.isatty()
+    tty = out.isatty() and os.environ.get("TERM") != "dumb"  # a dumb terminal gets whole frames, no escapes
     previous = signal.signal(signal.SIGTERM, _interrupt)
     error: str | None = None
     try:

@@ -19,6 +19,8 @@ from typing import Any
 Field = tuple[str, str]
 STYLES = {"bold": "1", "green": "32", "yellow": "33", "red": "31;1", "magenta": "35;1", "dim": "2"}
 STATE_STYLE = {"healthy": "green", "unknown": "yellow", "degraded": "yellow", "unhealthy": "red"}
+#: Reasons shown per GPU (worst first, as the daemon sorts them); the rest are counted.
+MAX_REASONS = 3
 #: Narrowest width laid out; below it lines are still cut to the width.
 MIN_WIDTH = 20
 GIB = 1024 ** 3
@@ -145,8 +147,11 @@ def gpu_block(gpu: dict[str, Any], width: int) -> list[Line]:
     lines = flow(title, width)
     if gpu.get("up"):
         lines += flow(_telemetry(gpu), width, 2)
-    for reason in (health or {}).get("reasons", []):
+    reasons = (health or {}).get("reasons", [])
+    for reason in reasons[:MAX_REASONS]:
         lines += flow([(f"! {reason['message']}", STATE_STYLE.get(reason["severity"], "yellow"))], width, 2)
+    if len(reasons) > MAX_REASONS:
+        lines += flow([(f"! and {len(reasons) - MAX_REASONS} more (GET /api/v1/health)", "dim")], width, 2)
     for probe in gpu.get("probes") or ():
         lines += flow(_probe_fields(probe), width, 2)
     if sweep is not None:

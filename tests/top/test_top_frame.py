@@ -69,3 +69,10 @@ def test_colour_codes_do_not_count_towards_the_width() -> None:
 def test_a_failed_refresh_marks_the_frame_stale() -> None:
     lines = render(FRAME, "daemon", 80, error="no gpuperfd daemon answers at http://x")
     assert "stale: no gpuperfd daemon answers at http://x" in " ".join(lines)
+
+
+def test_many_reasons_are_counted_past_the_first_three() -> None:
+    reasons = [{"message": f"reason {i}", "severity": "degraded"} for i in range(5)]
+    gpu = {**FRAME["gpus"][0], "health": {"state": "degraded", "action": "none", "reasons": reasons}}
+    text = "\n".join(render({**FRAME, "gpus": [gpu]}, "daemon", 80))
+    assert "! reason 2" in text and "! reason 3" not in text and "! and 2 more (GET /api/v1/health)" in text
