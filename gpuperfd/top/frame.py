@@ -116,7 +116,7 @@ def _telemetry(gpu: dict[str, Any]) -> list[Field]:
 def _probe_fields(probe: dict[str, Any]) -> list[Field]:
     unit = probe.get("unit") or "unit"
     rate = probe.get("units_per_second")
-    text = f"{probe['probe']}/{probe['preset']} at {probe['cap_watts']:.0f} W: {fmt_rate(rate or 0)} {unit}/s"
+    text = f"{probe['probe']}/{probe['preset']} at {probe['cap_watts']:.0f} W: {fmt_rate(rate or 0)} {unit}s/s"
     expected = probe.get("expected_units_per_second")
     against = (f"{100 * (rate / expected - 1):+.1f}% vs expected {fmt_rate(expected)}" if expected and rate
                else "no expected figure (peers only)")

@@ -104,7 +104,7 @@ def chart_svg(points: Sequence[tuple[float, float, float | None]], recommended_c
         rx = x(recommended_cap)
         parts.append(f'<line x1="{rx:.1f}" y1="{top}" x2="{rx:.1f}" y2="{bottom + 2}" stroke="{REC_COLOR}" '
                      f'stroke-width="1.5" stroke-dasharray="3,2"/>')
-    series = [(RATE_COLOR, [p[1] for p in points], left - 4, "end", lambda v: f"{_fmt_rate(v)} {unit}/s"),
+    series = [(RATE_COLOR, [p[1] for p in points], left - 4, "end", lambda v: f"{_fmt_rate(v)} {unit}s/s"),
               (ENERGY_COLOR, [p[2] for p in points], right + 4, "start", lambda v: f"{_fmt_energy(v)}/{unit}")]
     for color, values, label_x, anchor, fmt in series:
         pairs = [(c, v) for c, v in zip(caps, values) if v is not None]

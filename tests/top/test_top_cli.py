@@ -139,7 +139,7 @@ def test_a_sweep_in_progress_is_shown_then_its_recommendation(start_daemon, tmp_
     code, out, _ = top(capsys, "--once", "--url", daemon.url)
     frame = squeezed(out)
     assert "SWEEPING" not in frame and "sweep in progress" not in frame
-    assert f"llm/gpt2 at 700 W: {fmt_rate(probe['units_per_second'])} token/s" in frame
+    assert f"llm/gpt2 at 700 W: {fmt_rate(probe['units_per_second'])} tokens/s" in frame
     expected = probe["expected_units_per_second"]
     assert expected is not None  # a simulated H100 at 700 W has the shipped figure
     assert f"{100 * (probe['units_per_second'] / expected - 1):+.1f}% vs expected" in frame

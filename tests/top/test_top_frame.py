@@ -31,7 +31,7 @@ FRAME = {
 #: What must be on the frame, whatever the width (compared with runs of whitespace made one space).
 FIGURES = ["GPU 0", "util 87%", "mem 12.0/80.0 GiB", "power 612/700 W cap", "temp 61 C", "SM 1755/1980 MHz",
            "throttle: sw_power_cap, hw_thermal_slowdown", "degraded (check hardware)",
-           "! PCIe link runs at Gen4 x8 instead of Gen5 x16", "llm/gpt2 at 700 W: 12.3k token/s",
+           "! PCIe link runs at Gen4 x8 instead of Gen5 x16", "llm/gpt2 at 700 W: 12.3k tokens/s",
            "-1.2% vs expected 12.5k", "recommended 500 W: 18.0% less energy, 6.0% slower, 150 W less busy",
            "SWEEPING", "sweep in progress: llm/gpt2 at 400 W, point 3 of 5", "GPU 1", "LOST"]
 

@@ -50,12 +50,12 @@ def labels(svg: str) -> list[tuple[str, str]]:
 def test_chart_axes_carry_min_and_max_values_with_units() -> None:
     svg = chart_svg([(700, 1250.0, 0.41), (500, 1180.0, 0.33), (300, 870.0, 0.29)], 500, "token")
     found = labels(svg)
-    assert ("#1f77b4", "1.25k token/s") in found and ("#1f77b4", "870 token/s") in found  # throughput, left axis
+    assert ("#1f77b4", "1.25k tokens/s") in found and ("#1f77b4", "870 tokens/s") in found  # throughput, left axis
     assert ("#e8710a", "410 mJ/token") in found and ("#e8710a", "290 mJ/token") in found  # energy, right axis
     assert ("#666", "300 W") in found and ("#666", "700 W") in found  # the caps, bottom axis
     # the max at the top of its axis, the min at the bottom
     ys = {text: float(y) for y, text in re.findall(r'<text [^>]*y="([\d.]+)"[^>]*class="axis">([^<]*)</text>', svg)}
-    assert ys["1.25k token/s"] < ys["870 token/s"] and ys["410 mJ/token"] < ys["290 mJ/token"]
+    assert ys["1.25k tokens/s"] < ys["870 tokens/s"] and ys["410 mJ/token"] < ys["290 mJ/token"]
     width = float(re.search(r'width="(\d+)"', svg).group(1))
     xs = [float(x) for x in re.findall(r'<text x="([\d.]+)"', svg)]
     assert all(0 <= x <= width for x in xs)
@@ -63,7 +63,7 @@ def test_chart_axes_carry_min_and_max_values_with_units() -> None:
 
 def test_a_flat_series_gets_one_label() -> None:
     found = labels(chart_svg([(700, 1000.0, None), (500, 1000.0, None)], None, "image"))
-    assert [text for colour, text in found if colour == "#1f77b4"] == ["1k image/s"]
+    assert [text for colour, text in found if colour == "#1f77b4"] == ["1k images/s"]
 
 
 def test_the_page_shows_the_axis_values_of_each_probe_chart() -> None:
@@ -73,4 +73,4 @@ def test_the_page_shows_the_axis_values_of_each_probe_chart() -> None:
 
     latest = {(0, "llm", "gpt2"): [point(700, 1000, 0.4), point(500, 950, 0.3)]}
     page = landing_page(FakeSampler(1), "simulated", "/metrics", latest).decode()
-    assert ">1k token/s</text>" in page and ">950 token/s</text>" in page and ">400 mJ/token</text>" in page
+    assert ">1k tokens/s</text>" in page and ">950 tokens/s</text>" in page and ">400 mJ/token</text>" in page
