@@ -541,3 +541,17 @@ def test_simulated_wrong_results_fail_runs_and_count(tmp_path):
     assert all(r["status"] == "failed" and r["failure_reason"] == "wrong_result"
                and r["correctness"]["status"] == "mismatch" for r in by_gpu[1]) and len(by_gpu[1]) == 2
     assert by_gpu[0][0]["correctness"]["fingerprint"] != by_gpu[1][0]["correctness"]["fingerprint"]
+
+
+def test_a_sweep_in_progress_is_kept_point_by_point_and_cleared(tmp_path):
+    """service.sweeps() (the landing page's and /api/v1/gpus' sweep marker): the cap held, point k of n in the
+    sweep's cap order, set when the cap is, gone once the operator's cap is back."""
+    backend, devices, registry, service = make(tmp_path)
+    seen = []
+    service.on_cap_change = lambda gpu: seen.append(service.sweeps().get(gpu))
+    schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=["max", 500, 300], settle_seconds=0)
+    assert service.run(schedule, 0).result == "ok"
+    held = [(s.gpu, s.probe, s.preset, s.cap_watts, s.point, s.points) for s in seen if s is not None]
+    assert held == [(0, "llm", "gpt2", 700, 1, 3), (0, "llm", "gpt2", 500, 2, 3), (0, "llm", "gpt2", 300, 3, 3)]
+    assert seen[-1] is None and service.sweeps() == {}
+    assert all(s.since > 0 for s in seen if s is not None)
