@@ -164,7 +164,7 @@ class ProbeService:
             return {key: sorted(points.values(), key=lambda p: -p.cap_watts) for key, points in self._latest.items()}
 
     def sweeps(self) -> dict[int, SweepProgress]:
-        """The sweeps holding a changed cap now, by GPU index (a copy)."""
+        """The sweeps holding a cap they set now, by GPU index (a copy)."""
         with self._latest_lock:
             return dict(self._sweeps)
 
@@ -448,7 +448,7 @@ class ServiceObserver:
         self.service._cap_changed(self.device, self.info, watts)
 
     def _track(self, watts: float | None) -> None:
-        """Keep the service's sweep-in-progress entry of this GPU: set while a changed cap is held."""
+        """Keep the service's sweep-in-progress entry of this GPU: set while the sweep holds a cap it set."""
         with self.service._latest_lock:
             if watts is None:
                 self.service._sweeps.pop(self.device.index, None)

@@ -184,12 +184,12 @@ def _sweep_cell(progress: SweepProgress | None) -> str:
 
 
 def _sweep_banner(sweeps: Mapping[int, SweepProgress]) -> str:
-    """One line per GPU a sweep holds at a changed cap now (nothing when none does)."""
+    """One line per GPU whose cap a sweep holds now (nothing when none does)."""
     if not sweeps:
         return ""
     items = "; ".join(f"GPU {gpu}: {_e(p.words())} (since {_e(time.strftime('%H:%M:%S UTC', time.gmtime(p.since)))})"
                       for gpu, p in sorted(sweeps.items()))
-    return f'<p class="sweeping" id="sweeps">Sweep in progress (the power cap is changed): {items}</p>\n'
+    return f'<p class="sweeping" id="sweeps">Sweep in progress (the sweep sets the power cap): {items}</p>\n'
 
 
 def _gpu_section(gpu: int, name: str, latest: Latest, max_slowdown: float) -> str:
@@ -223,7 +223,7 @@ def landing_page(
     """The page's HTML. ``latest`` is ``ProbeService.latest()``; None or empty: telemetry only.
 
     ``verdicts`` is ``HealthMonitor.verdicts()``; None (health off): the health column shows "-".
-    ``sweeps`` is ``ProbeService.sweeps()``: a GPU a sweep holds at a changed cap is marked in its row
+    ``sweeps`` is ``ProbeService.sweeps()``: a GPU whose cap a sweep holds now is marked in its row
     (cap, point k of n) and above the table.
     """
     sweeps = sweeps or {}
