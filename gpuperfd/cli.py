@@ -1,4 +1,4 @@
-"""Command line: ``gpuperfd run``, ``check-config``, ``collectors`` and the probe tools.
+"""Command line: ``gpuperfd run``, ``check-config``, ``collectors``, the probe tools and ``top``.
 
 Exit codes (also in docs/operations.md):
   0 success; 1 runtime failure; 2 invalid configuration or usage;
@@ -120,6 +120,7 @@ COMMAND_MODULES: dict[str, str] = {
     "install": "gpuperfd.system.install",
     "uninstall": "gpuperfd.system.install",
     "report": "gpuperfd.report.cli",
+    "top": "gpuperfd.top.cli",
 }
 
 

@@ -51,6 +51,7 @@ from gpuperfd.telemetry.sampler import Sampler
 from gpuperfd.web.connections import Limits, raise_fd_limit
 from gpuperfd.web.landing import landing_page
 from gpuperfd.web.server import Response, Route, WebServer, metrics_route
+from gpuperfd.web.status import gpu_status
 
 if TYPE_CHECKING:
     from gpuperfd.probing.executors import Executor
@@ -293,11 +294,12 @@ class Daemon:
             telemetry_path: metrics_route(self.exporter.render),
             "/healthz": self._healthz,
             "/api/v1/health": self._health_api,
+            "/api/v1/gpus": self._gpus_api,
             "/": lambda _h: Response(
                 200,
                 landing_page(
                     self.sampler, self.backend.name, telemetry_path, self.probes.latest(), self.config.probes.max_slowdown,
-                    self.health.verdicts() if self.health is not None else None,
+                    self.health.verdicts() if self.health is not None else None, self.probes.sweeps(),
                 ),
                 "text/html; charset=utf-8",
             ),
@@ -309,6 +311,13 @@ class Daemon:
             body = {"error": "health verdicts are off (health.enabled: false)"}
             return Response(404, (json.dumps(body) + "\n").encode(), "application/json")
         body = node_verdict_json(self.health.verdicts(), self.health.node)
+        return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
+
+    def _gpus_api(self, _handler: object) -> Response:
+        """Each GPU's state now (web/status.py; what ``gpuperfd top`` draws); same gate as /metrics."""
+        body = gpu_status(self.sampler.store.snapshot(), self.sampler.interval_seconds, self.backend.name,
+                          self.probes.latest(), self.health.verdicts() if self.health is not None else None,
+                          self.probes.sweeps(), self.config.probes.max_slowdown)
         return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
 
     def _healthz(self, _handler: object) -> Response:

@@ -135,6 +135,10 @@ def _package_imports(folder: str) -> set[str]:
         ("telemetry", ("gpuperfd.telemetry", "gpuperfd.device", "gpuperfd.attribution", "gpuperfd.config")),
         # web serves what telemetry renders, the health verdict and the shared probe data; never probing
         ("web", ("gpuperfd.web", "gpuperfd.telemetry", "gpuperfd.health", "gpuperfd.probe_data", "gpuperfd.config")),
+        # top reads the daemon over HTTP (web's shape) or the device through the collectors; from the
+        # probing flow only check_cli's --gpus parser
+        ("top", ("gpuperfd.top", "gpuperfd.web", "gpuperfd.telemetry", "gpuperfd.device", "gpuperfd.config",
+                 "gpuperfd.probing")),
         # the report reads run records and imports the recommendation rule, never the sweeper (offline)
         ("report", ("gpuperfd.report", "gpuperfd.probe_data")),
     ],
@@ -142,6 +146,13 @@ def _package_imports(folder: str) -> set[str]:
 def test_imports_go_one_way(folder: str, allowed: tuple[str, ...]) -> None:
     bad = _violations(folder, allowed)
     assert not bad, f"{folder}/ may import only {allowed}:\n" + "\n".join(bad)
+
+
+def test_top_takes_only_the_gpus_parser_from_probing() -> None:
+    """top/ reads the daemon over HTTP: of the probing flow it imports check_cli's --gpus parser, nothing else."""
+    used = {module for path in _modules_under("top") for _, module, _ in _imports(path)
+            if module.startswith("gpuperfd.probing")}
+    assert used <= {"gpuperfd.probing.check_cli", "gpuperfd.probing.check_cli.gpu_list"}, used
 
 
 def test_nothing_outside_the_child_package_imports_it() -> None:
@@ -180,6 +191,7 @@ MEETING_PLACES = {
     "probing/idle.py",  # the busy check reads the sampler's Readings
     "probing/check.py",  # `gpuperfd check` reads each GPU once through the collectors and a Sampler
     "web/landing.py",  # the landing page shows probe results and the recommendation (probe_data)
+    "web/status.py",  # /api/v1/gpus (gpuperfd top): the same, and a sweep in progress (probe_data)
 }
 
 

@@ -23,6 +23,7 @@ from gpuperfd.attribution.allocations import AllocationState
 from gpuperfd.config import ProbesConfig, ScheduleConfig
 from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
+from gpuperfd.probe_data.progress import SweepProgress
 from gpuperfd.probe_data.recommend import SweepPoint, cut_short, recommend
 from gpuperfd.probe_data.result import PREEMPTED
 from gpuperfd.probe_data.spec import DEFAULT_PRESET
@@ -103,6 +104,8 @@ class ProbeService:
         self._latest_lock = threading.Lock()
         #: The operator's cap per GPU as last recorded ("current" in a cap list means this one).
         self._operator_caps: dict[int, float] = {}
+        #: The cap each sweeping GPU holds now (point k of n), for the landing page and /api/v1/gpus.
+        self._sweeps: dict[int, SweepProgress] = {}
 
     def publish_original_caps(self) -> None:
         """Publish each GPU's cap as the operator's; call after any left-over cap was restored."""
@@ -159,6 +162,11 @@ class ProbeService:
         """The latest ok point at each cap, per (gpu, probe, preset), highest cap first."""
         with self._latest_lock:
             return {key: sorted(points.values(), key=lambda p: -p.cap_watts) for key, points in self._latest.items()}
+
+    def sweeps(self) -> dict[int, SweepProgress]:
+        """The sweeps holding a cap they set now, by GPU index (a copy)."""
+        with self._latest_lock:
+            return dict(self._sweeps)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Abort running probes and wait (bounded) until their caps are restored."""
@@ -364,7 +372,7 @@ class ProbeService:
             assert operator_cap is not None  # read before any schedule starts
             self._operator_caps[device.index] = operator_cap
             self.metrics.set_original_cap(info, operator_cap)
-            return ServiceObserver(self, device, info, schedule, operator_cap)
+            return ServiceObserver(self, device, info, schedule, operator_cap, outcome.caps_watts)
 
         outcome = run_owned_sweep(device, self.journal, request, self.executor, observer_for, self.abort)
         points_of = {id(schedule): points for schedule, points in outcome.sweeps}
@@ -435,14 +443,30 @@ class ServiceObserver:
     """
 
     def __init__(self, service: ProbeService, device: Device, info: GpuInfo, schedule: ScheduleConfig,
-                 operator_cap: float) -> None:
+                 operator_cap: float, caps: Iterable[float] = ()) -> None:
         self.service, self.device, self.info, self.schedule = service, device, info, schedule
         self.operator_cap = operator_cap
         self.preset = preset_of(schedule)
         self.sweep_id = uuidlib.uuid4().hex[:12]
+        #: The sweep's caps in the order it sets them (point k of n is the cap's place here).
+        self.caps = list(caps)
 
     def on_cap(self, watts: float | None) -> None:
+        self._track(watts)
         self.service._cap_changed(self.device, self.info, watts)
+
+    def _track(self, watts: float | None) -> None:
+        """Keep the service's sweep-in-progress entry of this GPU: set while the sweep holds a cap it set."""
+        with self.service._latest_lock:
+            if watts is None:
+                self.service._sweeps.pop(self.device.index, None)
+                return
+            place = next((i for i, cap in enumerate(self.caps) if round(cap) == round(watts)), None)
+            before = self.service._sweeps.get(self.device.index)
+            point = place + 1 if place is not None else (before.point + 1 if before is not None else 1)
+            self.service._sweeps[self.device.index] = SweepProgress(
+                self.device.index, self.schedule.probe, self.preset, watts, point,
+                max(len(self.caps), point), time.time())
 
     def on_measuring(self, running: bool) -> None:
         self.service.tracker.mark_ours(self.device.index, running)

@@ -2,10 +2,11 @@
 
 Per GPU: a row in the GPU table (index, name, UUID, up/lost, power draw and
 cap, the health verdict: state, action and its reasons, worst first, each reason's
-evidence in its title), a row per GPU that was here at the first start and is missing
+evidence in its title, the sweep holding it now: probe, cap, point k of n, also
+in a banner above the table), a row per GPU that was here at the first start and is missing
 now, then one row per (probe, preset) with the latest ok result at each cap
 tested, a small hand-written SVG chart (throughput and energy per unit against
-the cap, recommended cap marked) and the recommended cap with its energy saving
+the cap, each series' min and max labelled with its unit, the caps in watts, recommended cap marked) and the recommended cap with its energy saving
 and slowdown (the rule of :func:`gpuperfd.probe_data.recommend.recommend`).
 
 Cheap by construction: one snapshot of the sampler's store, the probe service's
@@ -22,13 +23,16 @@ from collections.abc import Mapping, Sequence
 
 import gpuperfd
 from gpuperfd.health.verdict import Verdict
+from gpuperfd.probe_data.progress import SweepProgress
 from gpuperfd.probe_data.recommend import Recommendation, SweepPoint, comparison_words, recommend, work_rate
 from gpuperfd.telemetry.sampler import Sampler, lost_gpus
 
 #: (gpu index, probe, preset) -> latest ok point per cap (ProbeService.latest()).
 Latest = Mapping[tuple[int, str, str], Sequence[SweepPoint]]
 
-CHART_WIDTH, CHART_HEIGHT, PAD = 240, 90, 8
+CHART_WIDTH, CHART_HEIGHT, PAD = 400, 96, 8
+#: Room left and right of the plot for the series' value labels ("1.23k tokens/s", "410 mJ/token").
+AXIS_MARGIN = 86
 RATE_COLOR, ENERGY_COLOR, REC_COLOR = "#1f77b4", "#e8710a", "#2e7d32"
 
 CSS = """
@@ -38,6 +42,7 @@ th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums;
 h2{margin:1.2em 0 .2em;font-size:1.15em}.lost{color:#b00;font-weight:bold}.up{color:#2e7d32}
 .rec b{color:#2e7d32}.muted{color:#666}.key{font-size:12px}.key i{display:inline-block;width:14px;height:3px;vertical-align:middle;margin:0 3px 0 8px}
 svg{display:block}.health ul{margin:.2em 0 0;padding-left:1.2em;font-size:12px}
+.sweeping{background:#fff4e0;border-left:4px solid #e8710a;padding:.3em .6em}td.sweep{color:#c25e00;font-weight:bold}
 .h-healthy{color:#2e7d32}.h-unknown{color:#8a6d00}.h-degraded{color:#c25e00}.h-unhealthy{color:#b00;font-weight:bold}
 """
 
@@ -68,11 +73,21 @@ def _scale(values: list[float], low_px: float, high_px: float):  # type: ignore[
     return lambda v: high_px - (v - lo) / span * (high_px - low_px)
 
 
+def _axis_labels(values: list[float], top: float, bottom: float, at_x: float, anchor: str, color: str,
+                 fmt) -> list[str]:  # type: ignore[no-untyped-def]
+    """The series' max at the top and min at the bottom of its axis (one label at mid-height when flat)."""
+    lo, hi = min(values), max(values)
+    spots = [(hi, top + 3), (lo, bottom + 3)] if hi > lo else [(hi, (top + bottom) / 2 + 3)]
+    return [f'<text x="{at_x:.1f}" y="{y:.1f}" font-size="9" fill="{color}" text-anchor="{anchor}" '
+            f'class="axis">{_e(fmt(v))}</text>' for v, y in spots]
+
+
 def chart_svg(points: Sequence[tuple[float, float, float | None]], recommended_cap: float | None, unit: str) -> str:
-    """Throughput (blue) and energy per unit (orange) against the cap, each on its own scale; rec. cap in green."""
+    """Throughput (blue, values on the left axis) and energy per unit (orange, right axis) against the cap
+    (bottom axis, watts), each series on its own scale with its min and max labelled; rec. cap in green."""
     points = sorted(points)
     caps = [p[0] for p in points]
-    left, right = PAD + 4, CHART_WIDTH - PAD
+    left, right = AXIS_MARGIN, CHART_WIDTH - AXIS_MARGIN
     top, bottom = PAD + 6, CHART_HEIGHT - PAD - 10
     if caps[-1] > caps[0]:
         x = lambda c: left + (c - caps[0]) / (caps[-1] - caps[0]) * (right - left)  # noqa: E731
@@ -81,15 +96,17 @@ def chart_svg(points: Sequence[tuple[float, float, float | None]], recommended_c
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{CHART_WIDTH}" height="{CHART_HEIGHT}" '
         f'viewBox="0 0 {CHART_WIDTH} {CHART_HEIGHT}" role="img" class="chart">',
-        f"<title>{_e(unit)}s/s (blue) and J/{_e(unit)} (orange) against power cap</title>",
+        f"<title>{_e(unit)}s/s (blue, left axis) and J/{_e(unit)} (orange, right axis) against power cap</title>",
         f'<rect x="0.5" y="0.5" width="{CHART_WIDTH - 1}" height="{CHART_HEIGHT - 1}" fill="#fff" stroke="#ddd"/>',
+        f'<path d="M{left - 2},{top} V{bottom + 2} H{right + 2} V{top}" fill="none" stroke="#ccc"/>',
     ]
     if recommended_cap is not None:
         rx = x(recommended_cap)
         parts.append(f'<line x1="{rx:.1f}" y1="{top}" x2="{rx:.1f}" y2="{bottom + 2}" stroke="{REC_COLOR}" '
                      f'stroke-width="1.5" stroke-dasharray="3,2"/>')
-    series = [(RATE_COLOR, [p[1] for p in points]), (ENERGY_COLOR, [p[2] for p in points])]
-    for color, values in series:
+    series = [(RATE_COLOR, [p[1] for p in points], left - 4, "end", lambda v: f"{_fmt_rate(v)} {unit}s/s"),
+              (ENERGY_COLOR, [p[2] for p in points], right + 4, "start", lambda v: f"{_fmt_energy(v)}/{unit}")]
+    for color, values, label_x, anchor, fmt in series:
         pairs = [(c, v) for c, v in zip(caps, values) if v is not None]
         if not pairs:
             continue
@@ -98,10 +115,11 @@ def chart_svg(points: Sequence[tuple[float, float, float | None]], recommended_c
         if len(pairs) > 1:
             parts.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.8"/>')
         parts += [f'<circle cx="{x(c):.1f}" cy="{y(v):.1f}" r="2.3" fill="{color}"/>' for c, v in pairs]
-    parts.append(f'<text x="{left}" y="{CHART_HEIGHT - 4}" font-size="9" fill="#666">{caps[0]:.0f} W</text>')
+        parts += _axis_labels([v for _, v in pairs], top, bottom, label_x, anchor, color, fmt)
+    parts.append(f'<text x="{left}" y="{CHART_HEIGHT - 4}" font-size="9" fill="#666" class="axis">{caps[0]:.0f} W</text>')
     if caps[-1] > caps[0]:
-        parts.append(f'<text x="{right}" y="{CHART_HEIGHT - 4}" font-size="9" fill="#666" text-anchor="end">'
-                     f"{caps[-1]:.0f} W</text>")
+        parts.append(f'<text x="{right}" y="{CHART_HEIGHT - 4}" font-size="9" fill="#666" text-anchor="end" '
+                     f'class="axis">{caps[-1]:.0f} W</text>')
     if recommended_cap is not None:
         label_x = min(max(x(recommended_cap), left + 12), right - 12)
         parts.append(f'<text x="{label_x:.1f}" y="{top - 2}" font-size="9" fill="{REC_COLOR}" '
@@ -159,6 +177,21 @@ def _health_cell(verdict: Verdict | None) -> str:
             f'<span class="h-{_e(data["state"])}">{_e(data["state"])}</span>{action}{listing}</td>')
 
 
+def _sweep_cell(progress: SweepProgress | None) -> str:
+    if progress is None:
+        return '<td class="muted">-</td>'
+    return f'<td class="sweep" data-sweeping="1">{_e(progress.words())}</td>'
+
+
+def _sweep_banner(sweeps: Mapping[int, SweepProgress]) -> str:
+    """One line per GPU whose cap a sweep holds now (nothing when none does)."""
+    if not sweeps:
+        return ""
+    items = "; ".join(f"GPU {gpu}: {_e(p.words())} (since {_e(time.strftime('%H:%M:%S UTC', time.gmtime(p.since)))})"
+                      for gpu, p in sorted(sweeps.items()))
+    return f'<p class="sweeping" id="sweeps">Sweep in progress (the sweep sets the power cap): {items}</p>\n'
+
+
 def _gpu_section(gpu: int, name: str, latest: Latest, max_slowdown: float) -> str:
     rows = [
         _probe_row(probe, preset, points, max_slowdown)
@@ -185,11 +218,15 @@ def landing_page(
     latest: Latest | None = None,
     max_slowdown: float = 0.10,
     verdicts: Sequence[Verdict] | None = None,
+    sweeps: Mapping[int, SweepProgress] | None = None,
 ) -> bytes:
     """The page's HTML. ``latest`` is ``ProbeService.latest()``; None or empty: telemetry only.
 
     ``verdicts`` is ``HealthMonitor.verdicts()``; None (health off): the health column shows "-".
+    ``sweeps`` is ``ProbeService.sweeps()``: a GPU whose cap a sweep holds now is marked in its row
+    (cap, point k of n) and above the table.
     """
+    sweeps = sweeps or {}
     by_gpu = {v.gpu: v for v in verdicts or () if v.gpu is not None}
     snap = sampler.store.snapshot()
     readings, last_info, identities = snap.readings, snap.last_good_info, snap.identities
@@ -209,13 +246,14 @@ def landing_page(
             f'<tr class="gpu-row" data-gpu="{gpu}"><td>{gpu}</td><td>{_e(name)}</td><td><code>{_e(identity.uuid)}</code></td>'
             f'<td class="{"lost" if lost else "up"}">{"lost" if lost else "up"}</td>'
             f'<td class="num">{f"{draw:.0f} W" if draw is not None else "-"}</td>'
-            f'<td class="num">{f"{cap:.0f} W" if cap is not None else "-"}</td>{_health_cell(by_gpu.get(gpu))}</tr>'
+            f'<td class="num">{f"{cap:.0f} W" if cap is not None else "-"}</td>{_health_cell(by_gpu.get(gpu))}'
+            f"{_sweep_cell(sweeps.get(gpu))}</tr>"
         )
     for verdict in verdicts or ():
         if verdict.gpu is None:
             rows.append(
                 f'<tr class="gpu-row missing"><td>-</td><td>?</td><td><code>{_e(verdict.uuid)}</code></td>'
-                f'<td class="lost">missing</td><td class="num">-</td><td class="num">-</td>{_health_cell(verdict)}</tr>'
+                f'<td class="lost">missing</td><td class="num">-</td><td class="num">-</td>{_health_cell(verdict)}<td>-</td></tr>'
             )
     sections = "".join(_gpu_section(gpu, names[gpu], latest, max_slowdown) for gpu in sorted(identities))
     key = (f'<p class="key">Charts: <i style="background:{RATE_COLOR}"></i>throughput '
@@ -229,7 +267,7 @@ def landing_page(
 </head><body>
 <h1>gpuperfd {_e(gpuperfd.__version__)}</h1>
 <p>Backend: <b>{_e(backend_name)}</b> &middot; <a href="{_e(telemetry_path)}">Metrics</a> &middot; <a href="/healthz">Liveness</a> &middot; <a href="/api/v1/health">Health verdicts (JSON)</a></p>
-<table id="gpus"><tr><th>GPU</th><th>Name</th><th>UUID</th><th>State</th><th>Power</th><th>Power cap</th><th>Health</th></tr>
+{_sweep_banner(sweeps)}<table id="gpus"><tr><th>GPU</th><th>Name</th><th>UUID</th><th>State</th><th>Power</th><th>Power cap</th><th>Health</th><th>Sweep</th></tr>
 {''.join(rows)}
 </table>
 {key}

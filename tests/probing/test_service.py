@@ -552,7 +552,7 @@ def test_a_sweep_stopped_after_one_point_recommends_nothing_and_says_so(tmp_path
 
     def aborted_second(device, schedule, abort):
         calls.append(1)
-        result = ok_executor(device, schedule, abort)
+        result = ok_executor.measure(device, schedule, abort, 0.0)
         if len(calls) == 2:
             return ProbeResult.failure(result.probe, result.variant, result.preset, "aborted",
                                        "probe aborted by the caller", status="aborted")
@@ -566,3 +566,17 @@ def test_a_sweep_stopped_after_one_point_recommends_nothing_and_says_so(tmp_path
     assert "recommended cap" not in caplog.text
     assert "gpu 0 llm/gpt2: sweep interrupted after 1 of 3 points: no recommendation" in caplog.text
     assert devices[0].power_limits().enforced_watts == 680.0
+
+
+def test_a_sweep_in_progress_is_kept_point_by_point_and_cleared(tmp_path):
+    """service.sweeps() (the landing page's and /api/v1/gpus' sweep marker): the cap held, point k of n in the
+    sweep's cap order, set when the cap is, gone once the operator's cap is back."""
+    backend, devices, registry, service = make(tmp_path)
+    seen = []
+    service.on_cap_change = lambda gpu: seen.append(service.sweeps().get(gpu))
+    schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=["max", 500, 300], settle_seconds=0)
+    assert service.run(schedule, 0).result == "ok"
+    held = [(s.gpu, s.probe, s.preset, s.cap_watts, s.point, s.points) for s in seen if s is not None]
+    assert held == [(0, "llm", "gpt2", 700, 1, 3), (0, "llm", "gpt2", 500, 2, 3), (0, "llm", "gpt2", 300, 3, 3)]
+    assert seen[-1] is None and service.sweeps() == {}
+    assert all(s.since > 0 for s in seen if s is not None)

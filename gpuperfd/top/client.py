@@ -1,0 +1,129 @@
+"""Where ``gpuperfd top`` gets its frames: the running daemon over HTTP, or the GPUs read here.
+
+The daemon source asks ``GET /api/v1/gpus`` (:mod:`gpuperfd.web.status`) at the daemon's own address,
+scheme and credentials (its config's ``web.listen_address`` and web config file; ``--url`` overrides);
+it never opens NVML itself, so the view costs the node no second NVML client. The local source
+(``--local``, or ``--simulate N``) reads each GPU once per frame through the same collectors and
+builds the same JSON shape; the device layer's errors (no driver) come through unchanged.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpuperfd.config import Config, parse_listen_address
+from gpuperfd.web.status import SCHEMA
+
+#: The endpoint the daemon serves the frames at.
+API_PATH = "/api/v1/gpus"
+#: Environment variable holding the basic-auth password (never a command-line argument: ps shows those).
+PASSWORD_ENV = "GPUPERFD_PASSWORD"
+FALLBACK = "read the GPUs here instead with --local (or --simulate N for simulated GPUs)"
+
+
+class TopError(Exception):
+    """A frame could not be had; the message says why and what to do."""
+
+
+class DaemonUnreachable(TopError):
+    """Nothing answers at the daemon's address."""
+
+
+class Source(Protocol):
+    #: What the header says the frames come from.
+    description: str
+
+    def fetch(self) -> dict[str, Any]:
+        """One frame's data in the shape of ``GET /api/v1/gpus``; raises :class:`TopError`."""
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class DaemonAddress:
+    url: str
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    user: str | None = None
+
+
+def daemon_url(config: Config) -> str:
+    """The daemon's base URL from its config: a wildcard listen address is asked on loopback, and
+    the scheme is https when its web config turns TLS on."""
+    host, port = parse_listen_address(config.web.listen_address)
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    scheme = "http"
+    if config.web.config_file is not None:
+        from gpuperfd.web.config import WebConfigError, load_web_config
+
+        try:
+            scheme = "https" if load_web_config(config.web.config_file).tls is not None else "http"
+        except (WebConfigError, OSError) as exc:
+            raise TopError(f"cannot read the daemon's web config {config.web.config_file}: {exc}") from None
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+class DaemonSource:
+    """Frames from a running daemon's ``/api/v1/gpus``."""
+
+    def __init__(self, address: DaemonAddress, timeout_seconds: float = 5.0) -> None:
+        self.address = address
+        self.url = address.url.rstrip("/") + API_PATH
+        self.timeout = timeout_seconds
+        self.description = f"daemon {address.url.rstrip('/')}"
+        context = None
+        if self.url.startswith("https:"):
+            context = ssl.create_default_context(cafile=address.ca_file)
+            if address.cert_file:
+                context.load_cert_chain(address.cert_file, address.key_file)
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),  # the node itself: no proxy
+                                                   urllib.request.HTTPSHandler(context=context))
+        self._headers = {"Accept": "application/json"}
+        if address.user is not None:
+            password = os.environ.get(PASSWORD_ENV)
+            if password is None:
+                raise TopError(f"--user {address.user}: set the password in ${PASSWORD_ENV}")
+            token = base64.b64encode(f"{address.user}:{password}".encode()).decode()
+            self._headers["Authorization"] = f"Basic {token}"
+
+    def fetch(self) -> dict[str, Any]:
+        request = urllib.request.Request(self.url, headers=self._headers)
+        try:
+            with self._opener.open(request, timeout=self.timeout) as response:
+                body = response.read()
+        except urllib.error.HTTPError as exc:
+            raise TopError(self._http_error(exc.code)) from None
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, ssl.SSLError):
+                raise TopError(f"TLS with the daemon at {self.address.url} failed: {exc.reason} "
+                               "(--ca-file CA to trust its certificate; --cert/--key for a client certificate)") from None
+            raise DaemonUnreachable(f"no gpuperfd daemon answers at {self.address.url} ({exc.reason}); start one "
+                                    f"(gpuperfd run), point --url at it, or {FALLBACK}") from None
+        except (TimeoutError, OSError) as exc:
+            raise DaemonUnreachable(f"no gpuperfd daemon answers at {self.address.url} ({exc}); {FALLBACK}") from None
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise TopError(f"{self.url} did not answer JSON: is a gpuperfd daemon listening there?") from None
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("gpus"), list):
+            raise TopError(f"{self.url} answered an unknown shape (expected {SCHEMA}): a different gpuperfd version?")
+        return data
+
+    def _http_error(self, status: int) -> str:
+        if status == 401:
+            return (f"the daemon at {self.address.url} wants basic auth: --user NAME with the password in "
+                    f"${PASSWORD_ENV}" + (" (refused)" if self.address.user else ""))
+        if status == 404:
+            return f"the daemon at {self.address.url} does not serve {API_PATH} (a gpuperfd older than `top`?)"
+        return f"the daemon at {self.address.url} answered HTTP {status} for {API_PATH}"
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,109 @@
+"""``GET /api/v1/gpus``: each GPU's state now, in one JSON shape (what ``gpuperfd top`` draws).
+
+Per GPU: identity, up or lost, the telemetry an operator reads at a glance (utilization, memory,
+power against the cap, temperature, SM clock, active clock-event reasons), the health verdict,
+each (probe, preset)'s latest result at its highest cap against the shipped expected figure, the
+recommended cap and what it saves, and the sweep holding the GPU now (cap, point k of n).
+
+The telemetry values are the sampler's readings, the very points ``/metrics`` renders, so the two
+never disagree; a field the sampler has no good reading of is null. Built from one store snapshot
+and copies of small dicts: no device call. ``gpuperfd top --local`` builds the same shape from its
+own one-shot read (:func:`gpu_status` over its own sampler), so one renderer serves both sources.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuperfd.health.judge import expected_figure
+from gpuperfd.health.verdict import Verdict
+from gpuperfd.probe_data.progress import SweepProgress
+from gpuperfd.probe_data.recommend import SweepPoint, recommend, work_rate
+from gpuperfd.telemetry.sampler import StoreSnapshot, lost_gpus
+
+#: The shape's name and version, first key of the answer.
+SCHEMA = "gpuperfd.gpus/1"
+
+#: JSON field -> (collector, metric) of the single-valued telemetry fields.
+FIELDS: Mapping[str, tuple[str, str]] = {
+    "utilization_ratio": ("utilization", "gpuperf_gpu_utilization_ratio"),
+    "memory_used_bytes": ("memory", "gpuperf_memory_used_bytes"),
+    "memory_total_bytes": ("memory", "gpuperf_memory_total_bytes"),
+    "power_draw_watts": ("power", "gpuperf_power_draw_watts"),
+    "power_limit_watts": ("power", "gpuperf_power_limit_watts"),
+    "temperature_celsius": ("temperature", "gpuperf_temperature_celsius"),
+    "sm_clock_hertz": ("clocks", "gpuperf_sm_clock_hertz"),
+    "sm_clock_max_hertz": ("clocks", "gpuperf_sm_clock_max_hertz"),
+}
+
+
+def _value(snap: StoreSnapshot, gpu: int, collector: str, metric: str) -> float | None:
+    reading = snap.readings.get((gpu, collector))
+    if reading is None or not reading.ok:
+        return None
+    return next((p.value for p in reading.points if p.metric == metric and not p.labels), None)
+
+
+def _clock_events(snap: StoreSnapshot, gpu: int) -> list[str] | None:
+    """The active clock-event (throttle) reasons, or None when unread."""
+    reading = snap.readings.get((gpu, "clock_events"))
+    if reading is None or not reading.ok:
+        return None
+    return [p.labels[0] for p in reading.points if p.metric == "gpuperf_clock_event_active" and p.value >= 0.5]
+
+
+def probe_summary(probe: str, preset: str, points: Sequence[SweepPoint], max_slowdown: float,
+                  gpu_name: str) -> dict[str, Any] | None:
+    """The latest ok result at the highest cap, its expected figure, and the recommendation (None: no ok point)."""
+    ok = [p for p in points if p.result.status == "ok" and work_rate(p.result)]
+    if not ok:
+        return None
+    top = max(ok, key=lambda p: p.cap_watts)
+    expected, why_not = expected_figure(gpu_name, probe, preset, top.cap_watts)
+    summary: dict[str, Any] = {
+        "probe": probe, "preset": preset, "unit": top.result.work_unit or "unit", "cap_watts": top.cap_watts,
+        "units_per_second": work_rate(top.result), "energy_per_unit_joules": top.result.energy_per_unit_joules,
+        "ended_at": top.result.started_at + (top.result.wall_seconds or 0.0),
+        "expected_units_per_second": expected["units_per_second"] if expected else None,
+        "expected_note": why_not, "recommendation": None,
+    }
+    best = recommend(ok, max_slowdown) if len(ok) > 1 else None
+    if best is not None:
+        power = {p.cap_watts: p.result.average_power_watts for p in ok}
+        saved = (max(0.0, power[best.baseline_cap_watts] - power[best.cap_watts])  # type: ignore[operator]
+                 if None not in (power.get(best.cap_watts), power.get(best.baseline_cap_watts)) else None)
+        summary["recommendation"] = {
+            "cap_watts": best.cap_watts, "baseline_cap_watts": best.baseline_cap_watts,
+            "energy_saving_ratio": best.energy_saving_ratio, "slowdown_ratio": best.slowdown_ratio,
+            "watts_saved_while_busy": saved}
+    return summary
+
+
+def gpu_status(snap: StoreSnapshot, interval_seconds: float, backend: str,
+               latest: Mapping[tuple[int, str, str], Sequence[SweepPoint]] | None = None,
+               verdicts: Sequence[Verdict] | None = None, sweeps: Mapping[int, SweepProgress] | None = None,
+               max_slowdown: float = 0.10, source: str = "daemon") -> dict[str, Any]:
+    """The whole answer: ``{"schema", "source", "backend", "time", "gpus": [...]}``, GPUs by index.
+
+    ``verdicts`` None (health off, or a local read): each GPU's ``health`` is null.
+    """
+    by_gpu = {v.gpu: v for v in verdicts or () if v.gpu is not None}
+    lost = lost_gpus(snap.readings, interval_seconds)
+    gpus = []
+    for gpu, identity in sorted(snap.identities.items()):
+        info = snap.last_good_info.get(gpu, ())
+        name = info[0].labels[0] if info else ""
+        entry: dict[str, Any] = {"gpu": gpu, "uuid": identity.uuid, "name": name, "up": gpu not in lost}
+        for key, (collector, metric) in FIELDS.items():
+            entry[key] = None if gpu in lost else _value(snap, gpu, collector, metric)
+        entry["clock_events"] = None if gpu in lost else _clock_events(snap, gpu)
+        verdict = by_gpu.get(gpu)
+        entry["health"] = verdict.to_dict() if verdict is not None else None
+        entry["probes"] = [s for (index, probe, preset), points in sorted((latest or {}).items()) if index == gpu
+                           if (s := probe_summary(probe, preset, points, max_slowdown, name)) is not None]
+        progress = (sweeps or {}).get(gpu)
+        entry["sweep"] = progress.to_dict() if progress is not None else None
+        gpus.append(entry)
+    return {"schema": SCHEMA, "source": source, "backend": backend, "time": time.time(), "gpus": gpus}
