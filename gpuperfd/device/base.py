@@ -277,6 +277,44 @@ class MigInstance:
     gpm: GpmMetrics | None = None
 
 
+#: How two GPUs reach each other, as ``nvidia-smi topo -m`` names it: NVLink (direct or through
+#: NVSwitch), or PCIe through a switch (PIX/PXB), the host bridge (PHB), the NUMA node (NODE) or
+#: across sockets (SYS). "none": no peer path at all.
+PEER_PATHS: tuple[str, ...] = ("nvlink", "pix", "pxb", "phb", "node", "sys", "none")
+
+#: NVML's GPU fabric states (nvmlDeviceGetGpuFabricInfo), as label values.
+FABRIC_STATES: tuple[str, ...] = ("not_supported", "not_started", "in_progress", "completed")
+
+
+@dataclass(frozen=True)
+class PeerLink:
+    """How one unordered pair of GPUs of a node is linked (the interconnect probe's expected figure,
+    and the link-count check, come from it).
+
+    ``nvlink_links``: NVLinks joining the pair (0 on a PCIe path); ``via_nvswitch``: the pair meets in
+    an NVSwitch (HGX 8-GPU boards) rather than by direct links (NV18 on a 2-GPU H200 NVL pair);
+    ``p2p``: whether peer copies are possible (NVML's P2P status; None: not told)."""
+
+    gpu_a: int
+    gpu_b: int
+    path: str
+    nvlink_links: int = 0
+    via_nvswitch: bool = False
+    p2p: bool | None = None
+
+
+@dataclass(frozen=True)
+class FabricState:
+    """The GPU fabric's state for one GPU (NVLink fabric of NVSwitch systems, managed by the Fabric
+    Manager): ``state`` one of FABRIC_STATES; ``status`` None when it completed well, else NVML's
+    error text; ``clique_id``/``cluster_uuid`` where the driver reports them."""
+
+    state: str
+    status: str | None = None
+    clique_id: int | None = None
+    cluster_uuid: str | None = None
+
+
 def _unsupported(device: object, what: str) -> NotSupported:
     return NotSupported(f"GPU {getattr(device, 'index', '?')}: {what} is not supported by this backend")
 
@@ -388,6 +426,10 @@ class Device(abc.ABC):
         """NVLink per-link state, errors and traffic; NotSupported without NVLink."""
         raise _unsupported(self, "NVLink")
 
+    def fabric_state(self) -> FabricState:
+        """The GPU fabric's state (NVSwitch systems); NotSupported where the board has none."""
+        raise _unsupported(self, "GPU fabric state")
+
     def mig_enabled(self) -> bool:
         """True when MIG mode is on now (the current mode, not a pending one)."""
         raise _unsupported(self, "MIG")
@@ -412,6 +454,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def wait_xid_events(self, timeout_seconds: float) -> list[XidEvent]:
         """Block up to timeout for XID events; return those seen (possibly none)."""
+
+    def topology(self) -> list[PeerLink]:
+        """Every unordered pair of this node's GPUs once, (0, 1), (0, 2), ... (NotSupported: not told)."""
+        raise NotSupported(f"{self.name}: GPU topology is not supported by this backend")
 
     def close(self) -> None:
         """Release the library (nvmlShutdown); safe to call twice."""

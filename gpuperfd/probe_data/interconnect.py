@@ -1,0 +1,95 @@
+"""What the interconnect probe returns: one node-wide result for a set of GPUs (issue 44).
+
+The contract between the workload (one worker process per GPU: peer copies, NCCL all-reduce with
+checked sums; gloo on a CPU for tests) and everything that reads it (the simulated probe, the
+series, the history, the verdicts, ``gpuperfd probe interconnect`` and ``gpuperfd check``).
+
+Bandwidths are bytes per second (SI, as every figure here); the all-reduce's bus bandwidth follows
+nccl-tests: ``algbw * 2 (n - 1) / n`` for n ranks, ``algbw = bytes / time``.
+
+Pure Python (no torch): the daemon imports this to store and export results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["PeerCopy", "AllReduce", "InterconnectResult", "bus_bandwidth", "INTERCONNECT_SCHEMA_VERSION"]
+
+INTERCONNECT_SCHEMA_VERSION = 1
+
+
+def bus_bandwidth(bytes_per_rank: int, seconds: float, ranks: int) -> float:
+    """nccl-tests' bus bandwidth of an all-reduce: comparable across rank counts (bytes/s)."""
+    if seconds <= 0 or ranks < 2:
+        raise ValueError(f"bus_bandwidth: needs seconds > 0 and at least 2 ranks (got {seconds}, {ranks})")
+    return bytes_per_rank / seconds * 2 * (ranks - 1) / ranks
+
+
+@dataclass(frozen=True)
+class PeerCopy:
+    """Copies from GPU ``src`` to GPU ``dst`` (an ordered pair): median bandwidth over the repeats."""
+
+    src: int
+    dst: int
+    bytes: int
+    bandwidth_bytes_per_second: float
+    repeats: int
+    cv: float | None = None
+    #: the copied bytes read back equal (a checksum of the destination against the source)
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """One all-reduce size over every GPU of the set: latency percentiles and bandwidths."""
+
+    bytes: int
+    ranks: int
+    latency_p50_seconds: float
+    latency_p99_seconds: float
+    algorithm_bandwidth_bytes_per_second: float
+    bus_bandwidth_bytes_per_second: float
+    repeats: int
+    #: every rank's result equals the expected sum (checked on every rank)
+    sum_ok: bool = True
+
+
+@dataclass(frozen=True)
+class InterconnectResult:
+    """The interconnect probe's result for one set of GPUs of a node."""
+
+    gpus: tuple[int, ...]
+    status: str  # ok, failed, skipped (STATUSES of probe_data.result)
+    failure_reason: str | None = None
+    error_message: str | None = None
+    backend: str = "nccl"  # nccl on GPUs, gloo on a CPU (tests), simulated
+    started_at: float | None = None
+    wall_seconds: float | None = None
+    copies: tuple[PeerCopy, ...] = ()
+    allreduce: tuple[AllReduce, ...] = ()
+    energy_joules: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = INTERCONNECT_SCHEMA_VERSION
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InterconnectResult:
+        """From :meth:`to_dict`'s output (JSON), unknown keys refused by name."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"InterconnectResult: unknown field(s) {', '.join(unknown)}")
+        values = dict(data)
+        values["gpus"] = tuple(values.get("gpus", ()))
+        values["copies"] = tuple(PeerCopy(**c) for c in values.get("copies", ()))
+        values["allreduce"] = tuple(AllReduce(**a) for a in values.get("allreduce", ()))
+        return cls(**values)
