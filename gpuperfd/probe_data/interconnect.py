@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PeerCopy", "AllReduce", "InterconnectResult", "bus_bandwidth", "INTERCONNECT_SCHEMA_VERSION"]
+__all__ = ["InterconnectRequest", "PeerCopy", "AllReduce", "InterconnectResult", "bus_bandwidth", "INTERCONNECT_SCHEMA_VERSION"]
 
 INTERCONNECT_SCHEMA_VERSION = 1
 
@@ -26,6 +26,22 @@ def bus_bandwidth(bytes_per_rank: int, seconds: float, ranks: int) -> float:
     if seconds <= 0 or ranks < 2:
         raise ValueError(f"bus_bandwidth: needs seconds > 0 and at least 2 ranks (got {seconds}, {ranks})")
     return bytes_per_rank / seconds * 2 * (ranks - 1) / ranks
+
+
+@dataclass(frozen=True)
+class InterconnectRequest:
+    """What one interconnect probe run is asked to do (built once from a schedule or CLI flags).
+
+    ``gpus``: the set, by index (None: every GPU of the node); at least two. Sizes are bytes per
+    copy and per rank of an all-reduce: a small one (latency) and a large one (bandwidth)."""
+
+    gpus: tuple[int, ...] | None = None
+    copy_bytes: int = 256 << 20
+    allreduce_bytes: tuple[int, ...] = (1 << 20, 256 << 20)
+    repeats: int = 10
+    warmup: int = 3
+    dtype: str = "bfloat16"
+    timeout_seconds: float = 120.0
 
 
 @dataclass(frozen=True)
