@@ -39,7 +39,7 @@ def point(probe: str, preset: str | None = None, card: str = "H100", **options: 
     if card not in _GPUS:
         _GPUS[card] = SimulatedBackend(SimulationConfig(gpus=1, model=card, seed=3)).devices()[0]
     executor = simulated_executor(0.01, seed=1, noise=0.0)
-    result = executor(_GPUS[card], ProbeRequest(probe=probe, preset=preset, options=options), threading.Event())
+    result = executor.measure(_GPUS[card], ProbeRequest(probe=probe, preset=preset, options=options), threading.Event(), 0.0)
     assert result.ok, result.error_message
     return result
 
