@@ -34,9 +34,10 @@ from gpuperfd.probing.idle import (BusyReason, IdleTracker, allocated_reason, bu
                                    not_idle_text, pod_reason)
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
 from gpuperfd.probing.rounds import GpuRounds, RoundSource, Turn
+from gpuperfd.probing.schedule_request import planned_from_schedule
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal
-from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, SweepRequest, run_owned_sweep
+from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, PlannedProbe, SweepRequest, run_owned_sweep
 from gpuperfd.system.memory import release_free_memory
 
 log = logging.getLogger(__name__)
@@ -360,13 +361,14 @@ class ProbeService:
         state-directory failure), gets its outcome, keyed by ``id``.
         """
         info = self._info(device)
-        request = SweepRequest(schedules, None, read_only=self.config.read_only,
+        request = SweepRequest(map(planned_from_schedule, schedules), None, read_only=self.config.read_only,
                                stop_early=self.config.max_slowdown if self.config.stop_early else None,
                                wanted=lambda: self._wanted(device))
 
         planned: dict[int, int] = {}  # id(schedule) -> how many points its sweep was to measure
 
-        def observer_for(schedule: ScheduleConfig, outcome: OwnedSweep) -> ServiceObserver:
+        def observer_for(probe: PlannedProbe, outcome: OwnedSweep) -> ServiceObserver:
+            schedule: ScheduleConfig = probe.origin
             planned[id(schedule)] = 1 if outcome.read_only else len(outcome.caps_watts)
             operator_cap = outcome.original_cap_watts
             assert operator_cap is not None  # read before any schedule starts
@@ -375,8 +377,8 @@ class ProbeService:
             return ServiceObserver(self, device, info, schedule, operator_cap, outcome.caps_watts)
 
         outcome = run_owned_sweep(device, self.journal, request, self.executor, observer_for, self.abort)
-        points_of = {id(schedule): points for schedule, points in outcome.sweeps}
-        last = outcome.sweeps[-1][0] if outcome.sweeps else None
+        points_of = {id(probe.origin): points for probe, points in outcome.sweeps}
+        last = outcome.sweeps[-1][0].origin if outcome.sweeps else None
         results: dict[int, RunOutcome] = {}
         for schedule in members or [leader]:
             points = tuple(points_of.get(id(schedule), ()))

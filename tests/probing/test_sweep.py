@@ -324,6 +324,7 @@ def test_a_sweep_that_gives_way_to_a_users_job_restores_the_operators_cap(tmp_pa
     operator had comes back, and the CLI's table says skipped (preempted)."""
     from gpuperfd.probing.observer import Observers
     from gpuperfd.probing.sweep.cli import _print_results
+    from gpuperfd.probing.schedule_request import planned_from_schedule
     from gpuperfd.probing.sweep.owned import OwnedStatus, SweepRequest, run_owned_sweep
 
     gpu = SimulatedBackend(SimulationConfig(gpus=1, seed=3, initial_power_limits={0: 650.0})).devices()[0]
@@ -343,7 +344,7 @@ def test_a_sweep_that_gives_way_to_a_users_job_restores_the_operators_cap(tmp_pa
         def on_point(self, point):
             pass
 
-    outcome = run_owned_sweep(gpu, CapJournal(tmp_path / "state"), SweepRequest([schedule], None), executor,
+    outcome = run_owned_sweep(gpu, CapJournal(tmp_path / "state"), SweepRequest([planned_from_schedule(schedule)], None), executor,
                               lambda s, o: Observers([Watch()]), threading.Event())
     assert outcome.status is OwnedStatus.PREEMPTED and "717171" in outcome.detail
     points = outcome.sweeps[0][1]

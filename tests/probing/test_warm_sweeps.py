@@ -25,7 +25,7 @@ from gpuperfd.probing.executors import (
     open_session,
 )
 from gpuperfd.probing.sweep.journal import CapJournal
-from gpuperfd.probing.sweep.owned import request_from_schedule
+from gpuperfd.probing.schedule_request import request_from_schedule
 from gpuperfd.probe_data.recommend import recommend
 from gpuperfd.probing.sweep.sweeper import run_sweep
 
@@ -249,7 +249,7 @@ from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probing.executors import ChildProcessExecutor, measure_once, open_session
-from gpuperfd.probing.sweep.owned import request_from_schedule
+from gpuperfd.probing.schedule_request import request_from_schedule
 if __name__ == "__main__":
     gpu = SimulatedBackend(SimulationConfig(gpus=1)).devices()[0]
     schedule = ScheduleConfig(probe="train", preset="tiny", interval_seconds=60, settle_seconds=0,
@@ -279,15 +279,17 @@ def test_one_child_serves_every_probe_of_a_round(gpu, tmp_path):
     gone at the end and the operator's cap back."""
     pytest.importorskip("torch")
     from gpuperfd.probing.observer import Observers
+    from gpuperfd.probing.schedule_request import planned_from_schedule
     from gpuperfd.probing.sweep.owned import OwnedStatus, SweepRequest, run_owned_sweep
 
     state = tmp_path / "state"
     executor = ChildProcessExecutor(120, torch_device="cpu", state_dir=state)
-    request = SweepRequest(schedules=[tiny_schedule("attention"), tiny_schedule("vit")], caps=["max", 500])
+    request = SweepRequest(probes=[planned_from_schedule(tiny_schedule("attention")),
+                                   planned_from_schedule(tiny_schedule("vit"))], caps=["max", 500])
     outcome = run_owned_sweep(gpu, CapJournal(state), request, executor, lambda *_: Observers(()),
                               threading.Event())
     assert outcome.status == OwnedStatus.DONE, outcome.detail
-    results = [(schedule.probe, point.result) for schedule, points in outcome.sweeps for point in points]
+    results = [(planned.request.probe, point.result) for planned, points in outcome.sweeps for point in points]
     assert [(probe, r.probe, r.status) for probe, r in results] == [
         ("attention", "attention", "ok"), ("attention", "attention", "ok"), ("vit", "vit", "ok"), ("vit", "vit", "ok")
     ], [r.error_message for _, r in results]

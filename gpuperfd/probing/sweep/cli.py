@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuperfd.config import Config, ScheduleConfig, config_with_flags
+from gpuperfd.config import Config, config_with_flags
 from gpuperfd.console import ProgressBar, format_table
 from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
@@ -28,13 +28,14 @@ from gpuperfd.device.factory import open_backend
 from gpuperfd.probe_data.record import RecordError, append_records, build_record, check_output, parse_labels
 from gpuperfd.probe_data.recommend import (SweepPoint, cut_short, point_words, read_only_note, recommend,
                                            work_rate)
+from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
-from gpuperfd.probe_data.spec import PROBES
+from gpuperfd.probe_data.spec import PROBES, check_options
 from gpuperfd.probing.executors import choose_executor
 from gpuperfd.probing.idle import busy_reason
 from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal, journals_for, restore_all
-from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, SweepRequest, run_owned_sweep
+from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, PlannedProbe, SweepRequest, run_owned_sweep
 from gpuperfd.probing.sweep.ownership import is_owned
 from gpuperfd.system.logs import setup_logging
 from gpuperfd.system.stopsignals import StopSignals, say
@@ -163,6 +164,8 @@ class SweepArgs:
             return "--max-slowdown must be in [0, 1)"
         if not self.wait >= 0:
             return "--wait must be >= 0 seconds"
+        if not 0 <= self.settle <= 600:
+            return "--settle must be in [0, 600] seconds"
         if self.report:
             try:
                 import matplotlib  # noqa: F401  (optional dependency, checked before any GPU time is spent)
@@ -213,11 +216,10 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
         return 2
     try:
         caps_spec = parse_cap_list(args.caps)
-        schedules = [
-            ScheduleConfig(probe=probe, preset=args.preset, interval_seconds=3600, caps=caps_spec,
-                           settle_seconds=args.settle, options=dict(args.options))
-            for probe in args.probes
-        ]
+        for probe in args.probes:  # what a schedule's validation checked, before any GPU is touched
+            check_options(probe, dict(args.options), args.preset)
+        probes = [PlannedProbe(ProbeRequest(probe=probe, preset=args.preset, options=dict(args.options),
+                                            settle_seconds=args.settle)) for probe in args.probes]
     except (CapSpecError, ValueError) as exc:
         print(f"gpuperfd: --caps/--option: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -239,7 +241,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
             if (problem := _caps_out_of_range(args, devices[args.gpu], caps_spec)) is not None:
                 say(f"gpuperfd: --caps: {problem}")
                 return 2
-            code = _sweep(args, config, backend.name, devices[args.gpu], schedules, caps_spec, abort, stop)
+            code = _sweep(args, config, backend.name, devices[args.gpu], probes, caps_spec, abort, stop)
         finally:
             backend.close()
     return code
@@ -260,25 +262,25 @@ def _caps_out_of_range(args: SweepArgs, device: Device, caps_spec: list[str | fl
     return None
 
 
-def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, schedules: list[ScheduleConfig],
+def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, probes: list[PlannedProbe],
            caps_spec: list[str | float], abort: threading.Event, stop: StopSignals) -> int:
-    """The owned sweep of every schedule on ``device``, its tables and report; the exit code."""
+    """The owned sweep of every probe on ``device``, its tables and report; the exit code."""
     journal = CapJournal.for_config(config)  # registered: a start with another state_dir finds it
     records = SweepRecords(args.output, device.info(), parse_labels(args.labels))
-    request = SweepRequest(schedules, caps_spec, read_only=_read_only(args, config), strict_caps=not args.clamp,
+    request = SweepRequest(probes, caps_spec, read_only=_read_only(args, config), strict_caps=not args.clamp,
                            stop_early=args.max_slowdown if args.stop_early else None, wait_seconds=args.wait)
     threshold = config.probes.idle_utilization_threshold
     bars: list[CliObserver] = []
-    planned_points: dict[int, int] = {}  # id(schedule) -> how many points its sweep was to measure
+    planned_points: dict[int, int] = {}  # id(probe) -> how many points its sweep was to measure
 
-    def observer_for(schedule: ScheduleConfig, planned: OwnedSweep) -> CliObserver:
+    def observer_for(probe: PlannedProbe, planned: OwnedSweep) -> CliObserver:
         if planned.read_only and planned.original_cap_watts is not None and not bars:
             # Never drop an asked-for cap silently (`--read-only --caps current,max`).
             say(f"gpuperfd: gpu {args.gpu}: {read_only_note(planned.caps_watts, planned.original_cap_watts)}")
         records.start(planned.original_cap_watts)
         total = 1 if planned.read_only else len(planned.caps_watts)
-        planned_points[id(schedule)] = total
-        bars.append(CliObserver(ProgressBar(total, desc=f"sweep {schedule.probe} gpu{args.gpu}",
+        planned_points[id(probe)] = total
+        bars.append(CliObserver(ProgressBar(total, desc=f"sweep {probe.request.probe} gpu{args.gpu}",
                                             enabled=None if args.progress else False), records))
         return bars[-1]
 
@@ -300,9 +302,9 @@ def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, s
         say(f"gpuperfd: gave way to a user's job ({outcome.detail}); "
             f"{_cap_report(device, outcome.original_cap_watts, journal)}")
     code = 0
-    for schedule, points in outcome.sweeps:
-        code = max(code, _print_results(args.max_slowdown, schedule.probe, points,
-                                        planned_points.get(id(schedule), len(points))))
+    for probe, points in outcome.sweeps:
+        code = max(code, _print_results(args.max_slowdown, probe.request.probe, points,
+                                        planned_points.get(id(probe), len(points))))
     if args.report:
         code = max(code, _write_report(args.report, args.max_slowdown, records.records))
     return code

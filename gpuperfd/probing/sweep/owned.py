@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
-from gpuperfd.config import ScheduleConfig
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.recommend import SweepPoint
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 class OwnedStatus(str, Enum):
     """How an owned sweep ended."""
 
-    DONE = "done"  # every schedule ran (points may still have failed: see the points)
+    DONE = "done"  # every planned probe ran (points may still have failed: see the points)
     OWNED = "owned"  # another live process owns the GPU's cap
     STATE_DIR = "state_dir"  # the lock or the journal could not be written; no cap was changed
     BUSY = "busy"  # the GPU was busy when checked under the lock
@@ -56,15 +56,27 @@ class OwnedStatus(str, Enum):
 
 
 @dataclass(frozen=True)
-class SweepRequest:
-    """What one owned sweep runs: the schedules (one probe each) over ``caps``, one after another.
+class PlannedProbe:
+    """One probe of an owned sweep: what to run and the caps to run it at (``caps`` None: the sweep's).
 
-    ``schedules`` is iterated lazily, one schedule at a time, only once the GPU is owned: the
-    daemon's round (:class:`gpuperfd.probing.service.ProbeService`) yields the schedules that
-    join it while it runs. ``caps`` None: each schedule's own ``caps``.
+    ``origin`` is the caller's own handle, handed back with the probe's observer and points (the
+    daemon's round: the YAML schedule it publishes under; a CLI: nothing)."""
+
+    request: ProbeRequest
+    caps: Sequence[str | float] | None = None
+    origin: Any = None
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """What one owned sweep runs: the planned probes over ``caps``, one after another.
+
+    ``probes`` is iterated lazily, one at a time, only once the GPU is owned: the daemon's round
+    (:class:`gpuperfd.probing.service.ProbeService`) yields the schedules that join it while it
+    runs. ``caps`` None: each planned probe's own ``caps``.
     """
 
-    schedules: Iterable[ScheduleConfig]
+    probes: Iterable[PlannedProbe]
     caps: Sequence[str | float] | None
     read_only: bool = False
     #: Caps outside the board's range are an error (the CLI), not clamped (the daemon).
@@ -80,18 +92,18 @@ class SweepRequest:
 
 @dataclass
 class OwnedSweep:
-    """The outcome: a status, the words for it, and each schedule's points so far."""
+    """The outcome: a status, the words for it, and each planned probe's points so far."""
 
     status: OwnedStatus
     detail: str = ""
     #: The cap the operator had before the sweep (None if never read).
     original_cap_watts: float | None = None
-    #: The resolved caps (with per-schedule caps: those of the schedule started last).
+    #: The resolved caps (with per-probe caps: those of the probe started last).
     caps_watts: list[float] = field(default_factory=list)
-    #: True when no cap is changed (asked for, or the only cap is the one set now; per schedule as caps_watts).
+    #: True when no cap is changed (asked for, or the only cap is the one set now; per probe as caps_watts).
     read_only: bool = False
-    #: (schedule, its points) per schedule started, in order.
-    sweeps: list[tuple[ScheduleConfig, list[SweepPoint]]] = field(default_factory=list)
+    #: (planned probe, its points) per probe started, in order.
+    sweeps: list[tuple[PlannedProbe, list[SweepPoint]]] = field(default_factory=list)
     #: The DeviceError's reason when status is DEVICE_ERROR.
     reason: str = ""
     #: The live owner's pid when status is OWNED (0 when unknown).
@@ -99,7 +111,7 @@ class OwnedSweep:
 
 
 class _Collect:
-    """Keeps a schedule's points while passing them on."""
+    """Keeps a planned probe's points while passing them on."""
 
     def __init__(self, points: list[SweepPoint], observer: SweepObserver) -> None:
         self.points, self.observer = points, observer
@@ -145,13 +157,13 @@ def run_owned_sweep(
     journal: CapJournal,
     request: SweepRequest,
     executor: Executor,
-    observer_for: Callable[[ScheduleConfig, OwnedSweep], SweepObserver],
+    observer_for: Callable[[PlannedProbe, OwnedSweep], SweepObserver],
     abort: threading.Event,
     busy: Callable[[], BusyReason | None] | None = None,
 ) -> OwnedSweep:
-    """Lock, restore a dead owner's cap, check ``busy``, resolve caps, sweep each schedule.
+    """Lock, restore a dead owner's cap, check ``busy``, resolve caps, sweep each planned probe.
 
-    ``observer_for(schedule, outcome)`` gives each schedule's observer (``outcome`` holds the original
+    ``observer_for(planned, outcome)`` gives each planned probe's observer (``outcome`` holds the original
     cap and the resolved caps by then). Never raises for
     a GPU or state-directory failure: the outcome says what happened, and the cap is restored.
     """
@@ -189,7 +201,7 @@ def run_owned_sweep(
 
         if request.caps is not None and not resolve(request.caps):
             return outcome
-        _sweep_schedules(device, journal, request, executor, observer_for, abort, outcome, resolve)
+        _sweep_probes(device, journal, request, executor, observer_for, abort, outcome, resolve)
     except SweepAborted as exc:
         log.warning("%s", exc)
         outcome.status, outcome.detail = OwnedStatus.ABORTED, str(exc)
@@ -211,30 +223,23 @@ def run_owned_sweep(
     return outcome
 
 
-def request_from_schedule(schedule: ScheduleConfig) -> ProbeRequest:
-    """The probe request of a YAML schedule, built once where the schedule is consumed: the executors
-    and sessions below take the request, never the configuration model."""
-    return ProbeRequest(probe=schedule.probe, preset=schedule.preset, options=dict(schedule.options),
-                        settle_seconds=schedule.settle_seconds)
-
-
-def _sweep_schedules(device: Device, journal: CapJournal, request: SweepRequest, executor: Executor,
-                     observer_for: Callable[[ScheduleConfig, OwnedSweep], SweepObserver], abort: threading.Event,
+def _sweep_probes(device: Device, journal: CapJournal, request: SweepRequest, executor: Executor,
+                     observer_for: Callable[[PlannedProbe, OwnedSweep], SweepObserver], abort: threading.Event,
                      outcome: OwnedSweep, resolve: Callable[..., bool]) -> None:
-    """Each schedule's sweep through one warm session (one child per GPU for the whole round: the next
-    schedule's probe is built in it); raises :class:`SweepPreempted` once a point gave way to a user."""
+    """Each planned probe's sweep through one warm session (one child per GPU for the whole round: the
+    next probe is built in it); raises :class:`SweepPreempted` once a point gave way to a user."""
     session = None
     try:
-        for schedule in request.schedules:
-            if request.caps is None and not resolve(schedule.caps, parse=True):
+        for planned in request.probes:
+            if request.caps is None and not resolve(planned.caps, parse=True):
                 return
             points: list[SweepPoint] = []
-            outcome.sweeps.append((schedule, points))
-            collect = _Collect(points, observer_for(schedule, outcome))
-            session = open_session(executor, device, request_from_schedule(schedule), abort, after=session)
+            outcome.sweeps.append((planned, points))
+            collect = _Collect(points, observer_for(planned, outcome))
+            session = open_session(executor, device, planned.request, abort, after=session)
             session.prepare()  # the child's imports before any cap changes (not GPU time)
             run_sweep(device, journal, outcome.caps_watts, collect.measuring(session.measure),
-                      settle_seconds=schedule.settle_seconds, read_only=outcome.read_only, abort=abort,
+                      settle_seconds=planned.request.settle_seconds, read_only=outcome.read_only, abort=abort,
                       observer=collect, stop_early=request.stop_early, wanted=request.wanted)
             if points and points[-1].result.preempted:  # the round ends: the GPU is the user's now
                 raise SweepPreempted(points[-1].result.error_message or "a user's job wants the GPU")
