@@ -42,7 +42,7 @@ from gpuperfd.probing.admission import Admission, memory_limit
 from gpuperfd.probing.metrics import ProbeMetrics
 from gpuperfd.probing.scheduling import ProbeScheduler
 from gpuperfd.probing.service import ProbeService
-from gpuperfd.probing.sweep.journal import journals_for, node_registry, restore_all
+from gpuperfd.probing.sweep.journal import CapJournal, journals_for, restore_all
 from gpuperfd.system import sdnotify
 from gpuperfd.system.memory import release_free_memory
 from gpuperfd.telemetry.collectors import CollectorSet, build_collectors
@@ -173,10 +173,10 @@ def build_probe_service(
         allocations=pod_resources.state if pod_resources is not None else None,
         kubelet_socket=kubernetes.socket if kubelet_required(kubernetes.required) else None,
         admission=admission,
+        # Every journal write first records its directory in the node's registry (fixed, not a
+        # setting), so a later start finds it whatever probes.state_dir then says.
+        journal=CapJournal.for_config(config),
     )
-    # Every journal write first records its directory in the node's registry (fixed, not a
-    # setting), so a later start finds it whatever probes.state_dir then says.
-    service.journal.registry = node_registry(config)
     return service
 
 
@@ -184,16 +184,17 @@ def build_health(config: Config, sampler: Sampler, backend: Backend) -> HealthMo
     """The per-GPU verdicts (None when ``health.enabled`` is off), and the NFD feature file it rewrites."""
     if not config.health.enabled:
         return None
-    health = HealthMonitor(
-        sampler, health_state_dir(config), config.probes.history.path,
-        node_uuids=node_uuids(backend),
-        thresholds=config.health.thresholds, interval_seconds=config.health.interval_seconds,
-    )
+    listeners = []
     if config.health.nfd_features_file is not None:
         from gpuperfd.health.nfd import NfdFeatureFile
 
-        health.listeners.append(NfdFeatureFile(config.health.nfd_features_file))
-    return health
+        listeners.append(NfdFeatureFile(config.health.nfd_features_file))
+    return HealthMonitor(
+        sampler, health_state_dir(config), config.probes.history.path,
+        node_uuids=node_uuids(backend),
+        thresholds=config.health.thresholds, interval_seconds=config.health.interval_seconds,
+        listeners=listeners,
+    )
 
 
 def build_exporter(sampler: Sampler, backend_name: str, probe_registry: CollectorRegistry, probe_metrics: ProbeMetrics,
@@ -206,11 +207,14 @@ def build_exporter(sampler: Sampler, backend_name: str, probe_registry: Collecto
     return Exporter(sampler, backend_name, registries, extra_families=[health.families] if health is not None else [])
 
 
-def build_web_server(web: WebConfig, routes: dict[str, Route]) -> WebServer:
-    """The HTTP server on ``web.listen_address`` with its connection limits (not started)."""
+def build_web_server(web: WebConfig, routes: dict[str, Route], watcher: WebConfigWatcher | None = None,
+                     auth_registry: CollectorRegistry | None = None) -> WebServer:
+    """The HTTP server on ``web.listen_address`` with its connection limits (not started); with a web
+    config, its TLS and basic auth, the auth gate counting its refusals in ``auth_registry``
+    (gpuperf_web_auth_refused_total, on /metrics)."""
     host, port = parse_listen_address(web.listen_address)
     raise_fd_limit()  # connections are capped below the open-files limit; take what the hard limit allows
-    return WebServer(host, port, routes, limits=Limits(
+    server = WebServer(host, port, routes, limits=Limits(
         max_connections=web.max_connections,
         max_requests=web.max_requests,
         workers=web.workers,
@@ -218,6 +222,11 @@ def build_web_server(web: WebConfig, routes: dict[str, Route]) -> WebServer:
         tls_handshake_timeout=web.tls_handshake_timeout_seconds,
         idle_timeout=web.idle_timeout_seconds,
     ), inline_paths=frozenset({web.telemetry_path, "/healthz"}))  # both answer from cached state
+    if watcher is not None and auth_registry is not None:
+        from gpuperfd.web.security import secure_web_server
+
+        auth_registry.register(secure_web_server(server, watcher))
+    return server
 
 
 class Daemon:
@@ -261,9 +270,7 @@ class Daemon:
         auth_registry = CollectorRegistry(auto_describe=True) if self.web_config is not None else None
         self.exporter = build_exporter(self.sampler, self.backend.name, self.probe_registry, self.probe_metrics,
                                        auth_registry, self.health)
-        self.web = build_web_server(config.web, self._routes())
-        if self.web_config is not None and auth_registry is not None:
-            self._secure_web(self.web_config, auth_registry)
+        self.web = build_web_server(config.web, self._routes(), self.web_config, auth_registry)
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
 
     def restore_caps(self) -> list[str]:
@@ -281,12 +288,6 @@ class Daemon:
         from gpuperfd.probing.runner import end_leftover_children
 
         return end_leftover_children(self.config.probes.state_dir)
-
-    def _secure_web(self, watcher: WebConfigWatcher, auth_registry: CollectorRegistry) -> None:
-        """TLS and basic auth from the web config; the auth gate counts its refusals in ``auth_registry``."""
-        from gpuperfd.web.security import secure_web_server
-
-        auth_registry.register(secure_web_server(self.web, watcher))  # gpuperf_web_auth_refused_total
 
     def _routes(self) -> dict:
         telemetry_path = self.config.web.telemetry_path

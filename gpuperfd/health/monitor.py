@@ -288,6 +288,7 @@ class HealthMonitor:
         clock: Callable[[], float] = time.time,
         boot_id: Callable[[], str] = read_boot_id,
         node: str | None = None,
+        listeners: Sequence[Callable[[list[Verdict]], None]] = (),
     ) -> None:
         self.sampler = sampler
         reset_warnings()
@@ -338,7 +339,7 @@ class HealthMonitor:
         self.cpu_seconds = 0.0
         #: Called with the verdicts after an evaluation that changed them (and after the first):
         #: e.g. the node-feature-discovery file (:mod:`gpuperfd.health.nfd`). A failing one is logged.
-        self.listeners: list[Callable[[list[Verdict]], None]] = []
+        self.listeners: list[Callable[[list[Verdict]], None]] = list(listeners)
 
     # -- gathering ------------------------------------------------------------------------
 

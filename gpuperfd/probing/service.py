@@ -73,6 +73,7 @@ class ProbeService:
         allocations: Callable[[], AllocationState] | None = None,
         kubelet_socket: str | None = None,
         admission: Admission | None = None,
+        journal: CapJournal | None = None,
     ) -> None:
         self.config = config
         #: Host memory for probe children (None: the executor starts none, e.g. the simulator).
@@ -88,7 +89,8 @@ class ProbeService:
         self.metrics = metrics
         self.tracker = tracker
         self.history = history
-        self.journal = CapJournal(config.state_dir)
+        #: The power-cap journal (the daemon's is registered in the node's registry of state directories).
+        self.journal = journal if journal is not None else CapJournal(config.state_dir)
         self.abort = threading.Event()
         self._gpu_locks = {index: threading.Lock() for index in self.devices}
         #: Per GPU: the round running on it, the runs queued for it, and whom a round served.
