@@ -18,10 +18,26 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any
 
-__all__ = ["ProgressBar", "format_table", "format_number", "format_duration", "is_tty"]
+__all__ = ["ProgressBar", "format_table", "format_number", "format_duration", "is_tty", "seconds_between"]
+
+
+def seconds_between(low: float, high: float) -> Callable[[str], float]:
+    """An argparse ``type`` for a number of seconds in [low, high], its error naming the text and the range."""
+    import argparse
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} s: give between {low:g} and {high:g} seconds")
+        return value
+
+    return parse
 
 
 def is_tty(stream: IO[str] | None) -> bool:

@@ -136,9 +136,9 @@ def _package_imports(folder: str) -> set[str]:
         # web serves what telemetry renders, the health verdict and the shared probe data; never probing
         ("web", ("gpuperfd.web", "gpuperfd.telemetry", "gpuperfd.health", "gpuperfd.probe_data", "gpuperfd.config")),
         # top reads the daemon over HTTP (web's shape) or the device through the collectors; from the
-        # probing flow only check_cli's --gpus parser
+        # probing flow only check_cli's --gpus parser; the CLIs' shared console helpers
         ("top", ("gpuperfd.top", "gpuperfd.web", "gpuperfd.telemetry", "gpuperfd.device", "gpuperfd.config",
-                 "gpuperfd.probing")),
+                 "gpuperfd.probing", "gpuperfd.console")),
         # the report reads run records and imports the recommendation rule, never the sweeper (offline)
         ("report", ("gpuperfd.report", "gpuperfd.probe_data")),
     ],

@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from gpuperfd.config import DEFAULT_CONFIG_PATH, config_with_flags, env_config_path
+from gpuperfd.console import seconds_between
 from gpuperfd.health.verdict import Verdict, node_verdict_json
 from gpuperfd.probe_data.spec import PRESETS, PROBES
 
@@ -48,14 +49,7 @@ def gpu_list(text: str) -> list[int]:
     return out
 
 
-def _timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 1.0 <= value <= 3600.0:
-        raise argparse.ArgumentTypeError(f"{text} s: give between 1 and 3600 seconds")
-    return value
+_timeout = seconds_between(1.0, 3600.0)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from gpuperfd.config import DEFAULT_CONFIG_PATH, Config, config_with_flags, env_config_path
+from gpuperfd.console import seconds_between
 from gpuperfd.probing.check_cli import gpu_list
 from gpuperfd.top.client import DaemonAddress, DaemonSource, Source, TopError, daemon_url
 from gpuperfd.top.frame import render
@@ -31,14 +32,7 @@ EXIT_OK, EXIT_NO_FRAME, EXIT_USAGE, EXIT_DEVICE = 0, 1, 2, 3
 ENTER, LEAVE = "\x1b[?1049h\x1b[?25l", "\x1b[?25h\x1b[?1049l"
 
 
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0.1 <= value <= 3600.0:
-        raise argparse.ArgumentTypeError(f"{text} s: give between 0.1 and 3600 seconds")
-    return value
+_interval = seconds_between(0.1, 3600.0)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
