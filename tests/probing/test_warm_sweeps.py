@@ -105,7 +105,7 @@ def test_child_killed_between_points_and_during_a_point(gpu, tmp_path):
             killed.append(pid)
         if cap == 400:  # during the point: kill it while it measures
             pid = session.child.pid
-            threading.Timer(1.5, lambda: os.kill(pid, signal.SIGKILL)).start()
+            threading.Timer(0.7, lambda: os.kill(pid, signal.SIGKILL)).start()
             killed.append(pid)
         return session.measure(cap)
 
