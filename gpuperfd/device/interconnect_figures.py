@@ -14,6 +14,8 @@ latency floor of a small message (15 us), and a ring over more GPUs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from gpuperfd.device.base import PeerLink
 
 #: NVLink 4 data rate per link and direction, as ``nvidia-smi nvlink -s`` reports it (bytes/s).
@@ -58,3 +60,23 @@ def allreduce_seconds(size_bytes: int, ranks: int, slowest_copy_bytes_per_second
     bus_peak = REFERENCE_PEAK_BYTES_PER_SECOND * slowest_copy_bytes_per_second / REFERENCE_COPY_BYTES_PER_SECOND
     algo_peak = bus_peak * ranks / (2 * (ranks - 1))
     return ALLREDUCE_FLOOR_SECONDS + size_bytes / algo_peak + _RAMP_SECONDS * min(1.0, size_bytes / RAMP_BYTES)
+
+
+def expected_pair_links(topology: Sequence[PeerLink], links_per_gpu: Mapping[int, int]) -> dict[tuple[int, int], int]:
+    """NVLinks each NVLink pair should have: through NVSwitch every link of the GPU with fewer; a
+    direct pair, every link of two GPUs that have only each other (an NVL pair). A GPU joined
+    directly to several peers (NVL4 bridges) has no figure: its split of links is not known.
+    ``links_per_gpu``: each GPU's NVLinks, up or down (``len(Device.nvlink().links)``)."""
+    direct_peers: dict[int, int] = {}
+    for link in topology:
+        if link.path == "nvlink" and not link.via_nvswitch:
+            direct_peers[link.gpu_a] = direct_peers.get(link.gpu_a, 0) + 1
+            direct_peers[link.gpu_b] = direct_peers.get(link.gpu_b, 0) + 1
+    out = {}
+    for link in topology:
+        a, b = links_per_gpu.get(link.gpu_a), links_per_gpu.get(link.gpu_b)
+        if link.path != "nvlink" or not a or not b:
+            continue
+        if link.via_nvswitch or (direct_peers[link.gpu_a] == 1 and direct_peers[link.gpu_b] == 1):
+            out[(link.gpu_a, link.gpu_b)] = min(a, b)
+    return out
