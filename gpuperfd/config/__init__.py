@@ -59,6 +59,7 @@ DeviceCall = Literal[
     "gpu_recovery_action",
     "codec_utilization",
     "nvlink",
+    "fabric_state",
     "mig_enabled",
     "mig_instances",
 ]

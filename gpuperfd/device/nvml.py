@@ -228,11 +228,12 @@ def _call(what: str, fn: Callable[..., T], *args: Any, scope: int | None = None)
 
 
 #: nvmlGpuFabricState_t -> FABRIC_STATES.
+#: (nvml.h's numbers where an older pynvml lacks the names.)
 _FABRIC_STATES: dict[int, str] = {
-    pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: "not_supported",
-    pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED: "not_started",
-    pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS: "in_progress",
-    pynvml.NVML_GPU_FABRIC_STATE_COMPLETED: "completed",
+    getattr(pynvml, "NVML_GPU_FABRIC_STATE_NOT_SUPPORTED", 0): "not_supported",
+    getattr(pynvml, "NVML_GPU_FABRIC_STATE_NOT_STARTED", 1): "not_started",
+    getattr(pynvml, "NVML_GPU_FABRIC_STATE_IN_PROGRESS", 2): "in_progress",
+    getattr(pynvml, "NVML_GPU_FABRIC_STATE_COMPLETED", 3): "completed",
 }
 
 #: nvmlGpuTopologyLevel_t -> PEER_PATHS (as ``nvidia-smi topo -m`` names them).
@@ -778,7 +779,10 @@ class NvmlDevice(Device):
         """The GPU fabric's state (nvmlDeviceGetGpuFabricInfo): NotSupported on a board without an
         NVSwitch fabric (NVML's state NOT_SUPPORTED, or a driver without the call). ``status`` is
         nvmlErrorString of the fabric's status when it is not NVML_SUCCESS."""
-        info = pynvml.c_nvmlGpuFabricInfo_t()
+        struct = getattr(pynvml, "c_nvmlGpuFabricInfo_t", None)
+        if struct is None:
+            raise NotSupported(f"GPU {self.index}: this nvidia-ml-py has no GPU fabric call")
+        info = struct()
         self._read("fabric", pynvml.nvmlDeviceGetGpuFabricInfo, ctypes.byref(info))
         state = _FABRIC_STATES.get(int(info.state))
         if state is None:

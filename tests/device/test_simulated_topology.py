@@ -91,3 +91,13 @@ def test_bad_input_names_what_is_wrong() -> None:
         InterconnectFaultConfig(kind="half_bandwidth", gpu=1)
     with pytest.raises(ValidationError):
         SimulationConfig(topology="torus")
+
+
+def test_a_call_fault_on_fabric_state_applies() -> None:
+    from gpuperfd.config import FaultConfig
+    from gpuperfd.device.errors import GpuLost
+
+    node = backend(gpus=4, faults=[FaultConfig(gpu=1, call="fabric_state", kind="gpu_lost")])
+    with pytest.raises(GpuLost):
+        node.devices()[1].fabric_state()
+    assert node.devices()[0].fabric_state().state == "completed"
