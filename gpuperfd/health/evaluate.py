@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuperfd.health import xid_catalog
-from gpuperfd.health.interconnect import findings
 from gpuperfd.health.checks import CHECKS, NON_GPU_FAILURES, PROBE_OUTCOMES, Check
+from gpuperfd.health.interconnect import findings
 from gpuperfd.health.verdict import Reason
 from gpuperfd.probe_data.peers import peer_disagreement
 

@@ -23,8 +23,6 @@ from typing import Any
 
 from gpuperfd.device.base import PeerLink
 from gpuperfd.device.errors import DeviceError
-from gpuperfd.health.interconnect import interconnect_inputs, read_topology
-from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.health.checks import ACTION_CLEARS, CHECKS, Check, by_id, defaults
 from gpuperfd.health.evaluate import (
     GpuInputs,
@@ -35,8 +33,10 @@ from gpuperfd.health.evaluate import (
     run_key,
     warn_once,
 )
+from gpuperfd.health.interconnect import interconnect_inputs, read_topology
 from gpuperfd.health.store import HealthStore, SavedState
 from gpuperfd.health.verdict import ACTIONS, STATES, Reason, Verdict
+from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probe_data.peers import peer_key
 from gpuperfd.probe_data.record import record_row
 from gpuperfd.telemetry.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import threading
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuperfd.config import SimulationConfig
@@ -36,7 +37,7 @@ def test_pair_set_and_topology_series() -> None:
     copy = registry.get_sample_value("gpuperf_interconnect_peer_copy_bandwidth_bytes_per_second", pair)
     assert 370e9 < copy < 385e9
     assert registry.get_sample_value("gpuperf_interconnect_peer_copy_expected_bytes_per_second", pair) \
-        == __import__("pytest").approx(377.65e9)
+        == pytest.approx(377.65e9)
     assert registry.get_sample_value("gpuperf_nvlink_peer_links", pair) == 18
     assert registry.get_sample_value("gpuperf_nvlink_peer_links_expected", pair) == 18
     bus = registry.get_sample_value("gpuperf_interconnect_allreduce_bus_bandwidth_bytes_per_second",
