@@ -212,7 +212,8 @@ def _interconnect_section() -> list[str]:
     gen5 = figures.PCIE_COPY_BYTES_PER_SECOND[5] / 1e9
     out = ["## The interconnect", "",
            "The fabric rows read the `fabric` collector (nvmlDeviceGetGpuFabricInfo); the pair rows read the",
-           "topology (NVLinks up per pair, every `topology_interval_seconds`) and the last interconnect probe run",
+           "topology (NVLinks up per pair, every `topology_interval_seconds`, against each GPU's NVLinks in the",
+           "`nvlink` collector's last reading: with that collector off, no link count is judged) and the last interconnect probe run",
            "(peer copy per ordered pair). A pair below its figure is blamed on the GPU whose pairs are all short",
            "(its peers are not); a pair alone below it, on both ends.", ""]
     out += _table(["board", "fabric rows", "`nvlink_links_below_topology`", "`interconnect_below_expected`"], [

@@ -33,7 +33,7 @@ from gpuperfd.health.evaluate import (
     run_key,
     warn_once,
 )
-from gpuperfd.health.interconnect import interconnect_inputs, read_topology
+from gpuperfd.health.interconnect import interconnect_inputs
 from gpuperfd.health.store import HealthStore, SavedState
 from gpuperfd.health.verdict import ACTIONS, STATES, Reason, Verdict
 from gpuperfd.probe_data.interconnect import InterconnectResult
@@ -372,8 +372,12 @@ class HealthMonitor:
         if now - self._topology_at < self.settings["topology_interval_seconds"]:
             return
         self._topology_at = now
+        readings = self.sampler.store.snapshot().readings
+        # Each GPU's NVLinks (up or down) from the nvlink collector's last reading: no NVML calls of our own.
+        links = {d.index: len(self._points(d.index, readings).get("gpuperf_nvlink_up", []))
+                 for d in self.sampler.devices}
         try:
-            topology, links = read_topology(self.sampler.backend, self.sampler.devices)
+            topology = self.sampler.backend.topology()
         except DeviceError as exc:
             warn_once(f"the GPU topology could not be read ({exc}): NVLink pair checks are off")
             return
