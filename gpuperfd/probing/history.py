@@ -14,14 +14,12 @@ import logging
 import os
 import socket
 import threading
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from gpuperfd.device.base import GpuInfo
-from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probe_data.record import build_record
 
 log = logging.getLogger(__name__)
@@ -77,33 +75,6 @@ class HistoryWriter:
                     handle.write(line)
             except OSError as exc:  # history is best effort; metrics still publish
                 log.error("cannot write probe history %s: %s", self.path, exc)
-
-
-#: The interconnect probe's history records (one per run of a set of GPUs), in their own file beside
-#: the per-GPU history (:func:`interconnect_history_path`): readers of ``gpuperfd.run/1`` never see them.
-INTERCONNECT_SCHEMA = "gpuperfd.interconnect/1"
-
-
-def interconnect_history_path(path: Path | str) -> Path:
-    """Where the interconnect records go beside a history file: history.jsonl -> history.interconnect.jsonl."""
-    path = Path(path)
-    return path.with_name(f"{path.stem}.interconnect{path.suffix or '.jsonl'}")
-
-
-def interconnect_record(result: InterconnectResult, gpus: Mapping[int, GpuInfo], host: str,
-                        source: str = "daemon") -> dict[str, Any]:
-    """One interconnect run as a history record: the set's GPUs (index, uuid, name, PCI bus id) and the
-    result as :meth:`InterconnectResult.to_dict` writes it (read back with ``from_dict``)."""
-    missing = [gpu for gpu in result.gpus if gpu not in gpus]
-    if missing:
-        raise ValueError(f"interconnect record: no identity for GPU {', '.join(map(str, missing))}")
-    return {
-        "schema": INTERCONNECT_SCHEMA, "time": float(result.started_at or time.time()), "host": host,
-        "source": source,
-        "gpus": [{"index": gpu, "uuid": gpus[gpu].uuid, "name": gpus[gpu].name, "pci_bus_id": gpus[gpu].pci_bus_id}
-                 for gpu in result.gpus],
-        "result": result.to_dict(),
-    }
 
 
 def read_history(path: Path | str, include_rotated: bool = True) -> Iterator[dict[str, Any]]:
