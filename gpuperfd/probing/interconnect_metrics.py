@@ -10,13 +10,18 @@ configured sets and sizes. See docs/metrics.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuperfd.device.base import GpuInfo, PeerLink
+from gpuperfd.device.base import Backend, Device, GpuInfo, PeerLink
+from gpuperfd.device.errors import DeviceError
 from gpuperfd.device.interconnect_figures import expected_copy_bandwidth, expected_pair_links
+from gpuperfd.health.interconnect import read_topology
 from gpuperfd.probe_data.interconnect import InterconnectResult
+
+log = logging.getLogger(__name__)
 
 PAIR_LABELS = ("gpu", "uuid", "peer", "peer_uuid")
 SET_LABELS = ("gpus",)
@@ -62,9 +67,9 @@ class InterconnectMetrics:
                             (*SET_LABELS, "result", "reason"), registry=registry)
 
     def publish(self, result: InterconnectResult, infos: Mapping[int, GpuInfo],
-                topology: Sequence[PeerLink] = ()) -> None:
+                topology: Sequence[PeerLink] = (), links_per_gpu: Mapping[int, int] | None = None) -> None:
         """Count the run; on an ok run set the bandwidth, latency and energy series. ``infos``: the
-        GPUs of the node by index (uuids); ``topology``: the node's pairs (expected figures)."""
+        GPUs of the node by index (uuids); ``topology`` and ``links_per_gpu``: see :meth:`publish_topology`."""
         label = set_label(result.gpus)
         self.runs.labels(label, result.status, result.failure_reason or "").inc()
         if result.wall_seconds is not None:
@@ -83,7 +88,7 @@ class InterconnectMetrics:
         if result.started_at is not None:
             self.last_run.labels(label).set(result.started_at)
         if topology:
-            self.publish_topology(topology, infos)
+            self.publish_topology(topology, infos, links_per_gpu)
 
     def publish_topology(self, topology: Sequence[PeerLink], infos: Mapping[int, GpuInfo],
                          expected_links: Mapping[int, int] | None = None) -> None:
@@ -101,6 +106,35 @@ class InterconnectMetrics:
                     self.links_expected.labels(*labels).set(want)
                     healthy = PeerLink(link.gpu_a, link.gpu_b, "nvlink", want, link.via_nvswitch, link.p2p)
                     self.copy_expected.labels(*labels).set(expected_copy_bandwidth(healthy))
+
+
+#: Called after the series with the run, the topology and each GPU's NVLink count, e.g. the health
+#: monitor's ``interconnect_seen`` (the verdicts read the same run).
+Listener = Callable[[InterconnectResult, list[PeerLink], dict[int, int]], None]
+
+
+def result_publisher(metrics: InterconnectMetrics, backend: Backend, devices: Sequence[Device],
+                     listeners: Sequence[Listener] = ()) -> Callable[[InterconnectResult], None]:
+    """What the daemon hands the interconnect service as ``publish``: per run, the node's identities and
+    topology are read once (a backend that cannot tell: no topology series, a warning), then the
+    series are set and every listener hears the run."""
+    def publish(result: InterconnectResult) -> None:
+        infos = {}
+        for device in devices:
+            try:
+                infos[device.index] = device.info()
+            except DeviceError as exc:
+                log.warning("interconnect series: GPU %d has no identity now (%s)", device.index, exc)
+        try:
+            topology, links = read_topology(backend, devices)
+        except DeviceError as exc:
+            log.warning("interconnect series: the GPU topology could not be read (%s)", exc)
+            topology, links = [], {}
+        metrics.publish(result, infos, topology, links)
+        for listener in listeners:
+            listener(result, topology, links)
+
+    return publish
 
 
 def _pair(infos: Mapping[int, GpuInfo], src: int, dst: int) -> tuple[str, str, str, str]:

@@ -9,11 +9,11 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuperfd.config import SimulationConfig
+from gpuperfd.config import InterconnectFaultConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.health.interconnect import read_topology
 from gpuperfd.probe_data.interconnect import InterconnectRequest, InterconnectResult
-from gpuperfd.probing.interconnect_metrics import InterconnectMetrics
+from gpuperfd.probing.interconnect_metrics import InterconnectMetrics, result_publisher
 from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
 
 
@@ -73,3 +73,21 @@ def test_promtool_check_metrics_is_clean() -> None:
     assert promtool
     out = subprocess.run([promtool, "check", "metrics"], input=generate_latest(registry), capture_output=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_result_publisher_sets_series_and_tells_the_listeners() -> None:
+    node = SimulatedBackend(SimulationConfig(gpus=4, seed=6, interconnect_faults=[
+        InterconnectFaultConfig(kind="link_down", gpu=3, links=2)]))
+    registry = CollectorRegistry()
+    heard = []
+    publish = result_publisher(InterconnectMetrics(registry), node, node.devices(),
+                               [lambda result, topology, links: heard.append((result, topology, links))])
+    result = SimulatedInterconnectExecutor(node.interconnect, seed=6).run(
+        node.devices(), InterconnectRequest(), threading.Event())
+    publish(result)
+    uuid = {d.index: d.info().uuid for d in node.devices()}
+    pair = {"gpu": "0", "uuid": uuid[0], "peer": "3", "peer_uuid": uuid[3]}
+    assert registry.get_sample_value("gpuperf_nvlink_peer_links", pair) == 16
+    assert registry.get_sample_value("gpuperf_nvlink_peer_links_expected", pair) == 18
+    [(got, topology, links)] = heard
+    assert got is result and len(topology) == 6 and links == {0: 18, 1: 18, 2: 18, 3: 18}
