@@ -60,3 +60,26 @@ def test_one_slow_gpu_is_blamed_not_its_peers() -> None:
     measured = {(a, b): (40.0 if 2 in (a, b) else 99.0, want) for a in range(4) for b in range(4) if a != b}
     assert findings(0, measured, 0.85) == []
     assert {f["peer"] for f in findings(2, measured, 0.85)} == {0, 1, 3}
+
+
+def test_one_shot_judge_reads_the_checks_interconnect_run() -> None:
+    """``gpuperfd check``'s judge: the same rows, fed the check's own run and topology."""
+    from gpuperfd.config import SimulationConfig
+    from gpuperfd.device.simulated import SimulatedBackend
+    from gpuperfd.health.evaluate import GpuInputs
+    from gpuperfd.health.interconnect import interconnect_inputs
+    from gpuperfd.health.judge import judge
+
+    node = SimulatedBackend(SimulationConfig(gpus=2, seed=3, interconnect_faults=[
+        InterconnectFaultConfig(kind="half_bandwidth", gpu=0, peer=1)]))
+    result = SimulatedInterconnectExecutor(node.interconnect, seed=3).run(
+        node.devices(), InterconnectRequest(), threading.Event())
+    inputs = [GpuInputs(gpu=d.index, uuid=d.info().uuid, not_probed="not probed in this test")
+              for d in node.devices()]
+    plain = judge(inputs, None, 1000.0)
+    assert not any(r.check == "interconnect_below_expected" for v in plain for r in v.reasons)
+    verdicts = judge(inputs, None, 1000.0, interconnect_inputs(result, *read_topology(node, node.devices())))
+    for verdict in verdicts:
+        found = [r for r in verdict.reasons if r.check == "interconnect_below_expected"]
+        assert sorted(r.key for r in found) == ["0-1", "1-0"]  # both directions of the pair
+        assert {(r.severity, r.action) for r in found} == {("degraded", "check_hardware")}
