@@ -46,6 +46,15 @@ class FakeNvml(types.ModuleType):
         self._energy_mj = [0] * gpus
         self._handles = [ctypes.cast(ctypes.c_void_p(0x7F00_0000_1000 * (i + 1)), real.c_nvmlDevice_t)
                          for i in range(gpus)]
+        #: NVML's fabric (state, status) per GPU; by default no fabric (a board without NVSwitch).
+        self.fabric: dict[int, tuple[int, int]] = {i: (real.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, 0) for i in range(gpus)}
+        #: The far end of each NVLink (by link number) per GPU: a GPU's index, or "switch"; default:
+        #: GPU 0 and GPU 1 joined by their 4 links (the fake lists links 0-3).
+        self.nvlink_remote: dict[int, dict[int, int | str]] = {i: {} for i in range(gpus)}
+        if gpus == 2:
+            self.nvlink_remote = {0: dict.fromkeys(range(4), 1), 1: dict.fromkeys(range(4), 0)}
+        #: nvmlGpuTopologyLevel_t of every pair (default: one PCIe switch, MULTIPLE)
+        self.topology_level = real.NVML_TOPOLOGY_MULTIPLE
         for name, fn in _FUNCTIONS.items():
             setattr(self, name, self._counted(name, fn))
 
@@ -107,6 +116,25 @@ def _event_wait(fake: FakeNvml, event_set: Any, timeout_ms: int) -> Any:
     raise real.NVMLError(real.NVML_ERROR_TIMEOUT)
 
 
+def _bus(index: int) -> str:
+    return f"00000000:{0x18 + index:02X}:00.0"
+
+
+def _fabric_info(fake: FakeNvml, handle: Any, info_ref: Any) -> int:
+    info = info_ref._obj
+    info.state, info.status = fake.fabric[fake.index_of(handle)]
+    info.cliqueId = 7
+    return real.NVML_SUCCESS
+
+
+def _remote_pci(fake: FakeNvml, handle: Any, link: int) -> SimpleNamespace:
+    remote = fake.nvlink_remote[fake.index_of(handle)].get(link)
+    if remote is None:
+        raise _not_supported()
+    bus = _bus(remote) if isinstance(remote, int) else "0000:C5:00.0"  # an NVSwitch, 4-digit domain as NVML may
+    return SimpleNamespace(busId=bus.encode())
+
+
 def _raise_not_supported(fake: FakeNvml, *args: Any) -> Any:
     raise _not_supported()
 
@@ -120,7 +148,7 @@ _FUNCTIONS: dict[str, Any] = {
     "nvmlDeviceGetIndex": lambda f, h: f.index_of(h),
     "nvmlDeviceGetUUID": lambda f, h: f"GPU-fake0000-0000-0000-0000-00000000000{f.index_of(h)}",
     "nvmlDeviceGetName": lambda f, h: "NVIDIA H100 80GB HBM3",
-    "nvmlDeviceGetPciInfo": lambda f, h: SimpleNamespace(busId=f"00000000:{0x18 + f.index_of(h):02X}:00.0".encode()),
+    "nvmlDeviceGetPciInfo": lambda f, h: SimpleNamespace(busId=_bus(f.index_of(h)).encode()),
     "nvmlDeviceGetCudaComputeCapability": lambda f, h: (9, 0),
     "nvmlDeviceGetSerial": lambda f, h: f"165322000000{f.index_of(h)}",
     "nvmlDeviceGetMemoryInfo": lambda f, h: SimpleNamespace(total=80 << 30, used=1 << 29, free=(80 << 30) - (1 << 29)),
@@ -166,6 +194,10 @@ _FUNCTIONS: dict[str, Any] = {
     "nvmlEventSetWait_v2": _event_wait,
     "nvmlEventSetFree": lambda f, event_set: None,
     "nvmlErrorString": lambda f, code: f"fake NVML error {code}",
+    "nvmlDeviceGetGpuFabricInfo": _fabric_info,
+    "nvmlDeviceGetNvLinkRemotePciInfo": _remote_pci,
+    "nvmlDeviceGetTopologyCommonAncestor": lambda f, a, b: f.topology_level,
+    "nvmlDeviceGetP2PStatus": lambda f, a, b, index: real.NVML_P2P_STATUS_OK,
 }
 
 

@@ -59,6 +59,7 @@ DeviceCall = Literal[
     "gpu_recovery_action",
     "codec_utilization",
     "nvlink",
+    "fabric_state",
     "mig_enabled",
     "mig_instances",
 ]
@@ -215,6 +216,30 @@ class MigConfig(_Strict):
     instances: Annotated[int, Field(ge=1, le=7)] = 7
 
 
+class InterconnectFaultConfig(_Strict):
+    """A fault of the simulated node's interconnect (issue 44); see docs/simulator.md.
+
+    ``link_down``: ``links`` NVLinks of GPU ``gpu`` go down (on a direct pair, the peer's ends too), and
+    every pair of that GPU loses bandwidth in proportion; ``half_bandwidth``: the pair ``gpu``-``peer``
+    copies at half speed with every link up and no event (a link that lost lanes); ``fabric``: GPU
+    ``gpu``'s fabric state is ``fabric_state`` with ``fabric_status`` (an NVML error text; None: success)."""
+
+    kind: Literal["link_down", "half_bandwidth", "fabric"]
+    gpu: Annotated[int, Field(ge=0)] | Literal["*"] = 0
+    peer: Annotated[int, Field(ge=0)] | None = None
+    links: Annotated[int, Field(ge=1, le=18)] = 1
+    fabric_state: Literal["not_started", "in_progress", "completed"] = "not_started"
+    fabric_status: Annotated[str, Field(max_length=200)] | None = None
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> InterconnectFaultConfig:
+        if self.kind == "half_bandwidth" and (self.peer is None or self.gpu == "*" or self.peer == self.gpu):
+            raise ValueError("half_bandwidth needs a gpu and a different peer (the pair at half speed)")
+        if self.kind == "link_down" and self.gpu == "*":
+            raise ValueError("link_down needs one gpu (the GPU whose links go down)")
+        return self
+
+
 class SimulationConfig(_Strict):
     gpus: Annotated[int, Field(ge=1, le=64)] = 2
     model: Literal["H100", "H200", "A100"] = "H100"
@@ -231,6 +256,13 @@ class SimulationConfig(_Strict):
     #: NVLink links per simulated GPU (None: the model's SXM count, 18 on H100/H200, 12 on A100;
     #: 0: no NVLink, as on a PCIe card or a VM).
     nvlink_links: Annotated[int, Field(ge=0, le=18)] | None = None
+    #: How the simulated GPUs are linked (issue 44): "nvlink-pair" (two GPUs joined by all their
+    #: NVLinks, NV18 as an H200 NVL pair), "hgx" (every GPU's links into NVSwitches, fabric manager),
+    #: "pcie" (no NVLink), "none" (one GPU). "auto": none for 1 GPU, nvlink-pair for 2, hgx for more,
+    #: pcie whenever nvlink_links is 0.
+    topology: Literal["auto", "none", "nvlink-pair", "hgx", "pcie"] = "auto"
+    #: Interconnect faults (a link down, a pair at half bandwidth, the fabric not ready).
+    interconnect_faults: list[InterconnectFaultConfig] = []
     #: Simulated GPUs in MIG mode.
     mig: list[MigConfig] = []
     #: Power limits the simulated GPUs start with (watts, by index), e.g. an operator's own cap.

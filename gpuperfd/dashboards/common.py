@@ -34,7 +34,8 @@ TAG = "gpuperfd"
 #: Colour of each health verdict state and action (docs/health.md); a state or action without one fails at import.
 STATE_COLORS = {"healthy": "green", "unknown": "text", "degraded": "orange", "unhealthy": "red"}
 ACTION_COLORS = {
-    "none": "green", "restart_app": "yellow", "update_software": "yellow", "reset_gpu": "orange",
+    "none": "green", "restart_app": "yellow", "update_software": "yellow",
+    "restart_fabric_manager": "orange", "reset_gpu": "orange",
     "reboot_node": "orange", "check_hardware": "red", "contact_support": "red",
 }
 #: (name, colour) in the verdict's order, least severe first: the value-mapping codes 0, 1, 2, ...

@@ -59,6 +59,32 @@ HEALTH = Row("GPU health verdict", (
           kind="state-timeline", w=24, h=6, options={"mappings": value_mappings(STATES)}),
 ))
 
+#: The GPU fabric's states as the fabric collector exports them, in order of readiness.
+FABRIC = (("not_started", "red"), ("in_progress", "orange"), ("completed", "green"))
+NODE_SEL = 'instance=~"$instance"'
+PAIR = f"{GPU} -> GPU {{{{peer}}}}"
+SET = "{{instance}} GPUs {{gpus}}, {{bytes}} B"
+
+INTERCONNECT = Row("Interconnect: peer copies, all-reduce, NVLinks per pair, fabric", (
+    Panel("Peer copy bandwidth per pair", (
+        q("gpuperf_interconnect_peer_copy_bandwidth_bytes_per_second", PAIR),
+        q("gpuperf_interconnect_peer_copy_expected_bytes_per_second", f"{PAIR} expected"),
+    ), "Bps", w=8, description="Last ok interconnect run, per ordered pair, beside the figure of a healthy link "
+                               "(docs/health.md, \"The interconnect\"; NVLink pairs only)."),
+    Panel("All-reduce bus bandwidth", ((f"gpuperf_interconnect_allreduce_bus_bandwidth_bytes_per_second{{{NODE_SEL}}}",
+                                        SET),), "Bps", w=8,
+          description="NCCL all-reduce bus bandwidth (nccl-tests' busbw) per set of GPUs and size per rank."),
+    Panel("All-reduce latency", ((f"gpuperf_interconnect_allreduce_latency_seconds{{{NODE_SEL}}}",
+                                  SET + " p{{percentile}}"),), "s", w=8),
+    Panel("NVLinks per pair: up and expected", (
+        q("gpuperf_nvlink_peer_links", PAIR),
+        q("gpuperf_nvlink_peer_links_expected", f"{PAIR} expected"),
+    ), w=12, description="From the topology: links joining the pair (directly or through NVSwitch)."),
+    Panel("GPU fabric state", ((label_code("gpuperf_fabric_state", SEL, "state", FABRIC, "instance, gpu"), GPU),),
+          kind="state-timeline", w=12, options={"mappings": value_mappings(FABRIC)},
+          description="NVSwitch boards only (the Fabric Manager): not started, in progress, completed."),
+))
+
 ROWS = (
     Row("Identity and state", (
         Panel("GPUs", (q("gpuperf_gpu_info", ""),), kind="table", w=16, h=6, options={"hide": ("Value",)},
@@ -162,6 +188,7 @@ ROWS = (
         ), "percentunit", w=8),
         per_gpu("MIG mode", "gpuperf_mig_enabled", **RATIO),
     )),
+    INTERCONNECT,
     Row("Collectors and daemon", (
         per_gpu("Collector success", "gpuperf_collector_success", legend=f"{GPU} {{{{collector}}}}", **RATIO),
         per_gpu("Collector read duration", "gpuperf_collector_duration_seconds", "s", legend=f"{GPU} {{{{collector}}}}"),

@@ -48,12 +48,14 @@ from gpuperfd.device.base import (
     ComputeProcess,
     Device,
     EccErrors,
+    FabricState,
     GpmMetrics,
     GpuInfo,
     MemoryUsage,
     MigInstance,
     NvLinkStatus,
     PcieLink,
+    PeerLink,
     PcieThroughput,
     PowerLimits,
     RemappedRows,
@@ -223,6 +225,59 @@ def _call(what: str, fn: Callable[..., T], *args: Any, scope: int | None = None)
             raise _translate(error, f"{what}: {name}") from error
 
     return GATE.call(scope, name, guarded)
+
+
+#: nvmlGpuFabricState_t -> FABRIC_STATES.
+#: (nvml.h's numbers where an older pynvml lacks the names.)
+_FABRIC_STATES: dict[int, str] = {
+    getattr(pynvml, "NVML_GPU_FABRIC_STATE_NOT_SUPPORTED", 0): "not_supported",
+    getattr(pynvml, "NVML_GPU_FABRIC_STATE_NOT_STARTED", 1): "not_started",
+    getattr(pynvml, "NVML_GPU_FABRIC_STATE_IN_PROGRESS", 2): "in_progress",
+    getattr(pynvml, "NVML_GPU_FABRIC_STATE_COMPLETED", 3): "completed",
+}
+
+#: nvmlGpuTopologyLevel_t -> PEER_PATHS (as ``nvidia-smi topo -m`` names them).
+_TOPOLOGY_PATHS: dict[int, str] = {
+    pynvml.NVML_TOPOLOGY_INTERNAL: "pix",
+    pynvml.NVML_TOPOLOGY_SINGLE: "pix",
+    pynvml.NVML_TOPOLOGY_MULTIPLE: "pxb",
+    pynvml.NVML_TOPOLOGY_HOSTBRIDGE: "phb",
+    pynvml.NVML_TOPOLOGY_NODE: "node",
+    pynvml.NVML_TOPOLOGY_SYSTEM: "sys",
+}
+
+#: pynvml 12/13 spell NVML_P2P_CAPS_INDEX_READ as a one-element tuple.
+_P2P_READ = pynvml.NVML_P2P_CAPS_INDEX_READ[0] if isinstance(pynvml.NVML_P2P_CAPS_INDEX_READ, tuple) \
+    else pynvml.NVML_P2P_CAPS_INDEX_READ
+
+
+def _bus_id(value: str | bytes) -> str:
+    """A PCI bus id as one spelling: upper case, 8-digit domain (NVML gives both 8 and 4 digits)."""
+    text = _text(value).upper()
+    domain, _, rest = text.partition(":")
+    return f"{int(domain, 16):08X}:{rest}" if rest else text
+
+
+def _pair_link(a: NvmlDevice, b: NvmlDevice, remotes: dict[int, list[str] | None], bus: dict[int, str]) -> PeerLink:
+    """How GPUs ``a`` and ``b`` are linked: direct NVLinks (a's links whose far end is b), NVSwitch
+    (both have links to something that is not a GPU of this node), else the PCIe path."""
+    level = a._nvml(pynvml.nvmlDeviceGetTopologyCommonAncestor, a.handle, b.handle)
+    path = _TOPOLOGY_PATHS.get(int(level), "sys")
+    try:
+        p2p: bool | None = int(a._nvml(pynvml.nvmlDeviceGetP2PStatus, a.handle, b.handle, _P2P_READ)) \
+            == pynvml.NVML_P2P_STATUS_OK
+    except NotSupported:
+        p2p = None
+    gpus = set(bus.values())
+    far_a, far_b = remotes[a.index] or [], remotes[b.index] or []
+    direct = sum(1 for remote in far_a if remote == bus[b.index])
+    if direct:
+        return PeerLink(a.index, b.index, "nvlink", direct, False, p2p)
+    switch_a = sum(1 for remote in far_a if remote not in gpus)
+    switch_b = sum(1 for remote in far_b if remote not in gpus)
+    if switch_a and switch_b:
+        return PeerLink(a.index, b.index, "nvlink", min(switch_a, switch_b), True, p2p)
+    return PeerLink(a.index, b.index, path, 0, False, p2p)
 
 
 class _EmptySlot(Exception):
@@ -720,6 +775,48 @@ class NvmlDevice(Device):
             pass
         return NvLinkStatus(links=links, errors=errors, tx_bytes_total=tx, rx_bytes_total=rx)
 
+    def fabric_state(self) -> FabricState:
+        """The GPU fabric's state (nvmlDeviceGetGpuFabricInfo): NotSupported on a board without an
+        NVSwitch fabric (NVML's state NOT_SUPPORTED, or a driver without the call). ``status`` is
+        nvmlErrorString of the fabric's status when it is not NVML_SUCCESS."""
+        struct = getattr(pynvml, "c_nvmlGpuFabricInfo_t", None)
+        if struct is None:
+            raise NotSupported(f"GPU {self.index}: this nvidia-ml-py has no GPU fabric call")
+        info = struct()
+        self._read("fabric", pynvml.nvmlDeviceGetGpuFabricInfo, ctypes.byref(info))
+        state = _FABRIC_STATES.get(int(info.state))
+        if state is None:
+            raise UnknownDeviceError(f"GPU {self.index}: unknown GPU fabric state {int(info.state)}")
+        if state == "not_supported":
+            with self._lock:
+                self._unsupported.add("fabric")
+            raise NotSupported(f"GPU {self.index}: no GPU fabric (NVML_GPU_FABRIC_STATE_NOT_SUPPORTED)")
+        status = None
+        if state == "completed" and int(info.status) != pynvml.NVML_SUCCESS:
+            status = _text(self._nvml(pynvml.nvmlErrorString, int(info.status)))
+        cluster = bytes(info.clusterUuid)
+        return FabricState(state, status, int(info.cliqueId) if state == "completed" else None,
+                           cluster.hex() if any(cluster) else None)
+
+    def nvlink_remote_bus_ids(self) -> list[str]:
+        """The PCI bus id at the far end of each NVLink that is up (nvmlDeviceGetNvLinkRemotePciInfo),
+        upper case; a GPU of this node or an NVSwitch. NotSupported without NVLink."""
+        remotes = []
+        for link, up in self.nvlink_states():
+            if not up:
+                continue
+            try:
+                pci = self._nvml(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, self._handle, link)
+            except (NotSupported, InvalidArgument):
+                continue  # a link that is up but has no far end to name: not counted
+            remotes.append(_bus_id(pci.busId))
+        return remotes
+
+    def nvlink_states(self) -> list[tuple[int, bool]]:
+        """(link, up) of every NVLink NVML lists (NotSupported without NVLink)."""
+        return [(link, bool(self._read("nvlink", pynvml.nvmlDeviceGetNvLinkState, link)))
+                for link in self._nvlink_link_numbers()]
+
     def mig_enabled(self) -> bool:
         """True when MIG is on now (nvmlDeviceGetMigMode's current mode)."""
         current, _pending = self._read("mig", pynvml.nvmlDeviceGetMigMode)
@@ -819,6 +916,20 @@ class NvmlBackend(Backend):
                     for i in indices
                 ]
             return list(self._devices)
+
+    def topology(self) -> list[PeerLink]:
+        """Every pair of the selected GPUs once: PCIe path (nvmlDeviceGetTopologyCommonAncestor),
+        NVLinks up joining them (directly or through NVSwitch, from each link's remote PCI info) and
+        whether peer reads work (nvmlDeviceGetP2PStatus). Read-only; a few hundred NVML calls on 8 GPUs."""
+        devices = [d for d in self.devices() if isinstance(d, NvmlDevice)]
+        bus = {d.index: _bus_id(d.info().pci_bus_id) for d in devices}
+        remotes: dict[int, list[str] | None] = {}
+        for device in devices:
+            try:
+                remotes[device.index] = device.nvlink_remote_bus_ids()
+            except NotSupported:
+                remotes[device.index] = None
+        return [_pair_link(a, b, remotes, bus) for i, a in enumerate(devices) for b in devices[i + 1:]]
 
     def driver_version(self) -> str:
         """The NVIDIA driver version, e.g. "580.159.04" (read once)."""

@@ -89,6 +89,7 @@ from gpuperfd.device.base import (
     CodecUtilization,
     ComputeProcess,
     Device,
+    FabricState,
     EccErrors,
     GpmActivity,
     GpmMetrics,
@@ -96,6 +97,7 @@ from gpuperfd.device.base import (
     MemoryUsage,
     MigInstance,
     NvLinkStatus,
+    PeerLink,
     PcieLink,
     PcieThroughput,
     PowerLimits,
@@ -105,6 +107,7 @@ from gpuperfd.device.base import (
     XidEvent,
 )
 from gpuperfd.device.serial import CallGate, EntryCounter
+from gpuperfd.device.simulated_topology import SimulatedTopology, board_for
 from gpuperfd.device.errors import (
     DeviceError,
     DeviceTimeout,
@@ -1058,6 +1061,21 @@ class SimulatedGpu(Device):
             links = tuple((link, link not in self._nvlink_down) for link in range(self._nvlink_links))
             return NvLinkStatus(links=links, errors=dict(self._nvlink_errors), tx_bytes_total=0.0, rx_bytes_total=0.0)
 
+    def nvlink_states(self) -> tuple[tuple[int, bool], ...]:
+        """(link, up) of every NVLink, without faults or the library (the simulated topology's view)."""
+        with self._lock:
+            return tuple((link, link not in self._nvlink_down) for link in range(self._nvlink_links))
+
+    #: The node's interconnect (set by the backend); None: a GPU built alone has no fabric.
+    _topology: SimulatedTopology | None = None
+
+    def fabric_state(self) -> FabricState:
+        """The simulated fabric's state: NotSupported on a board without NVSwitch (issue 44)."""
+        self._check_faults("fabric_state")
+        if self._topology is None:
+            raise NotSupported(f"GPU {self.index}: no GPU fabric")
+        return self._topology.fabric_state(self.index)
+
     def mig_enabled(self) -> bool:
         self._check_faults("mig_enabled")
         return self._mig_instances > 0
@@ -1213,6 +1231,10 @@ class SimulatedGpu(Device):
     def _pcie_max(self) -> tuple[int, int]:
         return (4, 16) if self.model.compute_capability.startswith("8.") else (5, 16)
 
+    def pcie_max_generation(self) -> int:
+        """The link's best generation (simulation control: no faults, no library)."""
+        return self._pcie_max()[0]
+
     def inject_pcie_link(self, generation: int | None = None, width: int | None = None) -> None:
         """Make the link train below its maximum (a bad riser, a dirty connector)."""
         max_gen, max_width = self._pcie_max()
@@ -1291,6 +1313,10 @@ class SimulatedBackend(Backend):
         self._start = clock()
         self._faults = _FaultSchedule(config.faults, self._start)
         model = GPU_MODELS[config.model]
+        nvlink_links = config.nvlink_links
+        if config.topology == "pcie" and nvlink_links is None:
+            nvlink_links = 0
+        board = board_for(config.topology, config.gpus, model.nvlink_links if nvlink_links is None else nvlink_links)
         degrade = {item.gpu: item for item in config.degrade}
         mig = {item.gpu: item.instances for item in config.mig}
         self._gpus = [
@@ -1308,7 +1334,7 @@ class SimulatedBackend(Backend):
                     if item.gpu == index
                 ],
                 node=config.node,
-                nvlink_links=config.nvlink_links,
+                nvlink_links=nvlink_links,
                 mig_instances=mig.get(index, 0),
                 library=self.library,
             )
@@ -1317,6 +1343,12 @@ class SimulatedBackend(Backend):
         for item in config.degrade:
             if item.gpu < len(self._gpus) and (item.pcie_generation or item.pcie_width):
                 self._gpus[item.gpu].inject_pcie_link(item.pcie_generation, item.pcie_width)
+        #: The node's interconnect: board kind, links per pair, fabric state, interconnect faults.
+        self.interconnect = SimulatedTopology(board, self._gpus)
+        for gpu in self._gpus:
+            gpu._topology = self.interconnect
+        for fault in config.interconnect_faults:
+            self.interconnect.inject(fault)
         self._load_limits()
         for gpu in self._gpus:
             gpu._on_limit_change = lambda index=gpu.index: self._save_limits(index)
@@ -1366,6 +1398,10 @@ class SimulatedBackend(Backend):
 
     def driver_version(self) -> str:
         return SIMULATED_DRIVER_VERSION
+
+    def topology(self) -> list[PeerLink]:
+        """Every pair once, as the simulated board links them now (links down and all)."""
+        return self.interconnect.pairs()
 
     def inject(self, fault: FaultConfig) -> None:
         """Add a fault; its window counts from the backend's start, like configured ones."""

@@ -403,6 +403,8 @@ def daemon_config(node: FleetNode, spec: FleetSpec) -> dict[str, Any]:
     ]
     if node.index == spec.nodes - 1:
         simulation["mig"] = [{"gpu": 0, "instances": MIG_INSTANCES}]
+    if node.index == 0 and len(node.gpus) >= 2:
+        simulation["topology"] = "hgx"  # one NVSwitch node: its fabric state is on the node dashboard
     if xids:
         simulation["xid_events"] = xids
     if faults:

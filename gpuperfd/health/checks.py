@@ -64,6 +64,7 @@ GLOBAL_SETTINGS: tuple[Threshold, ...] = (
     Threshold("baseline_days", 7.0, "d", "how far back the own-baseline median looks (as the 7-day rules)"),
     Threshold("baseline_min_runs", 3.0, "runs", "ok runs of a key needed before its baseline is used"),
     Threshold("clear_passing_probes", 3.0, "runs", "ok runs that clear a performance reason"),
+    Threshold("topology_interval_seconds", 60.0, "s", "how often the monitor reads the GPU topology (NVLinks per pair)"),
 )
 
 #: Silent data corruption (issue 31): NVIDIA's RMA process names nvidia-bug-report.sh and the field
@@ -72,6 +73,10 @@ _SDC_ACTION = ("NVIDIA RMA process (https://docs.nvidia.com/deploy/rma-process/i
                "field diagnostic, RMA when it fails; DCGM diagnostics (dcgmi diag -r 3)")
 _NVML_ECC = "NVIDIA GPU Memory Error Management (volatile DBE: reset the GPU)"
 _NVML_REMAP = "NVIDIA GPU Memory Error Management, row remapping (pending: reset; failure: RMA)"
+
+#: The fabric checks' source (NVSentinel #883: the Fabric Manager down 20 days, every GPU called healthy).
+_FABRIC_SOURCE = ("NVML nvmlDeviceGetGpuFabricInfo (state, status); NVIDIA Fabric Manager user guide; "
+                  "NVSentinel #883")
 
 CHECKS: tuple[Check, ...] = (
     # -- passive: events -------------------------------------------------------------
@@ -123,6 +128,34 @@ CHECKS: tuple[Check, ...] = (
           "NVIDIA XID catalog WORKFLOW_NVLINK_ERR; nvmlDeviceGetNvLinkState",
           "NVLink link {link} is down",
           Threshold("nvlink_up", 0.0, "flag", "a link whose state is at most this is down")),
+    # -- passive: the GPU fabric (NVSwitch boards only: absent elsewhere, so never judged) --------
+    Check("fabric_not_started", "at_least", "gpuperf_fabric_state{state=\"not_started\"}", "degraded",
+          "restart_fabric_manager", "condition", _FABRIC_SOURCE,
+          "the GPU fabric has not started: restart the Fabric Manager (systemctl restart nvidia-fabricmanager); "
+          "NVLink traffic through the NVSwitches fails until it completes",
+          Threshold("fabric_state_flag", 1.0, "flag", "1: the fabric is in the row's state"),
+          labels={"state": "not_started"}),
+    Check("fabric_in_progress", "at_least", "gpuperf_fabric_state{state=\"in_progress\"}", "degraded", "none",
+          "condition", _FABRIC_SOURCE,
+          "the GPU fabric is still being set up: wait; if it stays in progress, restart the Fabric Manager",
+          Threshold("fabric_state_flag", 1.0, "flag", "1: the fabric is in the row's state"),
+          labels={"state": "in_progress"}),
+    Check("fabric_failed", "at_most", "gpuperf_fabric_status_ok", "unhealthy", "restart_fabric_manager",
+          "condition", _FABRIC_SOURCE,
+          "the GPU fabric completed with an error: restart the Fabric Manager, then reset the GPU if it stays",
+          Threshold("fabric_status_ok", 0.0, "flag", "a completed fabric whose status flag is at most this failed")),
+    # -- active: the interconnect probe and the topology (NVLink pairs only) -----------------------
+    Check("nvlink_links_below_topology", "interconnect_links", "NVLinks up per pair (topology) vs the board's",
+          "degraded", "reset_gpu", "condition", "nvmlDeviceGetNvLinkRemotePciInfo per link; NVSentinel #890 "
+          "(a link that trains down raises no event)",
+          "{value:.0f} of {expected:.0f} NVLinks up to GPU {peer}: reset the GPU; if they stay down, check the hardware",
+          Threshold("nvlink_links_ratio", 1.0, "ratio", "links up below this share of the board's fire")),
+    Check("interconnect_below_expected", "interconnect_expected",
+          "interconnect probe peer copy bandwidth vs the expected figure of the link", "degraded", "check_hardware",
+          "condition", "gpuperfd/device/interconnect_figures.py (reference 2x H200 NV18 node; others estimates)",
+          "peer copy GPU {src} -> GPU {dst}: {ratio:.0%} of the expected {expected_gbps:.0f} GB/s: reset the GPU; "
+          "if it stays, check the hardware (NVLink cables, bridges, baseboard)",
+          Threshold("interconnect_expected_ratio", 0.85, "ratio", "peer copy below this share of the expected fires")),
     # -- passive: clocks ----------------------------------------------------------------
     *(
         Check(f"clock_{reason}", "busy_share", "gpuperf_clock_event_active{reason=\"" + reason + "\"}", "degraded",
@@ -228,6 +261,7 @@ PROBE_OUTCOMES: Mapping[str, tuple[str, str]] = {
 #: actions stay until a reset and a passing probe, the others after a quiet window.
 ACTION_CLEARS: Mapping[str, str] = {
     "none": "quiet_window", "restart_app": "quiet_window", "update_software": "quiet_window",
+    "restart_fabric_manager": "quiet_window",
     "reset_gpu": "reset_and_probe", "reboot_node": "reset_and_probe", "check_hardware": "reset_and_probe",
     "contact_support": "reset_and_probe",
 }

@@ -11,6 +11,8 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 
+from gpuperfd.device import interconnect_figures as figures
+from gpuperfd.device.base import PeerLink
 from gpuperfd.health import checks as table
 from gpuperfd.health import xid_catalog as xc
 from gpuperfd.health.monitor import HEALTH_METRICS
@@ -203,9 +205,44 @@ def _reference_section() -> list[str]:
     return out
 
 
+def _interconnect_section() -> list[str]:
+    """The interconnect rows' expected figures and which boards each row judges (issue 44)."""
+    nv18 = figures.expected_copy_bandwidth(PeerLink(0, 1, "nvlink", 18)) / 1e9
+    nv12 = figures.expected_copy_bandwidth(PeerLink(0, 1, "nvlink", 12)) / 1e9
+    gen5 = figures.PCIE_COPY_BYTES_PER_SECOND[5] / 1e9
+    out = ["## The interconnect", "",
+           "The fabric rows read the `fabric` collector (nvmlDeviceGetGpuFabricInfo); the pair rows read the",
+           "topology (NVLinks up per pair, every `topology_interval_seconds`, against each GPU's NVLinks in the",
+           "`nvlink` collector's last reading: with that collector off, no link count is judged) and the last interconnect probe run",
+           "(peer copy per ordered pair). A pair below its figure is blamed on the GPU whose pairs are all short",
+           "(its peers are not); a pair alone below it, on both ends.", ""]
+    out += _table(["board", "fabric rows", "`nvlink_links_below_topology`", "`interconnect_below_expected`"], [
+        ("HGX (NVSwitch)", "yes", "yes: every link of the GPU into the switches", "yes"),
+        ("NVLink pair without NVSwitch (H100 NVL, H200 NVL)", "no: no fabric (NVML: not supported)",
+         "yes: every link of the two GPUs", "yes"),
+        ("GPUs joined directly to several peers (NVL4 bridges)", "no", "no: the split of links is not known", "no"),
+        ("PCIe only", "no", "no", "no: PCIe figures are estimates; the drift alerts still compare the node's "
+         "own history and its peers"),
+    ])
+    out += ["Expected peer copy figures (`gpuperfd/device/interconnect_figures.py`), each direction:", ""]
+    out += _table(["link", "figure", "source"], [
+        ("NVLink x18, direct (H200 NVL pair)", f"{nv18:.1f} GB/s",
+         "measured: reference 2x H200 node, 375.3 and 380.0 GB/s (1 GiB copies, median of 10)"),
+        ("NVLink x18 through NVSwitch (HGX H100/H200)", f"{nv18:.1f} GB/s",
+         "estimate: the same links at the same per-link rate (26.562 GB/s) and efficiency"),
+        ("NVLink x12 (A100)", f"{nv12:.1f} GB/s", "estimate: 12 links at the H200's per-link figure"),
+        ("PCIe gen 5 x16", f"{gen5:.0f} GB/s (less across the host bridge or sockets)", "estimate, not judged"),
+    ])
+    out += ["All-reduce bus bandwidth of the reference pair: 271 GB/s at 256 MiB and 316 GB/s at 1 GiB (NCCL, bf16);",
+            "the simulator reproduces it, and the drift alerts (`deploy/prometheus/rules/alerts.yml`,",
+            "`GpuInterconnect*`) compare each pair and set with its own 7-day median and its peers'.", ""]
+    return out
+
+
 def render() -> str:
     """docs/health.md, section by section."""
-    out = _intro() + _checks_section() + _check_command_section() + _xid_section() + _reference_section()
+    out = (_intro() + _checks_section() + _interconnect_section() + _check_command_section() + _xid_section()
+           + _reference_section())
     return "\n".join(out).rstrip() + "\n"
 
 

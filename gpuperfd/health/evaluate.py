@@ -17,6 +17,7 @@ from typing import Any
 
 from gpuperfd.health import xid_catalog
 from gpuperfd.health.checks import CHECKS, NON_GPU_FAILURES, PROBE_OUTCOMES, Check
+from gpuperfd.health.interconnect import findings
 from gpuperfd.health.verdict import Reason
 from gpuperfd.probe_data.peers import peer_disagreement
 
@@ -74,6 +75,10 @@ class GpuInputs:
     #: GpuInputs are built anew for each evaluation).
     latest_cache: dict[str, dict[tuple[str, str, str], Mapping[str, Any]]] = field(
         default_factory=dict, repr=False, compare=False)
+    #: The node's interconnect: :func:`gpuperfd.health.interconnect.interconnect_inputs` (NVLink pairs'
+    #: links and the last run's copies against their figures); the same dict for every GPU. Empty:
+    #: no topology read and no run, nothing judged.
+    interconnect: dict[str, Any] = field(default_factory=dict)
 
 
 def metric_name(signal: str) -> str:
@@ -514,6 +519,29 @@ def peer_fingerprint(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], se
     return out
 
 
+def _interconnect(check: Check, gpu: GpuInputs, settings: Mapping[str, float], now: float,
+                  part: str) -> list[Reason]:
+    assert check.threshold is not None
+    limit = settings[check.threshold.key]
+    out = []
+    for found in findings(gpu.gpu if gpu.gpu is not None else -1, gpu.interconnect.get(part, {}), limit):
+        evidence = {**found, "threshold": limit, "expected_gbps": found["expected"] / 1e9}
+        out.append(_reason(check, now, evidence, f"{found['src']}-{found['dst']}"))
+    return out
+
+
+def interconnect_links(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+                       now: float) -> list[Reason]:
+    """NVLink pairs of this GPU with fewer links up than the board has (blame: health/interconnect.py)."""
+    return _interconnect(check, gpu, settings, now, "links")
+
+
+def interconnect_expected(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], settings: Mapping[str, float],
+                          now: float) -> list[Reason]:
+    """Peer copies of this GPU's NVLink pairs below the expected figure of a healthy link."""
+    return _interconnect(check, gpu, settings, now, "copies")
+
+
 Evaluator = Callable[[Check, GpuInputs, Sequence[GpuInputs], Mapping[str, float], float], list[Reason]]
 
 EVALUATORS: dict[str, Evaluator] = {
@@ -522,7 +550,7 @@ EVALUATORS: dict[str, Evaluator] = {
     "baseline": baseline, "peers": peers, "consecutive_failures": consecutive_failures,
     "failure_reason": failure_reason, "peer_fingerprint": peer_fingerprint,
     "probe_outcome": probe_outcome, "correctness": correctness, "expected": expected, "not_probed": not_probed,
-    "measured": measured,
+    "measured": measured, "interconnect_links": interconnect_links, "interconnect_expected": interconnect_expected,
 }
 
 

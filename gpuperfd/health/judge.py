@@ -68,11 +68,16 @@ def run_row(result: Mapping[str, Any], power_limit_watts: float | None, time: fl
     }
 
 
-def judge(inputs: Sequence[GpuInputs], thresholds: Mapping[str, float] | None, now: float) -> list[Verdict]:
-    """One verdict per GPU: every row of the daemon's table, then the one-shot rows."""
+def judge(inputs: Sequence[GpuInputs], thresholds: Mapping[str, float] | None, now: float,
+          interconnect: Mapping[str, Any] | None = None) -> list[Verdict]:
+    """One verdict per GPU: every row of the daemon's table, then the one-shot rows. ``interconnect``:
+    the check's interconnect run and the topology as :func:`gpuperfd.health.interconnect.interconnect_inputs`
+    gives them (None: the pair rows judge nothing)."""
     settings = {**defaults(), **(thresholds or {})}
     verdicts = []
     for gpu in inputs:
+        if interconnect is not None:
+            gpu.interconnect = dict(interconnect)
         reasons = evaluate_gpu(gpu, inputs, settings, now, CHECKS)
         if not gpu.missing and not gpu.lost:
             reasons += evaluate_gpu(gpu, inputs, settings, now, ACTIVE_CHECKS)

@@ -21,10 +21,22 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuperfd.device.base import PeerLink
+from gpuperfd.device.errors import DeviceError
 from gpuperfd.health.checks import ACTION_CLEARS, CHECKS, Check, by_id, defaults
-from gpuperfd.health.evaluate import GpuInputs, Series, evaluate_gpu, metric_name, reset_warnings, run_key
+from gpuperfd.health.evaluate import (
+    GpuInputs,
+    Series,
+    evaluate_gpu,
+    metric_name,
+    reset_warnings,
+    run_key,
+    warn_once,
+)
+from gpuperfd.health.interconnect import interconnect_inputs
 from gpuperfd.health.store import HealthStore, SavedState
 from gpuperfd.health.verdict import ACTIONS, STATES, Reason, Verdict
+from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probe_data.peers import peer_key
 from gpuperfd.probe_data.record import record_row
 from gpuperfd.telemetry.collectors.base import COLLECTORS, GPU_LABELS, MetricSpec
@@ -340,6 +352,37 @@ class HealthMonitor:
         #: Called with the verdicts after an evaluation that changed them (and after the first):
         #: e.g. the node-feature-discovery file (:mod:`gpuperfd.health.nfd`). A failing one is logged.
         self.listeners: list[Callable[[list[Verdict]], None]] = list(listeners)
+        #: The node's interconnect as the interconnect checks read it (set by :meth:`interconnect_seen`).
+        self.interconnect: dict[str, Any] = {}
+        self._topology_at = -float("inf")
+
+    def interconnect_seen(self, result: InterconnectResult | None, topology: Sequence[PeerLink],
+                          links_per_gpu: Mapping[int, int]) -> None:
+        """Hand the checks a new topology reading and, where one ran, the interconnect run's result
+        (None: keep judging the last run's copies against the new topology). ``links_per_gpu``: each
+        GPU's NVLinks, up or down. Read at the next evaluation."""
+        copies = self.interconnect.get("copies", {})
+        fresh = interconnect_inputs(result, topology, links_per_gpu)
+        if result is None:
+            fresh["copies"] = copies
+        self.interconnect = fresh
+
+    def _refresh_topology(self, now: float) -> None:
+        """Read the node's topology again every ``topology_interval_seconds`` (links that trained down
+        raise no event: only a fresh count shows them); a backend that cannot tell is not judged."""
+        if now - self._topology_at < self.settings["topology_interval_seconds"]:
+            return
+        self._topology_at = now
+        readings = self.sampler.store.snapshot().readings
+        # Each GPU's NVLinks (up or down) from the nvlink collector's last reading: no NVML calls of our own.
+        links = {d.index: len(self._points(d.index, readings).get("gpuperf_nvlink_up", []))
+                 for d in self.sampler.devices}
+        try:
+            topology = self.sampler.backend.topology()
+        except DeviceError as exc:
+            warn_once(f"the GPU topology could not be read ({exc}): NVLink pair checks are off")
+            return
+        self.interconnect_seen(None, topology, links)
 
     # -- gathering ------------------------------------------------------------------------
 
@@ -414,6 +457,7 @@ class HealthMonitor:
                 points=points, busy_samples=list(samples), counters={k: list(v) for k, v in counters.items()},
                 xids=xids, runs=self.history.of(uuid),
                 store_error=self.store_error if self.evaluations == 0 else None,
+                interconnect=self.interconnect,
             ))
         present = {g.uuid for g in inputs} | set(self.node_uuids)
         inputs += [GpuInputs(gpu=None, uuid=u, missing=True) for u in self.first_gpus if u not in present]
@@ -425,6 +469,7 @@ class HealthMonitor:
         start_cpu = time.thread_time()
         now = self.clock()
         self.history.poll(now)
+        self._refresh_topology(now)
         inputs = self.gather(now)
         if not self.first_gpus and inputs:
             self.first_gpus = self.node_uuids or [g.uuid for g in inputs if not g.missing]

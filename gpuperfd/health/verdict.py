@@ -29,6 +29,7 @@ ACTIONS: tuple[str, ...] = (
     "none",
     "restart_app",
     "update_software",
+    "restart_fabric_manager",
     "reset_gpu",
     "reboot_node",
     "check_hardware",

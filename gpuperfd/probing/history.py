@@ -61,6 +61,10 @@ class HistoryWriter:
         except (TypeError, ValueError) as exc:  # history is best effort; metrics still publish
             log.error("cannot record a probe result in the history: %s", exc)
             return
+        self.append_record(record)
+
+    def append_record(self, record: dict[str, Any]) -> None:
+        """Append one JSON record (rotating first when the file would pass ``max_bytes``); best effort."""
         line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
         with self._lock:
             try:

@@ -48,7 +48,13 @@ EXPECTED_ALERTS = {
     "GpuActionContactSupport",
     "GpuActionUpdateSoftware",
     "GpuActionRestartApp",
+    "GpuActionRestartFabricManager",  # issue 44: the GPU fabric not started or failed
     "GpuHealthUnknown",
+    # issue 44: the interconnect probe's figures against the link, the pair's baseline and its peers
+    "GpuInterconnectBelowExpected",
+    "GpuInterconnectDrift",
+    "GpuInterconnectSlowerThanPeers",
+    "GpuAllReduceDrift",
 }
 #: What runbook_url renders to without the external label runbook_base_url (promtool's unit tests).
 RUNBOOK_FALLBACK = "https://set-runbook-base-url.invalid/docs/runbook.md"

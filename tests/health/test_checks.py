@@ -3,9 +3,14 @@ the monitor; a table row without a scenario here fails test_every_row_has_a_scen
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from gpuperfd.config import FaultConfig
+from gpuperfd.config import FaultConfig, InterconnectFaultConfig
+from gpuperfd.health.interconnect import read_topology
+from gpuperfd.probe_data.interconnect import InterconnectRequest
+from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
 from gpuperfd.health.checks import CHECKS
 from gpuperfd.health.monitor import HealthMonitor
 from gpuperfd.health.store import HealthStore, SavedState
@@ -279,6 +284,50 @@ def scenario_health_state_unreadable(node: Node):
         node.run(g)
     assert all(v.state == "healthy" for v in node.step().values())
     return None
+
+
+def _fabric(node: Node, gpu: int, state: str, status: str | None = None):
+    node.backend.interconnect.inject(
+        InterconnectFaultConfig(kind="fabric", gpu=gpu, fabric_state=state, fabric_status=status))
+    return node.step(31)[gpu]  # the fabric collector's 30 s lane
+
+
+def scenario_fabric_not_started(node: Node):
+    v = _fabric(node, 1, "not_started")
+    assert (v.state, v.action) == ("degraded", "restart_fabric_manager")
+    return {1}
+
+
+def scenario_fabric_in_progress(node: Node):
+    v = _fabric(node, 2, "in_progress")
+    assert (v.state, v.action) == ("degraded", "none")
+    return {2}
+
+
+def scenario_fabric_failed(node: Node):
+    v = _fabric(node, 3, "completed", "NVML_ERROR_UNKNOWN")
+    assert (v.state, v.action) == ("unhealthy", "restart_fabric_manager")
+    return {3}
+
+
+def scenario_nvlink_links_below_topology(node: Node):
+    node.backend.interconnect.link_down(2, 3)  # HGX: three of GPU 2's links into the NVSwitches
+    v = node.step(61)  # the next topology read
+    assert "nvlink_links_below_topology" in reasons(v[2]) and v[2].action == "reset_gpu"
+    assert reasons(v[2])["nvlink_links_below_topology"].evidence["value"] == 15
+    return {2}  # its peers' pairs are short too, but GPU 2 alone is blamed
+
+
+def scenario_interconnect_below_expected(node: Node):
+    node.backend.interconnect.inject(InterconnectFaultConfig(kind="half_bandwidth", gpu=1, peer=3))
+    result = SimulatedInterconnectExecutor(node.backend.interconnect, seed=1).run(
+        node.gpus, InterconnectRequest(), threading.Event())
+    node.monitor.interconnect_seen(result, *read_topology(node.backend, node.gpus))
+    v = node.step()
+    for gpu in (1, 3):
+        assert (v[gpu].state, v[gpu].action) == ("degraded", "check_hardware")
+        assert 0.45 < reasons(v[gpu])["interconnect_below_expected"].evidence["ratio"] < 0.55
+    return {1, 3}
 
 
 SCENARIOS = {name.removeprefix("scenario_"): fn for name, fn in globals().items() if name.startswith("scenario_")}

@@ -17,6 +17,7 @@ from gpuperfd.telemetry.collectors import (  # noqa: F401  (imported to register
     codec,
     ecc,
     energy,
+    fabric,
     gpm,
     health,
     info,

@@ -1,0 +1,71 @@
+"""The node's topology and fabric state through NVML, against the counting fake libnvidia-ml."""
+
+from __future__ import annotations
+
+import threading
+
+import pynvml as real
+import pytest
+
+from fake_pynvml import installed
+from gpuperfd.device.errors import NotSupported
+from gpuperfd.device.nvml import NvmlBackend
+
+
+def test_direct_pair_counts_links_whose_far_end_is_the_peer() -> None:
+    with installed(gpus=2):
+        [pair] = NvmlBackend().topology()
+    assert (pair.gpu_a, pair.gpu_b, pair.path, pair.nvlink_links, pair.via_nvswitch, pair.p2p) == \
+        (0, 1, "nvlink", 4, False, True)
+
+
+def test_links_into_a_switch_mean_nvswitch() -> None:
+    with installed(gpus=4) as fake:
+        fake.nvlink_remote = {gpu: dict.fromkeys(range(4), "switch") for gpu in range(4)}
+        fake.nvlink_remote[2] = {0: "switch", 1: "switch"}  # two of GPU 2's links are down
+        pairs = {(p.gpu_a, p.gpu_b): p for p in NvmlBackend().topology()}
+    assert len(pairs) == 6 and all(p.via_nvswitch and p.path == "nvlink" for p in pairs.values())
+    assert pairs[(0, 1)].nvlink_links == 4 and pairs[(1, 2)].nvlink_links == 2
+
+
+def test_no_nvlink_gives_the_pcie_path() -> None:
+    with installed(gpus=2) as fake:
+        fake.nvlink_remote = {0: {}, 1: {}}
+        fake.topology_level = real.NVML_TOPOLOGY_SYSTEM
+        [pair] = NvmlBackend().topology()
+    assert (pair.path, pair.nvlink_links, pair.via_nvswitch) == ("sys", 0, False)
+
+
+def test_fabric_not_supported_on_a_board_without_nvswitch() -> None:
+    with installed(gpus=2):
+        gpu = NvmlBackend().devices()[0]
+        with pytest.raises(NotSupported):
+            gpu.fabric_state()
+
+
+@pytest.mark.parametrize(("state", "status", "want"), [
+    (real.NVML_GPU_FABRIC_STATE_NOT_STARTED, 0, ("not_started", None)),
+    (real.NVML_GPU_FABRIC_STATE_IN_PROGRESS, 0, ("in_progress", None)),
+    (real.NVML_GPU_FABRIC_STATE_COMPLETED, real.NVML_SUCCESS, ("completed", None)),
+    (real.NVML_GPU_FABRIC_STATE_COMPLETED, real.NVML_ERROR_UNKNOWN, ("completed", f"fake NVML error {real.NVML_ERROR_UNKNOWN}")),
+])
+def test_fabric_states(state: int, status: int, want: tuple[str, str | None]) -> None:
+    with installed(gpus=2) as fake:
+        fake.fabric[1] = (state, status)
+        got = NvmlBackend().devices()[1].fabric_state()
+    assert (got.state, got.status) == want
+
+
+def test_topology_and_fabric_keep_one_caller_at_a_time() -> None:
+    with installed(gpus=4) as fake:
+        fake.nvlink_remote = {gpu: dict.fromkeys(range(4), "switch") for gpu in range(4)}
+        fake.fabric = {gpu: (real.NVML_GPU_FABRIC_STATE_COMPLETED, 0) for gpu in range(4)}
+        backend = NvmlBackend()
+        devices = backend.devices()
+        threads = [threading.Thread(target=backend.topology)] + [
+            threading.Thread(target=d.fabric_state) for d in devices] + [threading.Thread(target=d.nvlink) for d in devices]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert fake.calls > 40 and fake.max_inside == 1

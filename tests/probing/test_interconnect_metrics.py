@@ -1,0 +1,93 @@
+"""The interconnect series: per ordered pair with both GPUs' identities, per set and size, promtool-clean."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gpuperfd.config import InterconnectFaultConfig, SimulationConfig
+from gpuperfd.device.simulated import SimulatedBackend
+from gpuperfd.health.interconnect import read_topology
+from gpuperfd.probe_data.interconnect import InterconnectRequest, InterconnectResult
+from gpuperfd.probing.interconnect_metrics import InterconnectMetrics, result_publisher
+from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
+
+
+def published(gpus: int, **config: object) -> tuple[CollectorRegistry, SimulatedBackend]:
+    node = SimulatedBackend(SimulationConfig(gpus=gpus, seed=4, **config))
+    result = SimulatedInterconnectExecutor(node.interconnect, seed=4).run(
+        node.devices(), InterconnectRequest(), threading.Event())
+    registry = CollectorRegistry()
+    metrics = InterconnectMetrics(registry)
+    infos = {d.index: d.info() for d in node.devices()}
+    topology, links = read_topology(node, node.devices())
+    metrics.publish(result, infos)
+    metrics.publish_topology(topology, infos, links)
+    return registry, node
+
+
+def test_pair_set_and_topology_series() -> None:
+    registry, node = published(2, model="H200")
+    uuid = [d.info().uuid for d in node.devices()]
+    pair = {"gpu": "0", "uuid": uuid[0], "peer": "1", "peer_uuid": uuid[1]}
+    copy = registry.get_sample_value("gpuperf_interconnect_peer_copy_bandwidth_bytes_per_second", pair)
+    assert 370e9 < copy < 385e9
+    assert registry.get_sample_value("gpuperf_interconnect_peer_copy_expected_bytes_per_second", pair) \
+        == pytest.approx(377.65e9)
+    assert registry.get_sample_value("gpuperf_nvlink_peer_links", pair) == 18
+    assert registry.get_sample_value("gpuperf_nvlink_peer_links_expected", pair) == 18
+    bus = registry.get_sample_value("gpuperf_interconnect_allreduce_bus_bandwidth_bytes_per_second",
+                                    {"gpus": "0,1", "bytes": str(256 << 20)})
+    assert 265e9 < bus < 277e9
+    assert registry.get_sample_value("gpuperf_interconnect_allreduce_latency_seconds",
+                                     {"gpus": "0,1", "bytes": str(1 << 20), "percentile": "99"}) > 0
+    assert registry.get_sample_value("gpuperf_interconnect_runs_total",
+                                     {"gpus": "0,1", "result": "ok", "reason": ""}) == 1
+
+
+def test_failed_run_counts_and_publishes_no_figures() -> None:
+    registry = CollectorRegistry()
+    InterconnectMetrics(registry).publish(InterconnectResult((0, 1), "failed", "timeout"), {})
+    assert registry.get_sample_value("gpuperf_interconnect_runs_total",
+                                     {"gpus": "0,1", "result": "failed", "reason": "timeout"}) == 1
+    assert "gpuperf_interconnect_peer_copy_bandwidth_bytes_per_second{" not in generate_latest(registry).decode()
+
+
+def test_pcie_board_has_no_link_series_and_eight_gpus_stay_within_budget() -> None:
+    registry, _ = published(4, topology="pcie")
+    text = generate_latest(registry).decode()
+    assert "gpuperf_nvlink_peer_links{" not in text
+    registry, _ = published(8)
+    per_gpu = sum(1 for line in generate_latest(registry).decode().splitlines()
+                  if not line.startswith("#") and 'gpu="3"' in line)
+    assert per_gpu == 4 * 7  # copy, expected copy, links, expected links per peer (docs/metrics.md)
+
+
+def test_promtool_check_metrics_is_clean() -> None:
+    registry, _ = published(4)
+    promtool = shutil.which("promtool")
+    assert promtool
+    out = subprocess.run([promtool, "check", "metrics"], input=generate_latest(registry), capture_output=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_result_publisher_sets_series_and_tells_the_listeners() -> None:
+    node = SimulatedBackend(SimulationConfig(gpus=4, seed=6, interconnect_faults=[
+        InterconnectFaultConfig(kind="link_down", gpu=3, links=2)]))
+    registry = CollectorRegistry()
+    heard = []
+    publish = result_publisher(InterconnectMetrics(registry), node, node.devices(),
+                               [lambda result, topology, links: heard.append((result, topology, links))])
+    result = SimulatedInterconnectExecutor(node.interconnect, seed=6).run(
+        node.devices(), InterconnectRequest(), threading.Event())
+    publish(result)
+    uuid = {d.index: d.info().uuid for d in node.devices()}
+    pair = {"gpu": "0", "uuid": uuid[0], "peer": "3", "peer_uuid": uuid[3]}
+    assert registry.get_sample_value("gpuperf_nvlink_peer_links", pair) == 16
+    assert registry.get_sample_value("gpuperf_nvlink_peer_links_expected", pair) == 18
+    [(got, topology, links)] = heard
+    assert got is result and len(topology) == 6 and links == {0: 18, 1: 18, 2: 18, 3: 18}
