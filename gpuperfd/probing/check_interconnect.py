@@ -23,10 +23,10 @@ from gpuperfd.config import Config
 from gpuperfd.device.base import Backend, Device
 from gpuperfd.health.evaluate import GpuInputs
 from gpuperfd.probe_data.interconnect import InterconnectRequest, InterconnectResult
-from gpuperfd.probing.executors import starts_children
+from gpuperfd.probing.executors import choose_interconnect_executor
 from gpuperfd.probing.interconnect_executor import InterconnectExecutor
 
-__all__ = ["CHECK_REQUEST", "INTERCONNECT_SHARE", "choose_interconnect_executor", "run_interconnect",
+__all__ = ["CHECK_REQUEST", "INTERCONNECT_SHARE", "run_interconnect",
            "apply_to_inputs"]
 
 log = logging.getLogger(__name__)
@@ -38,20 +38,6 @@ MIN_SECONDS = {"cuda": 15.0, "cpu": 6.0, "simulated": 0.5}
 #: The check's sizes: 64 MiB copies, all-reduce at 1 MiB (latency) and 64 MiB (bandwidth), 5 repeats.
 CHECK_REQUEST = InterconnectRequest(copy_bytes=64 << 20, allreduce_bytes=(1 << 20, 64 << 20), repeats=5, warmup=2)
 CPU_CHECK_REQUEST = InterconnectRequest(copy_bytes=1 << 20, allreduce_bytes=(1 << 12, 1 << 20), repeats=3, warmup=1)
-
-
-def choose_interconnect_executor(config: Config, backend: Backend) -> tuple[InterconnectExecutor, str]:
-    """The interconnect executor the check (and the daemon) use, as :func:`choose_executor` picks the
-    per-GPU one: the simulated node's figures on the simulator, else workers on ``probes.torch_device``."""
-    if not starts_children(config, backend.name):
-        from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
-
-        return SimulatedInterconnectExecutor(getattr(backend, "interconnect"), seed=config.simulation.seed), "simulated"
-    from gpuperfd.probing.interconnect_runner import ProcessInterconnectExecutor
-
-    kind = config.probes.torch_device
-    return ProcessInterconnectExecutor(kind, idle_utilization_threshold=config.probes.idle_utilization_threshold,
-                                       record_dir=config.probes.state_dir), kind
 
 
 def run_interconnect(config: Config, backend: Backend, devices: Sequence[Device], deadline: float,

@@ -61,7 +61,11 @@ class HistoryWriter:
         except (TypeError, ValueError) as exc:  # history is best effort; metrics still publish
             log.error("cannot record a probe result in the history: %s", exc)
             return
-        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
+        self.append_line(json.dumps(record, separators=(",", ":"), default=str))
+
+    def append_line(self, text: str) -> None:
+        """One JSON line (a record already built), rotated as every record; best effort."""
+        line = text + "\n"
         with self._lock:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
