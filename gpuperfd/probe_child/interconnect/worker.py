@@ -237,6 +237,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     die_with_parent(args.parent_pid)
+    try:  # the daemon's probes are background work (GPUPERFD_PROBE_NICE, as the probe child's)
+        if (niceness := int(os.environ.get("GPUPERFD_PROBE_NICE", "0"))) > 0:
+            os.nice(niceness)
+    except (ValueError, OSError):
+        pass
     gpus = [int(g) for g in args.gpus.split(",")]
     body = json.loads(args.request)
     body["gpus"] = tuple(gpus)
