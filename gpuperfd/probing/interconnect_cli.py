@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuperfd.console import format_table
+from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.interconnect import InterconnectRequest, InterconnectResult
 from gpuperfd.probing.check_cli import gpu_list
 
@@ -233,6 +234,9 @@ def main(args: argparse.Namespace) -> int:
         except ValueError as exc:  # a bad set: named, nothing started
             print(f"gpuperfd probe interconnect: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        except DeviceError as exc:  # no driver, a GPU that does not answer: never a silent CPU run
+            print(f"gpuperfd probe interconnect: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
     if stop.received is not None:
         say(f"gpuperfd probe interconnect: stopped by {stop.name}; every worker was ended")
     if args.output:

@@ -94,3 +94,17 @@ def test_sizes_parse_binary_units_and_refuse_garbage() -> None:
 def test_interconnect_flags_are_refused_by_the_other_probes(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["llm", "--preset", "tiny", "--gpus", "0,1"]) == 2
     assert "gpus: an interconnect setting" in capsys.readouterr().err
+
+
+def test_gpus_asked_for_without_a_driver_is_an_error_never_a_cpu_run(capsys: pytest.CaptureFixture[str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuperfd.device import nvml
+    from gpuperfd.device.errors import DriverNotFound
+
+    def no_driver(*_args, **_kwargs):
+        raise DriverNotFound("no NVIDIA driver found")
+
+    monkeypatch.setattr(nvml, "NvmlBackend", no_driver)
+    assert run(["interconnect", "--gpus", "0,1"]) == 1
+    captured = capsys.readouterr()
+    assert "no NVIDIA driver found" in captured.err and captured.out == ""
