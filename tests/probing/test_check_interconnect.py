@@ -11,6 +11,7 @@ from pathlib import Path
 from gpuperfd.config import config_from_mapping
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probing.check import CheckRequest, run_check
+from gpuperfd.probing.check_cli import render_table
 from gpuperfd.probing.interconnect_runner import ProcessInterconnectExecutor
 
 
@@ -36,6 +37,8 @@ def test_two_idle_gpus_get_an_interconnect_probe_in_the_json_within_the_bound(tm
     assert ic["energy_joules"] is not None and ic["energy_joules"] > 0  # the simulated GPUs' counters
     assert {v.state for v in outcome.verdicts} == {"healthy"}
     assert took < 30 and outcome.phases["total"] < 30
+    line = render_table(outcome.verdicts, "node", outcome.summary()).splitlines()[-2]
+    assert line.startswith("interconnect GPUs 0,1: ok, slowest copy") and "sums ok" in line
 
 
 def test_a_wrong_sum_makes_every_gpu_of_the_set_unhealthy(tmp_path: Path) -> None:
@@ -58,6 +61,7 @@ def test_a_hanging_rank_is_ended_within_the_checks_timeout(tmp_path: Path) -> No
 def test_too_little_time_left_says_so_and_starts_nothing(tmp_path: Path) -> None:
     outcome, took, executor = _check(tmp_path, timeout=6)
     assert "not run" in outcome.summary()["interconnect"]["not_run"]
+    assert "interconnect: not run" in render_table(outcome.verdicts, "node", outcome.summary())
     assert executor.last_pids == [] and took < 6 + 1
 
 

@@ -14,6 +14,7 @@ from gpuperfd.config import SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probe_data.interconnect import InterconnectRequest, bus_bandwidth
 from gpuperfd.probing.interconnect_runner import ProcessInterconnectExecutor
+from gpuperfd.probing.runner import RECORD_PREFIX
 
 SMALL = InterconnectRequest(copy_bytes=1 << 14, allreduce_bytes=(1 << 10, 1 << 16), repeats=3, warmup=1,
                             timeout_seconds=60)
@@ -92,14 +93,22 @@ def test_a_hanging_rank_times_out_and_all_are_killed():
     _none_left(executor)
 
 
-def test_abort_kills_the_group():
-    executor = ProcessInterconnectExecutor("cpu", ranks=2, inject_fault=(1, "hang"))
+def test_abort_kills_the_group_and_its_records_go(tmp_path):
+    executor = ProcessInterconnectExecutor("cpu", ranks=2, inject_fault=(1, "hang"), record_dir=tmp_path)
     abort = threading.Event()
-    threading.Timer(4.0, abort.set).start()
+    seen = []
+
+    def look_then_abort():
+        seen.extend(sorted(p.name for p in tmp_path.glob(RECORD_PREFIX + "*")))  # a restarted daemon ends these
+        abort.set()
+
+    threading.Timer(4.0, look_then_abort).start()
     t0 = time.monotonic()
     result = executor.run([], SMALL, abort)
     assert (result.status, result.failure_reason) == ("aborted", "aborted")
     assert time.monotonic() - t0 < 15
+    assert seen == sorted(f"{RECORD_PREFIX}{pid}" for pid in executor.last_pids)
+    assert list(tmp_path.glob(RECORD_PREFIX + "*")) == []
     _none_left(executor)
 
 
