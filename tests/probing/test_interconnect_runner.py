@@ -146,3 +146,46 @@ def test_a_busy_gpu_starts_no_worker(node):
     result = executor.run(node, SMALL, threading.Event())
     assert (result.status, result.failure_reason) == ("skipped", "preempted")
     assert "GPU 2" in result.error_message and executor.last_pids == []
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def test_workers_die_with_a_killed_parent():
+    """The parent SIGKILLed mid-run (no finally runs): every worker dies with it (PR_SET_PDEATHSIG)."""
+    import signal
+    import subprocess
+    import sys
+
+    from gpuperfd.probing.runner import _descendants, child_env
+
+    script = ("import threading; from gpuperfd.probing.interconnect_runner import ProcessInterconnectExecutor as E; "
+              "from gpuperfd.probe_data.interconnect import InterconnectRequest as R; "
+              "E('cpu', ranks=2, inject_fault=(1, 'hang')).run([], R(copy_bytes=1024, allreduce_bytes=(1024,), "
+              "repeats=1, warmup=0, timeout_seconds=120), threading.Event())")
+    parent = subprocess.Popen([sys.executable, "-c", script], env=child_env())
+    deadline = time.monotonic() + 30
+    workers: set[int] = set()
+    while time.monotonic() < deadline and len(workers) < 2:
+        workers = {p for p in _descendants(parent.pid) if "interconnect.worker" in _cmdline(p)}
+        time.sleep(0.1)
+    assert len(workers) == 2
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_state(p) not in (None, "Z") for p in workers):
+        time.sleep(0.1)
+    assert [p for p in workers if _state(p) not in (None, "Z")] == []
