@@ -61,11 +61,11 @@ class HistoryWriter:
         except (TypeError, ValueError) as exc:  # history is best effort; metrics still publish
             log.error("cannot record a probe result in the history: %s", exc)
             return
-        self.append_line(json.dumps(record, separators=(",", ":"), default=str))
+        self.append_record(record)
 
-    def append_line(self, text: str) -> None:
-        """One JSON line (a record already built), rotated as every record; best effort."""
-        line = text + "\n"
+    def append_record(self, record: dict[str, Any]) -> None:
+        """Append one JSON record (rotating first when the file would pass ``max_bytes``); best effort."""
+        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
         with self._lock:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ import re
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+import time
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +155,8 @@ def check_output(path: str) -> None:
 
 
 def write_output(path: str, result: InterconnectResult, host: str | None = None) -> None:
-    """Append the run to ``path``: CSV rows (CSV_COLUMNS) or one JSON line (the result, with schema and host)."""
+    """Append the run to ``path``: CSV rows (CSV_COLUMNS) or one JSON line, the daemon's history record
+    (``gpuperfd.interconnect/1``: time, host, source, the set, the result)."""
     host = host or socket.gethostname()
     target = Path(path)
     new = not target.exists() or target.stat().st_size == 0
@@ -166,7 +167,9 @@ def write_output(path: str, result: InterconnectResult, host: str | None = None)
                 writer.writeheader()
             writer.writerows(csv_rows(result, host))
         else:
-            fh.write(json.dumps({"schema": SCHEMA, "host": host, **result.to_dict()}) + "\n")
+            record = {"schema": SCHEMA, "time": float(result.started_at or time.time()), "host": host,
+                      "source": "probe", "gpus": [{"index": gpu} for gpu in result.gpus], "result": result.to_dict()}
+            fh.write(json.dumps(record) + "\n")
 
 
 def _check_flags(args: argparse.Namespace) -> None:

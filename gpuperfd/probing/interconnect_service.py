@@ -14,7 +14,6 @@ GPU of the set, and the interconnect series where the build has them) and append
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -38,6 +37,8 @@ log = logging.getLogger(__name__)
 PROBE = "interconnect"
 #: The preset label of its counters (the probe has no presets: the collective library it ran on).
 PRESET = "nccl"
+#: Its history records, in their own file beside the per-GPU history.
+HISTORY_SCHEMA = "gpuperfd.interconnect/1"
 
 
 def request_of(schedule: ScheduleConfig, gpus: tuple[int, ...], timeout_seconds: float) -> InterconnectRequest:
@@ -159,9 +160,16 @@ class InterconnectService:
             self.publish(result)
         history = self.history
         if history is not None:
-            history.append_line(json.dumps({"schema": "gpuperfd.interconnect/1", "source": "daemon",
-                                            "host": history.node, **result.to_dict()},
-                                           separators=(",", ":"), default=str))
+            history.append_record(self.record(result, history.node))
+
+    def record(self, result: InterconnectResult, host: str) -> dict[str, Any]:
+        """The run's history record (``gpuperfd.interconnect/1``): the set's identities and the result."""
+        gpus = []
+        for gpu in result.gpus:
+            info = self.service._info(self.service.devices[gpu])
+            gpus.append({"index": gpu, "uuid": info.uuid, "name": info.name, "pci_bus_id": info.pci_bus_id})
+        return {"schema": HISTORY_SCHEMA, "time": float(result.started_at or time.time()), "host": host,
+                "source": "daemon", "gpus": gpus, "result": result.to_dict()}
 
     def _skip(self, gpus: tuple[int, ...], reason: str, detail: str) -> None:
         log.info("interconnect GPUs %s skipped: %s (%s)", ",".join(map(str, gpus)), reason, detail)

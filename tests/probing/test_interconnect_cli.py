@@ -54,8 +54,8 @@ def test_json_and_jsonl_carry_the_result(tmp_path: Path, capsys: pytest.CaptureF
     assert result.ok and result.backend == "gloo" and result.gpus == (0, 1)
     assert all(a.sum_ok for a in result.allreduce) and len(result.copies) == 2
     line = json.loads(out.read_text().splitlines()[0])
-    assert line.pop("schema") == interconnect_cli.SCHEMA and line.pop("host")
-    assert InterconnectResult.from_dict(line) == result
+    assert line["schema"] == interconnect_cli.SCHEMA and line["host"] and line["source"] == "probe"
+    assert line["gpus"] == [{"index": 0}, {"index": 1}] and InterconnectResult.from_dict(line["result"]) == result
 
 
 @pytest.mark.parametrize("argv, words", [

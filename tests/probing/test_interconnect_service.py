@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
+from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probing.executors import simulated_executor
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker
@@ -62,7 +63,9 @@ def test_runs_when_every_gpu_of_the_set_is_idle_and_records_it(tmp_path):
     assert result.energy_joules is not None and result.energy_joules > 0
     assert [runs(registry, g, devices[g].info().uuid, "ok") for g in (0, 1, 2)] == [1, None, 1]
     line = json.loads((tmp_path / "history.interconnect.jsonl").read_text().splitlines()[0])
-    assert line["schema"] == "gpuperfd.interconnect/1" and line["gpus"] == [0, 2] and line["status"] == "ok"
+    assert line["schema"] == "gpuperfd.interconnect/1" and line["source"] == "daemon"
+    assert [g["index"] for g in line["gpus"]] == [0, 2] and line["gpus"][1]["uuid"] == devices[2].info().uuid
+    assert InterconnectResult.from_dict(line["result"]) == result
     assert not (tmp_path / "history.jsonl").exists()  # the per-GPU history is not mixed with it
     for gpu in (0, 2):  # every hold given back: the per-GPU turn and the cross-process lock
         assert service.hold(gpu, 0)
