@@ -127,3 +127,19 @@ def test_the_scheduler_gives_an_interconnect_schedule_one_job_for_the_set(tmp_pa
     jobs = sorted(job.id for job in scheduler.scheduler.get_jobs())
     assert jobs == ["0-interconnect", "1-llm-gpu0", "1-llm-gpu1"]
     assert scheduler.claim("1-llm-gpu0", [0, 1], set()) == []  # never a member of a single-GPU round
+
+
+def test_the_daemons_executor_choice_runs_gloo_workers_for_a_cpu_torch_device(tmp_path):
+    """probes.executor child with probes.torch_device cpu: the workers run on this host (what the
+    CI can run), each standing for one simulated GPU of the set."""
+    from gpuperfd.config import config_from_mapping
+    from gpuperfd.daemon import build_interconnect
+
+    config = config_from_mapping({"device": {"backend": "simulated"}, "simulation": {"gpus": 2, "seed": 1},
+                                  "probes": {"executor": "child", "torch_device": "cpu", "idle_seconds": 0,
+                                             "state_dir": str(tmp_path / "state")}})
+    devices, registry, service, _, _ = make(tmp_path, gpus=2)
+    backend = SimulatedBackend(config.simulation)
+    result = build_interconnect(config, backend, service).run(SCHEDULE)
+    assert result is not None and result.ok and result.backend == "gloo" and result.gpus == (0, 1)
+    assert runs(registry, 1, devices[1].info().uuid, "ok") == 1
