@@ -177,9 +177,12 @@ def _check_flags(args: argparse.Namespace) -> None:
     if getattr(args, "config", None):
         raise UsageError("config: interconnect takes its settings as flags, not --config")
     for name in ("preset", "variant", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size",
-                 "n_groups", "weights", "dataset", "iterations", "measure_seconds"):
+                 "n_groups", "weights", "dataset", "iterations", "measure_seconds", "warmup_seconds", "heads",
+                 "head_dim", "causal", "seed", "gpu_busy_threshold", "label"):
         if getattr(args, name, None) is not None:
             raise UsageError(f"{name}: not an interconnect setting (see gpuperfd probe --help, interconnect)")
+    if getattr(args, "no_idle_check", False):
+        raise UsageError("no_idle_check: the interconnect probe always checks and watches every GPU of its set")
     if args.device not in (None, "cuda", "cpu"):
         raise UsageError(f"device: interconnect runs on cuda (one rank per GPU of --gpus) or cpu, not {args.device!r}")
     if args.ranks is not None and (args.device != "cpu" or args.ranks < 2):

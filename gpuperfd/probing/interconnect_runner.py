@@ -56,6 +56,8 @@ __all__ = ["ProcessInterconnectExecutor", "WORKER_MODULE"]
 log = logging.getLogger(__name__)
 
 WORKER_MODULE = INTERCONNECT_WORKER_MODULE
+#: How long the other ranks may take to exit after rank 0 wrote the result (a hung teardown is ended).
+_TEARDOWN_GRACE_SECONDS = 10.0
 
 
 def free_port() -> int:
@@ -195,6 +197,7 @@ class ProcessInterconnectExecutor:
         """Until every rank exited well (the result), or the first thing that ends them all."""
         deadline = t0 + request.timeout_seconds
         next_watch = time.monotonic()
+        done_at: float | None = None  # when rank 0 exited well (the result is written)
         while True:
             if abort.is_set():
                 return self._result(gpus, "aborted", "aborted", "interconnect probe aborted by the caller", started_at, t0)
@@ -211,6 +214,8 @@ class ProcessInterconnectExecutor:
                 return self._rank_failure(workers, gpus, failed, codes[failed], started_at, t0)
             if all(c == 0 for c in codes):
                 return self._read_result(workers, gpus, started_at, t0)
+            if codes[0] == 0 and (done_at := done_at or time.monotonic()) + _TEARDOWN_GRACE_SECONDS < time.monotonic():
+                return self._read_result(workers, gpus, started_at, t0)  # rank 0 wrote it; a teardown hangs
             abort.wait(0.05)
 
     def _foreign(self, workers: _Workers, watched: Sequence[Device], started_at: float, t0: float,

@@ -67,6 +67,8 @@ def test_json_and_jsonl_carry_the_result(tmp_path: Path, capsys: pytest.CaptureF
     (["--device", "cuda:1"], "device: interconnect runs on cuda"),
     (["--device", "cpu", "--repeats", "0"], "repeats: must be at least 1"),
     (["--device", "cpu", "--dtype", "int8"], "dtype: interconnect takes one of"),
+    (["--device", "cpu", "--label", "a=b"], "label: not an interconnect setting"),
+    (["--device", "cpu", "--no-idle-check"], "no_idle_check: the interconnect probe always"),
 ])
 def test_bad_input_exits_2_naming_it_and_starts_nothing(argv: list[str], words: str, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
