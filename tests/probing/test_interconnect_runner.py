@@ -73,6 +73,15 @@ def test_a_wrong_sum_fails_the_run_as_a_wrong_result():
     _none_left(executor)
 
 
+def test_a_wrong_copy_fails_the_run_naming_the_pair():
+    executor = ProcessInterconnectExecutor("cpu", ranks=3, inject_fault=(2, "wrong_copy"))
+    result = executor.run([], SMALL, threading.Event())
+    assert (result.status, result.failure_reason) == ("failed", "wrong_result")
+    assert [(c.src, c.dst) for c in result.copies if not c.ok] == [(2, 0), (2, 1)]
+    assert "2->0" in result.error_message and all(a.sum_ok for a in result.allreduce)
+    _none_left(executor)
+
+
 @pytest.mark.parametrize("fault, reason", [("exception", "exception"), ("crash", "crash")])
 def test_a_failing_rank_ends_every_rank(fault, reason):
     executor = ProcessInterconnectExecutor("cpu", ranks=3, inject_fault=(1, fault))

@@ -40,7 +40,7 @@ from gpuperfd.probe_data.result import percentile
 
 __all__ = ["main"]
 
-FAULTS = ("exception", "crash", "hang", "wrong_sum")
+FAULTS = ("exception", "crash", "hang", "wrong_sum", "wrong_copy")
 
 
 class Rank:
@@ -59,12 +59,14 @@ class Rank:
 
 
 def _pattern(src: int, dst: int, nbytes: int, device: torch.device) -> torch.Tensor:
-    """The same pseudo-random bytes on both ends of a pair (seeded by the pair)."""
-    gen = torch.Generator().manual_seed(src * 1009 + dst)
-    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=gen).to(device)
+    """The same pseudo-random bytes wherever it is made for a pair (seeded by the pair), made on
+    ``device`` itself (256 MiB drawn on a CPU takes seconds, per pair)."""
+    gen = torch.Generator(device=device).manual_seed(src * 1009 + dst)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=gen, device=device)
 
 
-def _cuda_copy(me: Rank, dst_gpu: int, nbytes: int, request: InterconnectRequest) -> tuple[list[float], bool]:
+def _cuda_copy(me: Rank, dst_gpu: int, nbytes: int, request: InterconnectRequest,
+               fault: str | None = None) -> tuple[list[float], bool]:
     """Copy ``cuda:me -> cuda:dst_gpu`` warmup + repeats times; per-repeat seconds and the check."""
     src = _pattern(me.gpus[me.rank], dst_gpu, nbytes, me.device)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{dst_gpu}")
@@ -78,16 +80,20 @@ def _cuda_copy(me: Rank, dst_gpu: int, nbytes: int, request: InterconnectRequest
             end.synchronize()
             if i >= request.warmup:
                 times.append(start.elapsed_time(end) / 1e3)
+    if fault == "wrong_copy":
+        dst[0] ^= 1  # one flipped bit: the check must see it
     ok = bool(torch.equal(dst.to(me.device), src))
     del dst
     return times, ok
 
 
-def _cpu_copy(me: Rank, src_rank: int, dst_rank: int, nbytes: int,
-              request: InterconnectRequest) -> tuple[list[float], bool]:
+def _cpu_copy(me: Rank, src_rank: int, dst_rank: int, nbytes: int, request: InterconnectRequest,
+              fault: str | None = None) -> tuple[list[float], bool]:
     """A gloo send/recv as the "copy": timed on the receiver after a barrier (CPU tests, CI)."""
     expected = _pattern(src_rank, dst_rank, nbytes, me.device)
-    buf = torch.empty(nbytes, dtype=torch.uint8) if me.rank == dst_rank else expected
+    buf = torch.empty(nbytes, dtype=torch.uint8) if me.rank == dst_rank else expected.clone()
+    if fault == "wrong_copy" and me.rank == src_rank:
+        buf[0] ^= 1  # one flipped bit: the destination's check must see it
     times = []
     for i in range(request.warmup + request.repeats):
         dist.barrier()
@@ -107,7 +113,7 @@ def _cv(values: list[float]) -> float | None:
     return statistics.stdev(values) / statistics.fmean(values)
 
 
-def peer_copies(me: Rank, request: InterconnectRequest) -> list[dict[str, Any]]:
+def peer_copies(me: Rank, request: InterconnectRequest, fault: str | None = None) -> list[dict[str, Any]]:
     """Every ordered pair in turn; the records this rank measured (the source on GPUs, the
     destination on a CPU)."""
     mine = []
@@ -117,9 +123,9 @@ def peer_copies(me: Rank, request: InterconnectRequest) -> list[dict[str, Any]]:
                 continue
             measurer = a if me.cuda else b
             if me.cuda and me.rank == a:
-                times, ok = _cuda_copy(me, me.gpus[b], request.copy_bytes, request)
+                times, ok = _cuda_copy(me, me.gpus[b], request.copy_bytes, request, fault)
             elif not me.cuda:  # every rank takes part in the pair's barriers
-                times, ok = _cpu_copy(me, a, b, request.copy_bytes, request)
+                times, ok = _cpu_copy(me, a, b, request.copy_bytes, request, fault)
             else:
                 times, ok = [], True
             if me.rank == measurer:
@@ -194,7 +200,7 @@ def _inject(fault: str | None) -> None:
 def run(me: Rank, request: InterconnectRequest, fault: str | None) -> dict[str, Any] | None:
     """The whole probe on this rank; rank 0 returns the result's dict, the others None."""
     started_at = time.time()
-    copies = peer_copies(me, request)
+    copies = peer_copies(me, request, fault)
     _inject(fault)
     reduces = [all_reduce(me, size, request, fault) for size in request.allreduce_bytes]
     gathered: list[Any] = [None] * me.world
