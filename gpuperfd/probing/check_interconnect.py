@@ -45,7 +45,8 @@ def run_interconnect(config: Config, backend: Backend, devices: Sequence[Device]
     """The step on ``devices`` (two or more, their locks held) under ``deadline``: the result's
     dict, or ``{"not_run": why}``. Never raises: a bug is this step's failure, not the check's."""
     try:
-        chosen, kind = executor or choose_interconnect_executor(config, backend)
+        chosen, kind = executor or choose_interconnect_executor(  # a check never creates the state directory
+            config, backend, keep_records=config.probes.state_dir.is_dir())
     except Exception as exc:  # noqa: BLE001 - e.g. an executor missing from this build
         log.warning("check: no interconnect executor: %s", exc)
         return {"status": "failed", "failure_reason": "exception", "error_message": f"no interconnect executor: {exc}"}

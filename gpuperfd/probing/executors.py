@@ -154,10 +154,12 @@ def choose_executor(config: Config, backend_name: str, on_peak: PeakCallback | N
                                   on_peak=on_peak)
 
 
-def choose_interconnect_executor(config: Config, backend: Backend) -> tuple[InterconnectExecutor, str]:
+def choose_interconnect_executor(config: Config, backend: Backend,
+                                 keep_records: bool = True) -> tuple[InterconnectExecutor, str]:
     """The interconnect executor of the daemon and ``gpuperfd check``, and its kind (simulated, cuda,
     cpu), picked as :func:`choose_executor` picks the per-GPU one: the simulated node's figures
-    (``device/simulated_topology.py``) on the simulator, else one worker per GPU on ``probes.torch_device``."""
+    (``device/simulated_topology.py``) on the simulator, else one worker per GPU on ``probes.torch_device``.
+    ``keep_records``: record the workers in the state directory (``gpuperfd check`` never creates it)."""
     if not starts_children(config, backend.name):
         from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
 
@@ -166,4 +168,4 @@ def choose_interconnect_executor(config: Config, backend: Backend) -> tuple[Inte
 
     kind = config.probes.torch_device
     return ProcessInterconnectExecutor(kind, idle_utilization_threshold=config.probes.idle_utilization_threshold,
-                                       record_dir=config.probes.state_dir), kind
+                                       record_dir=config.probes.state_dir if keep_records else None), kind

@@ -70,3 +70,15 @@ def test_one_free_gpu_or_quick_runs_no_interconnect_probe(tmp_path: Path) -> Non
     assert outcome.probed == [0] and "interconnect" not in outcome.summary()
     outcome, _, _ = _check(tmp_path, gpus=3, quick=True)
     assert "interconnect" not in outcome.summary()
+
+
+def test_the_checks_own_executor_choice_runs_workers_and_creates_no_state_directory(tmp_path: Path) -> None:
+    from gpuperfd.probing.check_interconnect import run_interconnect
+
+    config = config_from_mapping({"device": {"backend": "simulated"}, "simulation": {"gpus": 2, "seed": 1},
+                                  "probes": {"executor": "child", "torch_device": "cpu",
+                                             "state_dir": str(tmp_path / "state")}})
+    backend = SimulatedBackend(config.simulation)
+    result = run_interconnect(config, backend, backend.devices(), time.monotonic() + 30)
+    assert result["status"] == "ok" and result["backend"] == "gloo"
+    assert not (tmp_path / "state").exists()
