@@ -40,6 +40,7 @@ from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker
 from gpuperfd.probing.admission import Admission, memory_limit
 from gpuperfd.probing.metrics import ProbeMetrics
+from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probing.interconnect_service import InterconnectService
 from gpuperfd.probing.scheduling import ProbeScheduler
 from gpuperfd.probing.service import ProbeService
@@ -154,12 +155,13 @@ def build_sampler(config: Config, backend: Backend, devices: list[Device], colle
     )
 
 
-def build_interconnect(config: Config, backend: Backend, service: ProbeService) -> InterconnectService:
+def build_interconnect(config: Config, backend: Backend, service: ProbeService,
+                       publish: Callable[[InterconnectResult], None] | None = None) -> InterconnectService:
     """The interconnect schedules' runner beside the probe service; its executor (workers per GPU, or
-    the simulated node's) is built at its first run."""
+    the simulated node's) is built at its first run. ``publish``: the interconnect series of a run."""
     from gpuperfd.probing.executors import choose_interconnect_executor
 
-    return InterconnectService(service, lambda: choose_interconnect_executor(config, backend)[0])
+    return InterconnectService(service, lambda: choose_interconnect_executor(config, backend)[0], publish)
 
 
 def build_probe_service(
