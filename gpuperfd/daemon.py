@@ -40,6 +40,8 @@ from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker
 from gpuperfd.probing.admission import Admission, memory_limit
 from gpuperfd.probing.metrics import ProbeMetrics
+from gpuperfd.probe_data.interconnect import InterconnectResult
+from gpuperfd.probing.interconnect_service import InterconnectService
 from gpuperfd.probing.scheduling import ProbeScheduler
 from gpuperfd.probing.service import ProbeService
 from gpuperfd.probing.sweep.journal import CapJournal, journals_for, restore_all
@@ -153,6 +155,15 @@ def build_sampler(config: Config, backend: Backend, devices: list[Device], colle
     )
 
 
+def build_interconnect(config: Config, backend: Backend, service: ProbeService,
+                       publish: Callable[[InterconnectResult], None] | None = None) -> InterconnectService:
+    """The interconnect schedules' runner beside the probe service; its executor (workers per GPU, or
+    the simulated node's) is built at its first run. ``publish``: the interconnect series of a run."""
+    from gpuperfd.probing.executors import choose_interconnect_executor
+
+    return InterconnectService(service, lambda: choose_interconnect_executor(config, backend)[0], publish)
+
+
 def build_probe_service(
     config: Config, backend_name: str, devices: list[Device], sampler: Sampler, tracker: IdleTracker,
     metrics: ProbeMetrics, pod_resources: PodResourcesWatcher | None,
@@ -263,7 +274,8 @@ class Daemon:
         self.probe_metrics = ProbeMetrics(self.probe_registry)
         self.probes = build_probe_service(config, self.backend.name, self.devices, self.sampler, self.tracker,
                                           self.probe_metrics, self.pod_resources)
-        self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices])
+        self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices],
+                                        interconnect=build_interconnect(config, self.backend, self.probes))
         #: The per-GPU verdict (docs/health.md): evaluated on its own thread from cached readings.
         self.health = build_health(config, self.sampler, self.backend)
         #: The web config's refusal counter (gpuperf_web_auth_refused_total) on /metrics, when one is configured.

@@ -337,8 +337,40 @@ class OursConfig(_Strict):
     pods: list[str] = []
 
 
-ProbeName = Literal["llm", "vit", "attention", "train"]
+ProbeName = Literal["llm", "vit", "attention", "train", "interconnect"]
+#: The interconnect probe's options (issue 44: InterconnectRequest's fields); sizes in bytes.
+INTERCONNECT_OPTIONS = {"copy_bytes": int, "allreduce_bytes": list, "repeats": int, "warmup": int, "dtype": str,
+                        "timeout_seconds": float}
 CapEntry = Annotated[float, Field(gt=0)] | Literal["min", "max", "default", "current"]
+
+
+def _check_interconnect(schedule: "ScheduleConfig") -> None:
+    """An interconnect schedule: a node probe over a set of GPUs at the operator's caps (no preset,
+    no cap sweep), its options InterconnectRequest's; the set's GPUs are checked against the node
+    when it runs."""
+    if schedule.preset is not None:
+        raise ValueError("interconnect: takes no preset")
+    if list(schedule.caps) != ["current"]:
+        raise ValueError("interconnect: runs at the operator's caps only; leave caps out (or [current])")
+    if schedule.gpus is not None:
+        if len(schedule.gpus) < 2:
+            raise ValueError(f"gpus: the interconnect probe needs at least two GPUs, got {schedule.gpus}")
+        if len(set(schedule.gpus)) != len(schedule.gpus):
+            raise ValueError(f"gpus: a GPU is named twice in {schedule.gpus}")
+    for name, value in schedule.options.items():
+        kind = INTERCONNECT_OPTIONS.get(name)
+        if kind is None:
+            raise ValueError(f"options: {name!r} is not an interconnect option ({', '.join(INTERCONNECT_OPTIONS)})")
+        values = value if kind is list else [value]
+        if kind is list and (not isinstance(value, list) or not value):
+            raise ValueError(f"options.{name}: give a list of sizes in bytes, got {value!r}")
+        if name == "dtype":
+            if value not in ("bfloat16", "float16", "float32"):
+                raise ValueError(f"options.dtype: bfloat16, float16 or float32, got {value!r}")
+            continue
+        low = 0 if name == "warmup" else 1
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) or v < low for v in values):
+            raise ValueError(f"options.{name}: must be a number >= {low}, got {value!r}")
 
 
 class ScheduleConfig(_Strict):
@@ -362,6 +394,9 @@ class ScheduleConfig(_Strict):
 
     @model_validator(mode="after")
     def _valid_probe_options(self) -> "ScheduleConfig":
+        if self.probe == "interconnect":
+            _check_interconnect(self)
+            return self
         if self.options or self.preset is not None:  # the defaults need no outside knowledge
             names = vocabulary()
             if names is not None:

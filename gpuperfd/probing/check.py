@@ -15,7 +15,10 @@ Parent side (no torch here). Everything runs under one deadline (``--timeout``):
    as the host memory holds (:mod:`.admission`, the daemon's rule): the others queue, and one
    that gets no room before the deadline is not probed, with the reason. It is read-only:
    nothing here changes a power cap;
-4. the pure judge (:func:`gpuperfd.health.judge.judge`): the daemon's table plus the
+4. with two or more GPUs probed, a short interconnect probe across them, their locks still held
+   (:mod:`.check_interconnect`: a share of the timeout is kept for it; a wrong copy or sum is a
+   wrong result on each GPU of the set);
+5. the pure judge (:func:`gpuperfd.health.judge.judge`): the daemon's table plus the
    one-shot rows. A probe that did not finish by the deadline is ``unknown``, never healthy.
 """
 
@@ -39,8 +42,10 @@ from gpuperfd.health.monitor import snapshot_inputs
 from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probing.admission import Admission, memory_limit
+from gpuperfd.probing.check_interconnect import INTERCONNECT_SHARE, apply_to_inputs, run_interconnect
 from gpuperfd.probing.executors import Executor, child_process_executor, choose_executor, measure_once, starts_children
 from gpuperfd.probing.idle import BusyKind, busy_reason, mig_reason
+from gpuperfd.probing.interconnect_executor import InterconnectExecutor
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.telemetry.collectors import COLLECTORS
 from gpuperfd.telemetry.sampler import Sampler
@@ -86,11 +91,15 @@ class CheckOutcome:
     phases: dict[str, float] = field(default_factory=dict)
     probed: list[int] = field(default_factory=list)
     not_probed: dict[int, str] = field(default_factory=dict)
+    #: The interconnect step's result (an InterconnectResult's dict, or ``not_run``); None: fewer
+    #: than two GPUs probed.
+    interconnect: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
         """The extra ``check`` key of the JSON answer (beside the daemon's shape)."""
         return {"phases_seconds": {k: round(v, 3) for k, v in self.phases.items()},
-                "probed": self.probed, "not_probed": {str(k): v for k, v in self.not_probed.items()}}
+                "probed": self.probed, "not_probed": {str(k): v for k, v in self.not_probed.items()},
+                **({"interconnect": self.interconnect} if self.interconnect is not None else {})}
 
 
 def _bounded(fn: Callable[[], Any], deadline: float, name: str) -> tuple[bool, Any, BaseException | None]:
@@ -376,8 +385,22 @@ def gate(config: Config, request: CheckRequest, devices: Sequence[Device], input
     return to_probe, locks
 
 
+def _interconnect_step(config: Config, backend: Backend, to_probe: Sequence[Device], outcome: CheckOutcome,
+                       inputs: dict[int | None, GpuInputs], deadline: float,
+                       executor: tuple[InterconnectExecutor, str] | None, now: float) -> None:
+    """The interconnect probe across the GPUs probed (a per-GPU probe that gave way to a user's job
+    leaves its GPU out), when two or more are."""
+    free = [d for d in to_probe if d.index in outcome.probed
+            and not any(r.get("status") == "skipped" for r in inputs[d.index].runs)]
+    if len(free) < 2:
+        return
+    outcome.interconnect = run_interconnect(config, backend, free, deadline, executor)
+    apply_to_inputs(outcome.interconnect, inputs, now)
+
+
 def run_check(config: Config, request: CheckRequest,
-              opener: Callable[[Config], Backend] | None = None) -> CheckOutcome:
+              opener: Callable[[Config], Backend] | None = None,
+              interconnect: tuple[InterconnectExecutor, str] | None = None) -> CheckOutcome:
     """The whole check under one deadline; raises CannotCheck or CheckUsageError before any verdict."""
     from gpuperfd.device.factory import open_backend
 
@@ -407,10 +430,12 @@ def run_check(config: Config, request: CheckRequest,
                            min(deadline, mark + max(2.0, PASSIVE_SHARE * request.timeout_seconds)))
     phases["gate"] = time.monotonic() - mark
     mark = time.monotonic()
+    # two or more GPUs: the interconnect step after the per-GPU probes keeps its share of the time
+    probe_deadline = deadline - (INTERCONNECT_SHARE * request.timeout_seconds if len(to_probe) >= 2 else 0.0)
     try:
         if to_probe:
             limits = {d.index: _power_limit(d) for d in to_probe}
-            for index, result in probe_all(config, backend, to_probe, request, deadline).items():
+            for index, result in probe_all(config, backend, to_probe, request, probe_deadline).items():
                 gpu = inputs[index]
                 if "not_probed" in result:  # no memory for its child in time
                     gpu.not_probed = outcome.not_probed[index] = result["not_probed"]
@@ -421,6 +446,7 @@ def run_check(config: Config, request: CheckRequest,
                                                limits[index])
                 gpu.expected = {key: figure if figure is not None else {"note": note}}
                 outcome.probed.append(index)
+        _interconnect_step(config, backend, to_probe, outcome, inputs, deadline, interconnect, now)
     finally:
         for lock in locks:
             lock.release()

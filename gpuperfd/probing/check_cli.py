@@ -121,9 +121,26 @@ def render_table(verdicts: list[Verdict], node: str, summary: dict[str, Any]) ->
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     phases = summary.get("phases_seconds", {})
     lines += details
+    if (interconnect := summary.get("interconnect")) is not None:
+        lines.append(interconnect_line(interconnect))
     lines.append(f"checked in {phases.get('total', 0):.1f} s (open {phases.get('open', 0):.1f}, passive "
                  f"{phases.get('passive', 0):.1f}, probe {phases.get('probe', 0):.1f}); read-only: no power cap changed")
     return "\n".join(lines)
+
+
+def interconnect_line(result: dict[str, Any]) -> str:
+    """The interconnect step in one line: its outcome, the slowest copy and each size's bus bandwidth."""
+    if "not_run" in result:
+        return f"interconnect: {result['not_run']}"
+    gpus = ",".join(map(str, result.get("gpus") or ()))
+    if result.get("status") != "ok":
+        return (f"interconnect GPUs {gpus}: {result.get('status')} ({result.get('failure_reason')}): "
+                f"{str(result.get('error_message') or '').splitlines()[0] if result.get('error_message') else ''}")
+    copies = [c["bandwidth_bytes_per_second"] for c in result.get("copies") or ()]
+    sizes = ", ".join(f"{a['bytes'] / 2**20:g} MiB {a['bus_bandwidth_bytes_per_second'] / 1e9:.1f} GB/s"
+                      for a in result.get("allreduce") or ())
+    slowest = f"slowest copy {min(copies) / 1e9:.1f} GB/s, " if copies else ""
+    return f"interconnect GPUs {gpus}: ok, {slowest}all-reduce busbw {sizes}, sums ok"
 
 
 def one_line(body: dict[str, Any], limit: int = 240) -> str:

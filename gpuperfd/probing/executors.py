@@ -18,9 +18,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from gpuperfd.config import Config
-from gpuperfd.device.base import Device
+from gpuperfd.device.base import Backend, Device
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
+from gpuperfd.probing.interconnect_executor import InterconnectExecutor
 from gpuperfd.probing.child_session import ChildProcessExecutor, PeakCallback, child_process_executor
 from gpuperfd.probing.simulated_probe import (
     SIMULATED_PROFILE,
@@ -32,7 +33,7 @@ from gpuperfd.probing.simulated_probe import (
 if TYPE_CHECKING:
     from gpuperfd.probing.runner import ProbeChild, ProgressCallback
 
-__all__ = ["Executor", "Session", "PeakCallback", "PerPointExecutor", "open_session", "measure_once",
+__all__ = ["Executor", "choose_interconnect_executor", "Session", "PeakCallback", "PerPointExecutor", "open_session", "measure_once",
            "choose_executor", "starts_children", "ChildProcessExecutor", "child_process_executor",
            "SimulatedExecutor", "simulated_executor", "SIMULATED_PROFILE", "simulated_profile_name"]
 
@@ -151,3 +152,20 @@ def choose_executor(config: Config, backend_name: str, on_peak: PeakCallback | N
                                   state_dir=config.probes.state_dir,
                                   idle_utilization_threshold=config.probes.idle_utilization_threshold,
                                   on_peak=on_peak)
+
+
+def choose_interconnect_executor(config: Config, backend: Backend,
+                                 keep_records: bool = True) -> tuple[InterconnectExecutor, str]:
+    """The interconnect executor of the daemon and ``gpuperfd check``, and its kind (simulated, cuda,
+    cpu), picked as :func:`choose_executor` picks the per-GPU one: the simulated node's figures
+    (``device/simulated_topology.py``) on the simulator, else one worker per GPU on ``probes.torch_device``.
+    ``keep_records``: record the workers in the state directory (``gpuperfd check`` never creates it)."""
+    if not starts_children(config, backend.name):
+        from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
+
+        return SimulatedInterconnectExecutor(getattr(backend, "interconnect"), seed=config.simulation.seed), "simulated"
+    from gpuperfd.probing.interconnect_runner import ProcessInterconnectExecutor
+
+    kind = config.probes.torch_device
+    return ProcessInterconnectExecutor(kind, idle_utilization_threshold=config.probes.idle_utilization_threshold,
+                                       record_dir=config.probes.state_dir if keep_records else None), kind

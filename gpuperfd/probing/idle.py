@@ -92,6 +92,8 @@ class BusyKind(str, Enum):
 
 #: The probe child's module (``python -m``): how a gpuperfd probe child is told from a user's process.
 PROBE_CHILD_MODULE = "gpuperfd.probe_child.child"
+#: The interconnect probe's workers (one per GPU of its set): probe children too.
+INTERCONNECT_WORKER_MODULE = "gpuperfd.probe_child.interconnect.worker"
 
 
 def is_probe_child(pid: int) -> bool:
@@ -101,7 +103,7 @@ def is_probe_child(pid: int) -> bool:
             args = fh.read().decode(errors="replace").split("\0")
     except OSError:
         return False
-    return any(a == "-m" and b == PROBE_CHILD_MODULE for a, b in zip(args, args[1:]))
+    return any(a == "-m" and b in (PROBE_CHILD_MODULE, INTERCONNECT_WORKER_MODULE) for a, b in zip(args, args[1:]))
 
 
 def foreign_reason(pids: list[int]) -> BusyReason:

@@ -30,6 +30,7 @@ from gpuperfd.console import ProgressBar, format_duration, format_table
 from gpuperfd.probe_data.result import MAIN_LATENCY, PRIMARY_METRIC, ProbeResult, canonical_latencies, summarize
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec, params_text
 from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY
+from gpuperfd.probing import interconnect_cli
 from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD
 
 __all__ = ["register", "main", "build_specs", "load_config_file", "write_results", "results_table",
@@ -71,7 +72,9 @@ CONFIG_SCALARS = ("heads", "head_dim", "causal", "warmup", "warmup_seconds", "re
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     presets = "; ".join(f"{p}: {', '.join(PRESETS[p])} (default {DEFAULT_PRESET[p]})" for p in PROBES)
-    parser.add_argument("probe", nargs="?", choices=PROBES, help="which workload to run (or 'probe' in --config)")
+    parser.add_argument("probe", nargs="?", choices=(*PROBES, "interconnect"),
+                        help="which workload to run (or 'probe' in --config); interconnect: peer copies and "
+                             "all-reduce across a set of GPUs (its own flags below)")
     parser.add_argument("--config", metavar="FILE",
                         help="YAML or JSON run matrix: probe, the list options below, warmup, repeats, ... "
                              "(docs/probes.md); flags given too override it")
@@ -117,13 +120,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              "simulated): the point runs on simulated GPU I of --device cuda:I (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print results as JSON instead of a table")
+    interconnect_cli.add_arguments(parser)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``probe`` subcommand to an argparse subparsers object."""
     parser = subparsers.add_parser(
         "probe",
-        help="run a probe workload (llm, vit, attention, train) and print its figures",
+        help="run a probe workload (llm, vit, attention, train, interconnect) and print its figures",
         description="Run a probe workload in an isolated child process: throughput, latency percentiles, "
         "energy per unit of work, GPU-busy fraction, repeatability over repeats.",
     )
@@ -325,7 +329,12 @@ def main(args: argparse.Namespace) -> int:
     """Run the points ``args`` describe; returns the exit code."""
     from gpuperfd.probe_data.record import RecordError, check_output, parse_labels
 
+    if getattr(args, "probe", None) == "interconnect":
+        return interconnect_cli.main(args)
     try:
+        for name in ("gpus", "size", "copy_size", "ranks"):
+            if getattr(args, name, None) is not None:
+                raise UsageError(f"{name}: an interconnect setting; the {args.probe or 'config'} probe does not take it")
         args = _merge_config(args)
         specs = build_specs(args)
         parse_labels(getattr(args, "label", None))  # a bad label is a usage error before anything runs

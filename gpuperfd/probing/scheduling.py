@@ -36,6 +36,8 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from gpuperfd.config import ProbesConfig, ScheduleConfig
+from gpuperfd.probing.interconnect_service import PROBE as INTERCONNECT
+from gpuperfd.probing.interconnect_service import InterconnectService
 from gpuperfd.probing.service import ProbeService
 
 log = logging.getLogger(__name__)
@@ -51,9 +53,11 @@ def _trigger(schedule: ScheduleConfig, jitter: float) -> IntervalTrigger | CronT
 class ProbeScheduler:
     """Owns the APScheduler instance that triggers the probe service."""
 
-    def __init__(self, service: ProbeService, gpus: list[int]) -> None:
+    def __init__(self, service: ProbeService, gpus: list[int], interconnect: InterconnectService | None = None) -> None:
         self.service = service
         self.gpus = gpus
+        #: Runs ``probe: interconnect`` schedules (one job per schedule: the set at once); None: not built.
+        self.interconnect = interconnect
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(max_workers=max(1, len(gpus)) * 8)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 300},
@@ -77,6 +81,11 @@ class ProbeScheduler:
         if config.enabled:
             for number, schedule in enumerate(config.schedules):
                 gpus = [g for g in self.gpus if schedule.gpus is None or g in schedule.gpus]
+                if schedule.probe == INTERCONNECT:  # a node probe: one job holds the whole set
+                    wanted[f"{number}-{INTERCONNECT}"] = (schedule, list(schedule.gpus or self.gpus),
+                                                         (schedule.interval_seconds, schedule.cron,
+                                                          int(config.jitter_seconds)))
+                    continue
                 groups = [[g] for g in gpus] if config.parallel_gpus else [gpus]
                 for group in groups:
                     job_id = f"{number}-{schedule.probe}-gpu{'_'.join(map(str, group))}"
@@ -101,7 +110,7 @@ class ProbeScheduler:
                 continue
             extra = {"next_run_time": first_run} if schedule.interval_seconds is not None else {}
             self.scheduler.add_job(
-                self._run,
+                self._run_interconnect if schedule.probe == INTERCONNECT else self._run,
                 _trigger(schedule, config.jitter_seconds),
                 args=(schedule, group, job_id),
                 id=job_id,
@@ -117,6 +126,12 @@ class ProbeScheduler:
         for gpu in gpus:
             self.service.run(schedule, gpu, key=job_id, source=firing)
 
+    def _run_interconnect(self, schedule: ScheduleConfig, gpus: list[int], job_id: str) -> None:
+        if self.interconnect is None:
+            log.warning("job %s: no interconnect probe in this daemon; not run", job_id)
+            return
+        self.interconnect.run(schedule)
+
     def claim(self, job_id: str, group: list[int], exclude: Collection[str]) -> list[tuple[str, ScheduleConfig]]:
         """The other jobs of ``group`` due within the round window: their next run moves past the claimed one."""
         window = self.service.config.round_window_seconds
@@ -128,6 +143,8 @@ class ProbeScheduler:
             if job.id == job_id or job.id in exclude or len(job.args) < 3 or list(job.args[1]) != list(group):
                 continue
             schedule: ScheduleConfig = job.args[0]
+            if schedule.probe == INTERCONNECT:  # never a member of a single-GPU round
+                continue
             planned = job.next_run_time
             horizon = window if schedule.interval_seconds is None else min(window, schedule.interval_seconds / 10)
             if planned is None or planned > now + timedelta(seconds=horizon):

@@ -26,7 +26,7 @@ from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.progress import SweepProgress
 from gpuperfd.probe_data.recommend import SweepPoint, cut_short, recommend
 from gpuperfd.probe_data.result import PREEMPTED
-from gpuperfd.probe_data.spec import DEFAULT_PRESET
+from gpuperfd.probe_data.spec import DEFAULT_PRESET, PROBES as PER_GPU_PROBES
 from gpuperfd.probing.admission import Admission, Ticket, memory_limit
 from gpuperfd.probing.executors import Executor
 from gpuperfd.probing.history import HistoryWriter
@@ -139,7 +139,7 @@ class ProbeService:
             scheduled[index] = {
                 (schedule.probe, preset_of(schedule), cap_label(watts))
                 for schedule in (config.schedules if config.enabled else ())
-                if schedule.gpus is None or index in schedule.gpus
+                if (schedule.gpus is None or index in schedule.gpus) and schedule.probe in PER_GPU_PROBES
                 for watts in resolve_caps(parse_cap_list(schedule.caps), limits)
             }
         gpu_of = {str(index): index for index in scheduled}
@@ -180,6 +180,23 @@ class ProbeService:
         with self._idle_cv:
             while self._active and time.monotonic() < deadline:
                 self._idle_cv.wait(max(0.0, deadline - time.monotonic()))
+
+    def hold(self, gpu: int, timeout: float) -> bool:
+        """Take ``gpu``'s turn (no round on it until :meth:`give_back`): the interconnect probe holds
+        every GPU of its set so; False when a round kept it past ``timeout``."""
+        if not self._gpu_locks[gpu].acquire(timeout=max(0.0, timeout)):
+            return False
+        with self._active_lock:
+            self._active += 1  # stop() waits for it as for a round
+        return True
+
+    def give_back(self, gpu: int) -> None:
+        """End a :meth:`hold`: our load's tail starts now, and the runs queued for the GPU wake."""
+        self._own_load_ended[gpu] = time.monotonic()
+        with self._idle_cv:
+            self._active -= 1
+            self._idle_cv.notify_all()
+        self._rounds[gpu].release(self._gpu_locks[gpu])
 
     def run(self, schedule: ScheduleConfig, gpu: int, key: str | None = None,
             source: RoundSource | None = None) -> RunOutcome:
@@ -243,29 +260,37 @@ class ProbeService:
         the service stops. None where no child is started."""
         if self.admission is None:
             return None
-        probes = {s.probe for s in self.config.schedules if s.gpus is None or gpu in s.gpus} | {schedule.probe}
+        probes = {s.probe for s in self.config.schedules
+                  if (s.gpus is None or gpu in s.gpus) and s.probe in PER_GPU_PROBES} | {schedule.probe}
         return self.admission.acquire(gpu, self.admission.peaks.expected(probes), self.abort)
 
     def _gate(self, device: Device, gpu: int, info: GpuInfo, schedule: ScheduleConfig,
               source: RoundSource | None) -> RunOutcome | None:
         """The skip (lost, allocated, MIG, not idle, busy) of a GPU that must not be probed now, or None."""
+        refused = self.refusal(device, gpu)
+        if refused is not None:
+            return self._skip_claimed(info, schedule, source, *refused)
+        return None
+
+    def refusal(self, device: Device, gpu: int) -> tuple[str, str] | None:
+        """(reason, detail) why ``gpu`` must not be probed now (lost, allocated, MIG, not idle long
+        enough, busy), or None: the one gate of a round and of the interconnect probe's every GPU."""
         try:
             device.info()  # a lost GPU is skipped with its reason, not raised into the scheduler
         except DeviceError as exc:
-            return self._skip_claimed(info, schedule, source, exc.reason, str(exc))
+            return exc.reason, str(exc)
         state = self.allocations() if self.allocations is not None else None
         held = allocated_reason(device, state, self.config.ours, (os.getpid(),), self.kubelet_socket)
         if held is not None:  # someone's GPU, even at zero utilization
-            return self._skip_claimed(info, schedule, source, "allocated", str(held))
+            return "allocated", str(held)
         if (why := mig_reason(device, self.config.allow_mig)) is not None:
-            return self._skip_claimed(info, schedule, source, "mig", str(why))
+            return "mig", str(why)
         idle_for = self.tracker.idle_for(gpu)
         if idle_for < self.config.idle_seconds:
-            return self._skip_claimed(info, schedule, source, "not_idle",
-                                      not_idle_text(idle_for, self.config.idle_seconds))
+            return "not_idle", not_idle_text(idle_for, self.config.idle_seconds)
         reason = self._busy_reason(device, gpu)
         if reason is not None:
-            return self._skip_claimed(info, schedule, source, "busy", str(reason))
+            return "busy", str(reason)
         return None
 
     def _skip_claimed(self, info: GpuInfo, schedule: ScheduleConfig, source: RoundSource | None, reason: str,
