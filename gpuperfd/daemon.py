@@ -41,6 +41,7 @@ from gpuperfd.probing.idle import IdleTracker
 from gpuperfd.probing.admission import Admission, memory_limit
 from gpuperfd.probing.metrics import ProbeMetrics
 from gpuperfd.probe_data.interconnect import InterconnectResult
+from gpuperfd.probing.interconnect_metrics import InterconnectMetrics, result_publisher
 from gpuperfd.probing.interconnect_service import InterconnectService
 from gpuperfd.probing.scheduling import ProbeScheduler
 from gpuperfd.probing.service import ProbeService
@@ -209,10 +210,13 @@ def build_health(config: Config, sampler: Sampler, backend: Backend) -> HealthMo
 
 
 def build_exporter(sampler: Sampler, backend_name: str, probe_registry: CollectorRegistry, probe_metrics: ProbeMetrics,
-                   auth_registry: CollectorRegistry | None, health: HealthMonitor | None) -> Exporter:
-    """/metrics: the readings, the probe series, process_*, the web auth counter and the verdicts."""
+                   auth_registry: CollectorRegistry | None, health: HealthMonitor | None,
+                   interconnect: tuple[CollectorRegistry, Callable[[], int]] | None = None) -> Exporter:
+    """/metrics: the readings, the probe and interconnect series, process_*, the web auth counter and the verdicts."""
     registries: list[tuple[CollectorRegistry, Callable[[], int] | None]] = [
         (probe_registry, probe_metrics.version), (process_registry(), process_version)]
+    if interconnect is not None:
+        registries.append(interconnect)
     if auth_registry is not None:
         registries.append((auth_registry, None))
     return Exporter(sampler, backend_name, registries, extra_families=[health.families] if health is not None else [])
@@ -274,14 +278,19 @@ class Daemon:
         self.probe_metrics = ProbeMetrics(self.probe_registry)
         self.probes = build_probe_service(config, self.backend.name, self.devices, self.sampler, self.tracker,
                                           self.probe_metrics, self.pod_resources)
-        self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices],
-                                        interconnect=build_interconnect(config, self.backend, self.probes))
         #: The per-GPU verdict (docs/health.md): evaluated on its own thread from cached readings.
         self.health = build_health(config, self.sampler, self.backend)
+        # The interconnect (node) probe: its series in a registry of their own; each run is heard by the verdicts.
+        interconnect_registry = CollectorRegistry(auto_describe=True)
+        interconnect_metrics = InterconnectMetrics(interconnect_registry)
+        publish = result_publisher(interconnect_metrics, self.backend, self.devices,
+                                   [self.health.interconnect_seen] if self.health is not None else [])
+        self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices],
+                                        interconnect=build_interconnect(config, self.backend, self.probes, publish))
         #: The web config's refusal counter (gpuperf_web_auth_refused_total) on /metrics, when one is configured.
         auth_registry = CollectorRegistry(auto_describe=True) if self.web_config is not None else None
         self.exporter = build_exporter(self.sampler, self.backend.name, self.probe_registry, self.probe_metrics,
-                                       auth_registry, self.health)
+                                       auth_registry, self.health, (interconnect_registry, interconnect_metrics.version))
         self.web = build_web_server(config.web, self._routes(), self.web_config, auth_registry)
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
 

@@ -419,6 +419,8 @@ def daemon_config(node: FleetNode, spec: FleetSpec) -> dict[str, Any]:
         }
         for probe in spec.probes
     ]
+    if len(node.gpus) >= 2:  # the node probe across its GPUs: the dashboard's interconnect panels and verdicts
+        schedules.append({"probe": "interconnect", "interval_seconds": spec.probe_interval_seconds})
     # A node without a kubelet points at a socket that never exists: bare metal, nothing reported.
     kubelet = node.kubelet_socket or node.directory / "no-kubelet.sock"
     return {

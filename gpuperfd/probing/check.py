@@ -37,9 +37,11 @@ from gpuperfd.config import Config
 from gpuperfd.device.base import Backend, Device
 from gpuperfd.device.errors import DeviceError, NotSupported
 from gpuperfd.health.evaluate import GpuInputs
+from gpuperfd.health.interconnect import interconnect_inputs, read_topology
 from gpuperfd.health.judge import expected_figure, judge, run_row
 from gpuperfd.health.monitor import snapshot_inputs
 from gpuperfd.health.verdict import Verdict
+from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probing.admission import Admission, memory_limit
 from gpuperfd.probing.check_interconnect import INTERCONNECT_SHARE, apply_to_inputs, run_interconnect
@@ -385,6 +387,25 @@ def gate(config: Config, request: CheckRequest, devices: Sequence[Device], input
     return to_probe, locks
 
 
+def _interconnect_judged(backend: Backend, devices: Sequence[Device],
+                         ran: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The interconnect checks' inputs: the node's NVLink pairs (links up against the board's), and the
+    interconnect step's copies where it ran well on the GPUs themselves (NCCL, or the simulated node's
+    links; a gloo run on the CPU copies host memory and says nothing of a link); None where the
+    backend cannot tell its topology."""
+    try:
+        topology, links = read_topology(backend, devices)
+    except DeviceError:
+        return None
+    result = None
+    if ran is not None and "status" in ran and ran.get("backend") in ("nccl", "simulated"):
+        try:
+            result = InterconnectResult.from_dict(ran)
+        except (TypeError, ValueError):
+            result = None
+    return interconnect_inputs(result, topology, links)
+
+
 def _interconnect_step(config: Config, backend: Backend, to_probe: Sequence[Device], outcome: CheckOutcome,
                        inputs: dict[int | None, GpuInputs], deadline: float,
                        executor: tuple[InterconnectExecutor, str] | None, now: float) -> None:
@@ -453,7 +474,8 @@ def run_check(config: Config, request: CheckRequest,
     phases["probe"] = time.monotonic() - mark
     mark = time.monotonic()
     thresholds = {**config.health.thresholds, **({"require_probe": 1.0} if request.require_probe else {})}
-    outcome.verdicts = judge([inputs[d.index] for d in devices], thresholds, now)
+    outcome.verdicts = judge([inputs[d.index] for d in devices], thresholds, now,
+                             _interconnect_judged(backend, devices, outcome.interconnect))
     phases["judge"] = time.monotonic() - mark
     phases["total"] = time.monotonic() - t0
     outcome.phases = phases

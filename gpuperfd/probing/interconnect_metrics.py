@@ -65,12 +65,19 @@ class InterconnectMetrics:
                               "Wall time of the set's last interconnect run, seconds.", SET_LABELS)
         self.runs = Counter("gpuperf_interconnect_runs", "Interconnect runs by result (ok, failed, skipped) and reason.",
                             (*SET_LABELS, "result", "reason"), registry=registry)
+        self._version = 0
+
+    def version(self) -> int:
+        """Changes whenever a series changes (one writer: the interconnect service's thread), so the
+        scrape path re-renders this registry only after a run."""
+        return self._version
 
     def publish(self, result: InterconnectResult, infos: Mapping[int, GpuInfo],
                 topology: Sequence[PeerLink] = (), links_per_gpu: Mapping[int, int] | None = None) -> None:
         """Count the run; on an ok run set the bandwidth, latency and energy series. ``infos``: the
         GPUs of the node by index (uuids); ``topology`` and ``links_per_gpu``: see :meth:`publish_topology`."""
         label = set_label(result.gpus)
+        self._version += 1
         self.runs.labels(label, result.status, result.failure_reason or "").inc()
         if result.wall_seconds is not None:
             self.duration.labels(label).set(result.wall_seconds)
@@ -95,6 +102,7 @@ class InterconnectMetrics:
         """Links up and expected per ordered NVLink pair, and each pair's expected copy figure.
         ``expected_links``: NVLinks per GPU on a healthy board (see ``device.interconnect_figures.expected_pair_links``)."""
         wanted = expected_pair_links(topology, expected_links or {})
+        self._version += 1
         for link in topology:
             if link.path != "nvlink" or link.gpu_a not in infos or link.gpu_b not in infos:
                 continue

@@ -82,3 +82,25 @@ def test_the_checks_own_executor_choice_runs_workers_and_creates_no_state_direct
     result = run_interconnect(config, backend, backend.devices(), time.monotonic() + 30)
     assert result["status"] == "ok" and result["backend"] == "gloo"
     assert not (tmp_path / "state").exists()
+
+
+def test_a_pair_at_half_bandwidth_is_judged_in_the_check(tmp_path: Path) -> None:
+    """The simulated node's pair 0-1 copies at half speed with every link up (no event): the check's
+    interconnect step measures it and both GPUs come out degraded, named and with the action."""
+    config = config_from_mapping({
+        "device": {"backend": "simulated"},
+        "simulation": {"gpus": 2, "seed": 1, "interconnect_faults": [{"kind": "half_bandwidth", "gpu": 0, "peer": 1}]},
+        "probes": {"state_dir": str(tmp_path / "state")}})
+    backend = SimulatedBackend(config.simulation)
+    outcome = run_check(config, CheckRequest(timeout_seconds=30), opener=lambda _c: backend)
+    assert outcome.summary()["interconnect"]["backend"] == "simulated"
+    for verdict in outcome.verdicts:
+        assert verdict.state == "degraded", verdict
+        assert any(r.check == "interconnect_below_expected" for r in verdict.reasons), verdict.reasons
+
+
+def test_a_cpu_run_of_the_workers_is_not_judged_against_the_links(tmp_path: Path) -> None:
+    """The gloo workers on the CPU copy host memory: their GB/s are never compared with NVLink's."""
+    outcome, _, _ = _check(tmp_path)
+    assert outcome.summary()["interconnect"]["backend"] == "gloo"
+    assert not any(r.check == "interconnect_below_expected" for v in outcome.verdicts for r in v.reasons)
