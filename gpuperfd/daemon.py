@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
+from gpuperfd.apply.controller import ApplyController
+from gpuperfd.apply.metrics import ApplyMetrics
+from gpuperfd.apply.policy import ApplySettings
 from gpuperfd.attribution.allocations import PodResourcesWatcher, kubelet_required
 from gpuperfd.config import (
     RESTART_ONLY,
@@ -196,11 +199,28 @@ def build_health(config: Config, sampler: Sampler, backend: Backend) -> HealthMo
     return health
 
 
+def build_apply(config: Config, devices: list[Device], probes: ProbeService, health: HealthMonitor | None,
+                tracker: IdleTracker, sampler: Sampler) -> ApplyController:
+    """Apply mode (docs/apply.md): the controller reads the probe service's points and the verdicts,
+    shares the service's journal, and tells the sampler and the service about the caps it holds."""
+    idle_seconds = config.probes.idle_seconds
+    controller = ApplyController(
+        ApplySettings.from_config(config.apply), devices, probes.journal,
+        verdicts=health.verdicts if health is not None else None,
+        idle=lambda index: tracker.idle_for(index) >= idle_seconds,
+        metrics=ApplyMetrics(), held_caps=probes.held_caps, on_cap_change=sampler.cap_changed)
+    probes.point_listeners.append(controller.observe)
+    return controller
+
+
 def build_exporter(sampler: Sampler, backend_name: str, probe_registry: CollectorRegistry, probe_metrics: ProbeMetrics,
-                   auth_registry: CollectorRegistry | None, health: HealthMonitor | None) -> Exporter:
-    """/metrics: the readings, the probe series, process_*, the web auth counter and the verdicts."""
+                   auth_registry: CollectorRegistry | None, health: HealthMonitor | None,
+                   apply_registry: CollectorRegistry | None = None) -> Exporter:
+    """/metrics: the readings, the probe series, process_*, the web auth counter, apply mode and the verdicts."""
     registries: list[tuple[CollectorRegistry, Callable[[], int] | None]] = [
         (probe_registry, probe_metrics.version), (process_registry(), process_version)]
+    if apply_registry is not None:
+        registries.append((apply_registry, None))
     if auth_registry is not None:
         registries.append((auth_registry, None))
     return Exporter(sampler, backend_name, registries, extra_families=[health.families] if health is not None else [])
@@ -257,10 +277,13 @@ class Daemon:
         self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices])
         #: The per-GPU verdict (docs/health.md): evaluated on its own thread from cached readings.
         self.health = build_health(config, self.sampler, self.backend)
+        #: Apply mode: holds the recommended cap where the operator opted in (off by default).
+        self.apply = build_apply(config, self.devices, self.probes, self.health, self.tracker, self.sampler)
         #: The web config's refusal counter (gpuperf_web_auth_refused_total) on /metrics, when one is configured.
         auth_registry = CollectorRegistry(auto_describe=True) if self.web_config is not None else None
         self.exporter = build_exporter(self.sampler, self.backend.name, self.probe_registry, self.probe_metrics,
-                                       auth_registry, self.health)
+                                       auth_registry, self.health,
+                                       self.apply.metrics.registry if self.apply.metrics is not None else None)
         self.web = build_web_server(config.web, self._routes())
         if self.web_config is not None and auth_registry is not None:
             self._secure_web(self.web_config, auth_registry)
@@ -348,6 +371,7 @@ class Daemon:
         self.web.start()
         self.scheduler.apply(self.config.probes)
         self.scheduler.start()
+        self.apply.start(self.config.apply.interval_seconds)
         release_free_memory()  # start-up's garbage: the idle daemon keeps only what it uses
         sdnotify.ready(f"{len(self.devices)} GPU(s), listening on {self.config.web.listen_address}")
         self._watchdog.start()
@@ -359,6 +383,9 @@ class Daemon:
         self._watchdog.stop()
         self.scheduler.stop()
         self.probes.stop()
+        reverted = self.apply.stop()  # every applied cap back to the operator's, read back
+        if reverted:
+            log.warning("apply: %s", "; ".join(reverted))
         self.restore_caps()  # a sweep that could not restore in time is restored here
         self.web.stop()
         if self.health is not None:
@@ -406,6 +433,10 @@ class Daemon:
         logging.getLogger().setLevel(new.log_level.upper())
         self.tracker.utilization_threshold = new.probes.idle_utilization_threshold
         self.scheduler.apply(new.probes)
+        reverted = self.apply.configure(ApplySettings.from_config(new.apply))
+        self.apply.interval_seconds = new.apply.interval_seconds
+        if reverted:
+            log.warning("reload: apply: %s", "; ".join(reverted))
         self.config = new
         log.info("configuration reloaded: %d probe schedule(s)", len(new.probes.schedules))
         sdnotify.ready()

@@ -106,6 +106,11 @@ class ProbeService:
         self._operator_caps: dict[int, float] = {}
         #: The cap each sweeping GPU holds now (point k of n), for the landing page and /api/v1/gpus.
         self._sweeps: dict[int, SweepProgress] = {}
+        #: The operator's cap of each GPU where apply mode holds another (gpuperfd/apply): a sweep there
+        #: finds the applied cap set, and this, not that, is the operator's.
+        self.held_caps: dict[int, float] = {}
+        #: Told every point, ``(gpu, probe, preset, point)``: apply mode's evidence.
+        self.point_listeners: list[Callable[[int, str, str, SweepPoint], None]] = []
 
     def publish_original_caps(self) -> None:
         """Publish each GPU's cap as the operator's; call after any left-over cap was restored."""
@@ -368,7 +373,7 @@ class ProbeService:
 
         def observer_for(schedule: ScheduleConfig, outcome: OwnedSweep) -> ServiceObserver:
             planned[id(schedule)] = 1 if outcome.read_only else len(outcome.caps_watts)
-            operator_cap = outcome.original_cap_watts
+            operator_cap = self.held_caps.get(device.index, outcome.original_cap_watts)
             assert operator_cap is not None  # read before any schedule starts
             self._operator_caps[device.index] = operator_cap
             self.metrics.set_original_cap(info, operator_cap)
@@ -485,6 +490,8 @@ class ServiceObserver:
                 points[round(point.cap_watts)] = point
             elif not result.preempted:  # a preemption measured nothing: the last ok result stands
                 points.pop(round(point.cap_watts), None)
+        for listener in service.point_listeners:
+            listener(self.device.index, self.schedule.probe, self.preset, point)
         at_operator_cap = round(point.cap_watts) == round(self.operator_cap)
         service.metrics.publish(self.info, result, point.cap_watts, at_operator_cap)
         if service.history is not None:
