@@ -466,7 +466,7 @@ class ApplyConfig(_Strict):
 
     #: off: nothing; advise: publish what it would set and why, change nothing; canary: a share of
     #: each model's GPUs (``canary_share``, by a stable hash of the UUID) or ``canary_gpus``; on: every GPU.
-    mode: ApplyMode = "off"
+    mode: ApplyMode | bool = "off"
     #: The workload this node serves: a probe name, or probe/preset (e.g. "llm/gpt2-medium").
     workload: str | None = None
     #: The largest throughput loss allowed at the applied cap, against the operator's cap.
@@ -481,6 +481,14 @@ class ApplyConfig(_Strict):
     max_age_seconds: Annotated[float, Field(gt=0)] = 86400.0
     #: Seconds between the controller's passes (apply, check, roll back).
     interval_seconds: Annotated[float, Field(ge=1, le=3600)] = 30.0
+
+    @field_validator("mode")
+    @classmethod
+    def _yaml_words(cls, value: str | bool) -> str:
+        """YAML 1.1 reads a bare ``on``/``off`` as true/false: they mean the modes of those names."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
 
     @model_validator(mode="after")
     def _workload_named(self) -> "ApplyConfig":

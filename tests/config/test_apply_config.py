@@ -38,3 +38,14 @@ def test_advise_on_a_read_only_node_and_canary_by_gpus() -> None:
     canary = config_from_mapping({"apply": {"mode": "canary", "workload": "llm", "canary_gpus": [0, 3]},
                                   "probes": SCHEDULES})
     assert canary.apply.canary_gpus == [0, 3]
+
+
+def test_bare_yaml_on_and_off_mean_the_modes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpuperfd.config import load_config
+
+    path = tmp_path / "gpuperfd.yaml"
+    path.write_text("probes:\n  read_only: false\n  schedules:\n    - {probe: llm, interval_seconds: 60, caps: [max, 300]}\n"
+                    "apply: {mode: on, workload: llm}\n")
+    assert load_config(path).apply.mode == "on"
+    path.write_text("apply: {mode: off}\n")
+    assert load_config(path).apply.mode == "off"
