@@ -5,11 +5,14 @@ board keeps its limit): SIGKILL while applied, SIGTERM, SIGHUP to mode off, and 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import requests
 
 ORIGINAL = {"0": 650.0, "1": 640.0}
 
@@ -74,7 +77,15 @@ def test_sigkill_while_applied_is_undone_by_the_next_start(start_daemon, tmp_pat
 def test_sigterm_gives_every_applied_cap_back(start_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
     state = tmp_path / "state"
     daemon = start_daemon(config_text=config(state))
-    wait_applied(daemon, state)
+    applied = wait_applied(daemon, state)
+    text = requests.get(daemon.url + "/metrics", timeout=5).text  # the apply series, promtool-clean
+    for gpu in ("0", "1"):
+        assert f'gpuperf_apply_cap_watts{{gpu="{gpu}"' in text and f'reason="applied"' in text
+    assert f'gpuperf_apply_operator_cap_watts{{gpu="0",uuid=' in text and 'gpuperf_apply_info{mode="on",workload="llm"} 1.0' in text
+    assert f" {applied['0']}" in text.split("gpuperf_apply_cap_watts{gpu=\"0\"")[1].splitlines()[0]
+    lint = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"], input=text,
+                          capture_output=True, text=True)
+    assert lint.returncode == 0 and lint.stdout.strip() == "" and lint.stderr.strip() == "", lint.stdout + lint.stderr
     assert daemon.stop(signal.SIGTERM) == 0
     assert limits(state) == ORIGINAL and list(state.glob("*.cap.json")) == []
     assert "(stopped)" in daemon.log() and "Traceback" not in daemon.log()
