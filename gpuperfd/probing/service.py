@@ -377,7 +377,8 @@ class ProbeService:
             assert operator_cap is not None  # read before any schedule starts
             self._operator_caps[device.index] = operator_cap
             self.metrics.set_original_cap(info, operator_cap)
-            return ServiceObserver(self, device, info, schedule, operator_cap, outcome.caps_watts)
+            applied = outcome.original_cap_watts if device.index in self.held_caps else None
+            return ServiceObserver(self, device, info, schedule, operator_cap, outcome.caps_watts, applied)
 
         outcome = run_owned_sweep(device, self.journal, request, self.executor, observer_for, self.abort)
         points_of = {id(schedule): points for schedule, points in outcome.sweeps}
@@ -448,9 +449,11 @@ class ServiceObserver:
     """
 
     def __init__(self, service: ProbeService, device: Device, info: GpuInfo, schedule: ScheduleConfig,
-                 operator_cap: float, caps: Iterable[float] = ()) -> None:
+                 operator_cap: float, caps: Iterable[float] = (), applied_cap: float | None = None) -> None:
         self.service, self.device, self.info, self.schedule = service, device, info, schedule
         self.operator_cap = operator_cap
+        #: The cap apply mode held when the sweep started (None: none); each point's history line says so.
+        self.applied_cap = applied_cap
         self.preset = preset_of(schedule)
         self.sweep_id = uuidlib.uuid4().hex[:12]
         #: The sweep's caps in the order it sets them (point k of n is the cap's place here).
@@ -478,6 +481,8 @@ class ServiceObserver:
 
     def on_point(self, point: SweepPoint) -> None:
         service, result = self.service, point.result
+        if self.applied_cap is not None:
+            result.extra["applied_cap_watts"] = self.applied_cap
         if result.preempted:
             log.info("gpu %d: %s/%s at %.0f W gave way to a user's job: %s", self.device.index, self.schedule.probe,
                      self.preset, point.cap_watts, result.error_message)

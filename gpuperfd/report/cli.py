@@ -103,6 +103,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"gpuperfd: cannot write the report: {exc}", file=sys.stderr)
         return 1
     _print_summary(report, files)
+    from gpuperfd.report.realized import realized_lines, realized_rows
+
+    for line in realized_lines(realized_rows(loaded.runs)):
+        print(line)
     return 0
 
 

@@ -15,6 +15,7 @@ from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.health.verdict import Reason, Verdict
 from gpuperfd.probing.executors import simulated_executor
+from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker
 from gpuperfd.probing.metrics import ProbeMetrics
 from gpuperfd.probing.service import ProbeService
@@ -55,14 +56,16 @@ def drift(check: str = "probe_throughput_baseline") -> Reason:
     return Reason(check, "degraded", "check_hardware", "throughput below its baseline", 1.0)
 
 
-def make_node(tmp_path: Path, gpus: int = 4, settings: ApplySettings | None = None, **simulation) -> Node:
+def make_node(tmp_path: Path, gpus: int = 4, settings: ApplySettings | None = None, history: Path | None = None,
+              **simulation) -> Node:
     backend = SimulatedBackend(SimulationConfig(gpus=gpus, seed=7, **simulation))
     devices = backend.devices()
     tracker = IdleTracker(0.05)
     for d in devices:
         tracker.observe(d.index, "utilization", Reading((Point("gpuperf_gpu_utilization_ratio", 0.0),), True, None, 0, 0))
     config = ProbesConfig(read_only=False, state_dir=tmp_path / "state", idle_seconds=0, schedules=[SCHEDULE])
-    service = ProbeService(config, devices, simulated_executor(0.05, seed=1), ProbeMetrics(CollectorRegistry()), tracker)
+    service = ProbeService(config, devices, simulated_executor(0.05, seed=1), ProbeMetrics(CollectorRegistry()), tracker,
+                           HistoryWriter(history) if history is not None else None)
     metrics = ApplyMetrics()
     settings = settings or ApplySettings(mode="on", probe="llm", budget_ratio=0.10)
     node = Node(backend, service, None, metrics, service.journal)  # type: ignore[arg-type]
