@@ -162,6 +162,8 @@ class ApplyController:
                 self._watch(device, uuid, state)
             else:
                 self._consider(device, uuid, state)
+        except DeviceError as exc:  # a lost or failing GPU: an applied cap stays journaled for the next start
+            log.warning("gpu %d: apply pass: %s", device.index, exc)
         finally:
             lock.release()
         self._publish(device.index, uuid, state)
@@ -301,6 +303,10 @@ class ApplyController:
         """Take a (re)loaded ``apply:`` section. A GPU no longer allowed to hold its cap (mode off or
         advise, out of the canary, another workload or budget) gets the operator's cap back; a new
         mode or workload lets GPUs that left apply mode try again. Returns what was rolled back."""
+        with self._pass:  # never beside a pass of the controller's thread
+            return self._configure(settings)
+
+    def _configure(self, settings: ApplySettings) -> list[str]:
         before, self.settings = self.settings, settings
         fresh = (before.mode, before.probe, before.preset) != (settings.mode, settings.probe, settings.preset)
         if (before.probe, before.preset) != (settings.probe, settings.preset):
@@ -381,4 +387,9 @@ class ApplyController:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.interval_seconds + 10)
-        return self.revert_all()
+        done = self.revert_all()
+        for state in self.states.values():  # one not reverted now: the daemon's journal pass at stop restores it
+            if state.hold is not None:
+                state.hold.release()
+                state.hold = None
+        return done

@@ -160,3 +160,27 @@ def test_revert_from_the_command_line_while_the_daemon_holds_the_cap(tmp_path) -
     node.controller.tick()  # the daemon sees its cap changed and leaves the GPUs alone
     assert {s.reason for s in node.controller.states.values()} == {"overridden"}
     assert [cap(node, i) for i in (0, 1)] == [700.0, 700.0]
+
+
+def test_a_cap_not_reverted_at_stop_is_left_to_the_daemons_journal_pass(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpuperfd.probing.sweep.ownership import GpuLock
+
+    node = applied_node(tmp_path)
+    uuid = node.devices[0].info().uuid
+    other = GpuLock(node.journal.state_dir, uuid)  # a stuck owner of GPU 0's cap (same name form: no specials)
+    other.acquire()
+    try:
+        done = node.controller.stop()
+        assert any("gpu 0: not reverted now" in line for line in done) and cap(node, 1) == 700.0
+        assert cap(node, 0) < 700.0 and node.controller.states[0].hold is None  # the apply lock is let go
+    finally:
+        other.release()
+    assert restore_all([node.journal], node.devices) and cap(node, 0) == 700.0 and node.journal.entries() == []
+
+
+def test_a_lost_gpu_keeps_its_applied_cap_journaled_and_the_pass_goes_on(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    node = applied_node(tmp_path)
+    node.devices[0].inject(FaultConfig(gpu=0, call="power_limits", kind="gpu_lost"))
+    node.controller.tick()
+    assert entry(node, 0).applied_watts == node.controller.states[0].applied_watts  # kept for the next start
+    assert node.controller.states[1].reason == "applied" and "Traceback" not in caplog.text
