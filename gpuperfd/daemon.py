@@ -318,6 +318,7 @@ class Daemon:
             "/healthz": self._healthz,
             "/api/v1/health": self._health_api,
             "/api/v1/gpus": self._gpus_api,
+            "/api/v1/apply": self._apply_api,
             "/": lambda _h: Response(
                 200,
                 landing_page(
@@ -342,6 +343,13 @@ class Daemon:
                           self.probes.latest(), self.health.verdicts() if self.health is not None else None,
                           self.probes.sweeps(), self.config.probes.max_slowdown)
         return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
+
+    def _apply_api(self, _handler: object) -> Response:
+        """Apply mode per GPU: the cap held or advised and why, every rollback in words (docs/apply.md)."""
+        settings = self.apply.settings
+        body = {"mode": settings.mode, "workload": settings.probe + (f"/{settings.preset}" if settings.preset else ""),
+                "budget_ratio": settings.budget_ratio, "gpus": self.apply.status()}
+        return Response(200, (json.dumps(body) + "\n").encode(), "application/json")
 
     def _healthz(self, _handler: object) -> Response:
         lost_now = self.sampler.lost()  # one store snapshot, not one per GPU: /healthz is served on the loop

@@ -83,6 +83,9 @@ def test_sigterm_gives_every_applied_cap_back(start_daemon, tmp_path) -> None:  
         assert f'gpuperf_apply_cap_watts{{gpu="{gpu}"' in text and f'reason="applied"' in text
     assert f'gpuperf_apply_operator_cap_watts{{gpu="0",uuid=' in text and 'gpuperf_apply_info{mode="on",workload="llm"} 1.0' in text
     assert f" {applied['0']}" in text.split("gpuperf_apply_cap_watts{gpu=\"0\"")[1].splitlines()[0]
+    api = requests.get(daemon.url + "/api/v1/apply", timeout=5).json()
+    assert api["mode"] == "on" and api["workload"] == "llm" and api["budget_ratio"] == 0.1
+    assert [(g["gpu"], g["reason"], g["operator_watts"]) for g in api["gpus"]] == [(0, "applied", 650.0), (1, "applied", 640.0)]
     lint = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"], input=text,
                           capture_output=True, text=True)
     assert lint.returncode == 0 and lint.stdout.strip() == "" and lint.stderr.strip() == "", lint.stdout + lint.stderr
