@@ -122,13 +122,13 @@ def loss_against(point: SweepPoint, reference: SweepPoint | None) -> float | Non
 
 def _evidence_problem(settings: ApplySettings, facts: GpuFacts) -> tuple[str, str] | None:
     """Why the workload's points cannot carry a recommendation: none, stale, unsettled, incorrect."""
-    ok = [p for p in facts.points if p.result.status == "ok"]
-    if len(ok) < 2:
-        return "no_recommendation", f"{len(ok)} measured cap(s) of {settings.probe}; a sweep of two or more is needed"
     wrong = [p for p in facts.points if p.result.failure_reason == "wrong_result"
              or p.result.correctness.get("status") == "mismatch"]
     if wrong:
         return "incorrect", f"wrong answers at {wrong[0].cap_watts:.0f} W: no cap of this GPU is trusted"
+    ok = [p for p in facts.points if p.result.status == "ok"]
+    if len(ok) < 2:
+        return "no_recommendation", f"{len(ok)} measured cap(s) of {settings.probe}; a sweep of two or more is needed"
     oldest = min(p.result.started_at for p in ok)
     if facts.now - oldest > settings.max_age_seconds:
         return "stale", f"its oldest point is {facts.now - oldest:.0f} s old (max_age_seconds {settings.max_age_seconds:.0f})"

@@ -1,5 +1,6 @@
 """The proof of issue 45 on a simulated fleet: 3 nodes x 4 GPUs, each node its own probe service,
-journal and apply controller. One GPU is degraded, one has its cap changed by hand after apply, one
+journal and apply controller. One GPU is degraded (a slow clock and wrong answers, which its own probe
+points show), one has its cap changed by hand after apply, one
 drifts after apply; then a reload turns one node off, one node crashes and one stops. Every cap ends
 where it should, and every GPU that holds no applied cap says why."""
 
@@ -8,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 
 from gpuperfd.config import DegradeConfig
-from gpuperfd.health.verdict import Reason
 from gpuperfd.probing.sweep.journal import CapJournal, restore_all
 
 from simfleet import drift, make_node
@@ -18,17 +18,16 @@ DEGRADED, HAND, DRIFTS = (0, 1), (1, 2), (2, 3)  # (node, gpu)
 
 def test_twelve_gpus_end_with_every_cap_where_it_should_be(tmp_path) -> None:  # type: ignore[no-untyped-def]
     nodes = [make_node(tmp_path / f"node-{n}", gpus=4, node=f"node-{n}",
-                       degrade=[DegradeConfig(gpu=1, sm_clock_factor=0.8)] if n == 0 else [])
+                       degrade=[DegradeConfig(gpu=1, sm_clock_factor=0.8, wrong_results=True)] if n == 0 else [])
              for n in range(3)]
-    nodes[0].reasons[1] = [Reason("probe_slower_than_peers", "degraded", "check_hardware", "slow", 1.0)]
     assert len({d.info().uuid for node in nodes for d in node.devices}) == 12
     for node in nodes:
         node.sweep()
         node.controller.tick()
     caps = {(n, d.index): d.power_limits().enforced_watts for n, node in enumerate(nodes) for d in node.devices}
     applied = {key for key, watts in caps.items() if watts < 700}
-    assert applied == set(caps) - {DEGRADED}  # eleven applied; the degraded GPU is held back by its verdict
-    assert nodes[0].controller.states[1].reason == "verdict" and nodes[0].journal.entry(
+    assert applied == set(caps) - {DEGRADED}  # eleven applied; the degraded GPU's own wrong answers hold it back
+    assert nodes[0].controller.states[1].reason == "incorrect" and nodes[0].journal.entry(
         nodes[0].devices[1].info().uuid) is None
 
     nodes[HAND[0]].devices[HAND[1]].set_power_limit(600.0)  # an operator, by hand
