@@ -41,6 +41,8 @@ probes:
       settle_seconds: 0
 apply: {{mode: {mode}, workload: llm, budget_ratio: 0.1, interval_seconds: 1}}
 """
+#: GPU 1 reports XID 48 (double-bit ECC error) at start: its verdict, from the daemon's own health monitor.
+XID_ON_GPU_1 = "  xid_events: [{gpu: 1, xid: 48}]\n"
 
 
 def limits(state: Path) -> dict[str, float]:
@@ -124,4 +126,20 @@ def test_apply_revert_from_the_command_line_while_the_daemon_runs(start_daemon, 
     # A simulated board lives in each process (the state file is read at start), so the running daemon
     # does not see the CLI's change here; that it leaves a GPU whose cap someone else changed alone is
     # test_controller.py::test_revert_from_the_command_line_while_the_daemon_holds_the_cap.
+    assert daemon.stop(signal.SIGTERM) == 0 and limits(state) == ORIGINAL
+
+
+def test_a_gpu_whose_real_verdict_is_not_healthy_is_never_applied(start_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    state = tmp_path / "state"
+    text = config(state).replace("  state_file:", XID_ON_GPU_1 + "  state_file:")
+    daemon = start_daemon(config_text=text)
+    deadline = time.monotonic() + 30
+    while limits(state)["0"] >= ORIGINAL["0"] or "applied power cap" not in daemon.log():
+        assert time.monotonic() < deadline, daemon.log()[-3000:]
+        time.sleep(0.1)
+    time.sleep(2.5)  # two more passes
+    gpus = {g["gpu"]: g for g in requests.get(daemon.url + "/api/v1/apply", timeout=5).json()["gpus"]}
+    assert gpus[0]["reason"] == "applied"
+    assert gpus[1]["reason"] == "verdict" and "xid" in gpus[1]["detail"] and gpus[1]["applied_watts"] is None
+    assert limits(state)["1"] == ORIGINAL["1"] and len(list(state.glob("*.cap.json"))) == 1
     assert daemon.stop(signal.SIGTERM) == 0 and limits(state) == ORIGINAL
