@@ -25,7 +25,7 @@ HOLD_REASONS: tuple[str, ...] = (
 )
 #: Why an applied cap was given back (``gpuperf_apply_rollbacks_total``'s ``reason``; bounded).
 ROLLBACK_REASONS: tuple[str, ...] = (
-    "verdict", "drift", "probe_failed", "over_budget", "mode", "stopped", "failed_to_apply",
+    "verdict", "drift", "probe_failed", "over_budget", "unconfirmed", "mode", "stopped", "failed_to_apply",
 )
 #: Verdict checks that are the drift alerts' twins (deploy/prometheus/rules/alerts.yml).
 DRIFT_CHECKS: frozenset[str] = frozenset({"probe_throughput_baseline", "probe_energy_baseline",
@@ -185,6 +185,10 @@ def check_applied(settings: ApplySettings, facts: GpuFacts, applied_watts: float
         return ("drift" if drift else "verdict",
                 f"verdict {facts.verdict_state} ({', '.join(drift or facts.verdict_checks)})")
     here = _at(facts.points, applied_watts)
+    confirmed = here.result.started_at if here is not None and here.result.started_at >= applied_at else applied_at
+    if facts.now - confirmed > settings.max_age_seconds:  # the probes stopped confirming it
+        return "unconfirmed", (f"no probe at {applied_watts:.0f} W for {facts.now - confirmed:.0f} s "
+                               f"(max_age_seconds {settings.max_age_seconds:.0f})")
     if here is None or here.result.started_at < applied_at:
         return None
     if here.result.status == "failed":

@@ -108,3 +108,15 @@ def test_realized_savings_from_the_same_probe_at_both_caps() -> None:
     assert saved.energy_saving_ratio == pytest.approx(1 - (450 / 970) / (600 / 1000))
     assert saved.throughput_loss_ratio == pytest.approx(0.03)
     assert realized(SWEEP, 500.0, 700.0, APPLIED_AT) is None  # not measured since it was applied
+
+
+def test_an_applied_cap_the_probes_stop_confirming_is_given_back() -> None:
+    settings = ApplySettings(mode="on", probe="llm", budget_ratio=0.05, max_age_seconds=3600)
+    unmeasured = facts([SWEEP[0], SWEEP[2]])  # no point at the applied 500 W
+    assert check_applied(settings, unmeasured, 500.0, NOW - 3000, 500.0) is None  # not yet due
+    why = check_applied(settings, unmeasured, 500.0, NOW - 4000, 500.0)  # applied, never measured there since
+    assert why is not None and why[0] == "unconfirmed"
+    confirmed = [SWEEP[0], point(500, 980, 450, at=NOW - 4000)]  # measured once after apply, long ago
+    assert check_applied(settings, facts(confirmed), 500.0, NOW - 5000, 500.0)[0] == "unconfirmed"
+    fresh = [SWEEP[0], point(500, 980, 450, at=NOW - 60)]
+    assert check_applied(settings, facts(fresh), 500.0, NOW - 5000, 500.0) is None
