@@ -27,6 +27,8 @@ HOLD_REASONS: tuple[str, ...] = (
 ROLLBACK_REASONS: tuple[str, ...] = (
     "verdict", "drift", "probe_failed", "over_budget", "unconfirmed", "mode", "stopped", "failed_to_apply",
 )
+#: Failures that say nothing about the GPU at its cap (the host's memory, a user's job arriving): no rollback.
+NOT_THE_CAP: frozenset[str] = frozenset({"host_oom", "gpu_busy", "aborted", "preempted"})
 #: Verdict checks that are the drift alerts' twins (deploy/prometheus/rules/alerts.yml).
 DRIFT_CHECKS: frozenset[str] = frozenset({"probe_throughput_baseline", "probe_energy_baseline",
                                           "probe_slower_than_peers"})
@@ -191,7 +193,7 @@ def check_applied(settings: ApplySettings, facts: GpuFacts, applied_watts: float
                                f"(max_age_seconds {settings.max_age_seconds:.0f})")
     if here is None or here.result.started_at < applied_at:
         return None
-    if here.result.status == "failed":
+    if here.result.status == "failed" and here.result.failure_reason not in NOT_THE_CAP:
         return "probe_failed", f"the probe failed at {applied_watts:.0f} W ({here.result.failure_reason})"
     reference = _at(facts.points, facts.operator_watts)
     if reference is None or reference.result.status != "ok":  # unmeasured: the highest cap, a stricter bar

@@ -120,3 +120,8 @@ def test_an_applied_cap_the_probes_stop_confirming_is_given_back() -> None:
     assert check_applied(settings, facts(confirmed), 500.0, NOW - 5000, 500.0)[0] == "unconfirmed"
     fresh = [SWEEP[0], point(500, 980, 450, at=NOW - 60)]
     assert check_applied(settings, facts(fresh), 500.0, NOW - 5000, 500.0) is None
+
+
+def test_a_failure_that_says_nothing_about_the_cap_does_not_roll_back() -> None:
+    host = [SWEEP[0], point(500, 1, 1, at=NOW, status="failed", reason="host_oom")]
+    assert check_applied(ON, facts(host), 500.0, APPLIED_AT, 500.0) is None
