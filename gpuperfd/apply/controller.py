@@ -192,11 +192,11 @@ class ApplyController:
 
     def _apply(self, device: Device, uuid: str, state: GpuApply, cap: float, limits: PowerLimits, why: str) -> None:
         """Journal the operator's cap, hold the apply lock, set ``cap`` and read it back (or undo it)."""
-        operator = limits.enforced_watts
         hold = GpuLock(self.journal.state_dir, apply_lock_name(safe_name(uuid)))
         try:
             hold.acquire()
-            self.journal.record(device, operator, limits.default_watts, applied_watts=cap)
+            operator = self.journal.record(device, limits.enforced_watts, limits.default_watts,
+                                           applied_watts=cap).original_watts
         except (GpuBusy, JournalWriteError, OSError) as exc:
             hold.release()
             log.error("gpu %d: not applying %.0f W: %s", device.index, cap, exc)
@@ -208,9 +208,14 @@ class ApplyController:
             back = device.power_limits().enforced_watts
         except DeviceError as exc:
             state.applied_watts = cap
+            if self._unchanged(device, operator):  # refused: nothing to put back, the entry goes
+                self.journal.clear(uuid)
+                self._release(device.index, uuid, state)
+                reason = "not_supported" if exc.reason == "not_supported" else "rolled_back"
+                state.reason, state.detail, state.out = reason, f"failed_to_apply: setting {cap:.0f} W: {exc}", True
+                log.error("gpu %d: not applied: setting %.0f W failed: %s", device.index, cap, exc)
+                return
             self._rollback(device, uuid, state, "failed_to_apply", f"setting {cap:.0f} W failed: {exc}")
-            if exc.reason == "not_supported":
-                state.reason = "not_supported"
             return
         if round(back) != round(cap):
             state.applied_watts = cap
@@ -222,6 +227,13 @@ class ApplyController:
         log.warning("gpu %d: applied power cap %.0f W (operator's %.0f W journaled): %s",
                     device.index, cap, operator, why)
         self._cap_changed(device.index)
+
+    @staticmethod
+    def _unchanged(device: Device, watts: float) -> bool:
+        try:
+            return round(device.power_limits().enforced_watts) == round(watts)
+        except DeviceError:
+            return False
 
     def _watch(self, device: Device, uuid: str, state: GpuApply) -> None:
         assert state.applied_watts is not None and state.operator_watts is not None

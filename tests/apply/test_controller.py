@@ -184,3 +184,15 @@ def test_a_lost_gpu_keeps_its_applied_cap_journaled_and_the_pass_goes_on(tmp_pat
     node.controller.tick()
     assert entry(node, 0).applied_watts == node.controller.states[0].applied_watts  # kept for the next start
     assert node.controller.states[1].reason == "applied" and "Traceback" not in caplog.text
+
+
+def test_a_board_that_refuses_the_cap_changes_nothing_and_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = make_node(tmp_path, gpus=2)
+    node.sweep()
+    node.devices[1].inject(FaultConfig(gpu=1, call="set_power_limit", kind="not_supported"))
+    node.controller.tick()
+    state = node.controller.states[1]
+    assert state.reason == "not_supported" and "failed_to_apply" in state.detail and state.hold is None
+    assert cap(node, 1) == 700.0 and entry(node, 1) is None and node.controller.states[0].reason == "applied"
+    node.controller.tick()
+    assert state.reason == "not_supported" and entry(node, 1) is None  # not tried again
