@@ -103,10 +103,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"gpuperfd: cannot write the report: {exc}", file=sys.stderr)
         return 1
     _print_summary(report, files)
-    from gpuperfd.report.realized import realized_lines, realized_rows
-
-    for line in realized_lines(realized_rows(loaded.runs)):
-        print(line)
     return 0
 
 
@@ -165,5 +161,9 @@ def _print_summary(report: Any, files: Any) -> None:
                   f"({comparison_words(rec, s.work_unit)}"
                   + (f"; {s.power_saving_watts:.0f} W less while busy" if s.power_saving_watts is not None else "")
                   + ")")
+    from gpuperfd.report.realized import realized_lines
+
+    for line in realized_lines(report.realized):
+        print(line)
     for path in (files.html, files.png, files.summary_csv, files.points_csv):
         print(path)

@@ -34,3 +34,22 @@ def test_realized_savings_per_gpu_model_and_all_from_history(tmp_path) -> None: 
     assert any(line.strip().startswith("all GPUs llm/gpt2: 2 GPU(s)") and f"{total:.0f} W less" in line
                for line in lines)
     assert any(line.strip().startswith(f"{rows[0].model} llm/gpt2") for line in lines)
+
+
+def test_the_report_page_and_summary_carry_the_realized_savings(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from gpuperfd.report.cli import main
+    import argparse
+
+    history = tmp_path / "history.jsonl"
+    node = make_node(tmp_path, gpus=2, history=history)
+    node.sweep()
+    node.controller.tick()
+    node.sweep()
+    args = argparse.Namespace(history=[str(history)], prometheus=None, start=None, end=None, step=None,
+                              out=str(tmp_path / "report"), max_slowdown=0.10, keep_outliers=False,
+                              rule="within-slowdown", log_y=None, no_rotated=False, facet=None, free_y=False)
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "realized savings of apply mode" in out and "all GPUs llm/gpt2: 2 GPU(s)" in out
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "Realized savings of apply mode" in page and "700 W" in page
