@@ -367,7 +367,7 @@ class ProbeService:
         info = self._info(device)
         request = SweepRequest(schedules, None, read_only=self.config.read_only,
                                stop_early=self.config.max_slowdown if self.config.stop_early else None,
-                               wanted=lambda: self._wanted(device))
+                               wanted=lambda: self._wanted(device), current_watts=self.held_caps.get(device.index))
 
         planned: dict[int, int] = {}  # id(schedule) -> how many points its sweep was to measure
 

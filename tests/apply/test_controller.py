@@ -196,3 +196,21 @@ def test_a_board_that_refuses_the_cap_changes_nothing_and_says_so(tmp_path) -> N
     assert cap(node, 1) == 700.0 and entry(node, 1) is None and node.controller.states[0].reason == "applied"
     node.controller.tick()
     assert state.reason == "not_supported" and entry(node, 1) is None  # not tried again
+
+
+def test_current_in_a_sweep_under_apply_is_the_operators_cap_so_savings_are_measured(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpuperfd.config import ScheduleConfig
+
+    schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=["current", 500, 400, 300], settle_seconds=0)
+    node = make_node(tmp_path, gpus=1, initial_power_limits={0: 650.0})
+    node.sweep(schedule)
+    node.controller.tick()
+    applied = node.controller.states[0].applied_watts
+    assert applied < 650 and entry(node, 0).original_watts == 650.0
+    node.sweep(schedule)  # "current" is the operator's 650 W, not the applied cap
+    caps = {round(p.cap_watts) for p in node.controller.book.of(0)
+            if p.result.started_at >= node.controller.states[0].applied_at}
+    assert 650 in caps and cap(node, 0) == applied
+    node.controller.tick()
+    uuid = node.devices[0].info().uuid
+    assert node.sample("gpuperf_apply_realized_power_saved_watts", gpu="0", uuid=uuid, probe="llm", preset="gpt2") > 0
