@@ -116,6 +116,7 @@ COMMAND_MODULES: dict[str, str] = {
     "probe": "gpuperfd.probing.probe_cli",
     "sweep": "gpuperfd.probing.sweep.cli",
     "restore-caps": "gpuperfd.probing.sweep.cli",
+    "apply": "gpuperfd.apply.cli",
     "dashboards": "gpuperfd.dashboards.cli",
     "install": "gpuperfd.system.install",
     "uninstall": "gpuperfd.system.install",

@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
+from gpuperfd.apply.controller import ApplyController
+from gpuperfd.apply.metrics import ApplyMetrics
+from gpuperfd.apply.policy import ApplySettings
 from gpuperfd.attribution.allocations import PodResourcesWatcher, kubelet_required
 from gpuperfd.config import (
     RESTART_ONLY,
@@ -209,14 +212,32 @@ def build_health(config: Config, sampler: Sampler, backend: Backend) -> HealthMo
     )
 
 
+def build_apply(config: Config, devices: list[Device], probes: ProbeService, health: HealthMonitor | None,
+                tracker: IdleTracker, sampler: Sampler) -> ApplyController:
+    """Apply mode (docs/apply.md): the controller reads the probe service's points and the verdicts,
+    shares the service's journal, and tells the sampler and the service about the caps it holds."""
+    idle_seconds = config.probes.idle_seconds
+    controller = ApplyController(
+        ApplySettings.from_config(config.apply), devices, probes.journal,
+        verdicts=health.verdicts if health is not None else None,
+        idle=lambda index: tracker.idle_for(index) >= idle_seconds,
+        metrics=ApplyMetrics(), held_caps=probes.held_caps, on_cap_change=sampler.cap_changed)
+    probes.point_listeners.append(controller.observe)
+    return controller
+
+
 def build_exporter(sampler: Sampler, backend_name: str, probe_registry: CollectorRegistry, probe_metrics: ProbeMetrics,
                    auth_registry: CollectorRegistry | None, health: HealthMonitor | None,
-                   interconnect: tuple[CollectorRegistry, Callable[[], int]] | None = None) -> Exporter:
-    """/metrics: the readings, the probe and interconnect series, process_*, the web auth counter and the verdicts."""
+                   interconnect: tuple[CollectorRegistry, Callable[[], int]] | None = None,
+                   apply_registry: CollectorRegistry | None = None) -> Exporter:
+    """/metrics: the readings, the probe and interconnect series, process_*, the web auth counter, apply
+    mode and the verdicts."""
     registries: list[tuple[CollectorRegistry, Callable[[], int] | None]] = [
         (probe_registry, probe_metrics.version), (process_registry(), process_version)]
     if interconnect is not None:
         registries.append(interconnect)
+    if apply_registry is not None:
+        registries.append((apply_registry, None))
     if auth_registry is not None:
         registries.append((auth_registry, None))
     return Exporter(sampler, backend_name, registries, extra_families=[health.families] if health is not None else [])
@@ -287,10 +308,13 @@ class Daemon:
                                    [self.health.interconnect_seen] if self.health is not None else [])
         self.scheduler = ProbeScheduler(self.probes, [d.index for d in self.devices],
                                         interconnect=build_interconnect(config, self.backend, self.probes, publish))
+        #: Apply mode: holds the recommended cap where the operator opted in (off by default).
+        self.apply = build_apply(config, self.devices, self.probes, self.health, self.tracker, self.sampler)
         #: The web config's refusal counter (gpuperf_web_auth_refused_total) on /metrics, when one is configured.
         auth_registry = CollectorRegistry(auto_describe=True) if self.web_config is not None else None
         self.exporter = build_exporter(self.sampler, self.backend.name, self.probe_registry, self.probe_metrics,
-                                       auth_registry, self.health, (interconnect_registry, interconnect_metrics.version))
+                                       auth_registry, self.health, (interconnect_registry, interconnect_metrics.version),
+                                       self.apply.metrics.registry if self.apply.metrics is not None else None)
         self.web = build_web_server(config.web, self._routes(), self.web_config, auth_registry)
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
 
@@ -317,6 +341,7 @@ class Daemon:
             "/healthz": self._healthz,
             "/api/v1/health": self._health_api,
             "/api/v1/gpus": self._gpus_api,
+            "/api/v1/apply": self._apply_api,
             "/": lambda _h: Response(
                 200,
                 landing_page(
@@ -341,6 +366,13 @@ class Daemon:
                           self.probes.latest(), self.health.verdicts() if self.health is not None else None,
                           self.probes.sweeps(), self.config.probes.max_slowdown)
         return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
+
+    def _apply_api(self, _handler: object) -> Response:
+        """Apply mode per GPU: the cap held or advised and why, every rollback in words (docs/apply.md)."""
+        settings = self.apply.settings
+        body = {"mode": settings.mode, "workload": settings.probe + (f"/{settings.preset}" if settings.preset else ""),
+                "budget_ratio": settings.budget_ratio, "gpus": self.apply.status()}
+        return Response(200, (json.dumps(body) + "\n").encode(), "application/json")
 
     def _healthz(self, _handler: object) -> Response:
         lost_now = self.sampler.lost()  # one store snapshot, not one per GPU: /healthz is served on the loop
@@ -370,6 +402,7 @@ class Daemon:
         self.web.start()
         self.scheduler.apply(self.config.probes)
         self.scheduler.start()
+        self.apply.start(self.config.apply.interval_seconds)
         release_free_memory()  # start-up's garbage: the idle daemon keeps only what it uses
         sdnotify.ready(f"{len(self.devices)} GPU(s), listening on {self.config.web.listen_address}")
         self._watchdog.start()
@@ -381,6 +414,9 @@ class Daemon:
         self._watchdog.stop()
         self.scheduler.stop()
         self.probes.stop()
+        reverted = self.apply.stop()  # every applied cap back to the operator's, read back
+        if reverted:
+            log.warning("apply: %s", "; ".join(reverted))
         self.restore_caps()  # a sweep that could not restore in time is restored here
         self.web.stop()
         if self.health is not None:
@@ -428,6 +464,10 @@ class Daemon:
         logging.getLogger().setLevel(new.log_level.upper())
         self.tracker.utilization_threshold = new.probes.idle_utilization_threshold
         self.scheduler.apply(new.probes)
+        reverted = self.apply.configure(ApplySettings.from_config(new.apply))
+        self.apply.interval_seconds = new.apply.interval_seconds
+        if reverted:
+            log.warning("reload: apply: %s", "; ".join(reverted))
         self.config = new
         log.info("configuration reloaded: %d probe schedule(s)", len(new.probes.schedules))
         sdnotify.ready()

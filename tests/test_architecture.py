@@ -141,6 +141,10 @@ def _package_imports(folder: str) -> set[str]:
                  "gpuperfd.probing", "gpuperfd.console")),
         # the report reads run records and imports the recommendation rule, never the sweeper (offline)
         ("report", ("gpuperfd.report", "gpuperfd.probe_data")),
+        # apply acts on the probing flow's results and the verdict through the sweep's journal and locks;
+        # nothing of the probing flow or telemetry imports it (the daemon wires it in)
+        ("apply", ("gpuperfd.apply", "gpuperfd.probing", "gpuperfd.probe_data", "gpuperfd.device",
+                   "gpuperfd.health", "gpuperfd.config", "gpuperfd.system")),
     ],
 )
 def test_imports_go_one_way(folder: str, allowed: tuple[str, ...]) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 
@@ -525,6 +525,50 @@ class HealthConfig(_Strict):
         return self
 
 
+ApplyMode = Literal["off", "advise", "canary", "on"]
+
+
+class ApplyConfig(_Strict):
+    """Applying the recommended power cap (docs/apply.md): opt-in, off by default."""
+
+    #: off: nothing; advise: publish what it would set and why, change nothing; canary: a share of
+    #: each model's GPUs (``canary_share``, by a stable hash of the UUID) or ``canary_gpus``; on: every GPU.
+    mode: ApplyMode | bool = "off"
+    #: The workload this node serves: a probe name, or probe/preset (e.g. "llm/gpt2-medium").
+    workload: str | None = None
+    #: The largest throughput loss allowed at the applied cap, against the operator's cap.
+    budget_ratio: Annotated[float, Field(gt=0, le=0.5)] = 0.05
+    #: canary: the share of each model's GPUs that apply (the same GPUs on every start and node).
+    canary_share: Annotated[float, Field(gt=0, le=1)] = 0.1
+    #: canary: these GPU indices instead of the share (None: the share decides).
+    canary_gpus: list[Annotated[int, Field(ge=0)]] | None = None
+    #: Apply while the GPU is busy too (off: only when idle, as a probe is).
+    allow_busy: bool = False
+    #: A recommendation older than this (its oldest point) is not applied.
+    max_age_seconds: Annotated[float, Field(gt=0)] = 86400.0
+    #: Seconds between the controller's passes (apply, check, roll back).
+    interval_seconds: Annotated[float, Field(ge=1, le=3600)] = 30.0
+
+    @field_validator("mode")
+    @classmethod
+    def _yaml_words(cls, value: str | bool) -> str:
+        """YAML 1.1 reads a bare ``on``/``off`` as true/false: they mean the modes of those names."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
+
+    @model_validator(mode="after")
+    def _workload_named(self) -> "ApplyConfig":
+        if self.mode != "off" and not self.workload:
+            raise ValueError(f"mode {self.mode} needs workload: the probe (or probe/preset) this node serves")
+        if self.workload:
+            probe = self.workload.split("/", 1)[0]
+            if probe not in get_args(ProbeName):
+                raise ValueError(f"workload {self.workload!r}: unknown probe {probe!r}; "
+                                 f"known: {', '.join(get_args(ProbeName))}")
+        return self
+
+
 class Config(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     web: WebConfig = WebConfig()
@@ -534,6 +578,23 @@ class Config(_Strict):
     attribution: AttributionConfig = AttributionConfig()
     probes: ProbesConfig = ProbesConfig()
     health: HealthConfig = HealthConfig()
+    apply: ApplyConfig = ApplyConfig()
+
+    @model_validator(mode="after")
+    def _apply_is_measured(self) -> "Config":
+        """A mode that changes caps needs cap sweeps of its workload: nothing else recommends or checks it."""
+        apply = self.apply
+        if apply.mode in ("canary", "on"):
+            if self.probes.read_only:
+                raise ValueError(f"apply.mode {apply.mode} changes power caps, but probes.read_only is true; "
+                                 "use mode advise on a read-only node, or set probes.read_only: false")
+        if apply.mode != "off" and apply.workload:
+            probe, _, preset = apply.workload.partition("/")
+            if not any(s.probe == probe and (not preset or (s.preset or "") in ("", preset))
+                       for s in self.probes.schedules):
+                raise ValueError(f"apply.workload {apply.workload!r}: no probes.schedules entry runs it, "
+                                 "so nothing recommends or checks a cap for it")
+        return self
 
     @model_validator(mode="after")
     def _check_collectors(self) -> "Config":

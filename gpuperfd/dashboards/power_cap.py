@@ -1,7 +1,8 @@
 """Power-cap efficiency: throughput and energy per unit at each cap a sweep
 tested, the recommended cap (lowest energy per unit within the allowed slowdown
 of the highest cap; recording rules in deploy/prometheus/rules/recording.yml)
-marked among them, and the fleet recommendation per GPU model.
+marked among them, the fleet recommendation per GPU model, and what apply mode holds and
+really saved beside the estimate.
 
 The dashboard is data: :data:`ROWS` of :class:`~gpuperfd.dashboards.common.Panel` specs."""
 
@@ -19,6 +20,8 @@ DESCRIPTION = (
 
 SEL = 'instance=~"$instance", gpu=~"$gpu", probe=~"$probe", preset=~"$preset"'
 MODEL_SEL = 'name=~"$model", probe=~"$probe", preset=~"$preset"'
+#: Series of one GPU without probe labels (apply mode's caps and state).
+GPU_SEL = 'instance=~"$instance", gpu=~"$gpu"'
 #: The gpuperf_probe_power_cap_watts series of each GPU's recommended cap (value: the cap; label power_cap).
 AT_RECOMMENDED = (
     f"gpuperf_probe_power_cap_watts{{{SEL}}}"
@@ -107,6 +110,29 @@ ROWS = (
         Panel("Fleet recommendation per model",
               ((f"gpuperf:power_cap_recommended_watts:by_model{{{MODEL_SEL}}}", "{{name}} {{probe}}/{{preset}}"),),
               "watt", h=9),
+    )),
+    Row("Applied caps (apply mode, docs/apply.md)", (
+        Panel("Applied, advised and operator's cap", (
+            (f"gpuperf_apply_cap_watts{{{GPU_SEL}}}", "applied: {{instance}} GPU {{gpu}}"),
+            (f"gpuperf_apply_advised_cap_watts{{{GPU_SEL}}}", "advised: {{instance}} GPU {{gpu}}"),
+            (f"gpuperf_apply_operator_cap_watts{{{GPU_SEL}}}", "operator: {{instance}} GPU {{gpu}}"),
+        ), "watt", w=12, h=9,
+              description="The cap apply mode holds, the one it would set (advise) and the operator's own, journaled before it."),
+        Panel("Power saved per model: realized vs estimated", (
+            (f"gpuperf:apply_power_saved_watts:by_model{{{MODEL_SEL}}}", "realized: {{name}} {{probe}}/{{preset}}"),
+            (f"gpuperf:power_saving_watts:by_model{{{MODEL_SEL}}}", "estimated: {{name}} {{probe}}/{{preset}}"),
+        ), "watt", w=12, h=9,
+              description="Realized: measured at the applied cap against the operator's cap, busy-share weighted. "
+                          "Estimated: if every GPU ran its recommended cap."),
+        Panel("Realized energy saving and throughput given up", (
+            (f"gpuperf_apply_realized_energy_saving_ratio{{{SEL}}}", "energy saved: {{instance}} GPU {{gpu}}"),
+            (f"gpuperf_apply_realized_throughput_loss_ratio{{{SEL}}}", "throughput given up: {{instance}} GPU {{gpu}}"),
+        ), "percentunit", w=12, h=9),
+        Panel("Apply state and rollbacks (1 h)", (
+            (f"max by (instance, gpu, reason) (gpuperf_apply_state{{{GPU_SEL}}})", ""),
+            (f"sum by (instance, gpu, reason) (increase(gpuperf_apply_rollbacks_total{{{GPU_SEL}}}[1h]))", ""),
+        ), kind="table", w=12, h=9,
+              description="Why each GPU holds or does not hold an applied cap, and the caps given back in the last hour by reason."),
     )),
 )
 

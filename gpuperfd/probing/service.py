@@ -109,6 +109,11 @@ class ProbeService:
         self._operator_caps: dict[int, float] = {}
         #: The cap each sweeping GPU holds now (point k of n), for the landing page and /api/v1/gpus.
         self._sweeps: dict[int, SweepProgress] = {}
+        #: The operator's cap of each GPU where apply mode holds another (gpuperfd/apply): a sweep there
+        #: finds the applied cap set, and this, not that, is the operator's.
+        self.held_caps: dict[int, float] = {}
+        #: Told every point, ``(gpu, probe, preset, point)``: apply mode's evidence.
+        self.point_listeners: list[Callable[[int, str, str, SweepPoint], None]] = []
 
     def publish_original_caps(self) -> None:
         """Publish each GPU's cap as the operator's; call after any left-over cap was restored."""
@@ -390,18 +395,19 @@ class ProbeService:
         info = self._info(device)
         request = SweepRequest(map(planned_from_schedule, schedules), None, read_only=self.config.read_only,
                                stop_early=self.config.max_slowdown if self.config.stop_early else None,
-                               wanted=lambda: self._wanted(device))
+                               wanted=lambda: self._wanted(device), current_watts=self.held_caps.get(device.index))
 
         planned: dict[int, int] = {}  # id(schedule) -> how many points its sweep was to measure
 
         def observer_for(probe: PlannedProbe, outcome: OwnedSweep) -> ServiceObserver:
             schedule: ScheduleConfig = probe.origin
             planned[id(schedule)] = 1 if outcome.read_only else len(outcome.caps_watts)
-            operator_cap = outcome.original_cap_watts
+            operator_cap = self.held_caps.get(device.index, outcome.original_cap_watts)
             assert operator_cap is not None  # read before any schedule starts
             self._operator_caps[device.index] = operator_cap
             self.metrics.set_original_cap(info, operator_cap)
-            return ServiceObserver(self, device, info, schedule, operator_cap, outcome.caps_watts)
+            applied = outcome.original_cap_watts if device.index in self.held_caps else None
+            return ServiceObserver(self, device, info, schedule, operator_cap, outcome.caps_watts, applied)
 
         outcome = run_owned_sweep(device, self.journal, request, self.executor, observer_for, self.abort)
         points_of = {id(probe.origin): points for probe, points in outcome.sweeps}
@@ -472,9 +478,11 @@ class ServiceObserver:
     """
 
     def __init__(self, service: ProbeService, device: Device, info: GpuInfo, schedule: ScheduleConfig,
-                 operator_cap: float, caps: Iterable[float] = ()) -> None:
+                 operator_cap: float, caps: Iterable[float] = (), applied_cap: float | None = None) -> None:
         self.service, self.device, self.info, self.schedule = service, device, info, schedule
         self.operator_cap = operator_cap
+        #: The cap apply mode held when the sweep started (None: none); each point's history line says so.
+        self.applied_cap = applied_cap
         self.preset = preset_of(schedule)
         self.sweep_id = uuidlib.uuid4().hex[:12]
         #: The sweep's caps in the order it sets them (point k of n is the cap's place here).
@@ -502,6 +510,8 @@ class ServiceObserver:
 
     def on_point(self, point: SweepPoint) -> None:
         service, result = self.service, point.result
+        if self.applied_cap is not None:
+            result.extra["applied_cap_watts"] = self.applied_cap
         if result.preempted:
             log.info("gpu %d: %s/%s at %.0f W gave way to a user's job: %s", self.device.index, self.schedule.probe,
                      self.preset, point.cap_watts, result.error_message)
@@ -514,6 +524,8 @@ class ServiceObserver:
                 points[round(point.cap_watts)] = point
             elif not result.preempted:  # a preemption measured nothing: the last ok result stands
                 points.pop(round(point.cap_watts), None)
+        for listener in service.point_listeners:
+            listener(self.device.index, self.schedule.probe, self.preset, point)
         at_operator_cap = round(point.cap_watts) == round(self.operator_cap)
         service.metrics.publish(self.info, result, point.cap_watts, at_operator_cap)
         if service.history is not None:

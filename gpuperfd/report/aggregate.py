@@ -22,6 +22,7 @@ from gpuperfd.probe_data.recommend import Recommendation, SweepPoint, recommend
 from gpuperfd.probe_data.result import ProbeResult, percentile
 from gpuperfd.probe_data.spec import params_text
 from gpuperfd.report.outliers import Dropped, split_outliers
+from gpuperfd.report.realized import RealizedRow, realized_rows
 from gpuperfd.report.records import (
     PRIMARY_LATENCY,
     PROBE_ORDER,
@@ -160,6 +161,8 @@ class Report:
     #: Runs not made on purpose (status ``skipped``: a sweep's early stop, a run that gave way to a
     #: user's job): counted apart from the failed ones, which they are not.
     skipped: list[Run] = field(default_factory=list)
+    #: Apply mode's realized savings, per GPU and workload (report/realized.py; empty without apply).
+    realized: list[RealizedRow] = field(default_factory=list)
 
     @property
     def runs_text(self) -> str:
@@ -406,6 +409,7 @@ def build_report(
         rule=rule,
         log_y=log_y,
         skipped=[r for r in failed if r.status == "skipped"],
+        realized=realized_rows(runs),
     )
 
 

@@ -161,5 +161,9 @@ def _print_summary(report: Any, files: Any) -> None:
                   f"({comparison_words(rec, s.work_unit)}"
                   + (f"; {s.power_saving_watts:.0f} W less while busy" if s.power_saving_watts is not None else "")
                   + ")")
+    from gpuperfd.report.realized import realized_lines
+
+    for line in realized_lines(report.realized):
+        print(line)
     for path in (files.html, files.png, files.summary_csv, files.points_csv):
         print(path)

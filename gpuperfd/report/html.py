@@ -233,6 +233,26 @@ of normal data. A group with a MAD of 0 or fewer than 3 runs drops nothing. See 
 </section>"""
 
 
+def _realized(report: Report) -> str:
+    """Apply mode's realized savings: the probe at the applied cap against the operator's cap (docs/apply.md)."""
+    rows = "".join(
+        f"<tr>{_cell(r.gpu)}{_cell(r.model)}{_cell(r.probe)}{_cell(r.preset)}{_num(r.applied_cap_watts, _cap(r.applied_cap_watts))}"
+        f"{_num(r.operator_cap_watts, _cap(r.operator_cap_watts))}{_num(r.power_saved_watts, f'{r.power_saved_watts:.0f} W')}"
+        f"{_num(r.mwh_per_year, f'{r.mwh_per_year:.2f}')}{_num(r.energy_saving_ratio, percent(r.energy_saving_ratio))}"
+        f"{_num(r.throughput_loss_ratio, percent(r.throughput_loss_ratio))}{_num(r.sweeps, str(r.sweeps))}</tr>"
+        for r in report.realized)
+    total = sum(r.power_saved_watts for r in report.realized)
+    return f"""<section id="realized">
+<h2>Realized savings of apply mode</h2>
+<p class="muted">Measured in the sweeps that ran under an applied cap: the probe at the applied cap against the
+same probe at the operator's cap, while busy. All GPUs: {total:.0f} W less.</p>
+<table><tr><th>GPU</th><th>model</th><th>probe</th><th>preset</th><th>applied cap</th><th>operator's cap</th>
+<th>power saved</th><th>MWh a year if always busy</th><th>energy saving</th><th>throughput given up</th><th>sweeps</th></tr>
+{rows}
+</table>
+</section>"""
+
+
 def render_html(
     report: Report, cap_png: bytes | None, axes_png: bytes | None, bars_png: bytes | None, files: dict[str, str],
     repeats_png: bytes | None = None, tokens_png: bytes | None = None,
@@ -243,6 +263,8 @@ def render_html(
     sections = []
     if any(len(s.capped) > 1 for s in report.series):
         sections.append(_recommendations(report))
+    if report.realized:
+        sections.append(_realized(report))
     if cap_png:
         sections.append(f"""<section id="power-cap">
 <h2>Against power cap</h2>

@@ -103,6 +103,10 @@ class Run:
     gpm_tensor_active_ratio: float | None = None
     gpm_dram_active_ratio: float | None = None
     sweep_id: str | None = None
+    #: The operator's cap when the run was measured (history: ``original_cap_watts``).
+    operator_cap_watts: float | None = None
+    #: The cap apply mode held on the GPU while the run's sweep ran (None: none; docs/apply.md).
+    applied_cap_watts: float | None = None
     source: str = ""
     variant: str = ""
     model: str = ""
@@ -205,6 +209,8 @@ def run_from_record(record: dict[str, Any], source: str = "") -> Run:
         gpm_tensor_active_ratio=finite_or_none(result.gpm_tensor_active_mean_ratio) if ok else None,
         gpm_dram_active_ratio=finite_or_none(result.gpm_dram_active_mean_ratio) if ok else None,
         sweep_id=record.get("sweep_id"),
+        operator_cap_watts=finite_or_none(record.get("original_cap_watts")),
+        applied_cap_watts=finite_or_none(extra.get("applied_cap_watts")),
         source=source,
         variant=str(result.variant or ""),
         model=str(params.get("model") or result.preset),

@@ -23,6 +23,8 @@ RUNBOOK = ROOT / "docs" / "runbook.md"
 
 #: The alerts issue 5 asks for.
 EXPECTED_ALERTS = {
+    "GpuperfdApplyCapOverridden",
+    "GpuperfdApplyRolledBack",
     "GpuProbeThroughputDrift",
     "GpuSlowerThanPeers",
     "GpuProbeEnergyDrift",

@@ -97,12 +97,16 @@ class CapGuard:
         self.journal = journal
         self.original_watts: float | None = None
         self.current_watts: float | None = None
+        #: True on a GPU where ``gpuperfd apply`` holds a cap: the guard returns to the cap it found
+        #: (the applied one) and leaves the journal entry, which keeps the operator's cap.
+        self.keep_entry = False
 
     def set(self, watts: float) -> None:
         if self.original_watts is None:
             limits = self.device.power_limits()
             record = self.journal.record(self.device, limits.enforced_watts, limits.default_watts)
-            self.original_watts = record.original_watts
+            self.keep_entry = record.applied_watts is not None
+            self.original_watts = limits.enforced_watts if self.keep_entry else record.original_watts
         self.device.set_power_limit(watts)
         self.current_watts = watts
 
@@ -147,6 +151,9 @@ class CapGuard:
             message = f"gpu {self.device.index}: power cap restored to {original:.0f} W (read back {back:.0f} W)"
         self.original_watts = None
         self.current_watts = None
+        if self.keep_entry:  # apply mode's entry: the operator's cap stays journaled
+            log.info("%s; the applied cap's journal entry is kept", message)
+            return
         try:
             self.journal.clear(uuid)
         except OSError as exc:

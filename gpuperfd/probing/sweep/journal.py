@@ -24,14 +24,14 @@ import os
 import stat
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from typing import TYPE_CHECKING
 
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError, InvalidArgument
-from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
+from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, apply_lock_name, is_owned, safe_name
 from gpuperfd.system.files import replace_file
 
 if TYPE_CHECKING:
@@ -59,6 +59,9 @@ class CapRecord:
     default_watts: float
     recorded_at: float
     pid: int
+    #: The cap ``gpuperfd apply`` holds on this GPU (None: a sweep's entry). A sweep on an applied GPU
+    #: returns to the cap it found and leaves the entry; a restore puts ``original_watts`` back.
+    applied_watts: float | None = None
 
 
 class CorruptJournal(Exception):
@@ -98,14 +101,22 @@ class CapJournal:
     def path_for(self, uuid: str) -> Path:
         return self._path(uuid)
 
-    def record(self, device: Device, original_watts: float, default_watts: float) -> CapRecord:
-        """Persist the original limit; JournalWriteError (one clear line) if it cannot be made durable."""
+    def record(self, device: Device, original_watts: float, default_watts: float,
+               applied_watts: float | None = None) -> CapRecord:
+        """Persist the original limit; JournalWriteError (one clear line) if it cannot be made durable.
+
+        An existing entry's original is kept (it is the true one); ``applied_watts`` (apply mode) is
+        written into it, so the operator's cap journaled first is never lost."""
         info = device.info()
-        record = CapRecord(info.uuid, device.index, original_watts, default_watts, time.time(), os.getpid())
+        record = CapRecord(info.uuid, device.index, original_watts, default_watts, time.time(), os.getpid(),
+                           applied_watts)
         path = self._path(info.uuid)
         if os.path.lexists(path):  # an earlier, unrestored change: its original is the true one
             try:
-                return self._read(path)
+                earlier = self._read(path)
+                if applied_watts is None or earlier.applied_watts == applied_watts:
+                    return earlier
+                record = replace(earlier, applied_watts=applied_watts, pid=os.getpid())
             except CorruptJournal:
                 log.warning("replacing unreadable journal entry %s", path)
         if self.registry is not None:
@@ -122,6 +133,17 @@ class CapJournal:
 
     def clear(self, uuid: str) -> None:
         self._path(uuid).unlink(missing_ok=True)
+
+    def entry(self, uuid: str) -> CapRecord | None:
+        """The GPU's entry, or None when there is none or it is unreadable (logged)."""
+        path = self._path(uuid)
+        if not os.path.lexists(path):
+            return None
+        try:
+            return self._read(path)
+        except CorruptJournal as exc:
+            log.warning("%s", exc)
+            return None
 
     def _read(self, path: Path) -> CapRecord:
         """Parse one entry; CorruptJournal for anything that is not a small regular file of valid JSON."""
@@ -156,6 +178,7 @@ class CapJournal:
                 default_watts=float(data["default_watts"]),
                 recorded_at=float(data.get("recorded_at", 0.0)),
                 pid=int(data.get("pid", 0)),
+                applied_watts=None if data.get("applied_watts") is None else float(data["applied_watts"]),
             )
         except RecursionError:
             raise CorruptJournal(path, "nested too deeply") from None
@@ -228,6 +251,11 @@ def restore_pending(
                 log.error("%s; no matching GPU, leaving it for inspection", entry)
             else:
                 log.warning("journal holds a cap for %s, which is not on this node now; kept", entry.uuid)
+            continue
+        if (isinstance(entry, CapRecord) and entry.applied_watts is not None
+                and (holder := is_owned(journal.state_dir, apply_lock_name(name))) is not None):
+            log.info("gpu %d: %.0f W is applied by a running daemon (pid %d), which restores it; left to it",
+                     device.index, entry.applied_watts, holder)
             continue
         gpu_lock = _lock_entry(journal, name, path) if lock else None
         if gpu_lock is False:

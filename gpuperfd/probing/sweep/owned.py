@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -88,6 +88,9 @@ class SweepRequest:
     #: Asked before each point: why a user's job now holds the GPU (a pod allocated it), or None.
     #: A foreign process is the probe child's own watch (it gives way mid-measurement too).
     wanted: Callable[[], str | None] | None = None
+    #: What ``current`` in a cap list means when it is not the cap set now: the operator's cap of a GPU
+    #: where apply mode holds another (docs/apply.md). None: the cap set now.
+    current_watts: float | None = None
 
 
 @dataclass
@@ -191,7 +194,8 @@ def run_owned_sweep(
 
         def resolve(spec: Sequence[str | float], parse: bool = False) -> bool:
             try:
-                outcome.caps_watts = resolve_caps(parse_cap_list(spec) if parse else spec, limits,
+                named = limits if request.current_watts is None else replace(limits, enforced_watts=request.current_watts)
+                outcome.caps_watts = resolve_caps(parse_cap_list(spec) if parse else spec, named,
                                                   strict=request.strict_caps)
             except CapSpecError as exc:
                 outcome.status, outcome.detail = OwnedStatus.BAD_CAPS, str(exc)

@@ -112,6 +112,13 @@ class GpuLock:
         self.release()
 
 
+def apply_lock_name(name: str) -> str:
+    """The lock name of ``gpuperfd apply``'s hold on a GPU's cap (``name``: the safe UUID). The daemon
+    holds it while a cap it applied stands: a journal entry with an applied cap is restored only when
+    this lock is free (its daemon is gone), never under a live one."""
+    return name + ".apply"
+
+
 def is_owned(state_dir: Path | str, name: str) -> int | None:
     """Without taking it: the owner pid (0: unknown) if a live process holds the lock, else None.
 

@@ -1,0 +1,407 @@
+"""The daemon's side of apply mode: journal the operator's cap, set the recommended one, watch it,
+give it back by itself.
+
+One pass per GPU (:meth:`ApplyController.tick`, every ``apply.interval_seconds`` on its own thread)
+under the GPU's cap lock (:class:`~gpuperfd.probing.sweep.ownership.GpuLock`): a sweep that owns the
+cap now is left alone (it returns to the applied cap itself, :class:`~gpuperfd.probing.sweep.caps.CapGuard`).
+A GPU without an applied cap is judged by :func:`~gpuperfd.apply.policy.decide`; one with a cap by
+:func:`~gpuperfd.apply.policy.check_applied`, which rolls it back (verdict, drift, a failed probe at the
+applied cap, a loss over budget) or, when someone else changed it, leaves it to them.
+
+Applying: the operator's cap goes into the same journal as a sweep's (:class:`CapJournal`, with the
+applied cap beside it) *before* the cap changes, and the daemon holds the GPU's apply lock
+(:func:`~gpuperfd.probing.sweep.ownership.apply_lock_name`) while the cap stands: a daemon that dies
+drops the lock and the next start (or ``gpuperfd restore-caps``) puts the operator's cap back; a live
+one is never restored under.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gpuperfd.apply.metrics import ApplyMetrics
+from gpuperfd.apply.policy import (ApplySettings, GpuFacts, check_applied, decide, in_canary, realized)
+from gpuperfd.device.base import Device, PowerLimits
+from gpuperfd.device.errors import DeviceError
+from gpuperfd.health.verdict import Verdict
+from gpuperfd.probe_data.recommend import SweepPoint
+from gpuperfd.probing.sweep.journal import CapJournal, JournalWriteError
+from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, apply_lock_name, safe_name
+
+log = logging.getLogger(__name__)
+
+
+class PointBook:
+    """The workload's latest point per cap per GPU, failed points included (they are evidence too);
+    fed by the probe service's point listener. Skipped, aborted and preempted points measured nothing."""
+
+    def __init__(self) -> None:
+        self._points: dict[int, dict[int, SweepPoint]] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, gpu: int, point: SweepPoint) -> None:
+        result = point.result
+        if result.status in ("skipped", "aborted") or result.preempted:
+            return
+        with self._lock:
+            self._points.setdefault(gpu, {})[round(point.cap_watts)] = point
+
+    def of(self, gpu: int) -> list[SweepPoint]:
+        with self._lock:
+            return list(self._points.get(gpu, {}).values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._points.clear()
+
+
+@dataclass
+class GpuApply:
+    """One GPU's apply state; ``reason`` is one of :data:`~gpuperfd.apply.policy.HOLD_REASONS`."""
+
+    reason: str = "off"
+    detail: str = ""
+    advised_watts: float | None = None
+    applied_watts: float | None = None
+    operator_watts: float | None = None
+    applied_at: float = 0.0
+    #: Someone else changed the cap we set (their cap stands).
+    overridden: bool = False
+    #: Rolled back or overridden: this GPU stays out of apply mode (its reason kept) until the mode,
+    #: the workload or the canary changes, or the daemon restarts; no flapping between caps.
+    out: bool = False
+    hold: GpuLock | None = field(default=None, repr=False)
+
+
+class ApplyController:
+    """Applies, watches and rolls back the recommended cap of each GPU (thread-safe; one pass at a time)."""
+
+    def __init__(self, settings: ApplySettings, devices: Iterable[Device], journal: CapJournal, *,
+                 verdicts: Callable[[], Iterable[Verdict]] | None = None,
+                 idle: Callable[[int], bool] | None = None,
+                 metrics: ApplyMetrics | None = None,
+                 held_caps: dict[int, float] | None = None,
+                 on_cap_change: Callable[[int], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.devices = {d.index: d for d in devices}
+        self.journal = journal
+        self.verdicts = verdicts
+        self.idle = idle
+        self.metrics = metrics
+        #: Shared with the probe service: the operator's cap of each GPU holding an applied cap.
+        self.held_caps = held_caps if held_caps is not None else {}
+        self.on_cap_change = on_cap_change
+        self.clock = clock
+        self.book = PointBook()
+        self.states = {index: GpuApply() for index in self.devices}
+        self._pass = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.interval_seconds = 30.0
+        if metrics is not None:
+            metrics.set_mode(settings.mode, self._workload())
+
+    def _workload(self) -> str:
+        s = self.settings
+        return f"{s.probe}/{s.preset}" if s.preset else s.probe
+
+    # --- inputs ------------------------------------------------------------------------------
+
+    def observe(self, gpu: int, probe: str, preset: str, point: SweepPoint) -> None:
+        """The probe service's point listener: keeps the workload's points."""
+        if self.settings.wants(probe, preset):
+            self.book.observe(gpu, point)
+
+    def _verdict(self, index: int) -> tuple[str, tuple[str, ...]]:
+        if self.verdicts is None:
+            return "unknown", ("health verdicts are off",)
+        for verdict in self.verdicts():
+            if verdict.gpu == index:
+                return verdict.state, tuple(sorted({r.check for r in verdict.reasons}))
+        return "unknown", ("no verdict yet",)
+
+    def _facts(self, device: Device, uuid: str, limits: PowerLimits | None, operator: float) -> GpuFacts:
+        state, checks = self._verdict(device.index)
+        idle = True if self.idle is None else self.idle(device.index)
+        return GpuFacts(device.index, uuid, limits, operator, self.book.of(device.index), state, checks, idle,
+                        self.clock())
+
+    # --- the pass ----------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One pass over every GPU; a GPU's failure is logged and is that GPU's alone."""
+        with self._pass:
+            for device in self.devices.values():
+                try:
+                    self._step(device)
+                except Exception:  # noqa: BLE001 - one GPU's bug must not stop the others
+                    log.exception("gpu %d: apply pass failed", device.index)
+
+    def _step(self, device: Device) -> None:
+        try:
+            uuid = device.info().uuid
+        except DeviceError as exc:
+            log.debug("gpu %d: apply skipped: %s", device.index, exc)
+            return
+        state = self.states[device.index]
+        lock = GpuLock(self.journal.state_dir, safe_name(uuid))
+        try:
+            lock.acquire()
+        except GpuBusy:
+            return  # a sweep or a CLI run owns the cap now; the next pass looks again
+        except OSError as exc:
+            log.warning("gpu %d: apply cannot lock the cap in %s: %s", device.index, self.journal.state_dir, exc)
+            return
+        try:
+            if state.applied_watts is not None:
+                self._watch(device, uuid, state)
+            else:
+                self._consider(device, uuid, state)
+        except DeviceError as exc:  # a lost or failing GPU: an applied cap stays journaled for the next start
+            log.warning("gpu %d: apply pass: %s", device.index, exc)
+        finally:
+            lock.release()
+        self._publish(device.index, uuid, state)
+
+    def _limits(self, device: Device) -> PowerLimits | None:
+        try:
+            return device.power_limits()
+        except DeviceError as exc:
+            if exc.reason != "not_supported":
+                raise
+            return None
+
+    def _consider(self, device: Device, uuid: str, state: GpuApply) -> None:
+        if state.out:
+            return
+        limits = self._limits(device)
+        operator = limits.enforced_watts if limits is not None else 0.0
+        decision = decide(self.settings, self._facts(device, uuid, limits, operator))
+        state.advised_watts = decision.cap_watts
+        if decision.apply and limits is not None and decision.cap_watts is not None:
+            self._apply(device, uuid, state, decision.cap_watts, limits, decision.detail)
+            return
+        if (state.reason, state.detail) != (decision.reason, decision.detail) and decision.reason != "off":
+            log.info("gpu %d: apply %s: %s", device.index, decision.reason, decision.detail or "-")
+        state.reason, state.detail = decision.reason, decision.detail
+
+    def _apply(self, device: Device, uuid: str, state: GpuApply, cap: float, limits: PowerLimits, why: str) -> None:
+        """Journal the operator's cap, hold the apply lock, set ``cap`` and read it back (or undo it)."""
+        hold = GpuLock(self.journal.state_dir, apply_lock_name(safe_name(uuid)))
+        try:
+            hold.acquire()
+            operator = self.journal.record(device, limits.enforced_watts, limits.default_watts,
+                                           applied_watts=cap).original_watts
+        except (GpuBusy, JournalWriteError, OSError) as exc:
+            hold.release()
+            log.error("gpu %d: not applying %.0f W: %s", device.index, cap, exc)
+            state.reason, state.detail, state.out = "rolled_back", f"not applied: {exc}", True
+            return
+        state.hold, state.operator_watts = hold, operator
+        try:
+            device.set_power_limit(cap)
+            back = device.power_limits().enforced_watts
+        except DeviceError as exc:
+            state.applied_watts = cap
+            if self._unchanged(device, operator):  # refused: nothing to put back, the entry goes
+                self.journal.clear(uuid)
+                self._release(device.index, uuid, state)
+                reason = "not_supported" if exc.reason == "not_supported" else "rolled_back"
+                state.reason, state.detail, state.out = reason, f"failed_to_apply: setting {cap:.0f} W: {exc}", True
+                log.error("gpu %d: not applied: setting %.0f W failed: %s", device.index, cap, exc)
+                return
+            self._rollback(device, uuid, state, "failed_to_apply", f"setting {cap:.0f} W failed: {exc}")
+            return
+        if round(back) != round(cap):
+            state.applied_watts = cap
+            self._rollback(device, uuid, state, "failed_to_apply", f"{cap:.0f} W set but reads back {back:.0f} W")
+            return
+        state.applied_watts, state.applied_at = cap, self.clock()
+        state.reason, state.detail = "applied", why
+        self.held_caps[device.index] = operator
+        log.warning("gpu %d: applied power cap %.0f W (operator's %.0f W journaled): %s",
+                    device.index, cap, operator, why)
+        self._cap_changed(device.index)
+
+    @staticmethod
+    def _unchanged(device: Device, watts: float) -> bool:
+        try:
+            return round(device.power_limits().enforced_watts) == round(watts)
+        except DeviceError:
+            return False
+
+    def _watch(self, device: Device, uuid: str, state: GpuApply) -> None:
+        assert state.applied_watts is not None and state.operator_watts is not None
+        limits = device.power_limits()
+        facts = self._facts(device, uuid, limits, state.operator_watts)
+        why = check_applied(self.settings, facts, state.applied_watts, state.applied_at, limits.enforced_watts)
+        if why is None:
+            if self.metrics is not None:
+                saved = realized(facts.points, state.applied_watts, state.operator_watts, state.applied_at)
+                self.metrics.set_realized(device.index, uuid, self.settings.probe,
+                                          self.settings.preset or self._preset_of(facts.points), saved)
+            return
+        if why[0] == "overridden":
+            self._leave(device, uuid, state, why[1])
+        else:
+            self._rollback(device, uuid, state, *why)
+
+    @staticmethod
+    def _preset_of(points: Iterable[SweepPoint]) -> str:
+        return next((p.result.preset for p in points), "")
+
+    def _rollback(self, device: Device, uuid: str, state: GpuApply, reason: str, detail: str) -> bool:
+        """Put the operator's cap back, read it back, clear the journal; False (journal kept) if it does not read back."""
+        operator = state.operator_watts
+        assert operator is not None
+        try:
+            device.set_power_limit(operator)
+            back = device.power_limits().enforced_watts
+        except DeviceError as exc:
+            log.error("gpu %d: rolling back to %.0f W failed (%s); the journal keeps it for the next start",
+                      device.index, operator, exc)
+            return False
+        if round(back) != round(operator):
+            log.error("gpu %d: rolled back to %.0f W but it reads back %.0f W; the journal keeps it",
+                      device.index, operator, back)
+            return False
+        self.journal.clear(uuid)
+        log.warning("gpu %d: applied cap %.0f W rolled back to the operator's %.0f W (%s): %s",
+                    device.index, state.applied_watts or 0.0, operator, reason, detail)
+        self._release(device.index, uuid, state)
+        state.reason, state.detail, state.out = "rolled_back", f"{reason}: {detail}", True
+        if self.metrics is not None:
+            self.metrics.rolled_back(device.index, uuid, reason)
+        self._cap_changed(device.index)
+        return True
+
+    def _leave(self, device: Device, uuid: str, state: GpuApply, detail: str) -> None:
+        """Someone else set a cap: never fight it. The journal entry goes *without* a restore (a later
+        start must not put the old cap over their choice), and the GPU leaves apply mode."""
+        self.journal.clear(uuid)
+        log.warning("gpu %d: %s; someone else changed the cap: leaving it, this GPU leaves apply mode", device.index,
+                    detail)
+        self._release(device.index, uuid, state)
+        state.overridden, state.out, state.reason, state.detail = True, True, "overridden", detail
+
+    def _release(self, index: int, uuid: str, state: GpuApply) -> None:
+        if state.hold is not None:
+            state.hold.release()
+        state.hold, state.applied_watts, state.operator_watts = None, None, None
+        self.held_caps.pop(index, None)
+        if self.metrics is not None:
+            self.metrics.clear_realized(index, uuid)
+
+    def _cap_changed(self, index: int) -> None:
+        if self.on_cap_change is not None:
+            self.on_cap_change(index)
+
+    def _publish(self, index: int, uuid: str, state: GpuApply) -> None:
+        if self.metrics is None:
+            return
+        advised = state.applied_watts if state.applied_watts is not None else state.advised_watts
+        self.metrics.set_state(index, uuid, state.reason, advised)
+        self.metrics.set_applied(index, uuid, state.applied_watts, state.operator_watts)
+        self.metrics.set_overridden(index, uuid, state.overridden)
+
+    # --- mode changes, revert, the thread ----------------------------------------------------
+
+    def configure(self, settings: ApplySettings) -> list[str]:
+        """Take a (re)loaded ``apply:`` section. A GPU no longer allowed to hold its cap (mode off or
+        advise, out of the canary, another workload or budget) gets the operator's cap back; a new
+        mode or workload lets GPUs that left apply mode try again. Returns what was rolled back."""
+        with self._pass:  # never beside a pass of the controller's thread
+            return self._configure(settings)
+
+    def _configure(self, settings: ApplySettings) -> list[str]:
+        before, self.settings = self.settings, settings
+        fresh = (before.mode, before.probe, before.preset) != (settings.mode, settings.probe, settings.preset)
+        if (before.probe, before.preset) != (settings.probe, settings.preset):
+            self.book.clear()
+        if self.metrics is not None:
+            self.metrics.set_mode(settings.mode, self._workload())
+        done: list[str] = []
+        for index, state in self.states.items():
+            if state.applied_watts is not None and not self._still_allowed(index, before, settings):
+                done += self._revert_one(index, "mode", f"apply mode {settings.mode} ({self._workload() or '-'})")
+            if fresh or before.canary_gpus != settings.canary_gpus or before.canary_share != settings.canary_share:
+                state.out = state.overridden = False
+        return done
+
+    def _still_allowed(self, index: int, before: ApplySettings, now: ApplySettings) -> bool:
+        if now.mode not in ("canary", "on") or (before.probe, before.preset) != (now.probe, now.preset):
+            return False
+        if now.budget_ratio < before.budget_ratio:
+            return False  # a tighter budget: the cap was chosen under the looser one
+        if now.mode == "canary":
+            try:
+                uuid = self.devices[index].info().uuid
+            except DeviceError:
+                return False
+            return in_canary(index, uuid, now)
+        return True
+
+    def _revert_one(self, index: int, reason: str, detail: str, wait_seconds: float = 5.0) -> list[str]:
+        device, state = self.devices[index], self.states[index]
+        try:
+            uuid = device.info().uuid
+        except DeviceError as exc:
+            return [f"gpu {index}: cannot read it ({exc}); the journal restores it at the next start"]
+        lock = GpuLock(self.journal.state_dir, safe_name(uuid))
+        try:
+            lock.acquire(wait_seconds=wait_seconds)  # a sweep returns to the applied cap within its point
+        except (GpuBusy, OSError) as exc:
+            return [f"gpu {index}: not reverted now ({exc}); the journal keeps the operator's cap"]
+        try:
+            if state.applied_watts is None:
+                return []
+            operator = state.operator_watts
+            ok = self._rollback(device, uuid, state, reason, detail)
+        finally:
+            lock.release()
+        self._publish(index, uuid, state)
+        return [f"gpu {index}: operator's cap {operator:.0f} W back" if ok
+                else f"gpu {index}: NOT restored; the journal keeps the operator's cap"]
+
+    def revert_all(self, reason: str = "stopped", detail: str = "gpuperfd stops") -> list[str]:
+        """Every applied cap back to the operator's (daemon stop, mode off), verified by reading back."""
+        with self._pass:
+            done: list[str] = []
+            for index, state in self.states.items():
+                if state.applied_watts is not None:
+                    done += self._revert_one(index, reason, detail)
+            return done
+
+    def status(self) -> list[dict[str, object]]:
+        """Each GPU's apply state, for logs and the landing page."""
+        return [{"gpu": index, "reason": s.reason, "detail": s.detail, "applied_watts": s.applied_watts,
+                 "advised_watts": s.advised_watts, "operator_watts": s.operator_watts, "overridden": s.overridden}
+                for index, s in sorted(self.states.items())]
+
+    def start(self, interval_seconds: float) -> None:
+        """Passes every ``interval_seconds`` on a daemon thread (nothing runs in mode off)."""
+        self.interval_seconds = interval_seconds
+        self._thread = threading.Thread(target=self._run, name="gpuperfd-apply", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_seconds):
+            if self.settings.mode != "off":
+                self.tick()
+
+    def stop(self) -> list[str]:
+        """Stop the passes and give every applied cap back (the operator's cap, read back)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval_seconds + 10)
+        done = self.revert_all()
+        for state in self.states.values():  # one not reverted now: the daemon's journal pass at stop restores it
+            if state.hold is not None:
+                state.hold.release()
+                state.hold = None
+        return done

@@ -1,0 +1,104 @@
+"""The apply series (docs/apply.md, docs/metrics.md "Apply"): one small registry beside the probe series.
+
+Per GPU at most one ``gpuperf_apply_state`` series (its current reason), the applied, advised and
+operator caps while they exist, a rollback counter by bounded reason, and the realized savings of
+the workload's probe at the applied cap against the operator's cap. Labels are bounded: ``reason``
+from :data:`gpuperfd.apply.policy.HOLD_REASONS` / ``ROLLBACK_REASONS``, one workload per node.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpuperfd.apply.policy import Realized
+
+GPU_LABELS = ("gpu", "uuid")
+WORKLOAD_LABELS = ("gpu", "uuid", "probe", "preset")
+
+
+class ApplyMetrics:
+    """Gauges and counters of the apply controller, in their own registry (rendered on every scrape)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.info = Gauge("gpuperf_apply_info", "Apply mode (off, advise, canary, on) and the workload it serves; 1.",
+                          ("mode", "workload"), registry=r)
+        self.state = Gauge("gpuperf_apply_state", "1 for the reason a GPU holds (applied) or does not hold an applied cap.",
+                           (*GPU_LABELS, "reason"), registry=r)
+        self.applied = Gauge("gpuperf_apply_cap_watts", "The power cap apply mode holds on the GPU, watts (absent: none).",
+                             GPU_LABELS, registry=r)
+        self.advised = Gauge("gpuperf_apply_advised_cap_watts",
+                             "The cap apply would set (advise) or holds, from the recommendation within the budget, watts.",
+                             GPU_LABELS, registry=r)
+        self.operator = Gauge("gpuperf_apply_operator_cap_watts",
+                              "The operator's own cap, journaled before the applied one and restored on rollback, watts.",
+                              GPU_LABELS, registry=r)
+        self.overridden = Gauge("gpuperf_apply_overridden",
+                                "1 when someone else changed a cap apply had set: the GPU left apply mode, their cap stands.",
+                                GPU_LABELS, registry=r)
+        self.rollbacks = Counter("gpuperf_apply_rollbacks", "Applied caps given back to the operator's cap, by reason.",
+                                 (*GPU_LABELS, "reason"), registry=r)
+        self.power_saved = Gauge("gpuperf_apply_realized_power_saved_watts",
+                                 "Measured: the workload probe's average power at the operator's cap minus at the applied cap, watts.",
+                                 WORKLOAD_LABELS, registry=r)
+        self.energy_saving = Gauge("gpuperf_apply_realized_energy_saving_ratio",
+                                   "Measured: 1 - energy per unit at the applied cap / at the operator's cap.",
+                                   WORKLOAD_LABELS, registry=r)
+        self.throughput_loss = Gauge("gpuperf_apply_realized_throughput_loss_ratio",
+                                     "Measured: 1 - throughput at the applied cap / at the operator's cap.",
+                                     WORKLOAD_LABELS, registry=r)
+        self._reasons: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+
+    def set_mode(self, mode: str, workload: str) -> None:
+        self.info.clear()
+        self.info.labels(mode, workload).set(1)
+
+    def set_state(self, gpu: int, uuid: str, reason: str, advised: float | None) -> None:
+        """The GPU's one state series (the old reason's series goes) and its advised cap."""
+        key = (str(gpu), uuid)
+        with self._lock:
+            before = self._reasons.get(key)
+            if before is not None and before != reason:
+                self.state.remove(*key, before)
+            self._reasons[key] = reason
+            self.state.labels(*key, reason).set(1)
+        self._set_or_remove(self.advised, key, advised)
+
+    def set_applied(self, gpu: int, uuid: str, cap: float | None, operator: float | None) -> None:
+        key = (str(gpu), uuid)
+        self._set_or_remove(self.applied, key, cap)
+        self._set_or_remove(self.operator, key, operator)
+
+    def set_overridden(self, gpu: int, uuid: str, value: bool) -> None:
+        self.overridden.labels(str(gpu), uuid).set(1 if value else 0)
+
+    def rolled_back(self, gpu: int, uuid: str, reason: str) -> None:
+        self.rollbacks.labels(str(gpu), uuid, reason).inc()
+
+    def set_realized(self, gpu: int, uuid: str, probe: str, preset: str, saved: Realized | None) -> None:
+        key = (str(gpu), uuid, probe, preset)
+        for gauge, value in ((self.power_saved, None if saved is None else saved.power_saved_watts),
+                             (self.energy_saving, None if saved is None else saved.energy_saving_ratio),
+                             (self.throughput_loss, None if saved is None else saved.throughput_loss_ratio)):
+            self._set_or_remove(gauge, key, value)
+
+    def clear_realized(self, gpu: int, uuid: str) -> None:
+        """Withdraw a GPU's realized savings (its cap was given back: there is nothing applied to measure)."""
+        for gauge in (self.power_saved, self.energy_saving, self.throughput_loss):
+            for labels in [s.labels for m in gauge.collect() for s in m.samples]:
+                if labels.get("gpu") == str(gpu) and labels.get("uuid") == uuid:
+                    gauge.remove(*(labels[name] for name in WORKLOAD_LABELS))
+
+    @staticmethod
+    def _set_or_remove(gauge: Gauge, key: tuple[str, ...], value: float | None) -> None:
+        if value is not None:
+            gauge.labels(*key).set(value)
+            return
+        try:
+            gauge.remove(*key)
+        except KeyError:
+            pass

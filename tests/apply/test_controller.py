@@ -1,0 +1,216 @@
+"""apply/controller.py on simulated GPUs swept by the real probe service, with the real journal."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gpuperfd.apply.cli import revert
+from gpuperfd.apply.policy import ApplySettings
+from gpuperfd.config import FaultConfig
+from gpuperfd.probe_data.recommend import SweepPoint
+from gpuperfd.probe_data.result import ProbeResult
+from gpuperfd.probing.sweep.journal import CapJournal, restore_all
+
+from simfleet import drift, make_node
+
+
+def entry(node, index):  # type: ignore[no-untyped-def]
+    return node.journal.entry(node.devices[index].info().uuid)
+
+
+def cap(node, index):  # type: ignore[no-untyped-def]
+    return node.devices[index].power_limits().enforced_watts
+
+
+def applied_node(tmp_path, gpus=2, **kw):  # type: ignore[no-untyped-def]
+    node = make_node(tmp_path, gpus=gpus, **kw)
+    node.sweep()
+    node.controller.tick()
+    return node
+
+
+def test_applies_the_recommended_cap_journaling_the_operators_first(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = applied_node(tmp_path)
+    uuid = node.devices[0].info().uuid
+    state = node.controller.states[0]
+    assert state.reason == "applied" and cap(node, 0) == state.applied_watts < 700
+    record = entry(node, 0)
+    assert record.original_watts == 700.0 and record.applied_watts == state.applied_watts
+    assert node.sample("gpuperf_apply_cap_watts", gpu="0", uuid=uuid) == state.applied_watts
+    assert node.sample("gpuperf_apply_operator_cap_watts", gpu="0", uuid=uuid) == 700.0
+    assert node.sample("gpuperf_apply_state", gpu="0", uuid=uuid, reason="applied") == 1
+    # the daemon holds the apply lock: restore-caps and another start leave the live cap alone
+    assert restore_all([node.journal], node.devices) == [] and cap(node, 0) == state.applied_watts
+
+
+def test_a_sweep_on_an_applied_gpu_returns_to_the_applied_cap_and_measures_savings(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = applied_node(tmp_path)
+    applied = node.controller.states[0].applied_watts
+    node.sweep()
+    assert cap(node, 0) == applied and entry(node, 0).original_watts == 700.0  # operator's cap still journaled
+    uuid = node.devices[0].info().uuid
+    assert node.service.metrics.original_cap.labels("0", uuid)._value.get() == 700.0  # not the applied cap
+    node.controller.tick()
+    labels = {"gpu": "0", "uuid": uuid, "probe": "llm", "preset": "gpt2"}
+    assert node.sample("gpuperf_apply_realized_power_saved_watts", **labels) > 50
+    assert 0 < node.sample("gpuperf_apply_realized_energy_saving_ratio", **labels) < 0.6
+    assert node.sample("gpuperf_apply_realized_throughput_loss_ratio", **labels) <= 0.10
+    assert node.controller.states[0].reason == "applied"
+
+
+def test_a_cap_someone_else_set_is_never_fought(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = applied_node(tmp_path)
+    node.devices[0].set_power_limit(650.0)  # the operator, by hand
+    node.controller.tick()
+    state, uuid = node.controller.states[0], node.devices[0].info().uuid
+    assert state.reason == "overridden" and state.overridden and cap(node, 0) == 650.0
+    assert entry(node, 0) is None  # no later start puts 700 W over their choice
+    assert node.sample("gpuperf_apply_overridden", gpu="0", uuid=uuid) == 1
+    node.sweep()
+    node.controller.tick()
+    assert cap(node, 0) == 650.0 and state.reason == "overridden"  # it stays out of apply mode
+    assert restore_all([node.journal], node.devices) == [] and cap(node, 0) == 650.0
+    assert node.controller.states[1].reason == "applied"  # the other GPU is not affected
+
+
+def test_drift_rolls_back_to_the_operators_cap_and_says_why(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = applied_node(tmp_path)
+    node.reasons[1] = [drift()]
+    node.controller.tick()
+    state, uuid = node.controller.states[1], node.devices[1].info().uuid
+    assert cap(node, 1) == 700.0 and entry(node, 1) is None
+    assert state.reason == "rolled_back" and "drift" in state.detail and "probe_throughput_baseline" in state.detail
+    assert node.sample("gpuperf_apply_rollbacks_total", gpu="1", uuid=uuid, reason="drift") == 1
+    assert node.sample("gpuperf_apply_cap_watts", gpu="1", uuid=uuid) is None
+    node.reasons.clear()
+    node.sweep()
+    node.controller.tick()
+    assert cap(node, 1) == 700.0  # no flapping: out until the mode changes
+    node.controller.configure(dataclasses.replace(node.controller.settings, mode="canary", canary_gpus=(0, 1)))
+    node.controller.tick()
+    assert cap(node, 1) < 700.0  # a new mode lets it try again
+
+
+def _at_applied(node, index, **result) -> SweepPoint:  # type: ignore[no-untyped-def]
+    state = node.controller.states[index]
+    base = dict(probe="llm", variant="simulated", preset="gpt2", measured_seconds=1.0, started_at=state.applied_at + 1)
+    return SweepPoint(state.applied_watts, ProbeResult(**{**base, **result}))
+
+
+def test_a_failed_probe_or_a_loss_over_budget_at_the_applied_cap_rolls_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = applied_node(tmp_path)
+    node.controller.observe(0, "llm", "gpt2", _at_applied(node, 0, status="failed", failure_reason="cuda_error"))
+    top = max(node.controller.book.of(1), key=lambda p: p.cap_watts).result
+    slow = top.units_of_work / top.measured_seconds * 0.8  # 20% slower than the operator's cap: budget is 10%
+    node.controller.observe(1, "llm", "gpt2", _at_applied(node, 1, units_of_work=slow, average_power_watts=300.0,
+                                                          energy_per_unit_joules=300.0 / slow))
+    node.controller.tick()
+    assert [cap(node, i) for i in (0, 1)] == [700.0, 700.0]
+    assert node.controller.states[0].detail.startswith("probe_failed")
+    assert node.controller.states[1].detail.startswith("over_budget")
+    assert node.journal.entries() == []
+
+
+def test_advise_publishes_what_it_would_set_and_changes_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = make_node(tmp_path, gpus=2, settings=ApplySettings(mode="advise", probe="llm", budget_ratio=0.10))
+    node.sweep()
+    node.controller.tick()
+    uuid = node.devices[0].info().uuid
+    assert cap(node, 0) == 700.0 and node.journal.entries() == []
+    assert node.controller.states[0].reason == "advise"
+    assert 200 <= node.sample("gpuperf_apply_advised_cap_watts", gpu="0", uuid=uuid) < 700
+    assert node.sample("gpuperf_apply_cap_watts", gpu="0", uuid=uuid) is None
+    assert node.sample("gpuperf_apply_info", mode="advise", workload="llm") == 1
+
+
+def test_busy_gpu_and_unsupported_caps_change_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = make_node(tmp_path, gpus=2, faults=[FaultConfig(gpu=1, call="power_limits", kind="not_supported")])
+    node.sweep()
+    node.idle[0] = False
+    node.controller.tick()
+    assert node.controller.states[0].reason == "busy" and cap(node, 0) == 700.0
+    assert node.controller.states[1].reason == "not_supported"
+    assert node.journal.entries() == []
+
+
+def test_stop_and_mode_off_restore_every_operator_cap_read_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = applied_node(tmp_path, gpus=3)
+    node.controller.configure(dataclasses.replace(node.controller.settings, mode="canary", canary_gpus=(0, 1)))
+    assert cap(node, 2) == 700.0 and "mode" in node.controller.states[2].detail  # left the canary
+    assert cap(node, 0) < 700.0
+    done = node.controller.stop()
+    assert len(done) == 2 and all("back" in line for line in done)
+    assert [cap(node, i) for i in range(3)] == [700.0] * 3 and node.journal.entries() == []
+
+
+def test_a_crash_while_applied_is_undone_by_the_journal_at_the_next_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = applied_node(tmp_path)
+    for state in node.controller.states.values():
+        state.hold.release()  # the kernel drops the daemon's locks when it dies (SIGKILL)
+    actions = restore_all([CapJournal(node.journal.state_dir)], node.devices)
+    assert len(actions) == 2 and [cap(node, i) for i in (0, 1)] == [700.0, 700.0]
+    assert node.journal.entries() == []
+
+
+def test_revert_from_the_command_line_while_the_daemon_holds_the_cap(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = applied_node(tmp_path)
+    results = revert([node.journal], node.devices)
+    assert [r.ok for r in results] == [True, True] and all("reads back 700 W" in r.words for r in results)
+    assert node.journal.entries() == [] and [cap(node, i) for i in (0, 1)] == [700.0, 700.0]
+    node.controller.tick()  # the daemon sees its cap changed and leaves the GPUs alone
+    assert {s.reason for s in node.controller.states.values()} == {"overridden"}
+    assert [cap(node, i) for i in (0, 1)] == [700.0, 700.0]
+
+
+def test_a_cap_not_reverted_at_stop_is_left_to_the_daemons_journal_pass(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpuperfd.probing.sweep.ownership import GpuLock
+
+    node = applied_node(tmp_path)
+    uuid = node.devices[0].info().uuid
+    other = GpuLock(node.journal.state_dir, uuid)  # a stuck owner of GPU 0's cap (same name form: no specials)
+    other.acquire()
+    try:
+        done = node.controller.stop()
+        assert any("gpu 0: not reverted now" in line for line in done) and cap(node, 1) == 700.0
+        assert cap(node, 0) < 700.0 and node.controller.states[0].hold is None  # the apply lock is let go
+    finally:
+        other.release()
+    assert restore_all([node.journal], node.devices) and cap(node, 0) == 700.0 and node.journal.entries() == []
+
+
+def test_a_lost_gpu_keeps_its_applied_cap_journaled_and_the_pass_goes_on(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    node = applied_node(tmp_path)
+    node.devices[0].inject(FaultConfig(gpu=0, call="power_limits", kind="gpu_lost"))
+    node.controller.tick()
+    assert entry(node, 0).applied_watts == node.controller.states[0].applied_watts  # kept for the next start
+    assert node.controller.states[1].reason == "applied" and "Traceback" not in caplog.text
+
+
+def test_a_board_that_refuses_the_cap_changes_nothing_and_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = make_node(tmp_path, gpus=2)
+    node.sweep()
+    node.devices[1].inject(FaultConfig(gpu=1, call="set_power_limit", kind="not_supported"))
+    node.controller.tick()
+    state = node.controller.states[1]
+    assert state.reason == "not_supported" and "failed_to_apply" in state.detail and state.hold is None
+    assert cap(node, 1) == 700.0 and entry(node, 1) is None and node.controller.states[0].reason == "applied"
+    node.controller.tick()
+    assert state.reason == "not_supported" and entry(node, 1) is None  # not tried again
+
+
+def test_current_in_a_sweep_under_apply_is_the_operators_cap_so_savings_are_measured(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpuperfd.config import ScheduleConfig
+
+    schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=["current", 500, 400, 300], settle_seconds=0)
+    node = make_node(tmp_path, gpus=1, initial_power_limits={0: 650.0})
+    node.sweep(schedule)
+    node.controller.tick()
+    applied = node.controller.states[0].applied_watts
+    assert applied < 650 and entry(node, 0).original_watts == 650.0
+    node.sweep(schedule)  # "current" is the operator's 650 W, not the applied cap
+    caps = {round(p.cap_watts) for p in node.controller.book.of(0)
+            if p.result.started_at >= node.controller.states[0].applied_at}
+    assert 650 in caps and cap(node, 0) == applied
+    node.controller.tick()
+    uuid = node.devices[0].info().uuid
+    assert node.sample("gpuperf_apply_realized_power_saved_watts", gpu="0", uuid=uuid, probe="llm", preset="gpt2") > 0
