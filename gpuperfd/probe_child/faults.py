@@ -12,8 +12,9 @@ import torch
 from gpuperfd.probe_child.context import ProbeContext
 
 
-def inject_fault(kind: str, ctx: ProbeContext) -> None:
-    """Fail on purpose, for the runner's isolation tests (see ProbeSpec.inject_fault)."""
+def inject_process_fault(kind: str) -> None:
+    """The faults any probe process can play (a probe child, an interconnect worker): an exception,
+    a hang, a crash (SIGSEGV); any other kind is left to the caller."""
     if kind == "exception":
         raise RuntimeError("injected fault: exception")
     if kind == "hang":
@@ -23,6 +24,11 @@ def inject_fault(kind: str, ctx: ProbeContext) -> None:
         os.kill(os.getpid(), signal.SIGSEGV)
         time.sleep(10)
         raise RuntimeError("injected crash did not kill the process")
+
+
+def inject_fault(kind: str, ctx: ProbeContext) -> None:
+    """Fail on purpose, for the runner's isolation tests (see ProbeSpec.inject_fault)."""
+    inject_process_fault(kind)
     if kind == "oom":
         limit = ctx.spec.memory_limit_bytes or (512 << 20)
         if ctx.spec.memory_limit_bytes is None:

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from gpuperfd.probe_child.child import classify_exception, die_with_parent
+from gpuperfd.probe_child.faults import inject_process_fault
 from gpuperfd.probe_data.interconnect import (AllReduce, InterconnectRequest, InterconnectResult, PeerCopy,
                                               bus_bandwidth)
 from gpuperfd.probe_data.result import percentile
@@ -185,16 +186,10 @@ def all_reduce(me: Rank, nbytes: int, request: InterconnectRequest, fault: str |
 
 
 def _inject(fault: str | None) -> None:
-    """Fail on purpose (tests: a failing rank must take no process or GPU with it)."""
-    import signal
-
-    if fault == "exception":
-        raise RuntimeError("injected fault: exception")
-    if fault == "hang":
-        while True:
-            time.sleep(3600)
-    if fault == "crash":
-        os.kill(os.getpid(), signal.SIGSEGV)
+    """Fail on purpose (tests: a failing rank must take no process or GPU with it); the wrong-result
+    faults are played where the copies and sums are made."""
+    if fault is not None:
+        inject_process_fault(fault)
 
 
 def run(me: Rank, request: InterconnectRequest, fault: str | None) -> dict[str, Any] | None:
