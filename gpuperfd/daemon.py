@@ -229,7 +229,7 @@ def build_apply(config: Config, devices: list[Device], probes: ProbeService, hea
 def build_exporter(sampler: Sampler, backend_name: str, probe_registry: CollectorRegistry, probe_metrics: ProbeMetrics,
                    auth_registry: CollectorRegistry | None, health: HealthMonitor | None,
                    interconnect: tuple[CollectorRegistry, Callable[[], int]] | None = None,
-                   apply_registry: CollectorRegistry | None = None) -> Exporter:
+                   apply_registry: tuple[CollectorRegistry, Callable[[], int]] | None = None) -> Exporter:
     """/metrics: the readings, the probe and interconnect series, process_*, the web auth counter, apply
     mode and the verdicts."""
     registries: list[tuple[CollectorRegistry, Callable[[], int] | None]] = [
@@ -237,7 +237,7 @@ def build_exporter(sampler: Sampler, backend_name: str, probe_registry: Collecto
     if interconnect is not None:
         registries.append(interconnect)
     if apply_registry is not None:
-        registries.append((apply_registry, None))
+        registries.append(apply_registry)
     if auth_registry is not None:
         registries.append((auth_registry, None))
     return Exporter(sampler, backend_name, registries, extra_families=[health.families] if health is not None else [])
@@ -314,7 +314,8 @@ class Daemon:
         auth_registry = CollectorRegistry(auto_describe=True) if self.web_config is not None else None
         self.exporter = build_exporter(self.sampler, self.backend.name, self.probe_registry, self.probe_metrics,
                                        auth_registry, self.health, (interconnect_registry, interconnect_metrics.version),
-                                       self.apply.metrics.registry if self.apply.metrics is not None else None)
+                                       (self.apply.metrics.registry, self.apply.metrics.version)
+                                       if self.apply.metrics is not None else None)
         self.web = build_web_server(config.web, self._routes(), self.web_config, auth_registry)
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
 

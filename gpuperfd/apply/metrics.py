@@ -8,7 +8,10 @@ from :data:`gpuperfd.apply.policy.HOLD_REASONS` / ``ROLLBACK_REASONS``, one work
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -18,8 +21,21 @@ GPU_LABELS = ("gpu", "uuid")
 WORKLOAD_LABELS = ("gpu", "uuid", "probe", "preset")
 
 
+def _changes(method: Callable[..., None]) -> Callable[..., None]:
+    """A setter whose series changed once it returns: the version moves after the change, so a scrape in
+    between never caches the old text under the new version."""
+    @functools.wraps(method)
+    def wrapper(self: ApplyMetrics, *args: Any, **kwargs: Any) -> None:
+        try:
+            method(self, *args, **kwargs)
+        finally:
+            self._changed()
+
+    return wrapper
+
+
 class ApplyMetrics:
-    """Gauges and counters of the apply controller, in their own registry (rendered on every scrape)."""
+    """Gauges and counters of the apply controller, in their own registry (re-rendered when :meth:`version` moves)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
@@ -52,11 +68,22 @@ class ApplyMetrics:
                                      WORKLOAD_LABELS, registry=r)
         self._reasons: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
+        self._version = 0
 
+    def version(self) -> int:
+        """Changes whenever a series changes, so the scrape path re-renders this registry only then."""
+        return self._version
+
+    def _changed(self) -> None:
+        with self._lock:
+            self._version += 1
+
+    @_changes
     def set_mode(self, mode: str, workload: str) -> None:
         self.info.clear()
         self.info.labels(mode, workload).set(1)
 
+    @_changes
     def set_state(self, gpu: int, uuid: str, reason: str, advised: float | None) -> None:
         """The GPU's one state series (the old reason's series goes) and its advised cap."""
         key = (str(gpu), uuid)
@@ -68,17 +95,21 @@ class ApplyMetrics:
             self.state.labels(*key, reason).set(1)
         self._set_or_remove(self.advised, key, advised)
 
+    @_changes
     def set_applied(self, gpu: int, uuid: str, cap: float | None, operator: float | None) -> None:
         key = (str(gpu), uuid)
         self._set_or_remove(self.applied, key, cap)
         self._set_or_remove(self.operator, key, operator)
 
+    @_changes
     def set_overridden(self, gpu: int, uuid: str, value: bool) -> None:
         self.overridden.labels(str(gpu), uuid).set(1 if value else 0)
 
+    @_changes
     def rolled_back(self, gpu: int, uuid: str, reason: str) -> None:
         self.rollbacks.labels(str(gpu), uuid, reason).inc()
 
+    @_changes
     def set_realized(self, gpu: int, uuid: str, probe: str, preset: str, saved: Realized | None) -> None:
         key = (str(gpu), uuid, probe, preset)
         for gauge, value in ((self.power_saved, None if saved is None else saved.power_saved_watts),
@@ -86,6 +117,7 @@ class ApplyMetrics:
                              (self.throughput_loss, None if saved is None else saved.throughput_loss_ratio)):
             self._set_or_remove(gauge, key, value)
 
+    @_changes
     def clear_realized(self, gpu: int, uuid: str) -> None:
         """Withdraw a GPU's realized savings (its cap was given back: there is nothing applied to measure)."""
         for gauge in (self.power_saved, self.energy_saving, self.throughput_loss):

@@ -76,8 +76,14 @@ class InterconnectMetrics:
                 topology: Sequence[PeerLink] = (), links_per_gpu: Mapping[int, int] | None = None) -> None:
         """Count the run; on an ok run set the bandwidth, latency and energy series. ``infos``: the
         GPUs of the node by index (uuids); ``topology`` and ``links_per_gpu``: see :meth:`publish_topology`."""
+        try:
+            self._publish(result, infos, topology, links_per_gpu)
+        finally:  # after the change: a scrape in between never caches the old text under the new version
+            self._version += 1
+
+    def _publish(self, result: InterconnectResult, infos: Mapping[int, GpuInfo], topology: Sequence[PeerLink],
+                 links_per_gpu: Mapping[int, int] | None) -> None:
         label = set_label(result.gpus)
-        self._version += 1
         self.runs.labels(label, result.status, result.failure_reason or "").inc()
         if result.wall_seconds is not None:
             self.duration.labels(label).set(result.wall_seconds)
@@ -102,7 +108,6 @@ class InterconnectMetrics:
         """Links up and expected per ordered NVLink pair, and each pair's expected copy figure.
         ``expected_links``: NVLinks per GPU on a healthy board (see ``device.interconnect_figures.expected_pair_links``)."""
         wanted = expected_pair_links(topology, expected_links or {})
-        self._version += 1
         for link in topology:
             if link.path != "nvlink" or link.gpu_a not in infos or link.gpu_b not in infos:
                 continue
@@ -114,6 +119,7 @@ class InterconnectMetrics:
                     self.links_expected.labels(*labels).set(want)
                     healthy = PeerLink(link.gpu_a, link.gpu_b, "nvlink", want, link.via_nvswitch, link.p2p)
                     self.copy_expected.labels(*labels).set(expected_copy_bandwidth(healthy))
+        self._version += 1
 
 
 #: Called after the series with the run, the topology and each GPU's NVLink count, e.g. the health

@@ -91,3 +91,27 @@ def test_result_publisher_sets_series_and_tells_the_listeners() -> None:
     assert registry.get_sample_value("gpuperf_nvlink_peer_links_expected", pair) == 18
     [(got, topology, links)] = heard
     assert got is result and len(topology) == 6 and links == {0: 18, 1: 18, 2: 18, 3: 18}
+
+
+def test_the_version_moves_only_after_the_series_changed() -> None:
+    """The scrape path re-renders this registry only when ``version`` moves: a publish that moved it
+    first could be cached with the old text under the new version."""
+    node = SimulatedBackend(SimulationConfig(gpus=2, seed=4))
+    result = SimulatedInterconnectExecutor(node.interconnect, seed=4).run(
+        node.devices(), InterconnectRequest(), threading.Event())
+    registry = CollectorRegistry()
+    metrics = InterconnectMetrics(registry)
+    seen: list[tuple[int, float | None]] = []
+    gauge = metrics.copy
+    set_before = gauge.labels
+
+    def watching(*labels: str):  # what a scrape at this instant would see: the version, then the series
+        child = set_before(*labels)
+        seen.append((metrics.version(), None))
+        return child
+
+    gauge.labels = watching  # type: ignore[method-assign]
+    before = metrics.version()
+    metrics.publish(result, {d.index: d.info() for d in node.devices()})
+    assert seen and all(version == before for version, _ in seen)  # unchanged while the series were set
+    assert metrics.version() == before + 1
