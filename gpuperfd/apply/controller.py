@@ -59,6 +59,10 @@ class PointBook:
             self._points.clear()
 
 
+#: Hold reasons of a GPU whose cap apply mode never changes (no rollback counters for it).
+OUT_OF_SCOPE: frozenset[str] = frozenset({"off", "not_canary", "advise", "not_supported"})
+
+
 @dataclass
 class GpuApply:
     """One GPU's apply state; ``reason`` is one of :data:`~gpuperfd.apply.policy.HOLD_REASONS`."""
@@ -152,8 +156,9 @@ class ApplyController:
         lock = GpuLock(self.journal.state_dir, safe_name(uuid))
         try:
             lock.acquire()
-        except GpuBusy:
-            return  # a sweep or a CLI run owns the cap now; the next pass looks again
+        except GpuBusy:  # a sweep or a CLI run owns the cap now; the next pass looks again
+            self._publish(device.index, uuid, state)  # the state so far stays on /metrics meanwhile
+            return
         except OSError as exc:
             log.warning("gpu %d: apply cannot lock the cap in %s: %s", device.index, self.journal.state_dir, exc)
             return
@@ -305,6 +310,8 @@ class ApplyController:
         if self.metrics is None:
             return
         advised = state.applied_watts if state.applied_watts is not None else state.advised_watts
+        if state.reason not in OUT_OF_SCOPE:  # a GPU whose cap apply may change: its rollback counters from 0
+            self.metrics.declare_rollbacks(index, uuid)
         self.metrics.set_state(index, uuid, state.reason, advised)
         self.metrics.set_applied(index, uuid, state.applied_watts, state.operator_watts)
         self.metrics.set_overridden(index, uuid, state.overridden)

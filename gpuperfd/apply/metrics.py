@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuperfd.apply.policy import Realized
+from gpuperfd.apply.policy import ROLLBACK_REASONS, Realized
 
 GPU_LABELS = ("gpu", "uuid")
 WORKLOAD_LABELS = ("gpu", "uuid", "probe", "preset")
@@ -104,6 +104,13 @@ class ApplyMetrics:
     @_changes
     def set_overridden(self, gpu: int, uuid: str, value: bool) -> None:
         self.overridden.labels(str(gpu), uuid).set(1 if value else 0)
+
+    @_changes
+    def declare_rollbacks(self, gpu: int, uuid: str) -> None:
+        """Every rollback reason's counter from 0 for a GPU apply may change, so ``increase()`` has data
+        (and a dashboard a zero) before the first rollback; bounded by ROLLBACK_REASONS."""
+        for reason in ROLLBACK_REASONS:
+            self.rollbacks.labels(str(gpu), uuid, reason)
 
     @_changes
     def rolled_back(self, gpu: int, uuid: str, reason: str) -> None:

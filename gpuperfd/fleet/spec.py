@@ -62,6 +62,8 @@ EXPECTED_ALERTS: dict[str | None, frozenset[str]] = {
 #: GPU, "slow_reads" (no alert) on the first GPU of the last node when it is healthy.
 INCIDENT_ALERTS = {"xid": "GpuXidError"}
 
+#: The node whose GPU 0 runs apply mode (canary): a healthy GPU, no MIG, no incident.
+APPLY_NODE = 1
 #: The last node's GPU 0 runs MIG with this many instances (the MIG panels need one; two pods share it).
 MIG_INSTANCES = 2
 #: Namespaces of the fleet's pods (FleetSpec.pods, pod_layout()).
@@ -410,20 +412,10 @@ def daemon_config(node: FleetNode, spec: FleetSpec) -> dict[str, Any]:
     if faults:
         simulation["faults"] = faults
         device["call_timeout_seconds"] = INCIDENT_CALL_TIMEOUT_SECONDS
-    schedules = [
-        {
-            "probe": probe,
-            "interval_seconds": spec.probe_interval_seconds,
-            "caps": list(spec.caps),
-            "settle_seconds": spec.settle_seconds,
-        }
-        for probe in spec.probes
-    ]
-    if len(node.gpus) >= 2:  # the node probe across its GPUs: the dashboard's interconnect panels and verdicts
-        schedules.append({"probe": "interconnect", "interval_seconds": spec.probe_interval_seconds})
+    schedules = _schedules(node, spec)
     # A node without a kubelet points at a socket that never exists: bare metal, nothing reported.
     kubelet = node.kubelet_socket or node.directory / "no-kubelet.sock"
-    return {
+    config: dict[str, Any] = {
         "log_level": "info",
         "web": {"listen_address": node.instance},
         "device": device,
@@ -454,5 +446,27 @@ def daemon_config(node: FleetNode, spec: FleetSpec) -> dict[str, Any]:
         # Verdicts every 2 s: a defect must show within one probe interval (tests/fleet/test_fleet.py).
         "health": {"interval_seconds": HEALTH_INTERVAL_SECONDS},
     }
+    if node.index == APPLY_NODE and spec.nodes > APPLY_NODE:
+        # Apply mode on one healthy GPU of one node (its power-cap dashboard row and savings need one):
+        # the recommended cap of the first probe, within the rules' slowdown, between its sweeps.
+        config["apply"] = {"mode": "canary", "canary_gpus": [0], "workload": spec.probes[0],
+                           "budget_ratio": MAX_SLOWDOWN, "interval_seconds": 1.0}
+    return config
+
+
+def _schedules(node: FleetNode, spec: FleetSpec) -> list[dict[str, Any]]:
+    """Every probe swept over the fleet's caps; on a node of two or more GPUs, the interconnect too."""
+    schedules: list[dict[str, Any]] = [
+        {
+            "probe": probe,
+            "interval_seconds": spec.probe_interval_seconds,
+            "caps": list(spec.caps),
+            "settle_seconds": spec.settle_seconds,
+        }
+        for probe in spec.probes
+    ]
+    if len(node.gpus) >= 2:  # the node probe across its GPUs: the dashboard's interconnect panels and verdicts
+        schedules.append({"probe": "interconnect", "interval_seconds": spec.probe_interval_seconds})
+    return schedules
 
 

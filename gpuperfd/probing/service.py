@@ -58,6 +58,11 @@ def preset_of(schedule: ScheduleConfig) -> str:
     return schedule.preset or DEFAULT_PRESET[schedule.probe]
 
 
+#: How long a round waits for the GPU's cap lock before it counts the GPU owned: the apply controller
+#: (apply/controller.py) holds it for a moment on each pass, which must not cost the round its turn.
+CAP_LOCK_WAIT_SECONDS = 2.0
+
+
 class ProbeService:
     """Runs scheduled probes on GPUs; thread-safe, one run per GPU at a time."""
 
@@ -394,6 +399,7 @@ class ProbeService:
         """
         info = self._info(device)
         request = SweepRequest(map(planned_from_schedule, schedules), None, read_only=self.config.read_only,
+                               wait_seconds=CAP_LOCK_WAIT_SECONDS,
                                stop_early=self.config.max_slowdown if self.config.stop_early else None,
                                wanted=lambda: self._wanted(device), current_watts=self.held_caps.get(device.index))
 

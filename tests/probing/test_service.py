@@ -580,3 +580,16 @@ def test_a_sweep_in_progress_is_kept_point_by_point_and_cleared(tmp_path):
     assert held == [(0, "llm", "gpt2", 700, 1, 3), (0, "llm", "gpt2", 500, 2, 3), (0, "llm", "gpt2", 300, 3, 3)]
     assert seen[-1] is None and service.sweeps() == {}
     assert all(s.since > 0 for s in seen if s is not None)
+
+
+def test_a_cap_lock_held_for_a_moment_does_not_cost_the_round_its_turn(tmp_path):
+    """The apply controller takes the GPU's cap lock for a moment on each pass: a round that starts
+    then waits for it (up to CAP_LOCK_WAIT_SECONDS) instead of counting the GPU owned by another."""
+    from gpuperfd.probing.sweep.ownership import GpuLock, safe_name
+
+    backend, devices, registry, service = make(tmp_path)
+    lock = GpuLock(service.journal.state_dir, safe_name(devices[0].info().uuid))
+    lock.acquire()
+    threading.Timer(0.5, lock.release).start()
+    schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=[700, 500], settle_seconds=0)
+    assert service.run(schedule, 0).result == "ok"

@@ -66,6 +66,7 @@ CALLS = {
     "nvlink": "nvlink",
     "mig_enabled": "mig",
     "mig_instances": "mig",
+    "fabric_state": "fabric",
 }
 #: Where a collector makes several calls, the series each call feeds.
 SERIES_OF_CALL = {
@@ -176,7 +177,9 @@ class Scrape:
 def make(clock, gpus: int = 3):
     # MIG on (2 instances each) so that every MIG call is made and its faults are seen
     mig = [{"gpu": gpu, "instances": 2} for gpu in range(gpus)]
-    backend = SimulatedBackend(SimulationConfig(gpus=gpus, seed=7, mig=mig), clock=clock, sleep=time.sleep)
+    # An NVSwitch board, so the fabric collector has a state to read (and to lose)
+    backend = SimulatedBackend(SimulationConfig(gpus=gpus, seed=7, mig=mig, topology="hgx"), clock=clock,
+                               sleep=time.sleep)
     # Every GPU runs a process held by a pod, so the processes and allocation collectors have series to lose.
     for d in backend.devices():
         d.add_foreign_process(pid=4000 + d.index, memory_bytes=1 << 30)
