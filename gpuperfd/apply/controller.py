@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuperfd.apply.metrics import ApplyMetrics
@@ -157,7 +157,9 @@ class ApplyController:
         try:
             lock.acquire()
         except GpuBusy:  # a sweep or a CLI run owns the cap now; the next pass looks again
-            self._publish(device.index, uuid, state)  # the state so far stays on /metrics meanwhile
+            self._publish(device.index, uuid, state)  # the state so far stays on /metrics meanwhile,
+            if state.applied_watts is not None and not state.overridden:  # and what the sweep measured
+                self._publish_realized(device.index, uuid, state, self.book.of(device.index))
             return
         except OSError as exc:
             log.warning("gpu %d: apply cannot lock the cap in %s: %s", device.index, self.journal.state_dir, exc)
@@ -246,15 +248,20 @@ class ApplyController:
         facts = self._facts(device, uuid, limits, state.operator_watts)
         why = check_applied(self.settings, facts, state.applied_watts, state.applied_at, limits.enforced_watts)
         if why is None:
-            if self.metrics is not None:
-                saved = realized(facts.points, state.applied_watts, state.operator_watts, state.applied_at)
-                self.metrics.set_realized(device.index, uuid, self.settings.probe,
-                                          self.settings.preset or self._preset_of(facts.points), saved)
+            self._publish_realized(device.index, uuid, state, facts.points)
             return
         if why[0] == "overridden":
             self._leave(device, uuid, state, why[1])
         else:
             self._rollback(device, uuid, state, *why)
+
+    def _publish_realized(self, index: int, uuid: str, state: GpuApply, points: Sequence[SweepPoint]) -> None:
+        """The savings measured at the applied cap against the operator's (pure: from the points seen)."""
+        if self.metrics is None or state.applied_watts is None or state.operator_watts is None:
+            return
+        saved = realized(points, state.applied_watts, state.operator_watts, state.applied_at)
+        self.metrics.set_realized(index, uuid, self.settings.probe, self.settings.preset or self._preset_of(points),
+                                  saved)
 
     @staticmethod
     def _preset_of(points: Iterable[SweepPoint]) -> str:

@@ -98,8 +98,10 @@ ENERGY_ABOVE = 1.10
 BORDER = 0.02
 PROBE_ALERTS = ("GpuProbeThroughputDrift", "GpuSlowerThanPeers", "GpuProbeEnergyDrift")
 #: Seconds from the fleet's start within which every check must have converged
-#: (it takes about 60 s; the whole module must stay under 4 minutes on 2 cores).
-BUDGET = 180
+#: (about 60 s, the apply savings about 80 s; under CI load on 2 cores they took longer than 180 s).
+BUDGET = 240
+#: The longest the last test waits for the sweeps running when probes are paused to end (one round).
+SWEEPS_FINISH_SECONDS = 40.0
 
 
 def wait_for(predicate, timeout, what, interval=1.0):
@@ -673,8 +675,9 @@ def test_global_tier_answers_equal_one_prometheus(fleet):
     # the inputs are frozen first: no new sweeps, the running ones finish. THIS TEST RUNS
     # LAST in the module (it leaves the fleet without probing).
     fleet.pause_probes()
+    # The running sweeps end on their own time, not the convergence budget's (a test before may have spent it)
     wait_for(lambda: fleet.query('max(max_over_time(gpuperf_sweep_in_progress{job="gpuperfd"}[3s])) == 0'),
-             remaining(fleet, BUDGET), "the running sweeps to finish")
+             max(SWEEPS_FINISH_SECONDS, remaining(fleet, BUDGET)), "the running sweeps to finish")
     pairs = [  # (single server's by-model series, global series, keys)
         ("gpuperf:power_cap_recommended_watts:by_model", "gpuperf:power_cap_recommended_watts:fleet",
          ("name", "probe", "preset")),
