@@ -48,6 +48,10 @@ class FakeNvml(types.ModuleType):
                          for i in range(gpus)]
         #: NVML's fabric (state, status) per GPU; by default no fabric (a board without NVSwitch).
         self.fabric: dict[int, tuple[int, int]] = {i: (real.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, 0) for i in range(gpus)}
+        #: The struct versions nvmlDeviceGetGpuFabricInfoV knows (None: a driver without that call).
+        #: As driver 580 on a 2x H200 NVSwitch slice: v2 and v3, and the unversioned call answers
+        #: state NOT_SUPPORTED whatever the fabric's state (nvidia-smi said Completed there).
+        self.fabric_versions: set[int] | None = {real.nvmlGpuFabricInfo_v2, real.nvmlGpuFabricInfo_v3}
         #: The far end of each NVLink (by link number) per GPU: a GPU's index, or "switch"; default:
         #: GPU 0 and GPU 1 joined by their 4 links (the fake lists links 0-3).
         self.nvlink_remote: dict[int, dict[int, int | str]] = {i: {} for i in range(gpus)}
@@ -121,7 +125,22 @@ def _bus(index: int) -> str:
 
 
 def _fabric_info(fake: FakeNvml, handle: Any, info_ref: Any) -> int:
+    """The unversioned call: blind (NOT_SUPPORTED) where the driver has the versioned one."""
     info = info_ref._obj
+    info.state, info.status = fake.fabric[fake.index_of(handle)]
+    if fake.fabric_versions is not None:
+        info.state, info.status = real.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, real.NVML_SUCCESS
+    info.cliqueId = 7
+    return real.NVML_SUCCESS
+
+
+def _fabric_info_v(fake: FakeNvml, handle: Any, info_ref: Any) -> int:
+    """nvmlDeviceGetGpuFabricInfoV: the fabric's state for a struct version the driver knows."""
+    if fake.fabric_versions is None:
+        raise real.NVMLError(real.NVML_ERROR_FUNCTION_NOT_FOUND)
+    info = info_ref._obj
+    if info.version not in fake.fabric_versions:
+        raise real.NVMLError(real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
     info.state, info.status = fake.fabric[fake.index_of(handle)]
     info.cliqueId = 7
     return real.NVML_SUCCESS
@@ -195,6 +214,7 @@ _FUNCTIONS: dict[str, Any] = {
     "nvmlEventSetFree": lambda f, event_set: None,
     "nvmlErrorString": lambda f, code: f"fake NVML error {code}",
     "nvmlDeviceGetGpuFabricInfo": _fabric_info,
+    "nvmlDeviceGetGpuFabricInfoV": _fabric_info_v,
     "nvmlDeviceGetNvLinkRemotePciInfo": _remote_pci,
     "nvmlDeviceGetTopologyCommonAncestor": lambda f, a, b: f.topology_level,
     "nvmlDeviceGetP2PStatus": lambda f, a, b, index: real.NVML_P2P_STATUS_OK,

@@ -282,7 +282,7 @@ class MigInstance:
 #: across sockets (SYS). "none": no peer path at all.
 PEER_PATHS: tuple[str, ...] = ("nvlink", "pix", "pxb", "phb", "node", "sys", "none")
 
-#: NVML's GPU fabric states (nvmlDeviceGetGpuFabricInfo), as label values.
+#: NVML's GPU fabric states (nvmlDeviceGetGpuFabricInfoV), as label values.
 FABRIC_STATES: tuple[str, ...] = ("not_supported", "not_started", "in_progress", "completed")
 
 

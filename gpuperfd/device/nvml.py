@@ -227,6 +227,9 @@ def _call(what: str, fn: Callable[..., T], *args: Any, scope: int | None = None)
     return GATE.call(scope, name, guarded)
 
 
+#: NVML_ERROR_ARGUMENT_VERSION_MISMATCH: a versioned struct this driver does not know.
+_VERSION_MISMATCH = getattr(pynvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25)
+
 #: nvmlGpuFabricState_t -> FABRIC_STATES.
 #: (nvml.h's numbers where an older pynvml lacks the names.)
 _FABRIC_STATES: dict[int, str] = {
@@ -775,15 +778,40 @@ class NvmlDevice(Device):
             pass
         return NvLinkStatus(links=links, errors=errors, tx_bytes_total=tx, rx_bytes_total=rx)
 
+    def _fabric_info(self) -> Any:
+        """nvmlDeviceGetGpuFabricInfoV (the struct versions this nvidia-ml-py has, newest first), else
+        the unversioned nvmlDeviceGetGpuFabricInfo. The versioned call first: on a 2x H200 slice of an
+        NVSwitch board (driver 580) the unversioned one answered NOT_SUPPORTED where nvidia-smi (and
+        the versioned call) said Completed/Success. A driver that does not know a struct version
+        answers ARGUMENT_VERSION_MISMATCH; one without the call, FUNCTION_NOT_FOUND (NotSupported)."""
+        with self._lock:
+            if "fabric" in self._unsupported:
+                raise NotSupported(f"GPU {self.index}: GPU fabric is not supported (checked earlier)")
+        calls: list[tuple[Callable[..., int], Any]] = [
+            (pynvml.nvmlDeviceGetGpuFabricInfoV, getattr(pynvml, name))
+            for name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t")
+            if hasattr(pynvml, "nvmlDeviceGetGpuFabricInfoV") and hasattr(pynvml, name)]
+        if hasattr(pynvml, "nvmlDeviceGetGpuFabricInfo") and hasattr(pynvml, "c_nvmlGpuFabricInfo_t"):
+            calls.append((pynvml.nvmlDeviceGetGpuFabricInfo, pynvml.c_nvmlGpuFabricInfo_t))
+        for fn, struct in calls:
+            info = struct()
+            try:
+                self._nvml(fn, self._handle, ctypes.byref(info))
+                return info
+            except NotSupported:
+                continue  # FUNCTION_NOT_FOUND: an older driver; the next call
+            except UnknownDeviceError as exc:
+                if not isinstance(exc.__cause__, pynvml.NVMLError) or exc.__cause__.value != _VERSION_MISMATCH:
+                    raise
+        with self._lock:
+            self._unsupported.add("fabric")
+        raise NotSupported(f"GPU {self.index}: this driver or nvidia-ml-py has no GPU fabric call")
+
     def fabric_state(self) -> FabricState:
-        """The GPU fabric's state (nvmlDeviceGetGpuFabricInfo): NotSupported on a board without an
-        NVSwitch fabric (NVML's state NOT_SUPPORTED, or a driver without the call). ``status`` is
-        nvmlErrorString of the fabric's status when it is not NVML_SUCCESS."""
-        struct = getattr(pynvml, "c_nvmlGpuFabricInfo_t", None)
-        if struct is None:
-            raise NotSupported(f"GPU {self.index}: this nvidia-ml-py has no GPU fabric call")
-        info = struct()
-        self._read("fabric", pynvml.nvmlDeviceGetGpuFabricInfo, ctypes.byref(info))
+        """The GPU fabric's state: NotSupported on a board without an NVSwitch fabric (NVML's state
+        NOT_SUPPORTED, or a driver without the call). ``status`` is nvmlErrorString of the fabric's
+        status when it is not NVML_SUCCESS. Read with the versioned call (see _fabric_info)."""
+        info = self._fabric_info()
         state = _FABRIC_STATES.get(int(info.state))
         if state is None:
             raise UnknownDeviceError(f"GPU {self.index}: unknown GPU fabric state {int(info.state)}")

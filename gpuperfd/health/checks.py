@@ -75,7 +75,7 @@ _NVML_ECC = "NVIDIA GPU Memory Error Management (volatile DBE: reset the GPU)"
 _NVML_REMAP = "NVIDIA GPU Memory Error Management, row remapping (pending: reset; failure: RMA)"
 
 #: The fabric checks' source (NVSentinel #883: the Fabric Manager down 20 days, every GPU called healthy).
-_FABRIC_SOURCE = ("NVML nvmlDeviceGetGpuFabricInfo (state, status); NVIDIA Fabric Manager user guide; "
+_FABRIC_SOURCE = ("NVML nvmlDeviceGetGpuFabricInfoV (state, status); NVIDIA Fabric Manager user guide; "
                   "NVSentinel #883")
 
 CHECKS: tuple[Check, ...] = (

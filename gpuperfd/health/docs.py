@@ -211,7 +211,8 @@ def _interconnect_section() -> list[str]:
     nv12 = figures.expected_copy_bandwidth(PeerLink(0, 1, "nvlink", 12)) / 1e9
     gen5 = figures.PCIE_COPY_BYTES_PER_SECOND[5] / 1e9
     out = ["## The interconnect", "",
-           "The fabric rows read the `fabric` collector (nvmlDeviceGetGpuFabricInfo); the pair rows read the",
+           "The fabric rows read the `fabric` collector (nvmlDeviceGetGpuFabricInfoV: the unversioned call said",
+           "NOT_SUPPORTED on a 2x H200 NVSwitch slice, driver 580, where the fabric had completed); the pair rows read the",
            "topology (NVLinks up per pair, every `topology_interval_seconds`, against each GPU's NVLinks in the",
            "`nvlink` collector's last reading: with that collector off, no link count is judged) and the last interconnect probe run",
            "(peer copy per ordered pair). A pair below its figure is blamed on the GPU whose pairs are all short",

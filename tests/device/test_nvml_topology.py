@@ -56,6 +56,32 @@ def test_fabric_states(state: int, status: int, want: tuple[str, str | None]) ->
     assert (got.state, got.status) == want
 
 
+def test_fabric_is_read_with_the_versioned_call() -> None:
+    """Driver 580 on a 2x H200 NVSwitch slice: the unversioned call said NOT_SUPPORTED while the
+    fabric had completed (nvidia-smi, nvmlDeviceGetGpuFabricInfoV); gpuperfd saw no fabric there."""
+    with installed(gpus=2) as fake:
+        fake.fabric[0] = (real.NVML_GPU_FABRIC_STATE_COMPLETED, real.NVML_SUCCESS)
+        got = NvmlBackend().devices()[0].fabric_state()
+    assert (got.state, got.status, got.clique_id) == ("completed", None, 7)
+
+
+def test_a_driver_that_knows_only_v2_is_read_with_v2() -> None:
+    with installed(gpus=2) as fake:
+        fake.fabric_versions = {real.nvmlGpuFabricInfo_v2}  # v3 answers ARGUMENT_VERSION_MISMATCH
+        fake.fabric[1] = (real.NVML_GPU_FABRIC_STATE_IN_PROGRESS, real.NVML_SUCCESS)
+        assert NvmlBackend().devices()[1].fabric_state().state == "in_progress"
+
+
+def test_a_driver_without_the_versioned_call_is_read_with_the_old_one() -> None:
+    with installed(gpus=2) as fake:
+        fake.fabric_versions = None  # nvmlDeviceGetGpuFabricInfoV: FUNCTION_NOT_FOUND
+        fake.fabric[1] = (real.NVML_GPU_FABRIC_STATE_NOT_STARTED, real.NVML_SUCCESS)
+        gpu = NvmlBackend().devices()[1]
+        assert gpu.fabric_state().state == "not_started"
+        fake.fabric[1] = (real.NVML_GPU_FABRIC_STATE_COMPLETED, real.NVML_SUCCESS)
+        assert gpu.fabric_state().state == "completed"  # the call that works is asked again
+
+
 def test_topology_and_fabric_keep_one_caller_at_a_time() -> None:
     with installed(gpus=4) as fake:
         fake.nvlink_remote = {gpu: dict.fromkeys(range(4), "switch") for gpu in range(4)}

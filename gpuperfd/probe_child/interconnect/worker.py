@@ -5,7 +5,10 @@ the parent). Every rank joins one ``torch.distributed`` group (NCCL on ``cuda:<g
 CPU; env rendezvous on 127.0.0.1), then:
 
 1. peer copies, one ordered pair at a time (a barrier between pairs, so pairs never share a link):
-   on GPUs the source rank copies ``cuda:a -> cuda:b`` (``copy_``, CUDA events), on a CPU the
+   on GPUs the source rank copies ``cuda:a -> cuda:b`` (``copy_``, CUDA events) while the other
+   ranks wait in a host-side (gloo) barrier, so no other rank's kernel is on any GPU meanwhile (an
+   NCCL barrier leaves one spinning on each waiting rank's GPU; on a 2x H200 the two barriers gave
+   the same figures, docs/benchmarks.md, but the copy is measured with its GPUs to itself); on a CPU the
    source rank ``send``s to the destination rank; the destination's bytes are compared with the
    source's (the same seeded pattern);
 2. an all-reduce at each size: rank r's tensor holds r + 1, so every element must come back
@@ -53,6 +56,13 @@ class Rank:
         self.world = len(gpus)
         self.cuda = cuda
         self.device = torch.device(f"cuda:{gpus[rank]}") if cuda else torch.device("cpu")
+        #: The group whose barrier waits on the host: gloo beside NCCL on GPUs (made by every rank
+        #: after the default group), the default (gloo) group on a CPU.
+        self.host_group: Any = None
+
+    def host_barrier(self) -> None:
+        """Wait for every rank without a kernel on any GPU (a copy under way keeps its GPUs alone)."""
+        dist.barrier(group=self.host_group)
 
     def sync(self) -> None:
         if self.cuda:
@@ -134,7 +144,7 @@ def peer_copies(me: Rank, request: InterconnectRequest, fault: str | None = None
                 mine.append(dataclass_dict(PeerCopy(src=me.gpus[a], dst=me.gpus[b], bytes=request.copy_bytes,
                                                     bandwidth_bytes_per_second=rate, repeats=len(times),
                                                     cv=_cv([request.copy_bytes / t for t in times]), ok=ok)))
-            dist.barrier()
+            me.host_barrier()
     return mine
 
 
@@ -256,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("nccl" if me.cuda else "gloo", rank=me.rank, world_size=me.world,
                                 timeout=timedelta(seconds=request.timeout_seconds),
                                 **({"device_id": me.device} if me.cuda else {}))
+        if me.cuda:
+            me.host_group = dist.new_group(backend="gloo")
         result = run(me, request, args.fault)
         if result is not None:
             _write(args.out, result)

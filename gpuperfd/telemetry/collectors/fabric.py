@@ -3,7 +3,7 @@
 DCGM called every GPU of a cluster healthy while its Fabric Manager was down for 20 days
 (NVSentinel #883): a GPU whose fabric has not started, is still starting, or completed with an
 error cannot use its NVLinks through the switches. This collector reads
-``Device.fabric_state()`` (nvmlDeviceGetGpuFabricInfo) into a one-hot state series and a status
+``Device.fabric_state()`` (nvmlDeviceGetGpuFabricInfoV) into a one-hot state series and a status
 flag, which the fabric checks of docs/health.md judge. Absent on a board without an NVSwitch fabric
 (a PCIe card, a 2-GPU NVLink pair): such a board is never judged by a fabric rule. Slow lane, 30 s.
 """
