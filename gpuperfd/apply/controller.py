@@ -246,7 +246,13 @@ class ApplyController:
         assert state.applied_watts is not None and state.operator_watts is not None
         limits = device.power_limits()
         facts = self._facts(device, uuid, limits, state.operator_watts)
-        why = check_applied(self.settings, facts, state.applied_watts, state.applied_at, limits.enforced_watts)
+        entry = self.journal.entry(uuid)
+        left_by_sweep = entry is not None and entry.sweep_unrestored
+        if left_by_sweep and round(limits.enforced_watts) == round(state.applied_watts):
+            self.journal.mark_sweep_unrestored(uuid, left=False)  # nothing was left changed after all
+            left_by_sweep = False
+        why = check_applied(self.settings, facts, state.applied_watts, state.applied_at, limits.enforced_watts,
+                            sweep_unrestored=left_by_sweep)
         if why is None:
             self._publish_realized(device.index, uuid, state, facts.points)
             return

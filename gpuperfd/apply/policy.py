@@ -26,6 +26,7 @@ HOLD_REASONS: tuple[str, ...] = (
 #: Why an applied cap was given back (``gpuperf_apply_rollbacks_total``'s ``reason``; bounded).
 ROLLBACK_REASONS: tuple[str, ...] = (
     "verdict", "drift", "probe_failed", "over_budget", "unconfirmed", "mode", "stopped", "failed_to_apply",
+    "sweep_unrestored",
 )
 #: Failures that say nothing about the GPU at its cap (the host's memory, a user's job arriving): no rollback.
 NOT_THE_CAP: frozenset[str] = frozenset({"host_oom", "gpu_busy", "aborted", "preempted"})
@@ -174,13 +175,18 @@ def decide(settings: ApplySettings, facts: GpuFacts) -> Decision:
 
 
 def check_applied(settings: ApplySettings, facts: GpuFacts, applied_watts: float, applied_at: float,
-                  enforced_watts: float) -> tuple[str, str] | None:
+                  enforced_watts: float, sweep_unrestored: bool = False) -> tuple[str, str] | None:
     """Why an applied cap must go now, as (reason, words), or None while it holds.
 
     ``overridden`` (someone else set another cap) is never rolled back over: the caller leaves the
-    new cap alone. Points count only if measured after the cap was applied.
+    new cap alone. A cap a sweep left (``sweep_unrestored``: it could not put the applied cap back)
+    is nobody's choice: ``sweep_unrestored`` rolls back to the operator's. Points count only if
+    measured after the cap was applied.
     """
     if round(enforced_watts) != round(applied_watts):
+        if sweep_unrestored:
+            return "sweep_unrestored", (f"a sweep could not put the applied {applied_watts:.0f} W back "
+                                        f"(the cap reads {enforced_watts:.0f} W)")
         return "overridden", f"the cap reads {enforced_watts:.0f} W, not the applied {applied_watts:.0f} W"
     if facts.verdict_state != "healthy":
         drift = [c for c in facts.verdict_checks if c in DRIFT_CHECKS]

@@ -7,11 +7,12 @@ import dataclasses
 from gpuperfd.apply.cli import revert
 from gpuperfd.apply.policy import ApplySettings
 from gpuperfd.config import FaultConfig
+from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.recommend import SweepPoint
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.sweep.journal import CapJournal, restore_all
 
-from simfleet import drift, make_node
+from simfleet import SCHEDULE, drift, make_node
 
 
 def entry(node, index):  # type: ignore[no-untyped-def]
@@ -71,6 +72,59 @@ def test_a_cap_someone_else_set_is_never_fought(tmp_path) -> None:  # type: igno
     assert cap(node, 0) == 650.0 and state.reason == "overridden"  # it stays out of apply mode
     assert restore_all([node.journal], node.devices) == [] and cap(node, 0) == 650.0
     assert node.controller.states[1].reason == "applied"  # the other GPU is not affected
+
+
+def test_a_cap_a_sweep_could_not_put_back_is_rolled_back_not_taken_for_an_operators(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A sweep on an applied GPU whose last step (back to the applied cap) fails leaves a sweep point's
+    cap; apply mode must not read it as an override and forget the operator's cap."""
+    node = applied_node(tmp_path)
+    device, applied = node.devices[0], node.controller.states[0].applied_watts
+    real_set, asked = device.set_power_limit, []
+
+    def set_power_limit(watts: float) -> None:
+        asked.append(watts)
+        if watts == applied:  # the sweep's way back to the applied cap
+            raise DeviceError("the driver refused the cap (injected)")
+        real_set(watts)
+
+    device.set_power_limit = set_power_limit  # type: ignore[method-assign]
+    node.service.run(SCHEDULE.model_copy(update={"caps": ["max", 600]}), 0)  # ends above the applied cap
+    left = cap(node, 0)
+    assert asked == [700.0, 600.0, applied] and left == 600.0
+    assert entry(node, 0).sweep_unrestored and entry(node, 0).original_watts == 700.0
+    device.set_power_limit = real_set  # type: ignore[method-assign]
+    node.controller.tick()
+    state, uuid = node.controller.states[0], device.info().uuid
+    assert cap(node, 0) == 700.0 and entry(node, 0) is None  # the operator's cap, read back, then cleared
+    assert state.reason == "rolled_back" and not state.overridden and state.detail.startswith("sweep_unrestored")
+    assert f"reads {left:.0f} W" in state.detail
+    assert node.sample("gpuperf_apply_rollbacks_total", gpu="0", uuid=uuid, reason="sweep_unrestored") == 1
+    assert node.sample("gpuperf_apply_overridden", gpu="0", uuid=uuid) == 0
+
+
+def test_a_failed_way_back_that_left_the_applied_cap_is_forgotten_so_the_operator_still_wins(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The sweep's last point was the applied cap itself, so the failed way back changed nothing: the mark
+    goes at the next pass, and an operator's later cap is theirs (left alone, not rolled over)."""
+    node = applied_node(tmp_path)
+    device, applied = node.devices[0], node.controller.states[0].applied_watts
+    real_set = device.set_power_limit
+    calls = []
+
+    def set_power_limit(watts: float) -> None:
+        calls.append(watts)
+        if len(calls) > 1 and calls[-2] == watts == applied:  # the last point, then the way back to it
+            raise DeviceError("the driver refused the cap (injected)")
+        real_set(watts)
+
+    device.set_power_limit = set_power_limit  # type: ignore[method-assign]
+    node.service.run(SCHEDULE.model_copy(update={"caps": ["max", applied]}), 0)
+    device.set_power_limit = real_set  # type: ignore[method-assign]
+    assert cap(node, 0) == applied and entry(node, 0).sweep_unrestored
+    node.controller.tick()
+    assert node.controller.states[0].reason == "applied" and not entry(node, 0).sweep_unrestored
+    device.set_power_limit(650.0)  # the operator, by hand
+    node.controller.tick()
+    assert node.controller.states[0].reason == "overridden" and cap(node, 0) == 650.0
 
 
 def test_drift_rolls_back_to_the_operators_cap_and_says_why(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -179,6 +179,7 @@ class CapGuard:
     ) -> None:
         try:
             self.restore()
+            return
         except DeviceError as error:
             log.error(
                 "gpu %d: could not restore the power cap (%s); the journal keeps the original for the next start",
@@ -189,3 +190,8 @@ class CapGuard:
                 "gpu %d: could not restore the power cap; the journal keeps the original for the next start",
                 self.device.index,
             )
+        if self.keep_entry:  # apply mode must not take the cap this sweep left for an operator's
+            try:
+                self.journal.mark_sweep_unrestored(self.device.info().uuid)
+            except DeviceError as error:
+                log.error("gpu %d: cannot name the GPU to mark its journal entry: %s", self.device.index, error)

@@ -62,6 +62,9 @@ class CapRecord:
     #: The cap ``gpuperfd apply`` holds on this GPU (None: a sweep's entry). A sweep on an applied GPU
     #: returns to the cap it found and leaves the entry; a restore puts ``original_watts`` back.
     applied_watts: float | None = None
+    #: A sweep on the applied GPU could not put the applied cap back: the cap it left is not someone
+    #: else's choice, so apply mode rolls back to ``original_watts`` instead of leaving it there.
+    sweep_unrestored: bool = False
 
 
 class CorruptJournal(Exception):
@@ -131,6 +134,21 @@ class CapJournal:
             ) from None
         return record
 
+    def mark_sweep_unrestored(self, uuid: str, left: bool = True) -> bool:
+        """Say in an applied GPU's entry that a sweep left its cap changed, or (``left`` False) that the
+        applied cap is back (see CapRecord); False when the GPU has no applied entry or it cannot be
+        written (logged: apply mode then takes a changed cap for an override)."""
+        path = self._path(uuid)
+        try:
+            entry = self._read(path)
+            if entry.applied_watts is None:
+                return False
+            replace_file(path, json.dumps(asdict(replace(entry, sweep_unrestored=left))).encode(), 0o600)
+            return True
+        except (CorruptJournal, OSError) as exc:
+            log.error("cannot mark %s as left changed by a sweep: %s", path, exc)
+            return False
+
     def clear(self, uuid: str) -> None:
         self._path(uuid).unlink(missing_ok=True)
 
@@ -179,6 +197,7 @@ class CapJournal:
                 recorded_at=float(data.get("recorded_at", 0.0)),
                 pid=int(data.get("pid", 0)),
                 applied_watts=None if data.get("applied_watts") is None else float(data["applied_watts"]),
+                sweep_unrestored=data.get("sweep_unrestored", False) is True,
             )
         except RecursionError:
             raise CorruptJournal(path, "nested too deeply") from None
