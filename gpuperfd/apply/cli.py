@@ -97,7 +97,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     """--status: 0. --revert: 0 when every applied cap is back (or there was none), 1 otherwise, 3 when
     the GPUs cannot be opened."""
     from gpuperfd.config import config_with_flags
-    from gpuperfd.device.factory import open_backend
+    from gpuperfd.device.factory import with_devices
 
     config = config_with_flags(args.config, {"probes.state_dir": args.state_dir}, simulate=args.simulate)
     journals = journals_for(config)
@@ -117,14 +117,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
         print("gpuperfd: apply: nothing to revert (no applied cap in the journal)")
         return 0
     try:
-        backend = open_backend(config)
+        results = with_devices(config, lambda devices: revert(journals, devices))
     except DeviceError as exc:
         print(f"gpuperfd: {exc}", file=sys.stderr)
         return 3
-    try:
-        results = revert(journals, backend.devices())
-    finally:
-        backend.close()
     for result in results:
         print(result.words, file=sys.stdout if result.ok else sys.stderr)
     return 0 if all(r.ok for r in results) else 1

@@ -7,8 +7,13 @@ never a silent switch to simulated GPUs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from gpuperfd.config import Config
 from gpuperfd.device.base import Backend, Device
+
+T = TypeVar("T")
 
 
 def open_backend(config: Config) -> Backend:
@@ -19,6 +24,16 @@ def open_backend(config: Config) -> Backend:
     from gpuperfd.device.nvml import NvmlBackend
 
     return NvmlBackend(indices=config.device.gpus, call_timeout_seconds=config.device.call_timeout_seconds)
+
+
+def with_devices(config: Config, act: Callable[[list[Device]], T]) -> T:
+    """Open the backend, hand its devices to ``act``, close it whatever happens: for one-shot commands
+    (``restore-caps``, ``apply --revert``). A DeviceError (no driver) propagates: their exit 3."""
+    backend = open_backend(config)
+    try:
+        return act(backend.devices())
+    finally:
+        backend.close()
 
 
 def selected_devices(backend: Backend, config: Config) -> list[Device]:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from gpuperfd.device.base import Device
 from gpuperfd.device.interconnect_figures import allreduce_seconds, expected_copy_bandwidth
 from gpuperfd.probe_data.interconnect import AllReduce, InterconnectRequest, InterconnectResult, PeerCopy, bus_bandwidth
+from gpuperfd.probing.interconnect_set import check_set
 
 if TYPE_CHECKING:
     from gpuperfd.device.simulated import SimulatedGpu
@@ -31,19 +32,10 @@ NOISE = 0.006
 
 
 def select_gpus(devices: Sequence[Device], request: InterconnectRequest) -> list[Device]:
-    """The request's set among ``devices`` (all of them when it names none); ValueError naming a GPU
-    that is not there, a GPU named twice, or a set of fewer than two."""
+    """The request's set among ``devices`` (all of them when it names none); ValueError from
+    :func:`check_set` for a GPU that is not there, one named twice, or fewer than two."""
     by_index = {device.index: device for device in devices}
-    wanted = list(request.gpus) if request.gpus is not None else sorted(by_index)
-    missing = [gpu for gpu in wanted if gpu not in by_index]
-    if missing:
-        raise ValueError(f"interconnect probe: GPU {', '.join(map(str, missing))} is not on this node "
-                         f"(GPUs {', '.join(map(str, sorted(by_index))) or 'none'})")
-    if len(set(wanted)) != len(wanted):
-        raise ValueError(f"interconnect probe: a GPU is named twice in {wanted}")
-    if len(wanted) < 2:
-        raise ValueError(f"interconnect probe: needs at least two GPUs, got {wanted or 'none'}")
-    return [by_index[gpu] for gpu in wanted]
+    return [by_index[gpu] for gpu in check_set(request.gpus, sorted(by_index))]
 
 
 class SimulatedInterconnectExecutor:

@@ -76,7 +76,7 @@ def test_abort_stops_the_run() -> None:
     assert result.status == "skipped" and result.failure_reason == "preempted" and not result.copies
 
 
-@pytest.mark.parametrize(("gpus", "match"), [((0, 7), "GPU 7 is not on this node"), ((1,), "at least two"),
+@pytest.mark.parametrize(("gpus", "match"), [((0, 7), "no GPU 7 on this node"), ((1,), "at least two"),
                                              ((0, 0), "named twice")])
 def test_bad_sets_are_refused_by_name(gpus: tuple[int, ...], match: str) -> None:
     with pytest.raises(ValueError, match=match):

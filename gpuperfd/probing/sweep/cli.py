@@ -24,7 +24,7 @@ from gpuperfd.config import Config, config_with_flags
 from gpuperfd.console import ProgressBar, format_table
 from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
-from gpuperfd.device.factory import open_backend
+from gpuperfd.device.factory import open_backend, with_devices
 from gpuperfd.probe_data.record import RecordError, append_records, build_record, check_output, parse_labels
 from gpuperfd.probe_data.recommend import (SweepPoint, cut_short, point_words, read_only_note, recommend,
                                            work_rate)
@@ -495,14 +495,10 @@ def cmd_restore_caps(args: argparse.Namespace) -> int:
             print(f"gpuperfd: restore-caps: nothing to restore (no power-cap journal entry in {searched})")
         return 2 if missing is not None else 0
     try:
-        backend = open_backend(config)
+        with_devices(config, lambda devices: restore_all(journals, devices))  # only entries whose owner is gone
     except DeviceError as exc:
         print(f"gpuperfd: {exc}", file=sys.stderr)
         return 3
-    try:
-        restore_all(journals, backend.devices())  # only entries whose owner is gone
-    finally:
-        backend.close()
     left = 0
     for journal, (path, _) in ((j, e) for j in journals for e in j.entries()):
         owner = is_owned(journal.state_dir, path.name[: -len(CapJournal.SUFFIX)])
