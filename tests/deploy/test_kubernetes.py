@@ -31,6 +31,9 @@ K8S = ROOT / "deploy" / "kubernetes"
 BASE = K8S / "base"
 OVERLAY = K8S / "overlays" / "power-caps"
 TELEMETRY = K8S / "overlays" / "telemetry-only"
+ADVISE = K8S / "overlays" / "apply-advise"
+CANARY = K8S / "overlays" / "apply-canary"
+CANARY_LABEL = "gpuperfd.io/apply-canary"
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 #: oldest Kubernetes we claim (sidecar-free, runtimeClassName GA since 1.20) and the newest bundled
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version())
@@ -69,6 +72,16 @@ def overlay() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def telemetry() -> list[dict[str, Any]]:
     return _kustomize(TELEMETRY)
+
+
+@pytest.fixture(scope="module")
+def advise() -> list[dict[str, Any]]:
+    return _kustomize(ADVISE)
+
+
+@pytest.fixture(scope="module")
+def canary() -> list[dict[str, Any]]:
+    return _kustomize(CANARY)
 
 
 def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -242,11 +255,14 @@ def _validate(doc: dict[str, Any]) -> None:
         kubernetes_validate.validate(doc, version, strict=True)
 
 
-@pytest.mark.parametrize("variant", ["base", "overlay", "telemetry"])
+@pytest.mark.parametrize("variant", ["base", "overlay", "telemetry", "advise", "canary"])
 def test_every_manifest_is_valid(variant: str, request: pytest.FixtureRequest) -> None:
     docs = request.getfixturevalue(variant)
     kinds = sorted({d["kind"] for d in docs})
-    assert kinds == ["ConfigMap", "DaemonSet", "Namespace", "PrometheusRule", "Service", "ServiceMonitor"]
+    if variant == "canary":  # a second DaemonSet beside apply-advise: the cluster-wide objects are there
+        assert [d["kind"] for d in docs] == ["ConfigMap", "DaemonSet"]
+    else:
+        assert kinds == ["ConfigMap", "DaemonSet", "Namespace", "PrometheusRule", "Service", "ServiceMonitor"]
     for doc in docs:
         try:
             _validate(doc)
@@ -328,9 +344,9 @@ def test_service_and_monitor_select_the_pods(base: list[dict[str, Any]]) -> None
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
 
 
-def _daemon_config(docs: list[dict[str, Any]]):
-    text = _one(docs, "ConfigMap", "gpuperfd-config")["data"]["gpuperfd.yaml"]
-    return config_from_mapping(yaml.safe_load(text), source="ConfigMap gpuperfd-config")
+def _daemon_config(docs: list[dict[str, Any]], name: str = "gpuperfd-config"):
+    text = _one(docs, "ConfigMap", name)["data"]["gpuperfd.yaml"]
+    return config_from_mapping(yaml.safe_load(text), source=f"ConfigMap {name}")
 
 
 def test_configs_are_valid_daemon_configs(base: list[dict[str, Any]], overlay: list[dict[str, Any]]) -> None:
@@ -358,6 +374,65 @@ def test_power_caps_overlay_adds_only_what_sweeps_need(base: list[dict[str, Any]
     # everything else is the base, unchanged
     strip = {"DaemonSet", "ConfigMap"}
     assert [d for d in overlay if d["kind"] not in strip] == [d for d in base if d["kind"] not in strip]
+
+
+def _labels_match(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def _runs_on(pod: dict[str, Any], node: dict[str, str]) -> bool:
+    """Would the scheduler place this DaemonSet's pod on a node with these labels (nodeSelector and
+    the required node affinity's In/NotIn/Exists/DoesNotExist terms)?"""
+    if not _labels_match(pod.get("nodeSelector", {}), node):
+        return False
+    terms = (((pod.get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
+    if not terms:
+        return True
+    tests = {"In": lambda e: node.get(e["key"]) in e["values"], "NotIn": lambda e: node.get(e["key"]) not in e["values"],
+             "Exists": lambda e: e["key"] in node, "DoesNotExist": lambda e: e["key"] not in node}
+    return any(all(tests[e["operator"]](e) for e in term["matchExpressions"]) for term in terms)
+
+
+def test_apply_overlays_give_each_gpu_node_exactly_one_daemon(advise: list[dict[str, Any]],
+                                                             canary: list[dict[str, Any]]) -> None:
+    """Canary by node label: the labelled GPU nodes run the canary's DaemonSet (mode on), every other GPU
+    node the advise one, no node both; both pods are scraped through the one Service."""
+    gpu = {"nvidia.com/gpu.present": "true"}
+    nodes = {"plain": gpu, "labelled": {**gpu, CANARY_LABEL: "true"}, "label false": {**gpu, CANARY_LABEL: "false"},
+             "no gpu": {CANARY_LABEL: "true"}}
+    advise_pod, canary_pod = _pod(advise), _pod(canary)
+    placed = {name: [label for label, pod in (("advise", advise_pod), ("canary", canary_pod)) if _runs_on(pod, node)]
+              for name, node in nodes.items()}
+    assert placed == {"plain": ["advise"], "labelled": ["canary"], "label false": ["advise"], "no gpu": []}
+    daemonsets = [_one(advise, "DaemonSet"), _one(canary, "DaemonSet")]
+    assert [d["metadata"]["name"] for d in daemonsets] == ["gpuperfd", "gpuperfd-apply-canary"]
+    for daemonset in daemonsets:  # each selects its own pods only
+        assert _labels_match(daemonset["spec"]["selector"]["matchLabels"], daemonset["spec"]["template"]["metadata"]["labels"])
+    assert not _labels_match(daemonsets[1]["spec"]["selector"]["matchLabels"], daemonsets[0]["spec"]["template"]["metadata"]["labels"])
+    service = _one(advise, "Service")["spec"]["selector"]
+    assert all(_labels_match(service, d["spec"]["template"]["metadata"]["labels"]) for d in daemonsets)
+    config_volume = next(v for v in canary_pod["volumes"] if v["name"] == "config")
+    assert config_volume["configMap"]["name"] == "gpuperfd-config-apply-canary"
+
+
+def test_apply_overlays_differ_only_in_mode_and_placement(advise: list[dict[str, Any]], canary: list[dict[str, Any]],
+                                                          overlay: list[dict[str, Any]]) -> None:
+    on = _daemon_config(canary, "gpuperfd-config-apply-canary")
+    advised = _daemon_config(advise)
+    assert (advised.apply.mode, on.apply.mode) == ("advise", "on")
+    assert on.model_copy(update={"apply": advised.apply}) == advised  # the two config patches stay equal
+    assert on.apply.workload == "llm" and not on.probes.read_only
+    [schedule] = on.probes.schedules  # the workload is swept often enough to confirm an applied cap
+    assert schedule.probe == "llm" and "current" in schedule.caps and schedule.interval_seconds < on.apply.max_age_seconds
+    # the pods are the power-caps overlay's (CAP_SYS_ADMIN, the journal on the node) but for placement and config
+    def comparable(pod: dict[str, Any]) -> dict[str, Any]:
+        pod = json.loads(json.dumps(pod))
+        pod.pop("affinity", None)
+        pod["nodeSelector"].pop(CANARY_LABEL, None)
+        next(v for v in pod["volumes"] if v["name"] == "config")["configMap"]["name"] = "gpuperfd-config"
+        return pod
+    assert comparable(_pod(advise)) == comparable(_pod(canary)) == _pod(overlay)
 
 
 # --- images and memory limits (docs/benchmarks.md, "Memory of the daemon and its probe child") --
