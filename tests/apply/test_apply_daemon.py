@@ -4,7 +4,6 @@ board keeps its limit): SIGKILL while applied, SIGTERM, SIGHUP to mode off, and 
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import subprocess
@@ -14,18 +13,12 @@ from pathlib import Path
 
 import requests
 
-ORIGINAL = {"0": 650.0, "1": 640.0}
+from persisted_boards import ORIGINAL, board_limits, boards
 
 CONFIG = """
 log_level: info
-device: {{backend: simulated}}
 sampler: {{interval_seconds: 0.2}}
-simulation:
-  gpus: 2
-  seed: 1
-  initial_power_limits: {{0: 650, 1: 640}}
-  state_file: {state}/sim-limits.json
-health: {{interval_seconds: 0.5}}
+{boards}health: {{interval_seconds: 0.5}}
 probes:
   read_only: false
   state_dir: {state}
@@ -45,19 +38,14 @@ apply: {{mode: {mode}, workload: llm, budget_ratio: 0.1, interval_seconds: 1}}
 XID_ON_GPU_1 = "  xid_events: [{gpu: 1, xid: 48}]\n"
 
 
-def limits(state: Path) -> dict[str, float]:
-    path = state / "sim-limits.json"
-    return json.loads(path.read_text()) if path.exists() else dict(ORIGINAL)
-
-
 def config(state: Path, mode: str = "on", first_run: float = 0.1) -> str:
-    return CONFIG.format(state=state, mode=mode, first_run=first_run)
+    return CONFIG.format(state=state, boards=boards(state), mode=mode, first_run=first_run)
 
 
 def wait_applied(daemon, state: Path, timeout: float = 30.0) -> dict[str, float]:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while True:
-        now = limits(state)
+        now = board_limits(state)
         if all(now[k] < ORIGINAL[k] for k in ORIGINAL) and daemon.log().count("applied power cap") >= 2:
             return now
         assert time.monotonic() < deadline, f"never applied: {now}\n{daemon.log()[-3000:]}"
@@ -69,9 +57,9 @@ def test_sigkill_while_applied_is_undone_by_the_next_start(start_daemon, tmp_pat
     daemon = start_daemon(config_text=config(state))
     applied = wait_applied(daemon, state)
     daemon.stop(signal.SIGKILL)
-    assert limits(state) == applied and len(list(state.glob("*.cap.json"))) == 2  # the journal holds the operator's
+    assert board_limits(state) == applied and len(list(state.glob("*.cap.json"))) == 2  # the journal holds the operator's
     checker = start_daemon(config_text=config(state, mode="off", first_run=3600))
-    assert limits(state) == ORIGINAL and list(state.glob("*.cap.json")) == []
+    assert board_limits(state) == ORIGINAL and list(state.glob("*.cap.json")) == []
     assert "restored original power cap" in checker.log()
     assert checker.stop(signal.SIGTERM) == 0
 
@@ -92,7 +80,7 @@ def test_sigterm_gives_every_applied_cap_back(start_daemon, tmp_path) -> None:  
                           capture_output=True, text=True)
     assert lint.returncode == 0 and lint.stdout.strip() == "" and lint.stderr.strip() == "", lint.stdout + lint.stderr
     assert daemon.stop(signal.SIGTERM) == 0
-    assert limits(state) == ORIGINAL and list(state.glob("*.cap.json")) == []
+    assert board_limits(state) == ORIGINAL and list(state.glob("*.cap.json")) == []
     assert "(stopped)" in daemon.log() and "Traceback" not in daemon.log()
 
 
@@ -103,12 +91,12 @@ def test_sighup_to_mode_off_gives_the_caps_back_and_keeps_running(start_daemon, 
     (tmp_path / "gpuperfd.yaml").write_text(config(state, mode="off"))
     daemon.proc.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 15
-    while limits(state) != ORIGINAL:
+    while board_limits(state) != ORIGINAL:
         assert time.monotonic() < deadline, daemon.log()[-3000:]
         time.sleep(0.1)
     assert list(state.glob("*.cap.json")) == [] and "(mode)" in daemon.log()
     assert daemon.proc.poll() is None
-    assert daemon.stop(signal.SIGTERM) == 0 and limits(state) == ORIGINAL
+    assert daemon.stop(signal.SIGTERM) == 0 and board_limits(state) == ORIGINAL
 
 
 def test_apply_revert_from_the_command_line_while_the_daemon_runs(start_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -122,11 +110,11 @@ def test_apply_revert_from_the_command_line_while_the_daemon_runs(start_daemon, 
                              str(tmp_path / "gpuperfd.yaml")], capture_output=True, text=True, timeout=60)
     assert revert.returncode == 0, revert.stderr
     assert "operator's cap 650 W back" in revert.stdout and "reads back 640 W" in revert.stdout
-    assert limits(state) == ORIGINAL and list(state.glob("*.cap.json")) == []
+    assert board_limits(state) == ORIGINAL and list(state.glob("*.cap.json")) == []
     # A simulated board lives in each process (the state file is read at start), so the running daemon
     # does not see the CLI's change here; that it leaves a GPU whose cap someone else changed alone is
     # test_controller.py::test_revert_from_the_command_line_while_the_daemon_holds_the_cap.
-    assert daemon.stop(signal.SIGTERM) == 0 and limits(state) == ORIGINAL
+    assert daemon.stop(signal.SIGTERM) == 0 and board_limits(state) == ORIGINAL
 
 
 def test_a_gpu_whose_real_verdict_is_not_healthy_is_never_applied(start_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -134,12 +122,12 @@ def test_a_gpu_whose_real_verdict_is_not_healthy_is_never_applied(start_daemon, 
     text = config(state).replace("  state_file:", XID_ON_GPU_1 + "  state_file:")
     daemon = start_daemon(config_text=text)
     deadline = time.monotonic() + 30
-    while limits(state)["0"] >= ORIGINAL["0"] or "applied power cap" not in daemon.log():
+    while board_limits(state)["0"] >= ORIGINAL["0"] or "applied power cap" not in daemon.log():
         assert time.monotonic() < deadline, daemon.log()[-3000:]
         time.sleep(0.1)
     time.sleep(2.5)  # two more passes
     gpus = {g["gpu"]: g for g in requests.get(daemon.url + "/api/v1/apply", timeout=5).json()["gpus"]}
     assert gpus[0]["reason"] == "applied"
     assert gpus[1]["reason"] == "verdict" and "xid" in gpus[1]["detail"] and gpus[1]["applied_watts"] is None
-    assert limits(state)["1"] == ORIGINAL["1"] and len(list(state.glob("*.cap.json"))) == 1
-    assert daemon.stop(signal.SIGTERM) == 0 and limits(state) == ORIGINAL
+    assert board_limits(state)["1"] == ORIGINAL["1"] and len(list(state.glob("*.cap.json"))) == 1
+    assert daemon.stop(signal.SIGTERM) == 0 and board_limits(state) == ORIGINAL

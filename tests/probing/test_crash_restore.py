@@ -29,19 +29,12 @@ import requests
 from gpuperfd.config import SimulationConfig
 from gpuperfd.device.simulated import GPU_MODELS, SimulatedBackend, simulated_uuid
 from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
-
-ORIGINAL = {"0": 650.0, "1": 640.0}
+from persisted_boards import ORIGINAL, board_limits, boards
 
 SWEEP_CONFIG = """
 log_level: info
-device: {{backend: simulated}}
 sampler: {{interval_seconds: 0.2}}
-simulation:
-  gpus: 2
-  seed: 1
-  initial_power_limits: {{0: 650, 1: 640}}
-  state_file: {state}/sim-limits.json
-probes:
+{boards}probes:
   read_only: false
   state_dir: {state}
   history: {{path: {state}/history.jsonl}}
@@ -55,12 +48,6 @@ probes:
       caps: [max, 500, 400, 300, 200]
       settle_seconds: 0
 """
-
-
-def sim_limits(state: Path) -> dict[str, float]:
-    """The simulated boards' limits; the file appears at the first change (before it: the initial limits)."""
-    path = state / "sim-limits.json"
-    return json.loads(path.read_text()) if path.exists() else dict(ORIGINAL)
 
 
 def journal_files(state: Path) -> list[Path]:
@@ -82,8 +69,8 @@ def kill_campaign(start_daemon, tmp_path: Path, iterations: int, seed: int) -> d
     """
     rng = random.Random(seed)
     state = tmp_path / "state"
-    sweeping = SWEEP_CONFIG.format(state=state, first_run=0.1)
-    checking = SWEEP_CONFIG.format(state=state, first_run=3600)
+    sweeping = SWEEP_CONFIG.format(state=state, boards=boards(state), first_run=0.1)
+    checking = SWEEP_CONFIG.format(state=state, boards=boards(state), first_run=3600)
     stats = {"iterations": 0, "cap_changed_at_kill": 0, "journal_at_kill": 0, "before_ready": 0, "restored_logged": 0}
     for i in range(iterations):
         if i % 10 == 9:  # now and then, kill during start-up (imports, restore, first sample)
@@ -94,7 +81,7 @@ def kill_campaign(start_daemon, tmp_path: Path, iterations: int, seed: int) -> d
             daemon = start_daemon(config_text=sweeping)
             time.sleep(rng.uniform(0.0, 0.45))  # the sweep runs ~0.05-0.4 s after ready is seen
         daemon.stop(signal.SIGKILL)
-        left = sim_limits(state)
+        left = board_limits(state)
         had_journal = bool(journal_files(state))
         stats["cap_changed_at_kill"] += left != ORIGINAL
         stats["journal_at_kill"] += had_journal
@@ -102,7 +89,7 @@ def kill_campaign(start_daemon, tmp_path: Path, iterations: int, seed: int) -> d
             assert had_journal, f"iteration {i}: a cap was changed with no journal entry: {left}"
 
         checker = start_daemon(config_text=checking)  # ready = /healthz answered
-        assert sim_limits(state) == ORIGINAL, f"iteration {i}: caps after restart {sim_limits(state)}"
+        assert board_limits(state) == ORIGINAL, f"iteration {i}: caps after restart {board_limits(state)}"
         assert journal_files(state) == []
         log = wait_for_log(checker, "listening on")  # /healthz can answer just before this line
         if had_journal:
@@ -462,9 +449,9 @@ def test_state_dir_changed_by_sighup_then_sigkill_mid_sweep_restores_at_restart(
         handle.write(RELOAD_CONFIG.format(sim=sim, state_dir=new, first_run=3600))
     daemon.proc.send_signal(signal.SIGHUP)
     wait_for_log(daemon, "reload: probes.state_dir changed")
-    _wait(lambda: journal_files(old) and sim_limits(sim)["0"] < 650, "the sweep never changed the cap")
+    _wait(lambda: journal_files(old) and board_limits(sim)["0"] < 650, "the sweep never changed the cap")
     daemon.stop(signal.SIGKILL)
-    assert sim_limits(sim)["0"] < 650 and journal_files(old) and not journal_files(new)
+    assert board_limits(sim)["0"] < 650 and journal_files(old) and not journal_files(new)
 
     if restorer == "daemon":
         checker = start_daemon(config_text=RELOAD_CONFIG.format(sim=sim, state_dir=new, first_run=3600))
@@ -477,7 +464,7 @@ def test_state_dir_changed_by_sighup_then_sigkill_mid_sweep_restores_at_restart(
                               capture_output=True, text=True, timeout=60, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         assert "restored original power cap 650 W" in proc.stderr
-    assert sim_limits(sim) == {"0": 650.0}
+    assert board_limits(sim) == {"0": 650.0}
     assert journal_files(old) == [] and journal_files(new) == []
 
 

@@ -8,15 +8,11 @@ import time
 
 import requests
 
+from persisted_boards import ORIGINAL, board_limits, boards
+
 CONFIG = """
 log_level: debug
-device: {{backend: simulated}}
-simulation:
-  gpus: 2
-  seed: 1
-  initial_power_limits: {{0: 650, 1: 640}}
-  state_file: {state}/sim-limits.json
-probes:
+{boards}probes:
   read_only: false
   state_dir: {state}
   history: {{path: {state}/history.jsonl}}
@@ -33,10 +29,6 @@ probes:
 """
 
 
-def sim_limits(state) -> dict:
-    return json.loads((state / "sim-limits.json").read_text())
-
-
 def wait_for(predicate, timeout=30.0, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -49,7 +41,7 @@ def wait_for(predicate, timeout=30.0, what="condition"):
 
 def sweeping(state):
     try:
-        limits = sim_limits(state)
+        limits = board_limits(state)
     except (FileNotFoundError, json.JSONDecodeError):
         return False
     return limits.get("0") not in (650.0, None) and list(state.glob("*.cap.json"))
@@ -57,7 +49,7 @@ def sweeping(state):
 
 def test_probe_series_appear_with_expected_labels(start_daemon, tmp_path):
     state = tmp_path / "state"
-    daemon = start_daemon(config_text=CONFIG.format(state=state))
+    daemon = start_daemon(config_text=CONFIG.format(state=state, boards=boards(state)))
     text = wait_for(
         lambda: (t := requests.get(daemon.url + "/metrics", timeout=5).text).count("gpuperf_probe_energy_per_unit_joules{") >= 10 and t,
         timeout=60, what="a full sweep on both GPUs",
@@ -65,30 +57,30 @@ def test_probe_series_appear_with_expected_labels(start_daemon, tmp_path):
     assert 'gpuperf_probe_work_units_per_second{gpu="0",power_cap="400",preset="gpt2",probe="llm",unit="token"' in text
     assert 'gpuperf_probe_runs_total{gpu="1",preset="gpt2",probe="llm",reason="",result="ok"' in text
     assert 'gpuperf_power_cap_original_watts{gpu="0"' in text
-    wait_for(lambda: sim_limits(state) == {"0": 650.0, "1": 640.0}, what="caps restored after the sweep")
+    wait_for(lambda: board_limits(state) == ORIGINAL, what="caps restored after the sweep")
 
 
 def test_sigterm_mid_sweep_restores_the_original_cap(start_daemon, tmp_path):
     state = tmp_path / "state"
-    daemon = start_daemon(config_text=CONFIG.format(state=state))
+    daemon = start_daemon(config_text=CONFIG.format(state=state, boards=boards(state)))
     wait_for(lambda: sweeping(state), what="the sweep to change a cap")
     assert daemon.stop(signal.SIGTERM) == 0
-    assert sim_limits(state) == {"0": 650.0, "1": 640.0}
+    assert board_limits(state) == ORIGINAL
     assert not list(state.glob("*.cap.json"))
     assert "power cap restored to 650 W" in daemon.log()
 
 
 def test_sigkill_mid_sweep_then_restart_restores_before_any_probe(start_daemon, tmp_path):
     state = tmp_path / "state"
-    config = CONFIG.format(state=state)
+    config = CONFIG.format(state=state, boards=boards(state))
     first = start_daemon(config_text=config)
     wait_for(lambda: sweeping(state), what="the sweep to change a cap")
     first.stop(signal.SIGKILL)
-    left = sim_limits(state)
+    left = board_limits(state)
     assert left["0"] != 650.0 and list(state.glob("*.cap.json"))  # the crash left a changed cap and a journal
 
     second = start_daemon(config_text=config.replace("first_run_delay_seconds: 0.5", "first_run_delay_seconds: 3600"))
-    assert sim_limits(state) == {"0": 650.0, "1": 640.0}
+    assert board_limits(state) == ORIGINAL
     assert not list(state.glob("*.cap.json"))
     wait_for(lambda: "listening on" in second.log(), what="the start-up log line")  # /healthz answers just before it
     log = second.log()

@@ -1,0 +1,30 @@
+"""Two simulated GPUs whose power limits outlive the daemon, as a real board keeps its limit.
+
+``simulation.state_file`` holds the boards' limits across daemon processes: a daemon SIGKILLed with a
+cap changed leaves it changed for the next one to find. Used by the tests that kill, stop and reload
+real daemons mid-sweep or while apply mode holds a cap.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: The operator's caps the boards start at (GPU index -> watts, as the state file keys them).
+ORIGINAL = {"0": 650.0, "1": 640.0}
+
+
+def boards(state: Path) -> str:
+    """The config's ``device`` and ``simulation`` sections: the two boards, their limits in STATE/sim-limits.json."""
+    return ("device: {backend: simulated}\n"
+            "simulation:\n"
+            "  gpus: 2\n"
+            "  seed: 1\n"
+            "  initial_power_limits: {0: 650, 1: 640}\n"
+            f"  state_file: {state}/sim-limits.json\n")
+
+
+def board_limits(state: Path) -> dict[str, float]:
+    """The boards' limits now; the file appears at the first change (before it: ORIGINAL)."""
+    path = state / "sim-limits.json"
+    return json.loads(path.read_text()) if path.exists() else dict(ORIGINAL)
