@@ -20,9 +20,8 @@ import requests
 
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.recommend import SweepPoint, recommend
-from gpuperfd.telemetry.collectors.base import Point
-from gpuperfd.telemetry.sampler import GpuIdentity, Reading, ReadingStore
 from gpuperfd.web.landing import landing_page
+from landing_fakes import FakeSampler
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -187,15 +186,9 @@ def test_landing_page_in_headless_chromium(start_daemon, tmp_path):
 # --- the page itself (no browser): escaping and the empty state --------------------------------
 
 
-class FakeSampler:
-    interval_seconds = 1.0
-
-    def __init__(self, name: str) -> None:
-        self.store = ReadingStore()
-        self.store.set_identity(GpuIdentity(0, "GPU-<uuid>"))
-        self.store.put(0, "info", Reading((Point("gpuperf_gpu_info", 1.0, (name, "0", "1", "9.0", "sim")),), True, None, 0, 0))
-        self.store.put(0, "power", Reading((Point("gpuperf_power_draw_watts", 123.0),
-                                            Point("gpuperf_power_limit_watts", 650.0)), True, None, 0, 0))
+def one_gpu(name: str) -> FakeSampler:
+    """One GPU of model ``name`` with a UUID that needs escaping, drawing 123 W of 650 W."""
+    return FakeSampler(1, name=name, uuid="GPU-<uuid>", power=(123.0, 650.0))
 
 
 def point(cap: float, rate: float, energy: float, preset: str = "gpt2") -> SweepPoint:
@@ -206,7 +199,7 @@ def point(cap: float, rate: float, energy: float, preset: str = "gpt2") -> Sweep
 def test_landing_page_escapes_everything_and_shows_the_rule():
     evil = "<script>alert(1)</script>"
     latest = {(0, "llm", evil): [point(700, 1000, 0.40, evil), point(500, 950, 0.30, evil), point(300, 700, 0.25, evil)]}
-    page = landing_page(FakeSampler(f'H100 "{evil}"'), "simulated", '/metrics"><x', latest, 0.10).decode()
+    page = landing_page(one_gpu(f'H100 "{evil}"'), "simulated", '/metrics"><x', latest, 0.10).decode()
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert 'href="/metrics&quot;&gt;&lt;x"' in page
     assert "GPU-&lt;uuid&gt;" in page
@@ -223,14 +216,14 @@ def test_landing_page_states_the_watts_saved_while_busy():
         return sweep_point
 
     latest = {(0, "llm", "gpt2"): [powered(700, 1000, 0.40), powered(500, 950, 0.30), powered(300, 700, 0.25)]}
-    page = landing_page(FakeSampler("H100"), "simulated", "/metrics", latest, 0.10).decode()
+    page = landing_page(one_gpu("H100"), "simulated", "/metrics", latest, 0.10).decode()
     # 400 W at 700 W against 285 W at the recommended 500 W.
     assert "5.0% slower than 700 W; 115 W less while busy" in page
 
 
 def test_landing_page_without_results():
-    page = landing_page(FakeSampler("NVIDIA H100 80GB HBM3"), "simulated", "/metrics").decode()
+    page = landing_page(one_gpu("NVIDIA H100 80GB HBM3"), "simulated", "/metrics").decode()
     assert "NVIDIA H100 80GB HBM3" in page and "No probe results yet" in page and "<svg" not in page
     one_cap = {(0, "vit", "vit-b16"): [point(650, 500, 0.1, "vit-b16")]}
-    page = landing_page(FakeSampler("x"), "simulated", "/metrics", one_cap).decode()
+    page = landing_page(one_gpu("x"), "simulated", "/metrics", one_cap).decode()
     assert "one cap only" in page and 'data-probe="vit"' in page

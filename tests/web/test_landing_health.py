@@ -3,20 +3,8 @@
 from __future__ import annotations
 
 from gpuperfd.health.verdict import Reason, Verdict
-from gpuperfd.telemetry.collectors.base import Point
-from gpuperfd.telemetry.sampler import GpuIdentity, Reading, ReadingStore
 from gpuperfd.web.landing import MAX_REASONS_SHOWN, landing_page
-
-
-class FakeSampler:
-    interval_seconds = 1.0
-
-    def __init__(self, gpus: int) -> None:
-        self.store = ReadingStore()
-        for gpu in range(gpus):
-            self.store.set_identity(GpuIdentity(gpu, f"GPU-{gpu}"))
-            self.store.put(gpu, "info", Reading((Point("gpuperf_gpu_info", 1.0, ("H100", "0", "1", "9.0", "sim")),),
-                                                True, None, 0, 0))
+from landing_fakes import FakeSampler, row
 
 
 def reason(check: str, severity: str, action: str, message: str, **evidence: object) -> Reason:
@@ -24,8 +12,7 @@ def reason(check: str, severity: str, action: str, message: str, **evidence: obj
 
 
 def health_cell(page: str, gpu: int) -> str:
-    row = page.split(f'data-gpu="{gpu}"', 1)[1].split("</tr>", 1)[0]
-    return row.split('<td class="health', 1)[1]
+    return row(page, gpu).split('<td class="health', 1)[1]
 
 
 def test_health_column_shows_state_action_and_reasons_escaped() -> None:

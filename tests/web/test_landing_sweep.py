@@ -7,38 +7,23 @@ import re
 from gpuperfd.probe_data.progress import SweepProgress
 from gpuperfd.probe_data.recommend import SweepPoint
 from gpuperfd.probe_data.result import ProbeResult
-from gpuperfd.telemetry.collectors.base import Point
-from gpuperfd.telemetry.sampler import GpuIdentity, Reading, ReadingStore
 from gpuperfd.web.landing import chart_svg, landing_page
+from landing_fakes import FakeSampler, row
 
-
-class FakeSampler:
-    interval_seconds = 1.0
-
-    def __init__(self, gpus: int) -> None:
-        self.store = ReadingStore()
-        for gpu in range(gpus):
-            self.store.set_identity(GpuIdentity(gpu, f"GPU-{gpu}"))
-            self.store.put(gpu, "info", Reading((Point("gpuperf_gpu_info", 1.0, ("H100", "0", "1", "9.0", "sim")),),
-                                                True, None, 0, 0))
-            self.store.put(gpu, "power", Reading((Point("gpuperf_power_draw_watts", 398.0),
-                                                  Point("gpuperf_power_limit_watts", 400.0)), True, None, 0, 0))
-
-
-def row(page: str, gpu: int) -> str:
-    return page.split(f'data-gpu="{gpu}"', 1)[1].split("</tr>", 1)[0]
+#: Every GPU here draws 398 W of its 400 W limit.
+POWER = (398.0, 400.0)
 
 
 def test_a_sweep_in_progress_is_marked_in_its_row_and_above_the_table() -> None:
     sweeps = {1: SweepProgress(1, "llm", "gpt2", 400.0, 3, 5, 1_800_000_000.0)}
-    page = landing_page(FakeSampler(2), "simulated", "/metrics", sweeps=sweeps).decode()
+    page = landing_page(FakeSampler(2, power=POWER), "simulated", "/metrics", sweeps=sweeps).decode()
     assert "<th>Sweep</th>" in page
     banner = page.split('<p class="sweeping" id="sweeps">', 1)[1].split("</p>", 1)[0]
     assert "GPU 1: llm/gpt2 at 400 W, point 3 of 5 (since 08:00:00 UTC)" in banner
     assert banner.index("GPU 1") < len(banner) and "GPU 0" not in banner
     assert 'data-sweeping="1">llm/gpt2 at 400 W, point 3 of 5</td>' in row(page, 1)
     assert "data-sweeping" not in row(page, 0)
-    idle = landing_page(FakeSampler(2), "simulated", "/metrics").decode()
+    idle = landing_page(FakeSampler(2, power=POWER), "simulated", "/metrics").decode()
     assert 'id="sweeps"' not in idle and "data-sweeping" not in idle
 
 
@@ -72,5 +57,5 @@ def test_the_page_shows_the_axis_values_of_each_probe_chart() -> None:
                                            energy_per_unit_joules=energy, work_unit="token", started_at=1e9))
 
     latest = {(0, "llm", "gpt2"): [point(700, 1000, 0.4), point(500, 950, 0.3)]}
-    page = landing_page(FakeSampler(1), "simulated", "/metrics", latest).decode()
+    page = landing_page(FakeSampler(1, power=POWER), "simulated", "/metrics", latest).decode()
     assert ">1k tokens/s</text>" in page and ">950 tokens/s</text>" in page and ">400 mJ/token</text>" in page
