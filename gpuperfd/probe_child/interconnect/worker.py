@@ -6,9 +6,10 @@ CPU; env rendezvous on 127.0.0.1), then:
 
 1. peer copies, one ordered pair at a time (a barrier between pairs, so pairs never share a link):
    on GPUs the source rank copies ``cuda:a -> cuda:b`` (``copy_``, CUDA events) while the other
-   ranks wait in a host-side (gloo) barrier, so no other rank's kernel is on any GPU meanwhile (an
-   NCCL barrier leaves one spinning on each waiting rank's GPU; on a 2x H200 the two barriers gave
-   the same figures, docs/benchmarks.md, but the copy is measured with its GPUs to itself); on a CPU the
+   ranks wait in a host-side (gloo) barrier, so no waiting rank has a kernel on a GPU meanwhile (with
+   an NCCL barrier, the destination rank's barrier kernel spinning on its GPU cut the copy into it to
+   30 % at 256 MiB and 8 % at 64 MiB, on H100 and H200 pairs alike: a false "degraded" verdict;
+   docs/benchmarks.md); on a CPU the
    source rank ``send``s to the destination rank; the destination's bytes are compared with the
    source's (the same seeded pattern);
 2. an all-reduce at each size: rank r's tensor holds r + 1, so every element must come back
@@ -124,6 +125,20 @@ def _cv(values: list[float]) -> float | None:
     return statistics.stdev(values) / statistics.fmean(values)
 
 
+def open_peers(me: Rank) -> float:
+    """Open this process's context on every other GPU of the set, with peer access to it, every rank at
+    once and before any timed copy; the seconds it took. Left to each pair's first copy, the context
+    was made inside the pairs, one pair at a time: n (n - 1) times in a row on a node of n GPUs."""
+    t0 = time.perf_counter()
+    if me.cuda:
+        here = torch.zeros(1, dtype=torch.uint8, device=me.device)
+        for gpu in me.gpus:
+            if gpu != me.gpus[me.rank]:
+                torch.empty(1, dtype=torch.uint8, device=f"cuda:{gpu}").copy_(here)
+        torch.cuda.synchronize(me.device)
+    return time.perf_counter() - t0
+
+
 def peer_copies(me: Rank, request: InterconnectRequest, fault: str | None = None) -> list[dict[str, Any]]:
     """Every ordered pair in turn; the records this rank measured (the source on GPUs, the
     destination on a CPU)."""
@@ -205,7 +220,11 @@ def _inject(fault: str | None) -> None:
 def run(me: Rank, request: InterconnectRequest, fault: str | None) -> dict[str, Any] | None:
     """The whole probe on this rank; rank 0 returns the result's dict, the others None."""
     started_at = time.time()
+    opened = open_peers(me)
+    me.host_barrier()  # every rank's contexts are open: no pair's copy shares its GPUs with one being made
+    pairs_started = time.perf_counter()
     copies = peer_copies(me, request, fault)
+    pairs_seconds = time.perf_counter() - pairs_started
     _inject(fault)
     reduces = [all_reduce(me, size, request, fault) for size in request.allreduce_bytes]
     gathered: list[Any] = [None] * me.world
@@ -220,7 +239,8 @@ def run(me: Rank, request: InterconnectRequest, fault: str | None) -> dict[str, 
         error_message=f"wrong result: {', '.join(bad)}" if bad else None, backend="nccl" if me.cuda else "gloo",
         started_at=started_at, wall_seconds=time.time() - started_at, copies=tuple(all_copies), allreduce=sums,
         extra={"dtype": request.dtype, "torch": torch.__version__,
-               "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")})
+               "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),
+               "open_peers_seconds": round(opened, 3), "copies_seconds": round(pairs_seconds, 3)})
     return result.to_dict()
 
 
