@@ -223,6 +223,7 @@ def build_apply(config: Config, devices: list[Device], probes: ProbeService, hea
         idle=lambda index: tracker.idle_for(index) >= idle_seconds,
         metrics=ApplyMetrics(), held_caps=probes.held_caps, on_cap_change=sampler.cap_changed)
     probes.point_listeners.append(controller.observe)
+    probes.round_listeners.append(controller.round_ended)
     return controller
 
 

@@ -105,6 +105,7 @@ class ApplyController:
         self.states = {index: GpuApply() for index in self.devices}
         self._pass = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.interval_seconds = 30.0
         if metrics is not None:
@@ -409,14 +410,23 @@ class ApplyController:
         self._thread = threading.Thread(target=self._run, name="gpuperfd-apply", daemon=True)
         self._thread.start()
 
+    def round_ended(self, gpu: int) -> None:
+        """The probe service's round listener: a round on ``gpu`` gave its cap lock back. The next pass
+        runs now, while the next round waits for the lock (CAP_LOCK_WAIT_SECONDS); on GPUs swept back
+        to back, a pass every ``interval_seconds`` could miss every gap between their rounds."""
+        self._wake.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_seconds):
-            if self.settings.mode != "off":
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_seconds)
+            self._wake.clear()
+            if not self._stop.is_set() and self.settings.mode != "off":
                 self.tick()
 
     def stop(self) -> list[str]:
         """Stop the passes and give every applied cap back (the operator's cap, read back)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=self.interval_seconds + 10)
         done = self.revert_all()

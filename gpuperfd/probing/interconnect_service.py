@@ -116,6 +116,8 @@ class InterconnectService:
             for gpu in held:
                 service.tracker.mark_ours(gpu, False)
                 service.give_back(gpu)
+                if locks:  # the run held the GPUs' cap locks: apply mode's turn now
+                    service.round_ended(gpu)
 
     def _lock(self, device: Device) -> tuple[GpuLock | None, str | None]:
         """The GPU's cross-process lock, or why it cannot be had (a sweep or check of another process)."""

@@ -119,6 +119,9 @@ class ProbeService:
         self.held_caps: dict[int, float] = {}
         #: Told every point, ``(gpu, probe, preset, point)``: apply mode's evidence.
         self.point_listeners: list[Callable[[int, str, str, SweepPoint], None]] = []
+        #: Told ``gpu`` when a round there has ended and given the GPU's cap lock back: apply mode takes
+        #: its turn then (the next round waits CAP_LOCK_WAIT_SECONDS for it), not by the chance of a gap.
+        self.round_listeners: list[Callable[[int], None]] = []
 
     def publish_original_caps(self) -> None:
         """Publish each GPU's cap as the operator's; call after any left-over cap was restored."""
@@ -232,7 +235,7 @@ class ProbeService:
             return RunOutcome("in_round", "served")
         if turn is Turn.TIMEOUT:
             return self._skip(info, schedule, "overlap")
-        node_locked, ticket = False, None
+        node_locked, ticket, ran = False, None, False
         try:
             if not self.config.parallel_gpus:
                 node_locked = self._node_lock.acquire(timeout=self.config.timeout_seconds)
@@ -248,6 +251,7 @@ class ProbeService:
             with self._active_lock:
                 self._active += 1
             rounds.open(key, schedule.probe)
+            ran = True
             try:
                 return self._round(device, gpu, key, schedule, source if joinable else None, joinable)
             finally:
@@ -263,6 +267,16 @@ class ProbeService:
             if node_locked:
                 self._node_lock.release()
             rounds.release(lock)
+            if ran:
+                self.round_ended(gpu)
+
+    def round_ended(self, gpu: int) -> None:
+        """Tell the round listeners GPU ``gpu`` is free again (after any run that held its cap lock)."""
+        for listener in self.round_listeners:
+            try:
+                listener(gpu)
+            except Exception:  # noqa: BLE001 - a listener's bug must not fail the round that ran
+                log.exception("gpu %d: round-end listener failed", gpu)
 
     def _admit(self, gpu: int, schedule: ScheduleConfig) -> Ticket | None:
         """The round's reservation of host memory: the expected peak of its one child, the largest of

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from gpuperfd.apply.cli import revert
 from gpuperfd.apply.policy import ApplySettings
@@ -125,6 +126,23 @@ def test_a_failed_way_back_that_left_the_applied_cap_is_forgotten_so_the_operato
     device.set_power_limit(650.0)  # the operator, by hand
     node.controller.tick()
     assert node.controller.states[0].reason == "overridden" and cap(node, 0) == 650.0
+
+
+def test_a_round_that_ends_gives_the_controller_its_turn_at_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """On GPUs swept back to back, a pass every interval_seconds could miss every gap between rounds:
+    the end of a round wakes the controller, which takes the cap lock before the next round does."""
+    node = make_node(tmp_path, gpus=1)
+    node.service.round_listeners.append(node.controller.round_ended)
+    node.controller.start(interval_seconds=3600)  # no timed pass within this test
+    try:
+        node.sweep()  # the round ends: the recommendation is there and the GPU is free
+        deadline = time.monotonic() + 10
+        while node.controller.states[0].reason != "applied" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert node.controller.states[0].reason == "applied" and cap(node, 0) < 700.0
+    finally:
+        node.controller.stop()
+    assert cap(node, 0) == 700.0  # stop gives the operator's cap back
 
 
 def test_drift_rolls_back_to_the_operators_cap_and_says_why(tmp_path) -> None:  # type: ignore[no-untyped-def]
