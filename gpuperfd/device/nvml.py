@@ -321,6 +321,8 @@ class NvmlDevice(Device):
         self._handle = handle
         self._lock = threading.Lock()
         self._unsupported: set[str] = set()
+        #: The fabric call (function, struct) this driver answered: asked alone from then on.
+        self._fabric_call: tuple[Callable[..., int], Any] | None = None
         self._info: GpuInfo | None = None
         #: (max SM, max memory) clocks in hertz, read once: board constants.
         self._max_clocks: tuple[float | None, float | None] | None = None
@@ -787,16 +789,19 @@ class NvmlDevice(Device):
         with self._lock:
             if "fabric" in self._unsupported:
                 raise NotSupported(f"GPU {self.index}: GPU fabric is not supported (checked earlier)")
-        calls: list[tuple[Callable[..., int], Any]] = [
-            (pynvml.nvmlDeviceGetGpuFabricInfoV, getattr(pynvml, name))
-            for name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t")
-            if hasattr(pynvml, "nvmlDeviceGetGpuFabricInfoV") and hasattr(pynvml, name)]
-        if hasattr(pynvml, "nvmlDeviceGetGpuFabricInfo") and hasattr(pynvml, "c_nvmlGpuFabricInfo_t"):
-            calls.append((pynvml.nvmlDeviceGetGpuFabricInfo, pynvml.c_nvmlGpuFabricInfo_t))
+        if self._fabric_call is not None:
+            calls = [self._fabric_call]
+        else:
+            calls = [(pynvml.nvmlDeviceGetGpuFabricInfoV, getattr(pynvml, name))
+                     for name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t")
+                     if hasattr(pynvml, "nvmlDeviceGetGpuFabricInfoV") and hasattr(pynvml, name)]
+            if hasattr(pynvml, "nvmlDeviceGetGpuFabricInfo") and hasattr(pynvml, "c_nvmlGpuFabricInfo_t"):
+                calls.append((pynvml.nvmlDeviceGetGpuFabricInfo, pynvml.c_nvmlGpuFabricInfo_t))
         for fn, struct in calls:
             info = struct()
             try:
                 self._nvml(fn, self._handle, ctypes.byref(info))
+                self._fabric_call = (fn, struct)
                 return info
             except NotSupported:
                 continue  # FUNCTION_NOT_FOUND: an older driver; the next call
