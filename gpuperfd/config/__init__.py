@@ -221,20 +221,22 @@ class InterconnectFaultConfig(_Strict):
 
     ``link_down``: ``links`` NVLinks of GPU ``gpu`` go down (on a direct pair, the peer's ends too), and
     every pair of that GPU loses bandwidth in proportion; ``half_bandwidth``: the pair ``gpu``-``peer``
-    copies at half speed with every link up and no event (a link that lost lanes); ``fabric``: GPU
-    ``gpu``'s fabric state is ``fabric_state`` with ``fabric_status`` (an NVML error text; None: success)."""
+    copies at half speed with every link up and no event (a link that lost lanes); ``slow_pair``: the
+    same at ``factor`` of its speed (0 < factor < 1); ``fabric``: GPU ``gpu``'s fabric state is
+    ``fabric_state`` with ``fabric_status`` (an NVML error text; None: success)."""
 
-    kind: Literal["link_down", "half_bandwidth", "fabric"]
+    kind: Literal["link_down", "half_bandwidth", "slow_pair", "fabric"]
     gpu: Annotated[int, Field(ge=0)] | Literal["*"] = 0
     peer: Annotated[int, Field(ge=0)] | None = None
     links: Annotated[int, Field(ge=1, le=18)] = 1
     fabric_state: Literal["not_started", "in_progress", "completed"] = "not_started"
     fabric_status: Annotated[str, Field(max_length=200)] | None = None
+    factor: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.5
 
     @model_validator(mode="after")
     def _check_kind(self) -> InterconnectFaultConfig:
-        if self.kind == "half_bandwidth" and (self.peer is None or self.gpu == "*" or self.peer == self.gpu):
-            raise ValueError("half_bandwidth needs a gpu and a different peer (the pair at half speed)")
+        if self.kind in ("half_bandwidth", "slow_pair") and (self.peer is None or self.gpu == "*" or self.peer == self.gpu):
+            raise ValueError(f"{self.kind} needs a gpu and a different peer (the pair that copies slowly)")
         if self.kind == "link_down" and self.gpu == "*":
             raise ValueError("link_down needs one gpu (the GPU whose links go down)")
         return self

@@ -61,7 +61,7 @@ class SimulatedTopology:
         self.board = board
         self._gpus = list(gpus)
         self._lock = threading.Lock()
-        #: unordered pair -> bandwidth factor (half_bandwidth faults)
+        #: unordered pair -> bandwidth factor (half_bandwidth and slow_pair faults)
         self._pair_factor: dict[tuple[int, int], float] = {}
         #: gpu -> fabric state (fabric faults); others report the board's normal state
         self._fabric: dict[int, FabricState] = {}
@@ -88,9 +88,10 @@ class SimulatedTopology:
             self._gpu(index)
         if fault.peer is not None:
             self._gpu(fault.peer)
-        if fault.kind == "half_bandwidth":
+        if fault.kind in ("half_bandwidth", "slow_pair"):
+            factor = 0.5 if fault.kind == "half_bandwidth" else fault.factor
             with self._lock:
-                self._pair_factor[_pair(int(fault.gpu), int(fault.peer))] = 0.5  # type: ignore[arg-type]
+                self._pair_factor[_pair(int(fault.gpu), int(fault.peer))] = factor  # type: ignore[arg-type]
         elif fault.kind == "link_down":
             self.link_down(int(fault.gpu), fault.links)
         else:

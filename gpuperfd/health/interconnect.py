@@ -4,6 +4,12 @@ Pure. :func:`interconnect_inputs` turns one interconnect run and the node's topo
 dict every GPU's :class:`~gpuperfd.health.evaluate.GpuInputs` carries (``interconnect``); the
 ``interconnect_*`` evaluators read it through :func:`findings`.
 
+The figure a pair is held against: the expected figure of its link (the reference), lowered to
+what the node's own pairs of the same kind deliver where it has :data:`NODE_PAIRS_MIN` or more of
+them, but never below :data:`NODE_FLOOR_RATIO` of the reference (a node whose every link is slow is
+still judged). So the threshold follows the node as well as the reference: copies of a size that
+reaches 91 % of the reference on every healthy pair are not held against 100 % (issue 55).
+
 Blame: a pair below its figure is the GPU's unless the GPU's other pairs are fine and the peer's
 are all short (then the peer alone is the cause: a GPU whose links into the NVSwitches went down
 slows every pair it is in, and its healthy peers are not blamed). A pair alone at half speed,
@@ -13,6 +19,7 @@ board has no link count and its copy figures are estimates (docs/health.md).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,15 +29,23 @@ from gpuperfd.device.interconnect_figures import expected_copy_bandwidth, expect
 from gpuperfd.probe_data.interconnect import InterconnectResult
 
 
+#: The node's own pairs set the figure only where it has this many unordered pairs of one kind of link
+#: (a 2-GPU node has one: its pair is held against the reference alone).
+NODE_PAIRS_MIN = 3
+#: ... and never below this share of the reference figure.
+NODE_FLOOR_RATIO = 0.9
+
+
 def interconnect_inputs(result: InterconnectResult | None, topology: Sequence[PeerLink],
                         links_per_gpu: Mapping[int, int]) -> dict[str, Any]:
     """The node-wide inputs of the interconnect checks: NVLink pairs' links (up, expected) and, from an
-    ok run, each ordered NVLink pair's copy bandwidth against the figure of a healthy link."""
+    ok run, each ordered NVLink pair's copy bandwidth against the figure it is held to (module
+    docstring: the reference, or the node's own pairs of that kind)."""
     wanted = expected_pair_links(topology, links_per_gpu)
     links = {pair: (link.nvlink_links, wanted[pair]) for link in topology
              if (pair := (link.gpu_a, link.gpu_b)) in wanted}
     by_pair = {(link.gpu_a, link.gpu_b): link for link in topology}
-    copies = {}
+    measured: dict[tuple[int, int], tuple[float, float, tuple[Any, ...]]] = {}
     if result is not None and result.ok:
         for copy in result.copies:
             pair = (min(copy.src, copy.dst), max(copy.src, copy.dst))
@@ -38,8 +53,36 @@ def interconnect_inputs(result: InterconnectResult | None, topology: Sequence[Pe
             if link is None or pair not in wanted:
                 continue
             healthy = PeerLink(link.gpu_a, link.gpu_b, "nvlink", wanted[pair], link.via_nvswitch, link.p2p)
-            copies[(copy.src, copy.dst)] = (copy.bandwidth_bytes_per_second, expected_copy_bandwidth(healthy))
-    return {"links": links, "copies": copies}
+            kind = (healthy.path, healthy.nvlink_links, healthy.via_nvswitch)
+            measured[(copy.src, copy.dst)] = (copy.bandwidth_bytes_per_second, expected_copy_bandwidth(healthy), kind)
+    return {"links": links, "copies": held_to_node(measured)}
+
+
+def held_to_node(measured: Mapping[tuple[int, int], tuple[float, float, tuple[Any, ...]]]
+                 ) -> dict[tuple[int, int], tuple[float, float]]:
+    """Each ordered pair's (value, figure held to): the reference, or the median of the node's pairs of
+    the same kind of link where there are :data:`NODE_PAIRS_MIN` unordered ones, between
+    :data:`NODE_FLOOR_RATIO` of the reference and the reference."""
+    by_kind: dict[tuple[Any, ...], list[tuple[tuple[int, int], float]]] = {}
+    for pair, (value, _, kind) in measured.items():
+        by_kind.setdefault(kind, []).append((pair, value))
+    typical: dict[tuple[Any, ...], float] = {}
+    for kind, rows in by_kind.items():
+        if len({(min(p), max(p)) for p, _ in rows}) >= NODE_PAIRS_MIN:
+            typical[kind] = statistics.median(value for _, value in rows)
+    out = {}
+    for pair, (value, reference, kind) in measured.items():
+        figure = reference
+        if kind in typical and reference > 0:
+            figure = min(reference, max(typical[kind], NODE_FLOOR_RATIO * reference))
+        out[pair] = (value, figure)
+    return out
+
+
+def slow_pairs(copies: Mapping[tuple[int, int], tuple[float, float]], limit: float) -> set[tuple[int, int]]:
+    """The ordered pairs whose value is below ``limit`` of their figure (before blame): the ones a
+    verdict could come from, so the ones measured again before any verdict."""
+    return {pair for pair, (value, want) in copies.items() if want > 0 and value / want < limit}
 
 
 def read_topology(backend: Backend, devices: Sequence[Device]) -> tuple[list[PeerLink], dict[int, int]]:

@@ -33,15 +33,39 @@ class InterconnectRequest:
     """What one interconnect probe run is asked to do (built once from a schedule or CLI flags).
 
     ``gpus``: the set, by index (None: every GPU of the node); at least two. Sizes are bytes per
-    copy and per rank of an all-reduce: a small one (latency) and a large one (bandwidth)."""
+    copy and per rank of an all-reduce: a small one (latency) and a large one (bandwidth).
+    ``pairs``: the ordered pairs (GPU indices) to copy between (None: every ordered pair of the set);
+    a retest of the pairs judged slow names them, with no all-reduce sizes."""
 
     gpus: tuple[int, ...] | None = None
+    pairs: tuple[tuple[int, int], ...] | None = None
     copy_bytes: int = 256 << 20
     allreduce_bytes: tuple[int, ...] = (1 << 20, 256 << 20)
     repeats: int = 10
     warmup: int = 3
     dtype: str = "bfloat16"
     timeout_seconds: float = 120.0
+
+    def ordered_pairs(self, gpus: tuple[int, ...]) -> list[tuple[int, int]]:
+        """The ordered pairs to copy between, in the set's order (ValueError for a pair outside it)."""
+        every = [(a, b) for a in gpus for b in gpus if a != b]
+        if self.pairs is None:
+            return every
+        wanted = {(int(a), int(b)) for a, b in self.pairs}
+        if wanted - set(every):
+            raise ValueError(f"pairs: {sorted(wanted - set(every))} not ordered pairs of GPUs {list(gpus)}")
+        return [pair for pair in every if pair in wanted]
+
+    @staticmethod
+    def from_dict(body: dict[str, Any]) -> InterconnectRequest:
+        """From ``dataclasses.asdict`` (JSON: lists where the fields hold tuples)."""
+        values = dict(body)
+        if values.get("gpus") is not None:
+            values["gpus"] = tuple(values["gpus"])
+        if values.get("pairs") is not None:
+            values["pairs"] = tuple((int(a), int(b)) for a, b in values["pairs"])
+        values["allreduce_bytes"] = tuple(values.get("allreduce_bytes", ()))
+        return InterconnectRequest(**values)
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,11 @@ def interconnect_line(result: dict[str, Any]) -> str:
     sizes = ", ".join(f"{a['bytes'] / 2**20:g} MiB {a['bus_bandwidth_bytes_per_second'] / 1e9:.1f} GB/s"
                       for a in result.get("allreduce") or ())
     slowest = f"slowest copy {min(copies) / 1e9:.1f} GB/s, " if copies else ""
-    return f"interconnect GPUs {gpus}: ok, {slowest}all-reduce busbw {sizes}, sums ok"
+    extra = result.get("extra") or {}
+    retested = "".join(f"; measured again {', '.join(r['pairs'])}: {r.get('after') or 'slow every time'}"
+                       for r in extra.get("retests") or () if r.get("pairs"))
+    unconfirmed = "".join(f"; {pair} not judged (unknown): {why}" for pair, why in (extra.get("unconfirmed") or {}).items())
+    return f"interconnect GPUs {gpus}: ok, {slowest}all-reduce busbw {sizes}, sums ok{retested}{unconfirmed}"
 
 
 def one_line(body: dict[str, Any], limit: int = 240) -> str:

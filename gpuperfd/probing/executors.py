@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from gpuperfd.config import Config
 from gpuperfd.device.base import Backend, Device
+from gpuperfd.device.errors import DeviceError
+from gpuperfd.health.checks import defaults as health_defaults
+from gpuperfd.health.interconnect import interconnect_inputs, read_topology, slow_pairs
+from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
-from gpuperfd.probing.interconnect_executor import InterconnectExecutor
+from gpuperfd.probing.interconnect_executor import InterconnectExecutor, RetestingExecutor, SlowPairs
 from gpuperfd.probing.child_session import ChildProcessExecutor, PeakCallback, child_process_executor
 from gpuperfd.probing.simulated_probe import (
     SIMULATED_PROFILE,
@@ -160,12 +164,32 @@ def choose_interconnect_executor(config: Config, backend: Backend,
     cpu), picked as :func:`choose_executor` picks the per-GPU one: the simulated node's figures
     (``device/simulated_topology.py``) on the simulator, else one worker per GPU on ``probes.torch_device``.
     ``keep_records``: record the workers in the state directory (``gpuperfd check`` never creates it)."""
+    limit = {**health_defaults(), **config.health.thresholds}["interconnect_expected_ratio"]
     if not starts_children(config, backend.name):
         from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
 
-        return SimulatedInterconnectExecutor(getattr(backend, "interconnect"), seed=config.simulation.seed), "simulated"
+        inner: InterconnectExecutor = SimulatedInterconnectExecutor(getattr(backend, "interconnect"),
+                                                                    seed=config.simulation.seed)
+        return RetestingExecutor(inner, slow_pairs_on(backend, limit)), "simulated"
     from gpuperfd.probing.interconnect_runner import ProcessInterconnectExecutor
 
     kind = config.probes.torch_device
-    return ProcessInterconnectExecutor(kind, idle_utilization_threshold=config.probes.idle_utilization_threshold,
-                                       record_dir=config.probes.state_dir if keep_records else None), kind
+    inner = ProcessInterconnectExecutor(kind, idle_utilization_threshold=config.probes.idle_utilization_threshold,
+                                        record_dir=config.probes.state_dir if keep_records else None)
+    return RetestingExecutor(inner, slow_pairs_on(backend, limit)), kind
+
+
+def slow_pairs_on(backend: Backend, limit: float) -> SlowPairs:
+    """The retest's judge on ``backend``'s node: the ordered NVLink pairs whose copies are below
+    ``limit`` of the figure the verdict holds them to (health/interconnect.py). A gloo run on a CPU
+    copies host memory and says nothing of a link: nothing to retest."""
+    def slow(result: InterconnectResult, devices: Sequence[Device]) -> set[tuple[int, int]]:
+        if result.backend not in ("nccl", "simulated"):
+            return set()
+        try:
+            topology, links = read_topology(backend, devices)
+        except DeviceError:
+            return set()
+        return slow_pairs(interconnect_inputs(result, topology, links)["copies"], limit)
+
+    return slow

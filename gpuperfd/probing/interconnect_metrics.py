@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gpuperfd.device.base import Backend, Device, GpuInfo, PeerLink
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.device.interconnect_figures import expected_copy_bandwidth, expected_pair_links
-from gpuperfd.health.interconnect import read_topology
+from gpuperfd.health.interconnect import interconnect_inputs, read_topology
 from gpuperfd.probe_data.interconnect import InterconnectResult
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,8 @@ class InterconnectMetrics:
                           PAIR_LABELS)
         self.copy_expected = gauge(
             "gpuperf_interconnect_peer_copy_expected_bytes_per_second",
-            "What a healthy link of this pair copies (docs/health.md, the expected figures), bytes/s; NVLink pairs only.",
+            "The figure this pair's copies are held to (docs/health.md: a healthy link's, or the node's own "
+            "pairs of that kind after a run), bytes/s; NVLink pairs only.",
             PAIR_LABELS)
         self.links = gauge("gpuperf_nvlink_peer_links", "NVLinks up joining this GPU to the peer (directly or "
                            "through NVSwitch), from the topology; NVLink pairs only.", PAIR_LABELS)
@@ -102,6 +103,10 @@ class InterconnectMetrics:
             self.last_run.labels(label).set(result.started_at)
         if topology:
             self.publish_topology(topology, infos, links_per_gpu)
+            # the figure the verdict held each pair to (the node's own pairs), so the alert judges alike
+            for (src, dst), (_, figure) in interconnect_inputs(result, topology, links_per_gpu or {})["copies"].items():
+                if src in infos and dst in infos:
+                    self.copy_expected.labels(*_pair(infos, src, dst)).set(figure)
 
     def publish_topology(self, topology: Sequence[PeerLink], infos: Mapping[int, GpuInfo],
                          expected_links: Mapping[int, int] | None = None) -> None:

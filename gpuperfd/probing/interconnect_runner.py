@@ -126,7 +126,7 @@ class ProcessInterconnectExecutor:
     device given, or ``ranks`` ranks standing for 0..ranks-1 when none is: nothing watched).
     ``inject_fault``: (rank, kind) for tests only (worker.FAULTS)."""
 
-    def __init__(self, device_kind: str = "cuda", ranks: int | None = None, watch_interval: float = 0.5,
+    def __init__(self, device_kind: str = "cuda", ranks: int | None = None, watch_interval: float = 0.1,
                  idle_utilization_threshold: float = 0.1, idle_wait_seconds: float = 5.0,
                  record_dir: Path | str | None = None, env: dict[str, str] | None = None,
                  inject_fault: tuple[int, str] | None = None) -> None:
@@ -212,10 +212,13 @@ class ProcessInterconnectExecutor:
             failed = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
             if failed is not None:
                 return self._rank_failure(workers, gpus, failed, codes[failed], started_at, t0)
-            if all(c == 0 for c in codes):
+            finished = all(c == 0 for c in codes) or (  # or rank 0 wrote it and a teardown hangs
+                codes[0] == 0 and (done_at := done_at or time.monotonic()) + _TEARDOWN_GRACE_SECONDS < time.monotonic())
+            if finished:
+                # a process that came and went between two looks disturbed the copies all the same
+                if watched and (preempted := self._foreign(workers, watched, started_at, t0, gpus)) is not None:
+                    return preempted
                 return self._read_result(workers, gpus, started_at, t0)
-            if codes[0] == 0 and (done_at := done_at or time.monotonic()) + _TEARDOWN_GRACE_SECONDS < time.monotonic():
-                return self._read_result(workers, gpus, started_at, t0)  # rank 0 wrote it; a teardown hangs
             abort.wait(0.05)
 
     def _foreign(self, workers: _Workers, watched: Sequence[Device], started_at: float, t0: float,

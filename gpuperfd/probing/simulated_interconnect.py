@@ -54,17 +54,15 @@ class SimulatedInterconnectExecutor:
         if abort.is_set():
             return _stopped(gpus, started)
         copies = []
-        for src in gpus:
-            for dst in gpus:
-                if src is dst:
-                    continue
-                copy, seconds = self._copy(src, dst, request)
-                copies.append(copy)
-                wall += seconds
-                self._sleep(seconds)
-                if abort.is_set():
-                    return _stopped(gpus, started)
-        slowest = min(c.bandwidth_bytes_per_second for c in copies)
+        by_index = {gpu.index: gpu for gpu in gpus}
+        for a, b in request.ordered_pairs(tuple(by_index)):
+            copy, seconds = self._copy(by_index[a], by_index[b], request)
+            copies.append(copy)
+            wall += seconds
+            self._sleep(seconds)
+            if abort.is_set():
+                return _stopped(gpus, started)
+        slowest = min(self._rate(a, b) for a in gpus for b in gpus if a is not b)  # the ring's, measured or not
         reductions = []
         for size in request.allreduce_bytes:
             reduction, seconds = self._allreduce(gpus, size, slowest, request)
@@ -78,9 +76,14 @@ class SimulatedInterconnectExecutor:
     def _noisy(self, value: float) -> float:
         return value * (1.0 + self._rng.gauss(0.0, NOISE))
 
-    def _copy(self, src: Device, dst: Device, request: InterconnectRequest) -> tuple[PeerCopy, float]:
+    def _rate(self, src: Device, dst: Device) -> float:
+        """The pair's copy rate as its links and faults make it (bytes/s, before noise)."""
         link = self._topology.pair(src.index, dst.index)
-        rate = expected_copy_bandwidth(link, self._topology.pcie_generation(src.index)) * self._topology.bandwidth_factor(src.index, dst.index)
+        return (expected_copy_bandwidth(link, self._topology.pcie_generation(src.index))
+                * self._topology.bandwidth_factor(src.index, dst.index))
+
+    def _copy(self, src: Device, dst: Device, request: InterconnectRequest) -> tuple[PeerCopy, float]:
+        rate = self._rate(src, dst)
         samples = [self._noisy(rate) for _ in range(request.repeats)]
         median = statistics.median(samples)
         cv = statistics.pstdev(samples) / statistics.fmean(samples) if len(samples) > 1 else None

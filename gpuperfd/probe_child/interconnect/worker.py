@@ -4,7 +4,8 @@ Started once per GPU of the set by :mod:`gpuperfd.probing.interconnect_runner` (
 the parent). Every rank joins one ``torch.distributed`` group (NCCL on ``cuda:<gpu>``, gloo on a
 CPU; env rendezvous on 127.0.0.1), then:
 
-1. peer copies, one ordered pair at a time (a barrier between pairs, so pairs never share a link):
+1. peer copies, one ordered pair at a time (the request's ``pairs``, or every ordered pair of the set;
+   a barrier between pairs, so pairs never share a link):
    on GPUs the source rank copies ``cuda:a -> cuda:b`` (``copy_``, CUDA events) while the other
    ranks wait in a host-side (gloo) barrier, so no waiting rank has a kernel on a GPU meanwhile (with
    an NCCL barrier, the destination rank's barrier kernel spinning on its GPU cut the copy into it to
@@ -143,23 +144,22 @@ def peer_copies(me: Rank, request: InterconnectRequest, fault: str | None = None
     """Every ordered pair in turn; the records this rank measured (the source on GPUs, the
     destination on a CPU)."""
     mine = []
-    for a in range(me.world):
-        for b in range(me.world):
-            if a == b:
-                continue
-            measurer = a if me.cuda else b
-            if me.cuda and me.rank == a:
-                times, ok = _cuda_copy(me, me.gpus[b], request.copy_bytes, request, fault)
-            elif not me.cuda:  # every rank takes part in the pair's barriers
-                times, ok = _cpu_copy(me, a, b, request.copy_bytes, request, fault)
-            else:
-                times, ok = [], True
-            if me.rank == measurer:
-                rate = request.copy_bytes / statistics.median(times)
-                mine.append(dataclass_dict(PeerCopy(src=me.gpus[a], dst=me.gpus[b], bytes=request.copy_bytes,
-                                                    bandwidth_bytes_per_second=rate, repeats=len(times),
-                                                    cv=_cv([request.copy_bytes / t for t in times]), ok=ok)))
-            me.host_barrier()
+    rank_of = {gpu: rank for rank, gpu in enumerate(me.gpus)}
+    for src_gpu, dst_gpu in request.ordered_pairs(tuple(me.gpus)):
+        a, b = rank_of[src_gpu], rank_of[dst_gpu]
+        measurer = a if me.cuda else b
+        if me.cuda and me.rank == a:
+            times, ok = _cuda_copy(me, dst_gpu, request.copy_bytes, request, fault)
+        elif not me.cuda:  # every rank takes part in the pair's barriers
+            times, ok = _cpu_copy(me, a, b, request.copy_bytes, request, fault)
+        else:
+            times, ok = [], True
+        if me.rank == measurer:
+            rate = request.copy_bytes / statistics.median(times)
+            mine.append(dataclass_dict(PeerCopy(src=src_gpu, dst=dst_gpu, bytes=request.copy_bytes,
+                                                bandwidth_bytes_per_second=rate, repeats=len(times),
+                                                cv=_cv([request.copy_bytes / t for t in times]), ok=ok)))
+        me.host_barrier()
     return mine
 
 
@@ -275,9 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     gpus = [int(g) for g in args.gpus.split(",")]
     body = json.loads(args.request)
-    body["gpus"] = tuple(gpus)
-    body["allreduce_bytes"] = tuple(body["allreduce_bytes"])
-    request = InterconnectRequest(**body)
+    body["gpus"] = gpus
+    request = InterconnectRequest.from_dict(body)
     me = Rank(args.rank, gpus, args.device == "cuda")
     try:
         if me.cuda:
