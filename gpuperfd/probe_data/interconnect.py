@@ -39,7 +39,9 @@ class InterconnectRequest:
 
     gpus: tuple[int, ...] | None = None
     pairs: tuple[tuple[int, int], ...] | None = None
-    copy_bytes: int = 256 << 20
+    #: 1 GiB: a healthy 4x H100 node's copies scattered 318-389 GB/s between rounds at 256 MiB (below
+    #: 85 % of the figure) and 370-396 GB/s at 1 GiB (docs/benchmarks.md, issue 55).
+    copy_bytes: int = 1 << 30
     allreduce_bytes: tuple[int, ...] = (1 << 20, 256 << 20)
     repeats: int = 10
     warmup: int = 3

@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--size", type=byte_size, nargs="+", metavar="BYTES",
                        help="interconnect: all-reduce size(s) per rank (default 1MiB 256MiB)")
     group.add_argument("--copy-size", type=byte_size, metavar="BYTES", help="interconnect: bytes per peer copy "
-                       "(default 256MiB)")
+                       "(default 1GiB)")
     group.add_argument("--ranks", type=int, metavar="N", help="interconnect with --device cpu: gloo ranks (default 2)")
 
 

@@ -184,3 +184,58 @@ def test_the_daemons_executor_retests_as_the_checks_does(tmp_path: Path) -> None
     assert slow_pairs(interconnect_inputs(result, topology, links)["copies"], 0.85) == {(1, 2), (2, 1)}
     assert time.monotonic() - t0 < 30
     assert all(isinstance(c, PeerCopy) for c in result.copies)
+
+
+# -- the healthy spread measured on a real node --------------------------------------------------
+
+def _real_node():
+    import json
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "data" / "h100x4-interconnect-spread.json").read_text())
+    config = config_from_mapping({"device": {"backend": "simulated"}, "simulation": {
+        "gpus": 4, "model": "H100", "topology": "hgx"}})
+    backend = SimulatedBackend(config.simulation)  # the real node's board: 4 GPUs, 18 NVLinks each, NVSwitch
+    links = {d.index: len(d.nvlink().links) for d in backend.devices()}
+    return data, backend.topology(), links
+
+
+def _result(copies: dict[str, float]) -> InterconnectResult:
+    rows = tuple(PeerCopy(int(p.split("->")[0]), int(p.split("->")[1]), 1 << 30, gbps * 1e9, 10)
+                 for p, gbps in sorted(copies.items()))
+    return InterconnectResult(gpus=(0, 1, 2, 3), status="ok", backend="nccl", copies=rows)
+
+
+def _judged(copies: dict[str, float], topology, links):
+    from gpuperfd.health.evaluate import GpuInputs
+    from gpuperfd.health.judge import judge
+
+    inputs = [GpuInputs(gpu=g, uuid=f"GPU-{g}") for g in range(4)]
+    verdicts = judge(inputs, None, 0.0, interconnect_inputs(_result(copies), topology, links))
+    return [r.message for v in verdicts for r in v.reasons if r.check == "interconnect_below_expected"]
+
+
+def test_the_checks_judgement_over_the_real_nodes_healthy_spread_gives_no_false_verdict() -> None:
+    """Every round of the real node's copies at the check's setting (1 GiB, median of 10), and every
+    full check run there, judged as the check judges: no pair is even a suspect."""
+    data, topology, links = _real_node()
+    rounds = data["rounds"]["1GiB x10"]
+    assert len(rounds) == 20 and len(data["checks"]) >= 13
+    for copies in [*rounds.values(), *data["checks"]]:
+        assert len(copies) == 12
+        assert not slow_pairs(interconnect_inputs(_result(copies), topology, links)["copies"], 0.85), copies
+        assert _judged(copies, topology, links) == []
+
+
+def test_at_smaller_copies_the_real_node_scatters_and_only_the_retest_keeps_it_healthy() -> None:
+    """At 256 MiB and 64 MiB (median of 10) the same healthy node had rounds with a pair below 85 % of
+    its figure (as the 3-in-9 false verdicts); measured again (the next round stands for the retest,
+    each pair keeping its faster run) none stays slow. This is why the check copies 1 GiB and retests."""
+    data, topology, links = _real_node()
+    for setting in ("256MiB x10", "64MiB x10"):
+        rounds = [data["rounds"][setting][str(r)] for r in range(20)]
+        suspects = [slow_pairs(interconnect_inputs(_result(c), topology, links)["copies"], 0.85) for c in rounds]
+        assert any(suspects), setting  # the noise is real: a single measurement would have judged a pair
+        for i, first in enumerate(rounds):
+            again = rounds[(i + 1) % len(rounds)]
+            kept = {p: max(v, again[p]) for p, v in first.items()}
+            assert _judged(kept, topology, links) == [], (setting, i)
