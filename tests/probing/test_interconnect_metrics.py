@@ -115,3 +115,32 @@ def test_the_version_moves_only_after_the_series_changed() -> None:
     metrics.publish(result, {d.index: d.info() for d in node.devices()})
     assert seen and all(version == before for version, _ in seen)  # unchanged while the series were set
     assert metrics.version() == before + 1
+
+
+def test_the_expected_series_after_a_run_is_the_figure_the_verdict_used() -> None:
+    """Issue 55: a node whose healthy copies all read 91 % of the reference (as 64 MiB copies did on a
+    real 4x H100) publishes that as each pair's figure, so GpuInterconnectBelowExpected (copy /
+    expected < 0.85) judges the pair at 311 GB/s as the check does: not slow; a pair at 80 % of the
+    node's figure stays below the line."""
+    import dataclasses
+
+    from gpuperfd.probe_data.interconnect import PeerCopy
+
+    node = SimulatedBackend(SimulationConfig(gpus=4, seed=4, model="H100", topology="hgx"))
+    pairs = [(a, b) for a in range(4) for b in range(4) if a != b]
+    values = {pair: 345e9 for pair in pairs} | {(1, 3): 311e9, (2, 0): 0.8 * 345e9}
+    result = InterconnectResult((0, 1, 2, 3), "ok", backend="nccl",
+                                copies=tuple(PeerCopy(a, b, 1 << 30, values[(a, b)], 10) for a, b in pairs))
+    registry = CollectorRegistry()
+    infos = {d.index: d.info() for d in node.devices()}
+    topology, links = read_topology(node, node.devices())
+    InterconnectMetrics(registry).publish(dataclasses.replace(result), infos, topology, links)
+
+    def ratio(src: int, dst: int) -> float:
+        labels = {"gpu": str(src), "uuid": infos[src].uuid, "peer": str(dst), "peer_uuid": infos[dst].uuid}
+        copy = registry.get_sample_value("gpuperf_interconnect_peer_copy_bandwidth_bytes_per_second", labels)
+        return copy / registry.get_sample_value("gpuperf_interconnect_peer_copy_expected_bytes_per_second", labels)
+
+    assert ratio(0, 1) == pytest.approx(1.0)
+    assert ratio(1, 3) == pytest.approx(311 / 345) and ratio(1, 3) > 0.85
+    assert ratio(2, 0) == pytest.approx(0.8) and ratio(2, 0) < 0.85
