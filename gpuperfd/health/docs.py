@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from gpuperfd.device import interconnect_figures as figures
 from gpuperfd.device.base import PeerLink
 from gpuperfd.health import checks as table
+from gpuperfd.health.interconnect import NODE_FLOOR_RATIO, NODE_PAIRS_MIN
 from gpuperfd.health import xid_catalog as xc
 from gpuperfd.health.monitor import HEALTH_METRICS
 from gpuperfd.health.verdict import ACTIONS, SEVERITY_STATE, STATES, Reason, Verdict, node_verdict_json
@@ -216,7 +217,24 @@ def _interconnect_section() -> list[str]:
            "topology (NVLinks up per pair, every `topology_interval_seconds`, against each GPU's NVLinks in the",
            "`nvlink` collector's last reading: with that collector off, no link count is judged) and the last interconnect probe run",
            "(peer copy per ordered pair). A pair below its figure is blamed on the GPU whose pairs are all short",
-           "(its peers are not); a pair alone below it, on both ends.", ""]
+           "(its peers are not); a pair alone below it, on both ends.", "",
+           "**Only a measurement that can carry a verdict (issue 55).** On a healthy 4x H100 node the check's",
+           "old 64 MiB copies (median of 5) read 311-365 GB/s between runs and once 145 GB/s, so a fixed 85 % line",
+           "drained a healthy node in 3 of 9 runs. Now, in `gpuperfd check` and in the daemon's scheduled probe alike:", "",
+           "- copies are 1 GiB, median of 10 (measured on that node, 20 rounds per size: 1 GiB 370-396 GB/s, CV",
+           "  0.7 %; 256 MiB 318-389; 64 MiB 191-367; docs/benchmarks.md);",
+           "- the figure a pair is held to follows the node: the reference figure below, lowered to the median",
+           f"  of the node's own pairs of the same kind of link where there are {NODE_PAIRS_MIN} or more such pairs, never",
+           f"  below {NODE_FLOOR_RATIO:.0%} of the reference (`health/interconnect.py:held_to_node`); a 2-GPU node's one pair is",
+           "  held to the reference alone. The series `gpuperf_interconnect_peer_copy_expected_bytes_per_second`",
+           "  carries the figure the verdict used, so the `GpuInterconnectBelowExpected` alert judges alike;",
+           "- a pair below `interconnect_expected_ratio` of its figure is measured again, alone, in a fresh run,",
+           "  up to twice (`probing/interconnect_executor.py:RetestingExecutor`); each pair keeps its faster run",
+           "  (other work only slows a copy down), so only a slowness that reproduces is judged; a retest that",
+           "  could not finish leaves its pairs *unconfirmed* (not judged, listed in the result's `extra`);",
+           "- a run with any other compute process on a GPU of the set at any look (every 0.1 s, and once more",
+           "  after the workers end) gives way (skipped / `preempted`): no verdict. `gpuperfd check` runs it again",
+           "  after 2 s while its deadline allows, and reports the step not judged if no run was undisturbed.", ""]
     out += _table(["board", "fabric rows", "`nvlink_links_below_topology`", "`interconnect_below_expected`"], [
         ("HGX (NVSwitch)", "yes", "yes: every link of the GPU into the switches", "yes"),
         ("NVLink pair without NVSwitch (H100 NVL, H200 NVL)", "no: no fabric (NVML: not supported)",
