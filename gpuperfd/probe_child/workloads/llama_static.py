@@ -134,8 +134,9 @@ class StaticLlama:
 
     # --- the step ---------------------------------------------------------------------
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        kwargs: dict[str, Any] = {"attn_mask": mask}
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """SDPA over ``k``/``v`` under ``mask`` (None: causal over the new tokens, the prefill)."""
+        kwargs: dict[str, Any] = {"attn_mask": mask} if mask is not None else {"is_causal": True}
         if self.n_kv != self.n_head:
             kwargs["enable_gqa"] = True
         if self._reproducible:
@@ -150,7 +151,7 @@ class StaticLlama:
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 
-    def _forward(self, n: int, logits_all: bool) -> torch.Tensor:
+    def _forward(self, n: int, logits_all: bool, prefill: bool = False) -> torch.Tensor:
         """``n`` tokens ``seq[:, pos:pos + n]`` at positions ``pos..pos + n - 1`` through every layer
         (their K/V written into the cache, attention over the cache under a causal mask); the
         logits of every position (``logits_all``) or of the last one."""
@@ -160,9 +161,10 @@ class StaticLlama:
         x = F.embedding(tokens, self.embed).reshape(B * n, D)
         cos = self.cos.index_select(0, here).view(1, 1, n, Dh)
         sin = self.sin.index_select(0, here).view(1, 1, n, Dh)
-        mask = torch.zeros(n, self.max_seq, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(self.positions.view(1, -1) > here.view(-1, 1), float("-inf"))
-        mask = mask.view(1, 1, n, self.max_seq)
+        mask = None if prefill else torch.zeros(n, self.max_seq, dtype=self.dtype, device=self.device)
+        if mask is not None:
+            mask.masked_fill_(self.positions.view(1, -1) > here.view(-1, 1), float("-inf"))
+            mask = mask.view(1, 1, n, self.max_seq)
         q_width = H * Dh
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, (D,), layer.ln1, self.eps)
@@ -173,7 +175,10 @@ class StaticLlama:
             k_cache, v_cache = self.k_cache[index], self.v_cache[index]
             k_cache.index_copy_(2, here, k)
             v_cache.index_copy_(2, here, v)
-            a = self._attend(q, k_cache, v_cache, mask)  # [B, H, n, Dh]
+            if prefill:  # from position 0: the new keys alone, causal (flash; the same bits every time)
+                a = self._attend(q, k, v, None)
+            else:
+                a = self._attend(q, k_cache, v_cache, mask)  # [B, H, n, Dh]
             x = x + F.linear(a.transpose(1, 2).reshape(B * n, q_width), layer.o)
             h = F.rms_norm(x, (D,), layer.ln2, self.eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
@@ -187,7 +192,7 @@ class StaticLlama:
         """The prompt ``seq[:, :T]`` from position 0: fills the cache, writes token T, sets pos = T."""
         T = self.prompt_tokens
         self.pos.zero_()
-        logits = self._forward(T, logits_all=False)[:, 0]
+        logits = self._forward(T, logits_all=False, prefill=True)[:, 0]
         self.seq[:, T].copy_(logits.argmax(dim=-1))
         self.pos.fill_(T)
         return logits
