@@ -97,7 +97,9 @@ class StaticLlama:
                 block.input_layernorm.weight, fuse_rows([att.q_proj, att.k_proj, att.v_proj]), att.o_proj.weight,
                 block.post_attention_layernorm.weight, fuse_rows([mlp.gate_proj, mlp.up_proj]),
                 mlp.down_proj.weight))
-        self.cos, self.sin = _rope_tables(model, self.max_seq, self.device, self.dtype)
+        self.cos, sin = _rope_tables(model, self.max_seq, self.device, self.dtype)
+        half = self.head_dim // 2
+        self.signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).contiguous()
         shape = (self.n_layer, batch_size, self.n_kv, self.max_seq, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -146,10 +148,11 @@ class StaticLlama:
                 return F.scaled_dot_product_attention(q, k, v, **kwargs)
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = self.head_dim // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """RoPE as transformers applies it (``x * cos + rotate_half(x) * sin``) in three kernels:
+        rotate_half(x) is ``x`` rolled by half a head with the first half's sign flipped, and the
+        flip lives in ``signed_sin`` (looked up once per step for every layer)."""
+        return torch.addcmul(x * cos, x.roll(self.head_dim // 2, dims=-1), signed_sin)
 
     def _forward(self, n: int, logits_all: bool, prefill: bool = False) -> torch.Tensor:
         """``n`` tokens ``seq[:, pos:pos + n]`` at positions ``pos..pos + n - 1`` through every layer
@@ -160,7 +163,7 @@ class StaticLlama:
         tokens = self.seq.index_select(1, here)  # [B, n]
         x = F.embedding(tokens, self.embed).reshape(B * n, D)
         cos = self.cos.index_select(0, here).view(1, 1, n, Dh)
-        sin = self.sin.index_select(0, here).view(1, 1, n, Dh)
+        sin = self.signed_sin.index_select(0, here).view(1, 1, n, Dh)
         mask = None if prefill else torch.zeros(n, self.max_seq, dtype=self.dtype, device=self.device)
         if mask is not None:
             mask.masked_fill_(self.positions.view(1, -1) > here.view(-1, 1), float("-inf"))
@@ -169,9 +172,8 @@ class StaticLlama:
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, (D,), layer.ln1, self.eps)
             qkv = F.linear(h, layer.qkv).view(B, n, H + 2 * Hkv, Dh).transpose(1, 2)  # [B, heads, n, Dh]
-            q = self._rope(qkv[:, :H], cos, sin)
-            k = self._rope(qkv[:, H:H + Hkv], cos, sin)
-            v = qkv[:, H + Hkv:]
+            qk = self._rope(qkv[:, :H + Hkv], cos, sin)  # Q's and K's heads in one pass
+            q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]
             k_cache, v_cache = self.k_cache[index], self.v_cache[index]
             k_cache.index_copy_(2, here, k)
             v_cache.index_copy_(2, here, v)
