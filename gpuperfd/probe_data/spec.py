@@ -35,6 +35,7 @@ __all__ = [
     "GPT2_MODELS",
     "LLAMA_MODELS",
     "LLAMA_VARIANTS",
+    "GPT2_VARIANTS",
     "VIT_MODELS",
     "ProbeSpec",
     "canonical_dtype",
@@ -68,13 +69,17 @@ DTYPES: dict[str, str] = {
 VARIANTS: dict[str, tuple[str, ...]] = {
     # graph: own static-KV-cache GPT-2 forward, decode step captured in a CUDA graph.
     # eager: Hugging Face generate() in eager mode (the seeds' method), for comparison.
-    "llm": ("graph", "eager"),
+    # compiled, speculative: the Llama family only (LLAMA_VARIANTS); GPT-2 runs GPT2_VARIANTS.
+    "llm": ("graph", "eager", "compiled", "speculative"),
     # compiled: our fused forward (vit_fused) + torch.compile + one CUDA graph per batch;
     # fused: the fused forward in a CUDA graph, no compiler; eager: the Hugging Face module.
     "vit": ("compiled", "fused", "eager"),
     "attention": ("sdpa",),
     "train": ("eager",),
 }
+
+#: Variants of the llm probe on a GPT-2 model.
+GPT2_VARIANTS: tuple[str, ...] = ("graph", "eager")
 
 #: GPT-2 family architectures (built from GPT2Config; random weights unless weights_path).
 GPT2_MODELS: dict[str, dict[str, int]] = {
@@ -253,7 +258,7 @@ _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 #: Short names of the parameters that tell two points of a probe apart, in the order shown.
 PARAM_SHORT = {"batch_size": "b", "prompt_tokens": "in", "output_tokens": "out", "seq_len": "s", "image_size": "px",
-               "heads": "h", "head_dim": "d", "n_groups": "g"}
+               "heads": "h", "head_dim": "d", "n_groups": "g", "speculative_tokens": "k"}
 
 
 def params_text(params: dict[str, Any], model: bool = True) -> str:
@@ -444,6 +449,9 @@ class ProbeSpec:
             if self.variant not in LLAMA_VARIANTS:
                 raise ValueError(f"variant: {self.variant!r} is not a variant of the llm probe on a Llama model; "
                                  f"use one of {', '.join(LLAMA_VARIANTS)}")
+        elif probe == "llm" and self.variant not in GPT2_VARIANTS:
+            raise ValueError(f"variant: {self.variant!r} is not a variant of the llm probe on a GPT-2 model; "
+                             f"use one of {', '.join(GPT2_VARIANTS)} ({', '.join(LLAMA_VARIANTS)} on a Llama model)")
         elif self.variant not in VARIANTS[probe]:
             raise ValueError(f"variant: {self.variant!r} is not a {probe} variant; use one of {', '.join(VARIANTS[probe])}")
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
