@@ -297,9 +297,10 @@ class SpeculativeLlama:
         rates = result.throughput or {}
         B, k = self.batch, self.k
         if rates.get("draft_tokens_per_second") and rates.get("verify_tokens_per_second"):
-            result.extra["speculative"] = speculative_summary(
+            result.extra["speculative"] = {**speculative_summary(
                 k, self.rates, B * k / rates["draft_tokens_per_second"],
-                B * (k + 1) / rates["verify_tokens_per_second"], self.target_decode_seconds, B)
+                B * (k + 1) / rates["verify_tokens_per_second"], self.target_decode_seconds, B),
+                "model": self.spec.model, "draft_model": self.spec.draft_model}
 
     def check_plan(self) -> correctness.CheckPlan:
         """The target's verify step on the first prompt batch and fixed proposals (the draft's greedy
