@@ -197,6 +197,43 @@ print(json.dumps({"tokens_match": bool(torch.equal(ours.cpu(), ref.cpu())), "gra
 """
 
 
+SIM_POINTS = {"8b_graph_b1": ("llama-3.1-8b", 1), "1b_graph_b1": ("llama-3.2-1b", 1),
+              "8b_graph_b32": ("llama-3.1-8b", 32), "1b_graph_b32": ("llama-3.2-1b", 32)}
+
+
+def simulator_comparison(summary: dict[str, Any]) -> dict[str, Any]:
+    """The simulator's output tokens/s for the same points on the same card model at its default cap,
+    and its ratios (8B vs 1B, batch 32 vs 1) beside the measured ones (issue 53: within 15 %)."""
+    try:
+        from gpuperfd.device.simulated import GPU_MODELS, compute_operating_point
+        from gpuperfd.probing.simulated_workload import simulated_workload
+
+        name = str(summary["environment"].get("nvidia_smi", ""))
+        card = "H200" if "H200" in name else "H100"
+        gpu = GPU_MODELS[card]
+        sim, real = {}, {}
+        for point, (preset, batch) in SIM_POINTS.items():
+            profile = simulated_workload("llm", preset, {"batch_size": batch}).profile
+            sim[point] = compute_operating_point(gpu, profile, gpu.default_power_watts).units_per_second
+            runs = (summary["points"].get(point) or {}).get("runs") or []
+            values = [r["output_tok_s"] for r in runs if r.get("output_tok_s")]
+            if values:
+                real[point] = statistics.fmean(values)
+        out: dict[str, Any] = {"card": card, "simulated_output_tok_s": sim, "measured_output_tok_s": real,
+                               "ratios": {}}
+        for key, a, b in (("8b_vs_1b_b1", "8b_graph_b1", "1b_graph_b1"), ("8b_vs_1b_b32", "8b_graph_b32", "1b_graph_b32"),
+                          ("8b_b32_vs_b1", "8b_graph_b32", "8b_graph_b1"), ("1b_b32_vs_b1", "1b_graph_b32", "1b_graph_b1")):
+            entry: dict[str, Any] = {"simulated": sim[a] / sim[b]}
+            if a in real and b in real:
+                entry["measured"] = real[a] / real[b]
+                entry["simulated_over_measured"] = entry["simulated"] / entry["measured"]
+                entry["within_15pct"] = abs(entry["simulated_over_measured"] - 1) <= 0.15
+            out["ratios"][key] = entry
+        return out
+    except Exception as exc:  # noqa: BLE001 - the measurements stand without it
+        return {"error": repr(exc)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", help="directory for results.jsonl, summary.json, table.txt")
@@ -296,6 +333,7 @@ def main() -> int:
         if sa and sb:
             ratio[key] = sa / sb
     summary["targets"]["decode_ratios"] = ratio
+    summary["simulator"] = simulator_comparison(summary)
     summary["elapsed_seconds"] = time.monotonic() - start
     save()
     print(open(os.path.join(args.out, "table.txt")).read(), flush=True)
