@@ -234,6 +234,64 @@ def simulator_comparison(summary: dict[str, Any]) -> dict[str, Any]:
         return {"error": repr(exc)}
 
 
+DIAG_SCRIPT = r"""
+import json, sys, torch
+from gpuperfd.probe_child.workloads.models import build_llama
+from gpuperfd.probe_child.workloads.llama_static import StaticLlama
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+def kernels(prof, steps):
+    rows = []
+    for k in prof.key_averages():
+        if getattr(k, "device_type", None) != DeviceType.CUDA:
+            continue
+        us = getattr(k, "self_device_time_total", None) or getattr(k, "self_cuda_time_total", 0)
+        rows.append((k.key[:90], k.count / steps, us / steps))
+    rows.sort(key=lambda r: -r[2])
+    return {"kernels_per_step": sum(r[1] for r in rows), "kernel_us_per_step": sum(r[2] for r in rows),
+            "top": [{"name": n, "per_step": c, "us_per_step": u} for n, c, u in rows[:14]]}
+
+out = {}
+for name in sys.argv[1:]:
+    entry = {}
+    try:
+        torch.manual_seed(0)
+        model = build_llama(name, torch.device("cuda"), torch.bfloat16)
+        with torch.inference_mode():
+            s = StaticLlama(model, 1, 128, 256)
+            entry["weight_bytes"] = s.weight_bytes()
+            s.seq[:, :128].random_(0, model.config.vocab_size)
+            s.prefill(); s.decode(); torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as p:
+                s.decode(); torch.cuda.synchronize()
+            entry["eager_step"] = kernels(p, 1)
+            s.capture()
+            s.run_prefill()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            for _ in range(10):
+                s.run_decode()
+            s.pos.fill_(128)
+            start.record()
+            for _ in range(100):
+                s.run_decode()
+            end.record(); end.synchronize()
+            entry["graph_decode_ms"] = start.elapsed_time(end) / 100
+            s.pos.fill_(128)
+            with profile(activities=[ProfilerActivity.CUDA]) as p:
+                for _ in range(20):
+                    s.run_decode()
+                torch.cuda.synchronize()
+            entry["graph_step"] = kernels(p, 20)
+        del s, model
+        torch.cuda.empty_cache()
+    except Exception as exc:
+        entry["error"] = repr(exc)[-1500:]
+    out[name] = entry
+print(json.dumps(out))
+"""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", help="directory for results.jsonl, summary.json, table.txt")
@@ -268,15 +326,25 @@ def main() -> int:
         with open(os.path.join(args.out, "table.txt"), "w") as fh:
             fh.write(table + "\n\n" + json.dumps(summary["targets"], indent=1, default=str) + "\n")
 
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         out = subprocess.run([sys.executable, "-c", MATCH_SCRIPT, "cpu" if cpu else "cuda"], capture_output=True,
-                             text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.path.dirname(
-                                 os.path.dirname(os.path.abspath(__file__)))})
+                             text=True, timeout=300, env={**os.environ, "PYTHONPATH": root})
         summary["static_matches_hf"] = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
     except Exception as exc:  # noqa: BLE001
         summary["static_matches_hf"] = repr(exc)
     print("static forward vs generate():", summary["static_matches_hf"], flush=True)
     save()
+    if not cpu and not args.only:  # where a decode step's time goes: kernels per step, graph replay time
+        try:
+            out = subprocess.run([sys.executable, "-c", DIAG_SCRIPT, "llama-3.2-1b", "llama-3.1-8b"],
+                                 capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": root})
+            lines = out.stdout.strip().splitlines()
+            summary["decode_step_diagnosis"] = json.loads(lines[-1]) if lines else out.stderr[-3000:]
+        except Exception as exc:  # noqa: BLE001
+            summary["decode_step_diagnosis"] = repr(exc)
+        print("decode step:", json.dumps(summary["decode_step_diagnosis"], default=str)[:1500], flush=True)
+        save()
 
     device = None
     if not cpu:

@@ -9,7 +9,8 @@ system. This module takes the weights of a ``LlamaForCausalLM`` and runs the sam
 * the token buffer ``seq`` and the position ``pos`` as device tensors, so a step reads its input and
   writes its greedy output on the device: a step is one ``CUDAGraph.replay()``;
 * fewer, larger kernels: Q, K and V in one matrix product, gate and up in one (the module's own
-  parameters become views into the fused matrices, so no weight is held twice), RoPE's cos/sin
+  parameters become views into the fused matrices, so no weight is held twice), the residual adds
+  inside the output and down products (``addmm_`` into the stream), RoPE's cos/sin
   looked up once per step for every layer, ``F.rms_norm``, SDPA with grouped key/value heads;
 * one step function for ``n`` new tokens: the prompt (prefill, ``n = T``), one decode token
   (``n = 1``), or a speculative verify of ``k + 1`` proposed tokens, each capturable in its graph.
@@ -161,7 +162,7 @@ class StaticLlama:
         B, D, H, Hkv, Dh = self.batch_size, self.d_model, self.n_head, self.n_kv, self.head_dim
         here = self.pos + self.positions[:n]  # [n]
         tokens = self.seq.index_select(1, here)  # [B, n]
-        x = F.embedding(tokens, self.embed).reshape(B * n, D)
+        x = F.embedding(tokens, self.embed).reshape(B * n, D)  # a fresh tensor: the residual stream, updated in place
         cos = self.cos.index_select(0, here).view(1, 1, n, Dh)
         sin = self.signed_sin.index_select(0, here).view(1, 1, n, Dh)
         mask = None if prefill else torch.zeros(n, self.max_seq, dtype=self.dtype, device=self.device)
@@ -181,10 +182,11 @@ class StaticLlama:
                 a = self._attend(q, k, v, None)
             else:
                 a = self._attend(q, k_cache, v_cache, mask)  # [B, H, n, Dh]
-            x = x + F.linear(a.transpose(1, 2).reshape(B * n, q_width), layer.o)
+            # residual adds inside the products (beta = 1 into x itself): no separate add kernel
+            x = x.addmm_(a.transpose(1, 2).reshape(B * n, q_width), layer.o.t())
             h = F.rms_norm(x, (D,), layer.ln2, self.eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            x = x.addmm_(F.silu(gate) * up, layer.down.t())
         x = x.view(B, n, D)
         if not logits_all:
             x = x[:, -1:]
