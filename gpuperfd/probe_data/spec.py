@@ -443,7 +443,8 @@ class ProbeSpec:
 
     # --- validation -------------------------------------------------------------------
 
-    def _validate(self) -> None:
+    def _validate_variant(self) -> None:
+        """The variant: the llm probe's per model family (GPT2_VARIANTS, LLAMA_VARIANTS)."""
         probe = self.probe
         if probe == "llm" and is_llama(self.model):
             if self.variant not in LLAMA_VARIANTS:
@@ -454,38 +455,43 @@ class ProbeSpec:
                              f"use one of {', '.join(GPT2_VARIANTS)} ({', '.join(LLAMA_VARIANTS)} on a Llama model)")
         elif self.variant not in VARIANTS[probe]:
             raise ValueError(f"variant: {self.variant!r} is not a {probe} variant; use one of {', '.join(VARIANTS[probe])}")
+
+    def _validate_llm(self) -> None:
+        """The llm probe's model, lengths and K/V groups (a Llama model: :meth:`_validate_llama`)."""
+        if self.model not in GPT2_MODELS and not is_llama(self.model):
+            raise ValueError(f"model: unknown llm model {self.model!r}; use one of "
+                             f"{', '.join([*GPT2_MODELS, *LLAMA_MODELS])}")
+        _int("prompt_tokens", self.prompt_tokens, 1)
+        _int("output_tokens", self.output_tokens, 1)
+        _int("n_groups", self.n_groups, 1)
+        if is_llama(self.model):
+            self._validate_llama()
+            return
+        heads = GPT2_MODELS[self.model]["n_head"]
+        if heads % self.n_groups:
+            raise ValueError(f"n_groups: {self.n_groups} does not divide the model's {heads} heads; "
+                             f"use a divisor of {heads}")
+        if self.n_groups > 1 and self.variant != "graph":
+            raise ValueError("n_groups: grouped key/value heads run in the graph variant only; "
+                             "use --variant graph (or n_groups 1)")
+        limit = GPT2_MODELS[self.model]["n_positions"]
+        if self.weights_path is None and self.prompt_tokens + self.output_tokens > limit:
+            raise ValueError(
+                f"output_tokens: prompt_tokens + output_tokens = {self.prompt_tokens + self.output_tokens} "
+                f"exceeds the model's {limit} positions"
+            )
+
+    def _validate(self) -> None:
+        probe = self.probe
+        self._validate_variant()
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         _int("batch_size", self.batch_size, 1, 65536)
-        if probe == "llm" and is_llama(self.model):
-            _int("prompt_tokens", self.prompt_tokens, 1)
-            _int("output_tokens", self.output_tokens, 1)
-            _int("n_groups", self.n_groups, 1)
-            self._validate_llama()
-        elif probe in ("llm", "train"):
-            if self.model not in GPT2_MODELS:
-                if probe == "llm":
-                    raise ValueError(f"model: unknown llm model {self.model!r}; use one of "
-                                     f"{', '.join([*GPT2_MODELS, *LLAMA_MODELS])}")
-                raise ValueError(f"model: unknown GPT-2 model {self.model!r}; use one of {', '.join(GPT2_MODELS)}")
+        if probe == "llm":
+            self._validate_llm()
+        if probe == "train" and self.model not in GPT2_MODELS:
+            raise ValueError(f"model: unknown GPT-2 model {self.model!r}; use one of {', '.join(GPT2_MODELS)}")
         if probe == "vit" and self.model not in VIT_MODELS:
             raise ValueError(f"model: unknown ViT model {self.model!r}; use one of {', '.join(VIT_MODELS)}")
-        if probe == "llm" and not is_llama(self.model):
-            _int("prompt_tokens", self.prompt_tokens, 1)
-            _int("output_tokens", self.output_tokens, 1)
-            _int("n_groups", self.n_groups, 1)
-            heads = GPT2_MODELS[self.model]["n_head"]
-            if heads % self.n_groups:
-                raise ValueError(f"n_groups: {self.n_groups} does not divide the model's {heads} heads; "
-                                 f"use a divisor of {heads}")
-            if self.n_groups > 1 and self.variant != "graph":
-                raise ValueError("n_groups: grouped key/value heads run in the graph variant only; "
-                                 "use --variant graph (or n_groups 1)")
-            limit = GPT2_MODELS[self.model]["n_positions"]
-            if self.weights_path is None and self.prompt_tokens + self.output_tokens > limit:
-                raise ValueError(
-                    f"output_tokens: prompt_tokens + output_tokens = {self.prompt_tokens + self.output_tokens} "
-                    f"exceeds the model's {limit} positions"
-                )
         if probe == "train":
             _int("seq_len", self.seq_len, 2)
             limit = GPT2_MODELS[self.model]["n_positions"]
