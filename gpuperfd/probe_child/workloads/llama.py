@@ -33,7 +33,7 @@ from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_child.workloads import data
 from gpuperfd.probe_child.workloads.llama_static import StaticLlama
 from gpuperfd.probe_child.workloads.llm import EagerLLM, GraphLLM, _LLMBase, _sdpa_choice
-from gpuperfd.probe_child.workloads.models import build_llama
+from gpuperfd.probe_child.workloads.models import build_llama, count_parameters
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_data.speculative import RANDOM_WEIGHTS_NOTE, speculative_summary
 from gpuperfd.probe_data.workload_cost import llama_room_bytes
@@ -60,22 +60,31 @@ def check_room(spec: ProbeSpec, ctx: ProbeContext) -> None:
 
 
 def roofline_figures(gpu_name: str | None, weight_bytes: int, kv_bytes_per_token: float, batch: int,
-                     context_tokens: float, decode_tokens_per_second: float | None) -> dict[str, Any]:
-    """The HBM roofline of a decode step and the share reached: a step reads every weight once and
-    each sequence's live KV cache (``context_tokens`` positions on average), so tokens/s <= batch x
-    bandwidth / those bytes. Bandwidth is the card's datasheet figure (None on an unknown card or a CPU)."""
+                     context_tokens: float, decode_tokens_per_second: float | None,
+                     parameter_bytes: int | None = None) -> dict[str, Any]:
+    """The HBM roofline of a decode step and the share reached: a step reads every weight it multiplies
+    by once and each sequence's live KV cache (``context_tokens`` positions on average), so tokens/s <=
+    batch x bandwidth / those bytes. Bandwidth is the card's datasheet figure (None on an unknown card or
+    a CPU). ``parameter_bytes``: every parameter (the embedding too), the bound as issue 53 and seed
+    004's reference count it (16.06 GB, 208.6 tokens/s for the 8B on an H100): ``all_parameters_*``."""
     from gpuperfd.device.roofline import hbm_bandwidth
 
     step_bytes = weight_bytes + batch * kv_bytes_per_token * context_tokens
     bandwidth = hbm_bandwidth(gpu_name)
     out: dict[str, Any] = {"bytes_per_step": step_bytes, "weight_bytes": weight_bytes,
                            "hbm_bytes_per_second": bandwidth, "source": "datasheet HBM bandwidth"}
+    if parameter_bytes is not None:
+        out["parameter_bytes"] = parameter_bytes
     if bandwidth is None:
         out["tokens_per_second"] = out["share"] = None
         return out
     bound = batch * bandwidth / step_bytes
     out["tokens_per_second"] = bound
     out["share"] = decode_tokens_per_second / bound if decode_tokens_per_second else None
+    if parameter_bytes:
+        every = batch * bandwidth / (parameter_bytes + batch * kv_bytes_per_token * context_tokens)
+        out["all_parameters_tokens_per_second"] = every
+        out["all_parameters_share"] = decode_tokens_per_second / every if decode_tokens_per_second else None
     return out
 
 
@@ -92,8 +101,10 @@ class _RooflineMixin:
         weight_bytes, kv_per_token = self._roofline_inputs()
         mean_context = self.spec.prompt_tokens + self.spec.output_tokens / 2
         decode = (result.throughput or {}).get("decode_tokens_per_second")
+        model: Any = getattr(self, "model")
+        parameters = count_parameters(model) * self.ctx.dtype.itemsize
         result.extra["roofline"] = roofline_figures(self.ctx.gpu_name, weight_bytes, kv_per_token,
-                                                    self.spec.batch_size, mean_context, decode)
+                                                    self.spec.batch_size, mean_context, decode, parameters)
 
 
 def _kv_bytes_per_token(static: StaticLlama) -> float:
