@@ -108,7 +108,7 @@ class _RooflineMixin:
 
 
 def _kv_bytes_per_token(static: StaticLlama) -> float:
-    return 2.0 * static.n_layer * static.n_kv * static.head_dim * static.k_cache.element_size()
+    return 2.0 * static.n_layer * static.n_kv * static.head_dim * static.k_cache[0].element_size()
 
 
 class GraphLlama(_RooflineMixin, GraphLLM):

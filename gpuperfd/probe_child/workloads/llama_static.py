@@ -5,7 +5,7 @@ through plain ``generate()`` and 108.8 with transformers' static cache, against 
 allows (../shared/reference/h100-llama-seed004.json): Python and kernel launches, not the memory
 system. This module takes the weights of a ``LlamaForCausalLM`` and runs the same math with:
 
-* a static KV cache ``[layers, batch, kv_heads, max_seq, head_dim]`` allocated once;
+* a static KV cache, ``[batch, kv_heads, max_seq, head_dim]`` a layer, allocated once;
 * the token buffer ``seq`` and the position ``pos`` as device tensors, so a step reads its input and
   writes its greedy output on the device: a step is one ``CUDAGraph.replay()``;
 * fewer, larger kernels: Q, K and V in one matrix product, gate and up in one (the module's own
@@ -101,9 +101,11 @@ class StaticLlama:
         self.cos, sin = _rope_tables(model, self.max_seq, self.device, self.dtype)
         half = self.head_dim // 2
         self.signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).contiguous()
-        shape = (self.n_layer, batch_size, self.n_kv, self.max_seq, self.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # One tensor a layer, not one for all: a step writes into whole tensors, which torch.compile
+        # updates in place (a slice of one big cache was copied back whole every step: 2 GB at batch 32).
+        shape = (batch_size, self.n_kv, self.max_seq, self.head_dim)
+        self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
+        self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
         self.seq = torch.zeros(batch_size, self.max_seq, dtype=torch.long, device=self.device)
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
         self.positions = torch.arange(self.max_seq, device=self.device)
@@ -127,7 +129,7 @@ class StaticLlama:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return 2 * self.k_cache.numel() * self.k_cache.element_size()
+        return 2 * sum(t.numel() * t.element_size() for t in self.k_cache)
 
     def weight_bytes(self) -> int:
         """Bytes of weights one decode step reads: every layer, the final norm and the LM head (the
