@@ -158,3 +158,25 @@ def test_a_card_without_room_refuses_the_preset_naming_it(monkeypatch: pytest.Mo
     big = ProbeSpec("llm", preset="llama-3.1-8b", device="cuda", batch_size=2048)
     with pytest.raises(ValueError, match="^preset: "):
         llama_workload.check_room(big, ctx)  # type: ignore[arg-type]
+
+
+def test_the_compiled_step_is_one_graph_with_the_same_tokens(llama: torch.nn.Module) -> None:
+    """What the ``compiled`` variant captures on a GPU: torch.compile traces a decode step whole (no
+    graph break, which would leave eager launches between the fused kernels) and greedy-decodes the
+    same tokens as the step as written. Compiled here for the CPU (a C++ toolchain), tens of seconds."""
+    import torch._dynamo
+
+    B, T, O = 2, 12, 6
+    prompts = torch.randint(0, llama.config.vocab_size, (B, T))
+    with torch.inference_mode():
+        expected = StaticLlama(llama, B, T, T + O).generate(prompts, O)
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        static = StaticLlama(llama, B, T, T + O, compile_steps=True)
+        static.seq[:, :T].copy_(prompts)
+        static.prefill()
+        for _ in range(O - 1):
+            static.run_decode()
+        assert torch.equal(static.seq[:, T:T + O], expected)
+    assert not torch._dynamo.utils.counters["graph_break"]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
