@@ -161,17 +161,18 @@ LLAMA_ROOM_MARGIN_BYTES = 2 * 2**30
 LLAMA_ROOM_FACTOR = 1.10
 
 
-def llama_room_bytes(options: Mapping[str, Any]) -> int:
+def llama_room_bytes(options: Mapping[str, Any], margin: bool = True) -> int:
     """Device memory a Llama llm point (a preset's values with the request's on top) needs: the
     target's and, for the speculative variant, the draft's weights, caches and activations, with a
-    margin. What a card without this much free memory refuses before building anything."""
+    margin (``margin`` False: without the CUDA context's and workspaces' 2 GiB, for a CPU child). What a
+    card without this much free memory refuses before building anything."""
     dtype = canonical_dtype(options["dtype"])
     batch, prompt, output = int(options["batch_size"]), int(options["prompt_tokens"]), int(options["output_tokens"])
     verify = int(options.get("speculative_tokens") or 0) + 1 if options.get("variant") == "speculative" else 0
     total = llama_cost(str(options["model"]), batch, prompt, output, dtype, verify).memory.total
     if verify and options.get("draft_model"):
         total += llama_cost(str(options["draft_model"]), batch, prompt, output, dtype, verify).memory.total
-    return int(total * LLAMA_ROOM_FACTOR + LLAMA_ROOM_MARGIN_BYTES)
+    return int(total * LLAMA_ROOM_FACTOR + (LLAMA_ROOM_MARGIN_BYTES if margin else 0))
 
 
 def vit_cost(model: str, batch: int, image_size: int, dtype: str) -> WorkCost:

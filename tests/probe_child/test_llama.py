@@ -180,3 +180,25 @@ def test_the_compiled_step_is_one_graph_with_the_same_tokens(llama: torch.nn.Mod
         assert torch.equal(static.seq[:, T:T + O], expected)
     assert not torch._dynamo.utils.counters["graph_break"]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_point_without_room_is_skipped_not_failed_end_to_end() -> None:
+    """Through a real child (as ``gpuperfd probe`` and the daemon run it): on a CPU the child's memory
+    limit stands for the card's free memory. The run is skipped with reason no_room and the message
+    names the preset; no health check or failing alert counts a skipped run."""
+    import threading
+
+    from gpuperfd.probe_data.request import ProbeRequest
+    from gpuperfd.probing.executors import ChildProcessExecutor, measure_once
+
+    # the 8B in float32 on a CPU child limited to 4 GiB (enough for torch and transformers, not for 32 GB)
+    spec = ProbeSpec("llm", preset="llama-3.1-8b", device="cpu", memory_limit_bytes=4 << 30, **QUICK)
+    executor = ChildProcessExecutor(120.0, compile_cache=False)
+    result = measure_once(executor, None, ProbeRequest.from_spec(spec, 120.0), threading.Event())
+    assert (result.status, result.failure_reason) == ("skipped", "no_room"), result.error_message
+    assert result.error_message.startswith("preset: llama-3.1-8b (llama-3.1-8b, batch 1) needs about 3")
+    assert "the child's memory limit is 4096 MiB: not run" in result.error_message
+    from gpuperfd.probe_child.child import classify_exception
+
+    assert classify_exception(llama_workload.NoRoom("preset: x")) == "no_room"
+    assert classify_exception(ValueError("preset: x")) == "exception"

@@ -34,26 +34,39 @@ from gpuperfd.probe_child.workloads import data
 from gpuperfd.probe_child.workloads.llama_static import StaticLlama
 from gpuperfd.probe_child.workloads.llm import EagerLLM, GraphLLM, _LLMBase, _sdpa_choice
 from gpuperfd.probe_child.workloads.models import build_llama, count_parameters
+from gpuperfd.probe_data.result import NO_ROOM
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_data.speculative import RANDOM_WEIGHTS_NOTE, speculative_summary
 from gpuperfd.probe_data.workload_cost import llama_room_bytes
 
-__all__ = ["build", "GraphLlama", "SpeculativeLlama", "check_room", "roofline_figures"]
+__all__ = ["build", "GraphLlama", "NoRoom", "SpeculativeLlama", "check_room", "roofline_figures"]
+
+
+class NoRoom(ValueError):
+    """The point does not fit: the run is ``skipped`` with reason ``no_room`` (not the GPU's failure:
+    no health verdict or failing alert counts it), its message naming ``preset`` and the sizes."""
+
+    failure_reason = NO_ROOM
 
 
 def check_room(spec: ProbeSpec, ctx: ProbeContext) -> None:
-    """ValueError naming ``preset`` when the card's free memory cannot hold the point (weights,
-    caches, activations and a margin), before anything is built: a card without room for a preset
-    says so instead of failing with an out-of-memory error half-way through its build."""
-    if not ctx.is_cuda:
-        return
+    """:class:`NoRoom` when the card's free memory (on a CPU: the child's memory limit, if one is set)
+    cannot hold the point (weights, caches, activations and a margin), before anything is built: a card
+    without room for a preset says so instead of failing with an out-of-memory error half-way through."""
     options = {"model": spec.model, "batch_size": spec.batch_size, "prompt_tokens": spec.prompt_tokens,
                "output_tokens": spec.output_tokens, "dtype": spec.dtype, "variant": spec.variant,
                "draft_model": spec.draft_model, "speculative_tokens": spec.speculative_tokens}
+    if not ctx.is_cuda:
+        needed = llama_room_bytes(options, margin=False)
+        if spec.memory_limit_bytes is not None and needed > spec.memory_limit_bytes:
+            raise NoRoom(f"preset: {spec.preset} ({spec.model}, batch {spec.batch_size}) needs about "
+                         f"{needed / 2**20:.0f} MiB; the child's memory limit is {spec.memory_limit_bytes / 2**20:.0f} "
+                         f"MiB: not run (use a smaller preset or --batch-size)")
+        return
     needed = llama_room_bytes(options)
     free, total = torch.cuda.mem_get_info(ctx.device)
     if needed > free:
-        raise ValueError(
+        raise NoRoom(
             f"preset: {spec.preset} ({spec.model}, batch {spec.batch_size}) needs about {needed / 2**30:.1f} GiB "
             f"of GPU memory; {ctx.gpu_name or ctx.device} has {free / 2**30:.1f} GiB free of "
             f"{total / 2**30:.1f} GiB: not run (use a smaller preset or --batch-size)")
