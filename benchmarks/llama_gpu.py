@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Seed 004's LLM on a real GPU: the llm probe's Llama presets, their spread, cost and the roofline.
 
-    PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT"            # everything, ~9 min on an H100
-    PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT" --only 8b_graph_b1 8b_compiled_b1
+    PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT"            # within --budget 540 s: the main points
+    PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT2" --only 8b_compiled_b1 8b_spec_k12 1b_compiled_b1 \
+        8b_eager_b1 8b_compiled_b32                                      # a second call: what the budget left
     PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT" --cpu-smoke  # the same script, tiny presets, CPU
 
 Read-only towards the card: it never changes power limits, clocks, persistence or compute mode.
@@ -372,7 +373,8 @@ def main() -> int:
                 entry.setdefault("skipped", f"budget: {args.budget:.0f} s would be exceeded")
                 break
             try:
-                result, rss, first = run_point(spec, default_timeout(spec) + 60, device)
+                left = args.budget - (time.monotonic() - start)  # a point never runs past the budget
+                result, rss, first = run_point(spec, max(60.0, min(default_timeout(spec) + 60, left)), device)
                 with open(jsonl, "a") as fh:
                     fh.write(json.dumps({"point": name, "run": index, "rss": rss, "result": result.to_dict()},
                                         default=str) + "\n")
