@@ -32,7 +32,7 @@ from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_child.workloads import data
 from gpuperfd.probe_child.workloads.llama_static import StaticLlama
-from gpuperfd.probe_child.workloads.llm import EagerLLM, GraphLLM, _LLMBase, _sdpa_choice
+from gpuperfd.probe_child.workloads.llm import EagerLLM, GraphLLM, _LLMBase
 from gpuperfd.probe_child.workloads.models import build_llama, count_parameters
 from gpuperfd.probe_data.result import NO_ROOM
 from gpuperfd.probe_data.spec import ProbeSpec
@@ -120,6 +120,26 @@ class _RooflineMixin:
                                                     self.spec.batch_size, mean_context, decode, parameters)
 
 
+def _decode_sdpa_choice(static: StaticLlama, reproducible: bool = False) -> str | None:
+    """The fused SDPA kernel a decode step's shapes select (query heads folded per KV head; private
+    torch API, None if unknown); ``reproducible``: the answer check's step."""
+    try:
+        import contextlib
+
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        from gpuperfd.probe_child.workloads.gpt2_static import REPRODUCIBLE_SDPA
+
+        g = static.n_head // static.n_kv
+        q = torch.zeros(static.batch_size, static.n_kv, g, static.head_dim, dtype=static.dtype, device=static.device)
+        mask = torch.zeros(1, 1, 1, static.max_seq, dtype=static.dtype, device=static.device)
+        with sdpa_kernel(REPRODUCIBLE_SDPA) if reproducible else contextlib.nullcontext():
+            choice = torch._fused_sdp_choice(q, static.k_cache[0], static.v_cache[0], mask, 0.0, False)
+        return SDPBackend(choice).name
+    except Exception:  # noqa: BLE001 - informational only
+        return None
+
+
 def _kv_bytes_per_token(static: StaticLlama) -> float:
     return 2.0 * static.n_layer * static.n_kv * static.head_dim * static.k_cache[0].element_size()
 
@@ -142,8 +162,8 @@ class GraphLlama(_RooflineMixin, GraphLLM):
             elif compiled:
                 self._compile_on_cpu()
             self.compile_seconds = time.perf_counter() - t0
-        self.decode_sdpa_backend = _sdpa_choice(self.static)  # type: ignore[arg-type]
-        self.check_sdpa_backend = _sdpa_choice(self.static, reproducible=True)  # type: ignore[arg-type]
+        self.decode_sdpa_backend = _decode_sdpa_choice(self.static)
+        self.check_sdpa_backend = _decode_sdpa_choice(self.static, reproducible=True)
 
     def _uncompile(self, exc: BaseException) -> None:
         s = self.static

@@ -11,7 +11,8 @@ system. This module takes the weights of a ``LlamaForCausalLM`` and runs the sam
 * fewer, larger kernels: Q, K and V in one matrix product, gate and up in one (the module's own
   parameters become views into the fused matrices, so no weight is held twice), the residual adds
   inside the output and down products (``addmm_`` into the stream), RoPE's cos/sin
-  looked up once per step for every layer, ``F.rms_norm``, SDPA with grouped key/value heads;
+  looked up once per step for every layer, ``F.rms_norm``, SDPA over the cache with each key/value
+  head's query heads folded into its query axis (plain multi-head attention, no GQA flag);
 * one step function for ``n`` new tokens: the prompt (prefill, ``n = T``), one decode token
   (``n = 1``), or a speculative verify of ``k + 1`` proposed tokens, each capturable in its graph.
 
@@ -139,10 +140,11 @@ class StaticLlama:
 
     # --- the step ---------------------------------------------------------------------
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                gqa: bool = True) -> torch.Tensor:
         """SDPA over ``k``/``v`` under ``mask`` (None: causal over the new tokens, the prefill)."""
         kwargs: dict[str, Any] = {"attn_mask": mask} if mask is not None else {"is_causal": True}
-        if self.n_kv != self.n_head:
+        if gqa and self.n_kv != self.n_head:
             kwargs["enable_gqa"] = True
         if self._reproducible:
             from torch.nn.attention import sdpa_kernel
@@ -150,6 +152,23 @@ class StaticLlama:
             with sdpa_kernel(REPRODUCIBLE_SDPA):
                 return F.scaled_dot_product_attention(q, k, v, **kwargs)
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    def _attend_cache(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      mask: torch.Tensor) -> torch.Tensor:
+        """Attention of ``n`` new queries [B, H, n, Dh] over the cache under ``mask`` [1, 1, n, S].
+
+        The query heads that share a key/value head are folded into the query axis ([B, Hkv, g * n, Dh],
+        the mask's rows repeated per head), so this is plain multi-head attention over the cache as it
+        is: no ``enable_gqa`` (which a masked kernel may not take, falling back to one that copies K and
+        V ``g`` times), and one fused kernel reads each cached key once for its ``g`` query heads."""
+        B, H, n, Dh = q.shape
+        g = H // self.n_kv
+        if g == 1:
+            return self._attend(q, k_cache, v_cache, mask)
+        folded = q.reshape(B, self.n_kv, g * n, Dh)
+        rows = mask if n == 1 else mask.repeat(1, 1, g, 1)
+        out = self._attend(folded, k_cache, v_cache, rows, gqa=False)
+        return out.view(B, self.n_kv, g, n, Dh).reshape(B, H, n, Dh)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         """RoPE as transformers applies it (``x * cos + rotate_half(x) * sin``) in three kernels:
@@ -183,7 +202,7 @@ class StaticLlama:
             if prefill:  # from position 0: the new keys alone, causal (flash; the same bits every time)
                 a = self._attend(q, k, v, None)
             else:
-                a = self._attend(q, k_cache, v_cache, mask)  # [B, H, n, Dh]
+                a = self._attend_cache(q, k_cache, v_cache, mask)  # [B, H, n, Dh]
             # residual adds inside the products (beta = 1 into x itself): no separate add kernel
             x = x.addmm_(a.transpose(1, 2).reshape(B * n, q_width), layer.o.t())
             h = F.rms_norm(x, (D,), layer.ln2, self.eps)
