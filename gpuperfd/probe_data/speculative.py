@@ -48,7 +48,7 @@ def speculative_summary(k: int, rates: Sequence[float], draft_round_seconds: flo
     baseline = batch / target_decode_seconds if target_decode_seconds else None
     curve = [_point(rate, k, round_seconds, baseline, batch) for rate in CURVE_RATES]
     break_even = None
-    if baseline:
+    if baseline and round_seconds > 0:
         fine = [i / 1000 for i in range(1001)]
         break_even = next((a for a in fine if _point(a, k, round_seconds, baseline, batch)["speedup"] >= 1.0), None)
     return {
