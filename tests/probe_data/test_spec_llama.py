@@ -97,6 +97,9 @@ def test_speculative_summary_break_even() -> None:
     even = summary["break_even_acceptance_rate"]
     assert expected_tokens(even, 4) >= 1.4 > expected_tokens(even - 0.001, 4)
     assert summary["at_rates"][0]["speedup"] == pytest.approx(expected_tokens(0.5, 4) / 1.4)
+    # a window without a round (nothing measured) has no rate and no break-even, and does not raise
+    empty = speculative_summary(4, (0.5,), 0.0, 0.0, 0.010)
+    assert empty["break_even_acceptance_rate"] is None and empty["at_rates"][0]["tokens_per_second"] is None
 
 
 def test_llama_room_grows_with_batch_and_the_draft() -> None:
