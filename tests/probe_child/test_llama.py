@@ -144,6 +144,10 @@ def test_roofline_of_the_8b_on_an_h100_is_the_references() -> None:
     b32 = llama_workload.roofline_figures("NVIDIA H100 80GB HBM3", 16_060_522_496, 131072.0, 32, 192.0, None)
     assert b32["bytes_per_step"] == 16_060_522_496 + 32 * 131072 * 192
     assert llama_workload.roofline_figures("NVIDIA H100 PCIe", 1, 0, 1, 1, None)["hbm_bytes_per_second"] == 2.0e12
+    from gpuperfd.device.roofline import hbm_bandwidth
+
+    assert hbm_bandwidth("NVIDIA GH200 480GB") is None  # its memory depends on the variant: not guessed
+    assert hbm_bandwidth("NVIDIA H200 NVL") == 4.8e12 and hbm_bandwidth(None) is None
 
 
 def test_a_card_without_room_refuses_the_preset_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
