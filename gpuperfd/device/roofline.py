@@ -95,3 +95,25 @@ def step_time(card: str, dtype: str, flops: float, bytes_moved: float, kernels: 
     return StepTime(compute=flops / (row.peak_flops[dtype] * row.compute_efficiency),
                     memory=bytes_moved / (row.memory_bytes_per_second * row.memory_efficiency),
                     launch=kernels * row.kernel_seconds)
+
+
+#: Datasheet HBM bandwidth by the name the driver reports, most specific first (the PCIe and NVL H100
+#: parts differ from the SXM part the simulator's "H100" row models; a GH200's memory depends on its
+#: variant, so it is not guessed).
+HBM_BANDWIDTH_BY_NAME: tuple[tuple[str, float | None], ...] = (
+    ("GH200", None), ("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12), ("H200", 4.8e12),
+    ("A100-SXM4-80GB", 2.039e12), ("A100 80GB PCIe", 1.935e12), ("A100", 1.555e12),
+)
+
+
+def hbm_bandwidth(gpu_name: str | None) -> float | None:
+    """The datasheet memory bandwidth (bytes/s) of a card by its driver name, or None when unknown.
+
+    What a memory-bound probe (batch-1 decode reads every weight once per token) publishes its
+    achieved share against: tokens/s <= bandwidth / bytes read per token."""
+    if not gpu_name:
+        return None
+    for key, bandwidth in HBM_BANDWIDTH_BY_NAME:
+        if key in gpu_name:
+            return bandwidth
+    return None

@@ -47,7 +47,10 @@ _CUDA_ERROR_MARKERS = (
 
 
 def classify_exception(exc: BaseException) -> str:
-    """Map an exception to a failure reason: "oom", "cuda_error" or "exception"."""
+    """Map an exception to a failure reason: "oom", "cuda_error", "exception", or the reason an
+    exception names itself (``failure_reason``: "no_room", a point the card cannot hold)."""
+    if getattr(exc, "failure_reason", None) == "no_room":
+        return "no_room"
     torch = sys.modules.get("torch")
     text = f"{type(exc).__name__}: {exc}".lower()
     if isinstance(exc, MemoryError):
@@ -222,9 +225,11 @@ class _Session:
 
 def _send_error(conn: Any, exc: BaseException, identity: dict[str, Any]) -> int:
     """Tell the parent why the child ends; the exit code (1, or 3 when even that fails)."""
+    reason = classify_exception(exc)
     body = {
-        "reason": classify_exception(exc),
-        "message": f"{type(exc).__name__}: {exc}"[:4000],
+        "reason": reason,
+        # a point without room says why in its own words ("preset: ... needs about ..."), field first
+        "message": (str(exc) if reason == "no_room" else f"{type(exc).__name__}: {exc}")[:4000],
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
         **identity,
     }

@@ -455,7 +455,7 @@ def _aggregate(prepared: Prepared, windows: _Windows, point_extra: dict[str, Any
         extra["loss_first"] = windows.extras[0].get("loss_first")
     extra.update(_environment(ctx))
     pooled = _window_stats(telemetry, energy_total, measured, units, _pool_throughput(repeats))
-    return ProbeResult(
+    result = ProbeResult(
         probe=spec.probe, variant=spec.variant, preset=spec.preset, params=spec.params(), status="ok",
         device=str(ctx.device), gpu_name=ctx.gpu_name, compute_capability=ctx.compute_capability,
         gpu_uuid=ctx.gpu_uuid, measured_seconds=measured, work_unit=workload.work_unit, units_of_work=units,
@@ -463,6 +463,10 @@ def _aggregate(prepared: Prepared, windows: _Windows, point_extra: dict[str, Any
         gpu_busy_ratio=busy, low_gpu_busy=busy is not None and busy < spec.gpu_busy_threshold,
         power_limit_watts=ctx.power_limit_watts, repeats=repeats, extra=extra, **pooled.window_fields(),
     )
+    annotate = getattr(workload, "annotate", None)  # figures from the pooled rates (the Llama roofline share)
+    if annotate is not None:
+        annotate(result)
+    return result
 
 
 def _pool_throughput(repeats: list[RepeatResult]) -> dict[str, float]:

@@ -44,8 +44,13 @@ def cpu_dtype(dtype: str, given: bool, is_cuda: bool) -> str:
 
 def model_parameters(spec: Any) -> float:
     """About how many parameters the spec's model has (0 for attention, which has none)."""
-    from gpuperfd.probe_data.spec import GPT2_MODELS, VIT_MODELS
+    from gpuperfd.probe_data.spec import GPT2_MODELS, VIT_MODELS, is_llama
 
+    if spec.probe == "llm" and is_llama(spec.model):  # the target's and a speculative draft's
+        from gpuperfd.probe_data.workload_cost import llama_shape
+
+        drafts = [spec.draft_model] if getattr(spec, "draft_model", None) else []
+        return sum(llama_shape(model).total_params for model in [spec.model, *drafts])
     if spec.probe in ("llm", "train"):
         m = GPT2_MODELS[spec.model]
         d = m["n_embd"]

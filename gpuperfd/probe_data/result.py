@@ -45,8 +45,11 @@ STATUSES: tuple[str, ...] = ("ok", "failed", "aborted", "skipped")
 #: killer ended the child for the cgroup's memory limit), which says nothing about the GPU.
 #: ``gpu_busy``: the GPU could not be read before a start (and, in records older than
 #: ``preempted``, a user's job that arrived first).
+#: ``no_room`` (status ``skipped``): the card's free memory (a CPU child's memory limit) cannot hold the
+#: point, found before anything was built: the preset does not fit this card, which says nothing about it.
 FAILURE_REASONS: tuple[str, ...] = ("exception", "timeout", "oom", "crash", "cuda_error", "gpu_busy", "aborted",
-                                    "early_stop", "wrong_result", "host_oom", "preempted")
+                                    "early_stop", "wrong_result", "host_oom", "preempted", "no_room")
+NO_ROOM = "no_room"
 #: The reason of a point (status ``skipped``) that gave way to a user's job: a compute process or a
 #: pod allocation appeared before its build, between points or mid-measurement.
 PREEMPTED = "preempted"

@@ -33,6 +33,9 @@ __all__ = [
     "PRESETS",
     "DEFAULT_PRESET",
     "GPT2_MODELS",
+    "LLAMA_MODELS",
+    "LLAMA_VARIANTS",
+    "GPT2_VARIANTS",
     "VIT_MODELS",
     "ProbeSpec",
     "canonical_dtype",
@@ -66,13 +69,17 @@ DTYPES: dict[str, str] = {
 VARIANTS: dict[str, tuple[str, ...]] = {
     # graph: own static-KV-cache GPT-2 forward, decode step captured in a CUDA graph.
     # eager: Hugging Face generate() in eager mode (the seeds' method), for comparison.
-    "llm": ("graph", "eager"),
+    # compiled, speculative: the Llama family only (LLAMA_VARIANTS); GPT-2 runs GPT2_VARIANTS.
+    "llm": ("graph", "eager", "compiled", "speculative"),
     # compiled: our fused forward (vit_fused) + torch.compile + one CUDA graph per batch;
     # fused: the fused forward in a CUDA graph, no compiler; eager: the Hugging Face module.
     "vit": ("compiled", "fused", "eager"),
     "attention": ("sdpa",),
     "train": ("eager",),
 }
+
+#: Variants of the llm probe on a GPT-2 model.
+GPT2_VARIANTS: tuple[str, ...] = ("graph", "eager")
 
 #: GPT-2 family architectures (built from GPT2Config; random weights unless weights_path).
 GPT2_MODELS: dict[str, dict[str, int]] = {
@@ -84,6 +91,41 @@ GPT2_MODELS: dict[str, dict[str, int]] = {
     "gpt2-large": {"n_layer": 36, "n_embd": 1280, "n_head": 20, "vocab_size": 50257, "n_positions": 1024},
     "gpt2-xl": {"n_layer": 48, "n_embd": 1600, "n_head": 25, "vocab_size": 50257, "n_positions": 1024},
 }
+
+#: Llama-family architectures (built from LlamaConfig, random weights; the llm probe's second model
+#: family, docs/probes.md "Llama family"): grouped-query attention (``num_key_value_heads``), RoPE,
+#: SwiGLU, RMSNorm. ``llama-3.1-8b`` and ``llama-3.2-1b`` are seed 004's model and speculative draft,
+#: by shape (8.03 B and 1.24 B parameters); the tiny ones run on a CPU in seconds.
+LLAMA_MODELS: dict[str, dict[str, Any]] = {
+    "llama-tiny": {"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256,
+                   "rope_theta": 500000.0, "tie_word_embeddings": False},
+    # the tiny model's speculative draft: one layer, the same vocabulary (a draft must share the tokenizer)
+    "llama-tiny-draft": {"hidden_size": 32, "intermediate_size": 88, "num_hidden_layers": 1,
+                         "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 512,
+                         "max_position_embeddings": 256, "rope_theta": 500000.0, "tie_word_embeddings": True},
+    "llama-3.2-1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                     "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": True},
+    "llama-3.1-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                     "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": False},
+}
+#: Variants of the llm probe on a Llama model (the first is the presets'): ``graph`` our static-cache
+#: forward with the decode step in a CUDA graph; ``compiled`` the same forward through torch.compile
+#: (element-wise chains fused) and then captured; ``eager`` Hugging Face generate(); ``speculative`` a
+#: draft proposing ``speculative_tokens`` tokens and the target verifying them (both graphed).
+LLAMA_VARIANTS: tuple[str, ...] = ("graph", "compiled", "eager", "speculative")
+#: Speculative decoding: proposed tokens per round (k) between these bounds, and the acceptance rates
+#: whose tokens/s are reported when none are named (random weights accept nothing meaningful).
+SPECULATIVE_TOKENS_RANGE = (1, 64)
+DEFAULT_ACCEPTANCE_RATES: tuple[float, ...] = (0.5, 0.7, 0.9)
+
+
+def is_llama(model: Any) -> bool:
+    """Whether ``model`` names a Llama-family architecture (the llm probe's second family)."""
+    return model in LLAMA_MODELS
+
 
 #: ViT architectures (built from ViTConfig, 1000 classes).
 VIT_MODELS: dict[str, dict[str, int]] = {
@@ -125,6 +167,16 @@ def _llm(model: str, batch: int) -> dict[str, Any]:
             "n_groups": 1, "dtype": "float16", **_GPU_TIMING}
 
 
+def _llama(model: str, batch: int, variant: str = "graph", **more: Any) -> dict[str, Any]:
+    """Seed 004's generation arguments: 128 prompt + 128 output tokens, greedy, bf16, static KV cache."""
+    return {"model": model, "variant": variant, "batch_size": batch, "prompt_tokens": 128, "output_tokens": 128,
+            "n_groups": 1, "dtype": "bfloat16", **_GPU_TIMING, **more}
+
+
+_LLAMA_TINY: dict[str, Any] = {"model": "llama-tiny", "variant": "graph", "batch_size": 2, "prompt_tokens": 16,
+                               "output_tokens": 8, "n_groups": 1, "dtype": "float32", **_TINY_TIMING}
+
+
 def _train(model: str, batch: int) -> dict[str, Any]:
     return {"model": model, "variant": "eager", "batch_size": batch, "seq_len": 1024, "dtype": "bfloat16",
             **_GPU_TIMING}
@@ -145,6 +197,15 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "gpt2-medium": _llm("gpt2-medium", 128),
         "gpt2-large": _llm("gpt2-large", 64),
         "gpt2-xl": _llm("gpt2-xl", 32),
+        # The Llama family (seed 004): batch 1, as the seed runs it (--batch-size 32 for the served case).
+        "llama-tiny": _LLAMA_TINY,
+        "llama-tiny-spec": {**_LLAMA_TINY, "variant": "speculative", "draft_model": "llama-tiny-draft",
+                            "speculative_tokens": 4},
+        "llama-3.2-1b": _llama("llama-3.2-1b", 1),
+        "llama-3.1-8b": _llama("llama-3.1-8b", 1),
+        # seed 004's spec_config: amd/PARD-Llama-3.2-1B's shape drafting 12 tokens for the 8B
+        "llama-3.1-8b-spec": _llama("llama-3.1-8b", 1, "speculative", draft_model="llama-3.2-1b",
+                                    speculative_tokens=12),
     },
     "vit": {
         "tiny": {"model": "tiny", "variant": "eager", "batch_size": 4, "image_size": 32, "dtype": "float32",
@@ -185,12 +246,19 @@ _PROBE_PARAMS: dict[str, tuple[str, ...]] = {
 }
 _WORKLOAD_FIELDS = ("model", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size", "heads",
                     "head_dim", "n_groups", "causal")
+_SPECULATIVE_FIELDS = ("draft_model", "speculative_tokens", "acceptance_rates")
+#: The draft each target gets when the speculative variant names none (seed 004's pairing).
+DEFAULT_DRAFT: dict[str, str] = {"llama-3.1-8b": "llama-3.2-1b", "llama-tiny": "llama-tiny-draft"}
+DEFAULT_SPECULATIVE_TOKENS = 12
+#: The static KV cache's longest context here (a probe, not a server: 131072 positions would be a
+#: 16 GiB cache per sequence for the 8B).
+LLAMA_MAX_CONTEXT = 8192
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
 #: Short names of the parameters that tell two points of a probe apart, in the order shown.
 PARAM_SHORT = {"batch_size": "b", "prompt_tokens": "in", "output_tokens": "out", "seq_len": "s", "image_size": "px",
-               "heads": "h", "head_dim": "d", "n_groups": "g"}
+               "heads": "h", "head_dim": "d", "n_groups": "g", "speculative_tokens": "k"}
 
 
 def params_text(params: dict[str, Any], model: bool = True) -> str:
@@ -258,6 +326,11 @@ class ProbeSpec:
     n_groups: int | None = None
     causal: bool | None = None
     dtype: str | None = None
+    #: llm, speculative variant only: the draft model (a Llama model sharing the target's vocabulary),
+    #: the tokens it proposes per round (k), and the acceptance rates to report tokens/s at.
+    draft_model: str | None = None
+    speculative_tokens: int | None = None
+    acceptance_rates: tuple[float, ...] | None = None
     #: Warmup iterations (requests, batches, calls, steps) before any window; at least this many,
     warmup: int | None = None
     #: ...and at least this long, so clocks and power reach steady state.
@@ -302,11 +375,17 @@ class ProbeSpec:
         for name in _WORKLOAD_FIELDS:
             if name not in used and getattr(self, name) is not None:
                 raise ValueError(f"{name}: not used by probe {self.probe!r} (it uses {', '.join(used)})")
+        for name in _SPECULATIVE_FIELDS:
+            if getattr(self, name) is not None and self.probe != "llm":
+                raise ValueError(f"{name}: not used by probe {self.probe!r} (the llm probe's speculative variant)")
         object.__setattr__(self, "preset", preset)
         dtype_given = self.dtype is not None
+        speculative_given = {name for name in _SPECULATIVE_FIELDS if getattr(self, name) is not None}
         for key, value in presets[preset].items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
+        if self.probe == "llm":
+            self._resolve_speculative(speculative_given)
         # The presets' half precision is for GPUs; a CPU point without a dtype runs float32 (cpu_path.py).
         object.__setattr__(self, "dtype", cpu_dtype(self.dtype, dtype_given, self.is_cuda))
         if self.iterations is not None and self.measure_seconds is None:
@@ -314,36 +393,105 @@ class ProbeSpec:
         object.__setattr__(self, "extra", dict(self.extra))
         self._validate()
 
+    def _resolve_speculative(self, given: set[str]) -> None:
+        """The speculative fields: the preset's dropped for another variant (``--preset llama-3.1-8b-spec
+        --variant graph`` measures the target alone), defaults filled for the speculative variant, the
+        acceptance rates as a tuple of floats (a JSON record gives a list)."""
+        if self.variant != "speculative":
+            for name in _SPECULATIVE_FIELDS:
+                if name in given:
+                    raise ValueError(f"{name}: used by the speculative variant only (use --variant speculative)")
+                object.__setattr__(self, name, None)
+            return
+        if self.draft_model is None and self.model in DEFAULT_DRAFT:
+            object.__setattr__(self, "draft_model", DEFAULT_DRAFT[self.model])
+        if self.speculative_tokens is None:
+            object.__setattr__(self, "speculative_tokens", DEFAULT_SPECULATIVE_TOKENS)
+        rates = self.acceptance_rates if self.acceptance_rates is not None else DEFAULT_ACCEPTANCE_RATES
+        if isinstance(rates, (int, float)) and not isinstance(rates, bool):
+            rates = (rates,)
+        if isinstance(rates, str) or not isinstance(rates, (list, tuple)) or not rates:
+            raise ValueError(f"acceptance_rates: must be a list of rates in [0, 1], got {rates!r}")
+        for rate in rates:
+            _float("acceptance_rates", rate, 0.0, 1.0)
+        object.__setattr__(self, "acceptance_rates", tuple(float(rate) for rate in rates))
+
+    def _validate_llama(self) -> None:
+        """A Llama-family llm point: its variant, positions, and the speculative draft."""
+        cfg = LLAMA_MODELS[self.model]
+        if self.n_groups != 1:
+            raise ValueError(f"n_groups: a Llama model has its own key/value heads "
+                             f"({cfg['num_attention_heads']} query, {cfg['num_key_value_heads']} key/value); use 1")
+        extra = 0
+        if self.variant == "speculative":
+            if self.draft_model not in LLAMA_MODELS:
+                raise ValueError(f"draft_model: unknown Llama model {self.draft_model!r}; use one of "
+                                 f"{', '.join(LLAMA_MODELS)}")
+            if LLAMA_MODELS[self.draft_model]["vocab_size"] != cfg["vocab_size"]:
+                raise ValueError(f"draft_model: {self.draft_model} has a vocabulary of "
+                                 f"{LLAMA_MODELS[self.draft_model]['vocab_size']} tokens, {self.model} of "
+                                 f"{cfg['vocab_size']}: a draft must share the target's vocabulary")
+            low, high = SPECULATIVE_TOKENS_RANGE
+            _int("speculative_tokens", self.speculative_tokens, low, high)
+            if self.output_tokens < 2:
+                raise ValueError("output_tokens: speculative decoding needs at least 2 output tokens")
+            extra = self.speculative_tokens + 1
+        limit = min(cfg["max_position_embeddings"], LLAMA_MAX_CONTEXT)
+        if self.prompt_tokens + self.output_tokens + extra > limit:
+            raise ValueError(f"output_tokens: prompt_tokens + output_tokens{' + speculative_tokens + 1' if extra else ''}"
+                             f" = {self.prompt_tokens + self.output_tokens + extra} exceeds {limit} positions")
+
     # --- validation -------------------------------------------------------------------
+
+    def _validate_variant(self) -> None:
+        """The variant: the llm probe's per model family (GPT2_VARIANTS, LLAMA_VARIANTS)."""
+        probe = self.probe
+        if probe == "llm" and is_llama(self.model):
+            if self.variant not in LLAMA_VARIANTS:
+                raise ValueError(f"variant: {self.variant!r} is not a variant of the llm probe on a Llama model; "
+                                 f"use one of {', '.join(LLAMA_VARIANTS)}")
+        elif probe == "llm" and self.variant not in GPT2_VARIANTS:
+            raise ValueError(f"variant: {self.variant!r} is not a variant of the llm probe on a GPT-2 model; "
+                             f"use one of {', '.join(GPT2_VARIANTS)} ({', '.join(LLAMA_VARIANTS)} on a Llama model)")
+        elif self.variant not in VARIANTS[probe]:
+            raise ValueError(f"variant: {self.variant!r} is not a {probe} variant; use one of {', '.join(VARIANTS[probe])}")
+
+    def _validate_llm(self) -> None:
+        """The llm probe's model, lengths and K/V groups (a Llama model: :meth:`_validate_llama`)."""
+        if self.model not in GPT2_MODELS and not is_llama(self.model):
+            raise ValueError(f"model: unknown llm model {self.model!r}; use one of "
+                             f"{', '.join([*GPT2_MODELS, *LLAMA_MODELS])}")
+        _int("prompt_tokens", self.prompt_tokens, 1)
+        _int("output_tokens", self.output_tokens, 1)
+        _int("n_groups", self.n_groups, 1)
+        if is_llama(self.model):
+            self._validate_llama()
+            return
+        heads = GPT2_MODELS[self.model]["n_head"]
+        if heads % self.n_groups:
+            raise ValueError(f"n_groups: {self.n_groups} does not divide the model's {heads} heads; "
+                             f"use a divisor of {heads}")
+        if self.n_groups > 1 and self.variant != "graph":
+            raise ValueError("n_groups: grouped key/value heads run in the graph variant only; "
+                             "use --variant graph (or n_groups 1)")
+        limit = GPT2_MODELS[self.model]["n_positions"]
+        if self.weights_path is None and self.prompt_tokens + self.output_tokens > limit:
+            raise ValueError(
+                f"output_tokens: prompt_tokens + output_tokens = {self.prompt_tokens + self.output_tokens} "
+                f"exceeds the model's {limit} positions"
+            )
 
     def _validate(self) -> None:
         probe = self.probe
-        if self.variant not in VARIANTS[probe]:
-            raise ValueError(f"variant: {self.variant!r} is not a {probe} variant; use one of {', '.join(VARIANTS[probe])}")
+        self._validate_variant()
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         _int("batch_size", self.batch_size, 1, 65536)
-        if probe in ("llm", "train"):
-            if self.model not in GPT2_MODELS:
-                raise ValueError(f"model: unknown GPT-2 model {self.model!r}; use one of {', '.join(GPT2_MODELS)}")
+        if probe == "llm":
+            self._validate_llm()
+        if probe == "train" and self.model not in GPT2_MODELS:
+            raise ValueError(f"model: unknown GPT-2 model {self.model!r}; use one of {', '.join(GPT2_MODELS)}")
         if probe == "vit" and self.model not in VIT_MODELS:
             raise ValueError(f"model: unknown ViT model {self.model!r}; use one of {', '.join(VIT_MODELS)}")
-        if probe == "llm":
-            _int("prompt_tokens", self.prompt_tokens, 1)
-            _int("output_tokens", self.output_tokens, 1)
-            _int("n_groups", self.n_groups, 1)
-            heads = GPT2_MODELS[self.model]["n_head"]
-            if heads % self.n_groups:
-                raise ValueError(f"n_groups: {self.n_groups} does not divide the model's {heads} heads; "
-                                 f"use a divisor of {heads}")
-            if self.n_groups > 1 and self.variant != "graph":
-                raise ValueError("n_groups: grouped key/value heads run in the graph variant only; "
-                                 "use --variant graph (or n_groups 1)")
-            limit = GPT2_MODELS[self.model]["n_positions"]
-            if self.weights_path is None and self.prompt_tokens + self.output_tokens > limit:
-                raise ValueError(
-                    f"output_tokens: prompt_tokens + output_tokens = {self.prompt_tokens + self.output_tokens} "
-                    f"exceeds the model's {limit} positions"
-                )
         if probe == "train":
             _int("seq_len", self.seq_len, 2)
             limit = GPT2_MODELS[self.model]["n_positions"]
@@ -415,6 +563,9 @@ class ProbeSpec:
             out["iterations"] = self.iterations
         else:
             out["measure_seconds"] = self.measure_seconds
+        for name in _SPECULATIVE_FIELDS:  # only the speculative variant has them (GPT-2 rows keep their params)
+            if getattr(self, name) is not None:
+                out[name] = list(self.acceptance_rates) if name == "acceptance_rates" else getattr(self, name)
         if self.weights_path:
             out["weights_path"] = self.weights_path
         if self.dataset_path:
@@ -444,6 +595,7 @@ class ProbeSpec:
 SEED_KEYS: dict[str, str | None] = {
     # seed 004 (benchmark_llm_offline.py config)
     "frameworks": "variant", "framework": "variant", "model_name": "model", "model_args": None,
+    "num_speculated_tokens": "speculative_tokens", "spec_config": None,
     "input_tokens": "prompt_tokens", "input_len": "prompt_tokens", "prompt_len": "prompt_tokens",
     "output_len": "output_tokens", "max_new_tokens": "output_tokens", "new_tokens": "output_tokens",
     "warmup_runs": "warmup", "num_warmup": "warmup", "num_runs": "repeats", "runs": "repeats",
@@ -461,6 +613,7 @@ NO_EQUIVALENT: dict[str, str] = {
     "model_args": "give model (a preset name) and dtype at the top level",
     "generation_args": "give prompt_tokens, output_tokens and batch_size at the top level",
     "num_beams": "the llm probe decodes greedily, one beam",
+    "spec_config": "give variant speculative, draft_model and speculative_tokens at the top level",
     "do_sample": "the llm probe decodes greedily (no sampling), so runs compare",
     "token_metrics": "TTFT and time per output token are always measured",
     "system_metrics": "GPU telemetry is always recorded on a GPU",
@@ -496,7 +649,7 @@ OPTION_KEYS: tuple[str, ...] = (
     "variant", "model", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size", "heads",
     "head_dim", "n_groups", "causal", "dtype", "warmup", "warmup_seconds", "repeats", "iterations",
     "measure_seconds", "busy_profile_seconds", "weights_path", "dataset_path", "seed", "gpu_busy_threshold",
-    "sample_interval", "memory_limit_bytes",
+    "sample_interval", "memory_limit_bytes", "draft_model", "speculative_tokens", "acceptance_rates",
 )
 
 

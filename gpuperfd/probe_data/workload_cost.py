@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuperfd.probe_data.spec import GPT2_MODELS, VIT_MODELS, canonical_dtype
+from gpuperfd.probe_data.spec import GPT2_MODELS, LLAMA_MODELS, VIT_MODELS, canonical_dtype, is_llama
 
 #: Where a simulated result lists the options its figures do not follow (``ProbeResult.extra``); the
 #: CLI's table and the report name them, so a flat simulated line is never read as a trend.
@@ -103,6 +103,78 @@ def llm_cost(model: str, batch: int, prompt: int, output: int, n_groups: int, dt
     return WorkCost(dtype, decode, float(batch), MemoryBytes(weights, activations, kv_cache=kv), prefill)
 
 
+#: Kernels per Llama layer of our static decode step (``llama_static``): norm, fused QKV, RoPE on Q and K,
+#: two cache writes, attention, output projection, residual, norm, fused gate/up, SiLU, product, down, residual.
+LLAMA_KERNELS_PER_LAYER = 20
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """A Llama model's sizes: parameters read by a decode step (matmuls incl. the LM head), all of them."""
+
+    hidden: int
+    layers: int
+    vocab: int
+    kv_width: int
+    matmul_params: float
+    total_params: float
+
+
+def llama_shape(model: str) -> LlamaShape:
+    """The sizes of a :data:`LLAMA_MODELS` shape (8,030,261,248 parameters for ``llama-3.1-8b``)."""
+    cfg = LLAMA_MODELS[model]
+    d, inner, layers, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    head_dim = d // cfg["num_attention_heads"]
+    kv_width = cfg["num_key_value_heads"] * head_dim
+    per_layer = d * (d + 2 * kv_width) + d * d + 3 * d * inner
+    matmul = layers * per_layer + vocab * d
+    total = matmul + layers * 2 * d + d + (0 if cfg["tie_word_embeddings"] else vocab * d)
+    return LlamaShape(d, layers, vocab, kv_width, float(matmul), float(total))
+
+
+def llama_cost(model: str, batch: int, prompt: int, output: int, dtype: str, verify_tokens: int = 0) -> WorkCost:
+    """Prefill and one decode step of a Llama model (static KV cache of the whole context, read whole by
+    each step under a mask, as ``llama_static`` does); ``verify_tokens`` widens the cache for a
+    speculative round. Batch-1 decode reads every weight once per token: memory-bound."""
+    shape = llama_shape(model)
+    size = ELEMENT_BYTES[dtype]
+    d, layers, vocab = shape.hidden, shape.layers, shape.vocab
+    context = prompt + output + verify_tokens
+    kv = batch * layers * 2 * context * shape.kv_width * size
+    weights = shape.total_params * size
+    read = shape.matmul_params * size  # the embedding is a gather of B rows
+    kernels = layers * LLAMA_KERNELS_PER_LAYER + 6
+    decode = Phase(flops=2 * batch * shape.matmul_params + 4 * batch * layers * context * d,
+                   bytes_moved=read + kv + batch * (layers * 12 * d + vocab) * size, kernels=kernels)
+    prefill = Phase(flops=2 * batch * prompt * (shape.matmul_params - vocab * d) + 2 * batch * vocab * d
+                    + 4 * batch * layers * prompt * context * d,
+                    bytes_moved=read + kv + batch * prompt * layers * 16 * d * size, kernels=kernels)
+    inner = LLAMA_MODELS[model]["intermediate_size"]
+    # the prefill's transient peak: residual stream, one layer's gate/up product, the last logits (fp32 argmax)
+    activations = batch * prompt * (4 * d + 3 * inner) * size + batch * max(verify_tokens, 1) * vocab * 4
+    return WorkCost(dtype, decode, float(batch), MemoryBytes(weights, activations, kv_cache=kv), prefill)
+
+
+#: Device memory a Llama point needs beyond its modelled bytes: CUDA context, cuBLAS workspaces,
+#: the graphs' pools and allocator slack (seed 004's 8B at batch 32 peaked at 30.9 GiB, H100).
+LLAMA_ROOM_MARGIN_BYTES = 2 * 2**30
+LLAMA_ROOM_FACTOR = 1.10
+
+
+def llama_room_bytes(options: Mapping[str, Any], margin: bool = True) -> int:
+    """Device memory a Llama llm point (a preset's values with the request's on top) needs: the
+    target's and, for the speculative variant, the draft's weights, caches and activations, with a
+    margin (``margin`` False: without the CUDA context's and workspaces' 2 GiB, for a CPU child). What a
+    card without this much free memory refuses before building anything."""
+    dtype = canonical_dtype(options["dtype"])
+    batch, prompt, output = int(options["batch_size"]), int(options["prompt_tokens"]), int(options["output_tokens"])
+    verify = int(options.get("speculative_tokens") or 0) + 1 if options.get("variant") == "speculative" else 0
+    total = llama_cost(str(options["model"]), batch, prompt, output, dtype, verify).memory.total
+    if verify and options.get("draft_model"):
+        total += llama_cost(str(options["draft_model"]), batch, prompt, output, dtype, verify).memory.total
+    return int(total * LLAMA_ROOM_FACTOR + (LLAMA_ROOM_MARGIN_BYTES if margin else 0))
+
+
 def vit_cost(model: str, batch: int, image_size: int, dtype: str) -> WorkCost:
     """One batch of images through the ViT (fp32 input images, ``dtype`` compute)."""
     cfg = VIT_MODELS[model]
@@ -153,6 +225,9 @@ def workload_cost(probe: str, options: Mapping[str, Any]) -> WorkCost:
     KeyError names a missing option; ValueError an unknown probe.
     """
     dtype = canonical_dtype(options["dtype"])
+    if probe == "llm" and is_llama(options["model"]):
+        return llama_cost(str(options["model"]), int(options["batch_size"]), int(options["prompt_tokens"]),
+                          int(options["output_tokens"]), dtype)
     if probe == "llm":
         return llm_cost(str(options["model"]), int(options["batch_size"]), int(options["prompt_tokens"]),
                         int(options["output_tokens"]), int(options.get("n_groups") or 1), dtype)

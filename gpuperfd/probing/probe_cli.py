@@ -67,7 +67,10 @@ MATRIX = ("preset", "variant", "batch_size", "prompt_tokens", "output_tokens", "
           "dtype")
 #: Scalar settings a --config file may hold (besides the matrix axes and "probe", "output").
 CONFIG_SCALARS = ("heads", "head_dim", "causal", "warmup", "warmup_seconds", "repeats", "iterations",
-                  "measure_seconds", "device", "timeout", "weights", "dataset", "seed", "gpu_busy_threshold")
+                  "measure_seconds", "device", "timeout", "weights", "dataset", "seed", "gpu_busy_threshold",
+                  "draft_model", "speculative_tokens", "acceptance_rates")
+#: Config scalars that are one value made of a list (the speculative variant's acceptance rates).
+CONFIG_LISTS = ("acceptance_rates",)
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,6 +97,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attention, llm (graph variant): query heads per key/value head (1 = MHA)")
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None, help="attention: causal mask")
     parser.add_argument("--dtype", nargs="+", help="float32|float16|bfloat16 (fp32/fp16/bf16)")
+    parser.add_argument("--draft-model", metavar="MODEL",
+                        help="llm speculative: the draft (a Llama model; default: llama-3.2-1b for the 8B)")
+    parser.add_argument("--speculative-tokens", type=_int_arg, metavar="K",
+                        help="llm speculative: tokens the draft proposes per round (1-64; seed 004: 12)")
+    parser.add_argument("--acceptance-rates", type=_number, nargs="+", metavar="R",
+                        help="llm speculative: acceptance rates (0-1) to report tokens/s at (random weights "
+                             "accept nothing meaningful; default 0.5 0.7 0.9)")
     parser.add_argument("--warmup", type=_int_arg, metavar="N", help="warmup iterations (at least)")
     parser.add_argument("--warmup-seconds", type=_number, metavar="S", help="warmup duration (at least)")
     parser.add_argument("--repeats", type=_int_arg, metavar="N", help="measured windows (for mean/stdev/CV)")
@@ -176,7 +186,7 @@ def _merge_config(args: argparse.Namespace) -> argparse.Namespace:
             value = value if isinstance(value, list) else [value]
             if not value:
                 raise UsageError(f"config: {key}: give at least one value")
-        elif isinstance(value, list):
+        elif isinstance(value, list) and key not in CONFIG_LISTS:
             raise UsageError(f"config: {key}: takes one value, got a list")
         setattr(merged, key, value)
     merged.config = None  # merged: merging it again (build_specs after main) reads no file
@@ -197,9 +207,14 @@ def build_specs(args: argparse.Namespace) -> list[ProbeSpec]:
     if probe not in PROBES:
         raise UsageError(f"probe: unknown probe {probe!r}; use one of {', '.join(PROBES)}")
     variants: list[Any] = []
+    #: Variants that came from 'both'/'all': a point whose model lacks one is left out, not refused
+    #: ('both' is graph and eager on an llm; 'all' also compiled and speculative, Llama models only).
+    expanded: set[str] = set()
     for variant in _values(args, "variant"):
         if variant in ("both", "all"):
-            variants.extend(v for v in VARIANTS[probe] if v not in variants)
+            every = ("graph", "eager") if probe == "llm" and variant == "both" else VARIANTS[probe]
+            expanded.update(v for v in every if v not in variants)
+            variants.extend(v for v in every if v not in variants)
         elif variant not in variants:
             variants.append(variant)
     common: dict[str, Any] = {
@@ -214,6 +229,9 @@ def build_specs(args: argparse.Namespace) -> list[ProbeSpec]:
         "device": args.device,
         "weights_path": args.weights,
         "dataset_path": args.dataset,
+        "draft_model": getattr(args, "draft_model", None),
+        "speculative_tokens": getattr(args, "speculative_tokens", None),
+        "acceptance_rates": getattr(args, "acceptance_rates", None),
     }
     if args.seed is not None:
         common["seed"] = args.seed
@@ -223,11 +241,34 @@ def build_specs(args: argparse.Namespace) -> list[ProbeSpec]:
     specs = []
     for combo in itertools.product(variants, *axes.values()):
         fields = dict(common, variant=combo[0], **dict(zip(axes, combo[1:])))
+        if combo[0] in expanded and combo[0] != "speculative":  # 'all': the other variants take none
+            for name in ("draft_model", "speculative_tokens", "acceptance_rates"):
+                fields[name] = None
         try:
-            specs.append(ProbeSpec(probe=probe, **fields))
+            specs.append(_spec_of_point(probe, fields))
         except (TypeError, ValueError) as exc:
+            if combo[0] in expanded and str(exc).startswith("variant:"):
+                continue
             raise UsageError(str(exc)) from exc
+    if not specs:
+        raise UsageError("variant: no variant of this run applies to its model")
+    given = [name for name in _SPECULATIVE_OPTIONS if common.get(name) is not None]
+    if given and not any(s.variant == "speculative" for s in specs):
+        raise UsageError(f"{given[0]}: used by the speculative variant only (use --variant speculative or "
+                         f"--preset llama-3.1-8b-spec)")
     return specs
+
+
+_SPECULATIVE_OPTIONS = ("draft_model", "speculative_tokens", "acceptance_rates")
+
+
+def _spec_of_point(probe: str, fields: dict[str, Any]) -> ProbeSpec:
+    """One point's spec; the speculative options reach only the run's speculative points (a matrix of
+    ``--preset llama-3.1-8b llama-3.1-8b-spec --acceptance-rates 0.8`` measures the plain one too)."""
+    spec = ProbeSpec(probe=probe, **{k: v for k, v in fields.items() if k not in _SPECULATIVE_OPTIONS})
+    if spec.variant == "speculative" or (probe == "llm" and fields.get("variant") == "speculative"):
+        return ProbeSpec(probe=probe, **fields)
+    return spec
 
 
 # --- flattening and output --------------------------------------------------------------
@@ -559,6 +600,12 @@ def _print_results(args: argparse.Namespace, results: list[ProbeResult], simulat
         sys.stdout.write("\n")
         return
     print(results_table(results))
+    from gpuperfd.probing.llm_tables import seed004_table, speculative_table
+
+    for block in (seed004_table(results), speculative_table(results)):
+        if block:
+            print()
+            print(block)
     gpu_name = next((r.gpu_name for r in results if r.gpu_name), None)
     if gpu_name:
         capability = next(r.compute_capability for r in results if r.gpu_name)

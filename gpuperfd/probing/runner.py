@@ -648,11 +648,15 @@ class ProbeChild:
         assert proc is not None
         proc.join(_EXIT_GRACE_SECONDS)
         reason = body.get("reason", "exception")
-        result = self._end(
-            reason if reason in ("exception", "oom", "cuda_error") else "exception",
-            str(body.get("message", "probe failed")), started_at, t0,
-            traceback=body.get("traceback"), exit_code=proc.exitcode,
-        )
+        if reason == "no_room":  # the point does not fit this card: not run, not the GPU's failure
+            result = self._end(reason, str(body.get("message", "no room")), started_at, t0, status="skipped",
+                               exit_code=proc.exitcode)
+        else:
+            result = self._end(
+                reason if reason in ("exception", "oom", "cuda_error") else "exception",
+                str(body.get("message", "probe failed")), started_at, t0,
+                traceback=body.get("traceback"), exit_code=proc.exitcode,
+            )
         for key in ("gpu_name", "compute_capability", "gpu_uuid"):
             if body.get(key):
                 setattr(result, key, body[key])

@@ -65,6 +65,8 @@ class CapPoint:
     run_values: list[dict[str, float | None]] = field(default_factory=list)
     #: llm: mean seconds to each output token over the kept runs ([TTFT, token 2, ...]).
     token_curve: list[float] = field(default_factory=list)
+    #: llm on a Llama model: the latest kept run's roofline and speculative figures (see ``Run.llm_figures``).
+    llm_figures: dict[str, Any] = field(default_factory=dict)
 
     def latency(self, name: str, q: int | str) -> float | None:
         """p50/p95/p99 (q = 50, 95, 99) or the mean (q = "mean") of one latency, seconds."""
@@ -266,6 +268,8 @@ def summarize_group(runs: list[Run], dropped: int) -> CapPoint:
         windows=[w for r in sorted(runs, key=lambda r: r.time) for w in r.windows],
         run_values=[_run_values(r) for r in sorted(runs, key=lambda r: r.time)],
         token_curve=_mean_curve([r.token_curve for r in runs if r.token_curve]),
+        llm_figures=next((r.llm_figures for r in sorted(runs, key=lambda r: r.time, reverse=True) if r.llm_figures),
+                         {}),
     )
 
 

@@ -284,6 +284,14 @@ wherever the data varies them; one line per combination of the other factors.</p
 <h2>Variants, GPUs, hosts and labels compared</h2>
 {_img(bars_png, "grouped bars comparing variants, GPUs, hosts or labels")}
 </section>""")
+    from gpuperfd.report.figures import png_bytes
+    from gpuperfd.report.seed004 import seed004_html, speculative_figure
+
+    curve = speculative_figure(report)
+    seed004 = seed004_html(report, _img(png_bytes(curve), "speculative tokens/s against the acceptance rate")
+                           if curve is not None else "")
+    if seed004:
+        sections.append(seed004)
     if tokens_png:
         sections.append(f"""<section id="tokens">
 <h2>Per-token latency over the output position</h2>

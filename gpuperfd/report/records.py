@@ -126,6 +126,9 @@ class Run:
     windows: list[dict[str, float | None]] = field(default_factory=list)
     #: llm: mean seconds to each output token ([TTFT, token 2, ...]) over the traced requests (JSON input).
     token_curve: list[float] = field(default_factory=list)
+    #: llm on a Llama model: the run's HBM roofline and speculative figures (``extra.roofline``,
+    #: ``extra.speculative``), for seed 004's section of the report.
+    llm_figures: dict[str, Any] = field(default_factory=dict)
 
     @property
     def labels_key(self) -> tuple[tuple[str, str], ...]:
@@ -223,6 +226,7 @@ def run_from_record(record: dict[str, Any], source: str = "") -> Run:
         allocated_memory_bytes=result.allocated_memory_bytes if ok else None,
         windows=[_window(r) for r in result.repeats] if ok else [],
         token_curve=_token_curve(result.repeats) if ok else [],
+        llm_figures={k: extra[k] for k in ("roofline", "speculative") if isinstance(extra.get(k), dict)} if ok else {},
         memory_utilization=finite_or_none(tele.get("memory_utilization_ratio", result.memory_utilization_mean_ratio))
         if ok else None,
     )

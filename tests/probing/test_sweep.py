@@ -378,3 +378,18 @@ def test_restore_caps_with_nothing_to_restore_says_so_and_succeeds(tmp_path, cap
     captured = capsys.readouterr()
     assert f"nothing to restore (no power-cap journal entry in {state})" in captured.out and captured.err == ""
     assert list(state.iterdir()) == []
+
+
+def test_a_point_without_room_stops_the_sweep_and_restores(gpu, tmp_path):
+    """No cap makes the card's memory larger: a preset that does not fit is tried once, not at every cap."""
+    journal = CapJournal(tmp_path)
+    seen = []
+
+    def run_point(cap):
+        seen.append(cap)
+        return ProbeResult.failure("llm", "graph", "llama-3.1-8b", "no_room", "preset: llama-3.1-8b ... not run",
+                                   status="skipped")
+
+    points = run_sweep(gpu, journal, [600, 400, 250], run_point, settle_seconds=0)
+    assert seen == [600] and [(p.result.status, p.result.failure_reason) for p in points] == [("skipped", "no_room")]
+    assert gpu.power_limits().enforced_watts == 650.0 and journal.entries() == []

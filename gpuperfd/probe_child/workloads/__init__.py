@@ -26,7 +26,7 @@ WORKLOAD_MODULES: dict[str, str] = {
 #: Probe name -> modules its build imports that touch no GPU (transformers' model code): what a
 #: child told to wait for its build imports beforehand (:func:`preload`).
 PRELOAD_MODULES: dict[str, tuple[str, ...]] = {
-    "llm": ("transformers.models.gpt2.modeling_gpt2",),
+    "llm": ("transformers.models.gpt2.modeling_gpt2", "transformers.models.llama.modeling_llama"),
     "vit": ("transformers.models.vit.modeling_vit",),
     "train": ("transformers.models.gpt2.modeling_gpt2",),
 }

@@ -127,6 +127,9 @@ def run_sweep(
                     log.log(logging.INFO if point.result.preempted else logging.WARNING, "gpu %d: sweep stopped: %s",
                             device.index, point.result.error_message)
                     break
+                if point.result.failure_reason == "no_room":  # no cap makes the card's memory larger
+                    log.warning("gpu %d: sweep stopped: %s", device.index, point.result.error_message)
+                    break
                 baseline = points[0].result
                 if (stop_early is not None and stopped_by is None and len(points) > 1 and baseline.ok
                         and point.result.ok and clearly_slower(baseline, point.result, stop_early)):

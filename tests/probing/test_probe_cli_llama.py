@@ -1,0 +1,94 @@
+"""``gpuperfd probe llm`` on the Llama presets: seed 004's table and the speculative curve in the
+output, the speculative options, 'both'/'all' per model family, and bad input (exit 2, field named)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuperfd.probing import probe_cli as cli
+
+FAST = ["--repeats", "2", "--measure-seconds", "0.1", "--no-progress"]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gpuperfd")
+    cli.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["probe", *argv])
+
+
+def test_both_and_all_expand_per_model_family() -> None:
+    gpt2 = cli.build_specs(parse(["llm", "--preset", "tiny", "--variant", "both"]))
+    assert [s.variant for s in gpt2] == ["graph", "eager"]
+    assert [s.variant for s in cli.build_specs(parse(["llm", "--preset", "tiny", "--variant", "all"]))] == [
+        "graph", "eager"]  # compiled and speculative are the Llama family's
+    llama = cli.build_specs(parse(["llm", "--preset", "llama-tiny", "--variant", "all", "--speculative-tokens", "3"]))
+    assert [s.variant for s in llama] == ["graph", "eager", "compiled", "speculative"]
+    assert [s.speculative_tokens for s in llama] == [None, None, None, 3]
+
+
+def test_speculative_options_reach_the_speculative_points_only() -> None:
+    specs = cli.build_specs(parse(["llm", "--preset", "llama-tiny", "llama-tiny-spec", "--acceptance-rates", "0.6",
+                                   "0.8"]))
+    assert [(s.variant, s.acceptance_rates) for s in specs] == [("graph", None), ("speculative", (0.6, 0.8))]
+
+
+def test_config_file_holds_seed_004s_keys(tmp_path: Path) -> None:
+    config = tmp_path / "seed004.json"
+    config.write_text(json.dumps({"probe": "llm", "preset": "llama-tiny-spec", "speculative_tokens": 2,
+                                  "acceptance_rates": [0.25, 0.75]}))
+    (spec,) = cli.build_specs(parse(["--config", str(config)]))
+    assert (spec.variant, spec.speculative_tokens, spec.acceptance_rates) == ("speculative", 2, (0.25, 0.75))
+
+
+@pytest.mark.parametrize(("argv", "field"), [
+    (["--preset", "llama-tiny-spec", "--acceptance-rates", "1.5"], "acceptance_rates"),
+    (["--preset", "llama-tiny-spec", "--speculative-tokens", "0"], "speculative_tokens"),
+    (["--preset", "llama-tiny-spec", "--speculative-tokens", "99"], "speculative_tokens"),
+    (["--preset", "llama-tiny", "--acceptance-rates", "0.5"], "acceptance_rates"),
+    (["--preset", "llama-tiny-spec", "--draft-model", "gpt2"], "draft_model"),
+    (["--preset", "llama-tiny", "--variant", "speculative", "--draft-model", "llama-3.2-1b"], "draft_model"),
+])
+def test_bad_speculative_input_exits_2_naming_the_field(argv: list[str], field: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "never.jsonl"
+    assert cli.main(parse(["llm", *argv, *FAST, "--output", str(out)])) == 2
+    assert f"{field}: " in capsys.readouterr().err
+    assert not out.exists()  # nothing ran, nothing written
+
+
+def test_probe_prints_seed_004s_table_and_the_curve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "llama.jsonl"
+    code = cli.main(parse(["llm", "--preset", "llama-tiny", "llama-tiny-spec", "--acceptance-rates", "0.5", "0.9",
+                           *FAST, "--output", str(out)]))
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "TTFT ms" in text and "TPOT ms" in text
+    table = text[text.index("model "):]
+    assert "llama-tiny" in table and "speculative" in table and "graph" in table
+    assert "random weights: the acceptance rate is not measured" in text
+    assert "at the named rates:" in text and "curve:" in text
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["result"]["variant"] for r in records] == ["graph", "speculative"]
+    spec = records[1]["result"]["extra"]["speculative"]
+    assert [p["acceptance_rate"] for p in spec["at_rates"]] == [0.5, 0.9]
+
+
+def test_seed_004_table_puts_the_roofline_beside_the_decode_figure() -> None:
+    from gpuperfd.probe_data.result import ProbeResult
+    from gpuperfd.probing.llm_tables import seed004_table
+
+    result = ProbeResult(probe="llm", variant="graph", preset="llama-3.1-8b", status="ok",
+                         params={"model": "llama-3.1-8b", "batch_size": 1, "prompt_tokens": 128, "output_tokens": 128},
+                         throughput={"decode_tokens_per_second": 170.0, "output_tokens_per_second": 160.0},
+                         latencies={"ttft_seconds": [0.03], "tpot_seconds": [0.0059]},
+                         extra={"roofline": {"tokens_per_second": 212.5, "share": 0.8}})
+    gpt2 = ProbeResult(probe="llm", variant="graph", preset="gpt2", status="ok", params={"model": "gpt2"})
+    table = seed004_table([result, gpt2])
+    assert table is not None and "gpt2" not in table
+    row = table.splitlines()[-1]
+    assert "llama-3.1-8b" in row and "212.5" in row and "80.00" in row and "5.900" in row
+    assert "HBM roofline tok/s" in table and "of roofline %" in table
