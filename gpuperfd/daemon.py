@@ -42,7 +42,7 @@ from gpuperfd.health.verdict import node_verdict_json
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker
 from gpuperfd.probing.admission import Admission, memory_limit
-from gpuperfd.probing.metrics import ProbeMetrics
+from gpuperfd.probing.metrics import ProbeMetrics, ResultAgeCollector
 from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probing.interconnect_metrics import InterconnectMetrics, result_publisher
 from gpuperfd.probing.interconnect_service import InterconnectService
@@ -233,8 +233,10 @@ def build_exporter(sampler: Sampler, backend_name: str, probe_registry: Collecto
                    apply_registry: tuple[CollectorRegistry, Callable[[], int]] | None = None) -> Exporter:
     """/metrics: the readings, the probe and interconnect series, process_*, the web auth counter, apply
     mode and the verdicts."""
+    ages = CollectorRegistry(auto_describe=False)
+    ages.register(ResultAgeCollector(probe_metrics))  # an age changes every second: rendered each scrape
     registries: list[tuple[CollectorRegistry, Callable[[], int] | None]] = [
-        (probe_registry, probe_metrics.version), (process_registry(), process_version)]
+        (probe_registry, probe_metrics.version), (ages, None), (process_registry(), process_version)]
     if interconnect is not None:
         registries.append(interconnect)
     if apply_registry is not None:

@@ -29,6 +29,7 @@ from gpuperfd.probe_data.result import PREEMPTED
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PROBES as PER_GPU_PROBES
 from gpuperfd.probing.admission import Admission, Ticket, memory_limit
 from gpuperfd.probing.executors import Executor
+from gpuperfd.probing.gpu_time import GpuTimeLedger
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import (BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason,
                                    not_idle_text, pod_reason)
@@ -122,6 +123,12 @@ class ProbeService:
         #: Told ``gpu`` when a round there has ended and given the GPU's cap lock back: apply mode takes
         #: its turn then (the next round waits CAP_LOCK_WAIT_SECONDS for it), not by the chance of a gap.
         self.round_listeners: list[Callable[[int], None]] = []
+        #: Told ``(gpu, key, outcome)`` for every schedule a round ran or took on (its leader, claimed and
+        #: joined members): the scheduler learns which results are fresh and which are still due.
+        self.outcome_listeners: list[Callable[[int, str, RunOutcome], None]] = []
+        #: The GPU time probes took, per GPU (probes.max_gpu_time_ratio; gpuperf_probe_gpu_seconds_total).
+        self.gpu_time = GpuTimeLedger(config.max_gpu_time_ratio)
+        self._held_since: dict[int, float] = {}
 
     def publish_original_caps(self) -> None:
         """Publish each GPU's cap as the operator's; call after any left-over cap was restored."""
@@ -140,6 +147,8 @@ class ProbeService:
         are checked at the next reload.
         """
         self.config = config
+        self.gpu_time.ratio = config.max_gpu_time_ratio
+        self.metrics.set_gpu_time_budget(config.max_gpu_time_ratio)
         if self.admission is not None:
             self.admission.set_limit(*memory_limit(config.memory_budget))
         scheduled: dict[int, set[tuple[str, str, str]]] = {}
@@ -201,11 +210,13 @@ class ProbeService:
             return False
         with self._active_lock:
             self._active += 1  # stop() waits for it as for a round
+        self._held_since[gpu] = time.monotonic()
         return True
 
     def give_back(self, gpu: int) -> None:
         """End a :meth:`hold`: our load's tail starts now, and the runs queued for the GPU wake."""
         self._own_load_ended[gpu] = time.monotonic()
+        self._took(gpu, self._held_since.pop(gpu, self._own_load_ended[gpu]), self._own_load_ended[gpu])
         with self._idle_cv:
             self._active -= 1
             self._idle_cv.notify_all()
@@ -252,6 +263,7 @@ class ProbeService:
                 self._active += 1
             rounds.open(key, schedule.probe)
             ran = True
+            started = time.monotonic()
             try:
                 return self._round(device, gpu, key, schedule, source if joinable else None, joinable)
             finally:
@@ -260,6 +272,7 @@ class ProbeService:
                     self._active -= 1
                     self._idle_cv.notify_all()
                 self._own_load_ended[gpu] = time.monotonic()
+                self._took(gpu, started, self._own_load_ended[gpu])
                 release_free_memory()  # a round's results and messages: back to the idle footprint
         finally:
             if ticket is not None and self.admission is not None:
@@ -269,6 +282,18 @@ class ProbeService:
             rounds.release(lock)
             if ran:
                 self.round_ended(gpu)
+
+    def _took(self, gpu: int, started: float, ended: float) -> None:
+        """A span probes held ``gpu`` (a round, an interconnect hold): into the ledger and the counter."""
+        seconds = self.gpu_time.record(gpu, started, ended)
+        self.metrics.add_gpu_seconds(self._info(self.devices[gpu]), seconds)
+
+    def _tell(self, gpu: int, key: str, outcome: RunOutcome) -> None:
+        for listener in self.outcome_listeners:
+            try:
+                listener(gpu, key, outcome)
+            except Exception:  # noqa: BLE001 - a listener's bug must not fail the round that ran
+                log.exception("gpu %d: outcome listener failed", gpu)
 
     def round_ended(self, gpu: int) -> None:
         """Tell the round listeners GPU ``gpu`` is free again (after any run that held its cap lock)."""
@@ -337,6 +362,7 @@ class ProbeService:
                      ", ".join(s.probe for _, s in claimed))
         claimed_keys = {k for k, _ in claimed}
         members: list[ScheduleConfig] = []  # in the order they were handed to the sweep
+        key_of: dict[int, str] = {id(schedule): key}  # id(schedule handed) -> its key
         promised = list(claimed)  # every schedule the round took on: claimed, then joined
         handed: set[str] = set()  # keys handed to the sweep (or left out by a reload)
 
@@ -362,14 +388,19 @@ class ProbeService:
                         continue
                     member = now
                 members.append(member)
+                key_of[id(member)] = member_key
                 yield member
 
         outcomes, owned = self._sweep(device, schedules(), members, schedule)
-        for member in (m for k, m in promised if k not in handed):  # the round stopped before them
+        for member_key, member in ((k, m) for k, m in promised if k not in handed):  # the round stopped before them
             if owned.status is OwnedStatus.DONE:  # stopped between schedules: a shutdown
                 self.metrics.count(self._info(device), member.probe, preset_of(member), "aborted", "shutdown")
+                self._tell(gpu, member_key, RunOutcome("aborted", "shutdown"))
             else:
-                self._ended(device, self._info(device), member, owned, ())
+                self._tell(gpu, member_key, self._ended(device, self._info(device), member, owned, ()))
+        for member_id, outcome in outcomes.items():
+            if member_id in key_of:
+                self._tell(gpu, key_of[member_id], outcome)
         return outcomes[id(schedule)]
 
     def _wanted(self, device: Device) -> str | None:
