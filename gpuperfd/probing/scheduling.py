@@ -63,6 +63,11 @@ def _trigger(schedule: ScheduleConfig, jitter: float) -> IntervalTrigger | CronT
     return IntervalTrigger(seconds=schedule.interval_seconds, timezone=timezone.utc)
 
 
+#: On a busy GPU a result this share of its interval from falling due takes a gap that opens now: the
+#: next gap may be minutes away (the rounds' own pull is the same tenth). A GPU idle since before then
+#: waits for the result to fall due, so an idle fleet still probes once an interval.
+EARLY_SHARE = 0.1
+
 #: Outcomes that complete a due result (a failed run is a result too: its alerts say so; retrying it
 #: at every gap would hammer a broken GPU). Anything else (skipped, preempted, aborted) leaves it due.
 COMPLETES = ("ok", "failed")
@@ -292,6 +297,7 @@ class ProbeScheduler:
             starts[gpu] = self.qualifying.start_at(gpu, config.idle_seconds, config.jitter_seconds, now)
             if moment is not None and gpu not in self._running:  # free, and no run of ours on it
                 self.service.metrics.add_free_seconds(self._info(gpu), min(elapsed, max(0.0, now - moment)))
+        self._take_early_gaps(moments, now)
         started = 0
         for entry in self.due.ordered():
             gpu = entry.gpu
@@ -309,6 +315,28 @@ class ProbeScheduler:
             thread.start()
             started += 1
         return started
+
+    def _take_early_gaps(self, moments: dict[int, float | None], now: float) -> None:
+        """Interval results within EARLY_SHARE of their interval of falling due, on a GPU whose gap opened
+        since then (it was busy when that share began), fall due now: that gap is taken."""
+        wall = time.time()
+        for job in self.scheduler.get_jobs():
+            if len(job.args) < 3 or job.next_run_time is None:
+                continue
+            schedule, group = job.args[0], list(job.args[1])
+            if schedule.interval_seconds is None or schedule.probe == INTERCONNECT:
+                continue
+            opens = job.next_run_time.timestamp() - EARLY_SHARE * schedule.interval_seconds
+            if wall < opens:
+                continue
+            for gpu in group:
+                moment = moments.get(gpu)
+                if (job.id, gpu) not in self._took or moment is None or moment < now - (wall - opens):
+                    continue  # never run yet (first_run_delay holds), not free, or free since before
+                if self.due.get(job.id, gpu) is None:
+                    self.due.fall_due(Due(job.id, schedule, gpu, group, job.next_run_time.timestamp()))
+                    log.info("gpu %d: %s falls due in %.0f s; a gap opened: taken now", gpu, schedule.probe,
+                             job.next_run_time.timestamp() - wall)
 
     def _dispatched(self, entry: Due) -> None:
         try:
