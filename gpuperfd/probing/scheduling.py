@@ -321,7 +321,7 @@ class ProbeScheduler:
         since then (it was busy when that share began), fall due now: that gap is taken."""
         wall = time.time()
         for job in self.scheduler.get_jobs():
-            if len(job.args) < 3 or job.next_run_time is None:
+            if len(job.args) < 3 or getattr(job, "next_run_time", None) is None:  # pending: not started
                 continue
             schedule, group = job.args[0], list(job.args[1])
             if schedule.interval_seconds is None or schedule.probe == INTERCONNECT:
