@@ -351,6 +351,7 @@ class Daemon:
                 landing_page(
                     self.sampler, self.backend.name, telemetry_path, self.probes.latest(), self.config.probes.max_slowdown,
                     self.health.verdicts() if self.health is not None else None, self.probes.sweeps(),
+                    self.scheduler.coverage(),
                 ),
                 "text/html; charset=utf-8",
             ),
@@ -368,7 +369,8 @@ class Daemon:
         """Each GPU's state now (web/status.py; what ``gpuperfd top`` draws); same gate as /metrics."""
         body = gpu_status(self.sampler.store.snapshot(), self.sampler.interval_seconds, self.backend.name,
                           self.probes.latest(), self.health.verdicts() if self.health is not None else None,
-                          self.probes.sweeps(), self.config.probes.max_slowdown)
+                          self.probes.sweeps(), self.config.probes.max_slowdown,
+                          coverage=self.scheduler.coverage())
         return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
 
     def _apply_api(self, _handler: object) -> Response:

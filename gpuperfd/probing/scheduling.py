@@ -99,6 +99,8 @@ class ProbeScheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_tick: float | None = None
+        #: Whether each (gpu, probe, preset)'s result is due now, as published (landing page, /api/v1/gpus, top).
+        self._due_flags: dict[tuple[int, str, str], bool] = {}
         if hasattr(service, "outcome_listeners"):
             service.outcome_listeners.append(self._on_outcome)
         #: Runs ``probe: interconnect`` schedules (one job per schedule: the set at once); None: not built.
@@ -233,6 +235,7 @@ class ProbeScheduler:
     def _publish_due(self, entry: Due, due: bool) -> None:
         if entry.schedule.probe == INTERCONNECT or entry.gpu not in getattr(self.service, "devices", {}):
             return
+        self._due_flags[(entry.gpu, entry.schedule.probe, preset_of(entry.schedule))] = due
         info = self._info(entry.gpu)
         if info.uuid:
             self.service.metrics.set_due(info, entry.schedule.probe, preset_of(entry.schedule), due)
@@ -253,6 +256,11 @@ class ProbeScheduler:
                 self._publish_due(Due(job_id, schedule, gpu, group, 0.0),
                                   entry is not None or (not fresh and schedule.cron is None))
         self.service.metrics.retain_due(lambda gpu, probe, preset: (gpu, probe, preset) in labels)
+        self._due_flags = {k: v for k, v in self._due_flags.items() if (str(k[0]), k[1], k[2]) in labels}
+
+    def coverage(self) -> dict[tuple[int, str, str], bool]:
+        """Whether each scheduled (gpu, probe, preset)'s result is due now (a copy)."""
+        return dict(self._due_flags)
 
     def _on_outcome(self, gpu: int, key: str, outcome: RunOutcome) -> None:
         """The probe service's word on a schedule a round ran (leader or member): complete it, or keep it due."""
