@@ -17,6 +17,7 @@ from pathlib import Path
 from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry
 
@@ -247,7 +248,8 @@ def build_exporter(sampler: Sampler, backend_name: str, probe_registry: Collecto
 
 
 def build_web_server(web: WebConfig, routes: dict[str, Route], watcher: WebConfigWatcher | None = None,
-                     auth_registry: CollectorRegistry | None = None) -> WebServer:
+                     auth_registry: CollectorRegistry | None = None,
+                     post_routes: dict[str, Route] | None = None) -> WebServer:
     """The HTTP server on ``web.listen_address`` with its connection limits (not started); with a web
     config, its TLS and basic auth, the auth gate counting its refusals in ``auth_registry``
     (gpuperf_web_auth_refused_total, on /metrics)."""
@@ -260,7 +262,8 @@ def build_web_server(web: WebConfig, routes: dict[str, Route], watcher: WebConfi
         header_timeout=web.header_timeout_seconds,
         tls_handshake_timeout=web.tls_handshake_timeout_seconds,
         idle_timeout=web.idle_timeout_seconds,
-    ), inline_paths=frozenset({web.telemetry_path, "/healthz"}))  # both answer from cached state
+    ), inline_paths=frozenset({web.telemetry_path, "/healthz"}),  # both answer from cached state
+        post_routes=post_routes)
     if watcher is not None and auth_registry is not None:
         from gpuperfd.web.security import secure_web_server
 
@@ -319,7 +322,8 @@ class Daemon:
                                        auth_registry, self.health, (interconnect_registry, interconnect_metrics.version),
                                        (self.apply.metrics.registry, self.apply.metrics.version)
                                        if self.apply.metrics is not None else None)
-        self.web = build_web_server(config.web, self._routes(), self.web_config, auth_registry)
+        self.web = build_web_server(config.web, self._routes(), self.web_config, auth_registry,
+                                    {"/api/v1/free": self._free_api})
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
 
     def restore_caps(self) -> list[str]:
@@ -372,6 +376,24 @@ class Daemon:
                           self.probes.sweeps(), self.config.probes.max_slowdown,
                           coverage=self.scheduler.coverage())
         return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
+
+    def _free_api(self, handler: object) -> Response:
+        """POST /api/v1/free[?gpus=0,1]: the scheduler (Slurm's epilog, deploy/slurm/) hands GPUs it just freed
+        to the probes, which then need not wait out probes.idle_seconds (every other check stands). A write:
+        refused unless basic auth is on (web.config_file), and then behind it like every request."""
+        if self.web_config is None or not self.web_config.current().auth_required:
+            body = {"error": "handing GPUs over needs basic auth: set web.config_file with basic_auth_users"}
+            return Response(403, (json.dumps(body) + "\n").encode(), "application/json")
+        query = parse_qs(urlsplit(getattr(handler, "path", "")).query)
+        words = ",".join(query.get("gpus", [])).replace(" ", "")
+        try:
+            gpus = [int(word) for word in words.split(",") if word] if words else [d.index for d in self.devices]
+        except ValueError:
+            body = {"error": f"gpus: GPU indices separated by commas (e.g. gpus=0,1), got {words!r}"}
+            return Response(400, (json.dumps(body) + "\n").encode(), "application/json")
+        handed = self.scheduler.hand_off(gpus)
+        log.info("GPU(s) %s handed over as free by the scheduler", handed or "none of this node's")
+        return Response(200, (json.dumps({"handed_over": handed}) + "\n").encode(), "application/json")
 
     def _apply_api(self, _handler: object) -> Response:
         """Apply mode per GPU: the cap held or advised and why, every rollback in words (docs/apply.md)."""

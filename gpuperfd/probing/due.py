@@ -92,8 +92,10 @@ class Qualifying:
     """
 
     def __init__(self, idle_for: Callable[[int], float], clock: Callable[[], float],
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, handed: Callable[[int], float | None] | None = None) -> None:
         self.idle_for, self.clock = idle_for, clock
+        #: When the scheduler handed the GPU over as free (None: not, or busy since): it qualifies then.
+        self.handed = handed or (lambda gpu: None)
         self._rng = rng or random.Random()
         self._draws: dict[int, tuple[float, float]] = {}  # gpu -> (qualifying moment, jitter)
         self._lock = threading.Lock()
@@ -103,7 +105,7 @@ class Qualifying:
         now = self.clock() if now is None else now
         idle = self.idle_for(gpu)
         if idle < idle_seconds:
-            return None
+            return self.handed(gpu)
         return now - idle + idle_seconds
 
     def start_at(self, gpu: int, idle_seconds: float, jitter_seconds: float, now: float | None = None) -> float | None:

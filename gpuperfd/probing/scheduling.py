@@ -87,7 +87,8 @@ class ProbeScheduler:
         self.clock = clock or getattr(getattr(service, "tracker", None), "clock", time.monotonic)
         self.due = DueRuns()
         tracker = getattr(service, "tracker", None)
-        self.qualifying = Qualifying(tracker.idle_for if tracker is not None else (lambda gpu: 0.0), self.clock, rng)
+        self.qualifying = Qualifying(tracker.idle_for if tracker is not None else (lambda gpu: 0.0), self.clock, rng,
+                                     tracker.handed_since if tracker is not None else None)
         #: GPUs a run of ours holds now (inline or dispatched): the dispatcher leaves them be.
         self._running: set[int] = set()
         self._running_lock = threading.Lock()
@@ -257,6 +258,25 @@ class ProbeScheduler:
                                   entry is not None or (not fresh and schedule.cron is None))
         self.service.metrics.retain_due(lambda gpu, probe, preset: (gpu, probe, preset) in labels)
         self._due_flags = {k: v for k, v in self._due_flags.items() if (str(k[0]), k[1], k[2]) in labels}
+
+    def hand_off(self, gpus: list[int]) -> list[int]:
+        """The scheduler (Slurm's epilog) says these GPUs are free now: they qualify without waiting out
+        idle_seconds (the gate's other checks stand), and the dispatcher looks at once. Returns the GPUs
+        of this node among them."""
+        ours = [gpu for gpu in gpus if gpu in self.gpus]
+        tracker = getattr(self.service, "tracker", None)
+        if tracker is not None:
+            for gpu in ours:
+                tracker.hand_off(gpu)
+        if ours:
+            threading.Thread(target=self._dispatch_quietly, name="probe-handoff", daemon=True).start()
+        return ours
+
+    def _dispatch_quietly(self) -> None:
+        try:
+            self.dispatch_once()
+        except Exception:  # noqa: BLE001 - the loop's next pass tries again
+            log.exception("probe dispatch after a hand-off failed")
 
     def coverage(self) -> dict[tuple[int, str, str], bool]:
         """Whether each scheduled (gpu, probe, preset)'s result is due now (a copy)."""

@@ -335,7 +335,7 @@ class ProbeService:
         if (why := mig_reason(device, self.config.allow_mig)) is not None:
             return "mig", str(why)
         idle_for = self.tracker.idle_for(gpu)
-        if idle_for < self.config.idle_seconds:
+        if idle_for < self.config.idle_seconds and self.tracker.handed_since(gpu) is None:
             return "not_idle", not_idle_text(idle_for, self.config.idle_seconds)
         reason = self._busy_reason(device, gpu)
         if reason is not None:
