@@ -78,11 +78,15 @@ class ProbeScheduler:
 
     def __init__(self, service: ProbeService, gpus: list[int], interconnect: InterconnectService | None = None,
                  tick_seconds: float = 0.5, clock: Callable[[], float] | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, recheck_seconds: float = 2.0) -> None:
         self.service = service
         self.gpus = gpus
         #: How often the dispatcher looks for a due result whose GPU qualifies, seconds.
         self.tick_seconds = tick_seconds
+        #: After the gate refused a GPU the idle tracker called free (a pod holds it, MIG, a lost GPU), the
+        #: dispatcher asks the gate (its device reads) again only this much later.
+        self.recheck_seconds = recheck_seconds
+        self._refused_until: dict[int, float] = {}
         #: The idle tracker's clock (monotonic): qualifying moments and GPU time are measured on it.
         self.clock = clock or getattr(getattr(service, "tracker", None), "clock", time.monotonic)
         self.due = DueRuns()
@@ -268,6 +272,7 @@ class ProbeScheduler:
         if tracker is not None:
             for gpu in ours:
                 tracker.hand_off(gpu)
+                self._refused_until.pop(gpu, None)  # the scheduler's word: ask the gate again now
         if ours:
             threading.Thread(target=self._dispatch_quietly, name="probe-handoff", daemon=True).start()
         return ours
@@ -332,9 +337,10 @@ class ProbeScheduler:
             start_at = starts.get(gpu)
             if entry.schedule.probe == INTERCONNECT or start_at is None or start_at > now:
                 continue
-            if not self._budget_allows(entry):
+            if not self._budget_allows(entry) or now < self._refused_until.get(gpu, -1.0):
                 continue
             if self.service.refusal(self.service.devices[gpu], gpu) is not None:
+                self._refused_until[gpu] = now + self.recheck_seconds
                 continue
             if not self._claim_gpu(gpu):
                 continue

@@ -102,7 +102,8 @@ class Fleet:
         self.service.executor.watch_interval = 0.02
         self.results: dict[int, list[float]] = {d.index: [] for d in self.devices}
         self.service.outcome_listeners.append(self._outcome)
-        self.scheduler = ProbeScheduler(self.service, [d.index for d in self.devices], tick_seconds=0.02)
+        self.scheduler = ProbeScheduler(self.service, [d.index for d in self.devices], tick_seconds=0.02,
+                                        recheck_seconds=2.0 * SCALE)
         self._stop = threading.Event()
         self._feeder = threading.Thread(target=self._feed, daemon=True)
 

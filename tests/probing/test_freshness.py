@@ -35,7 +35,7 @@ def idle_reading() -> Reading:
 
 
 class Node:
-    def __init__(self, tmp_path, schedules=(LLM,), **probes) -> None:
+    def __init__(self, tmp_path, schedules=(LLM,), recheck=0.0, **probes) -> None:
         self.backend = SimulatedBackend(SimulationConfig(gpus=1, seed=5))
         self.devices = self.backend.devices()
         self.device = self.devices[0]
@@ -47,7 +47,7 @@ class Node:
                                       "schedules": list(schedules), **probes})
         self.service = ProbeService(self.config, self.devices, simulated_executor(0.05, seed=1),
                                     ProbeMetrics(self.registry), self.tracker)
-        self.scheduler = ProbeScheduler(self.service, [0])
+        self.scheduler = ProbeScheduler(self.service, [0], recheck_seconds=recheck)
         self.scheduler.scheduler.start(paused=True)
         self.scheduler.apply(self.config)
         self.uuid = self.device.info().uuid
@@ -180,3 +180,23 @@ def test_a_reload_that_drops_a_schedule_drops_its_due_result_and_series(node):
     n.scheduler.apply(n.config.model_copy(update={"schedules": [LLM]}))
     assert n.scheduler.due.get("1-vit-gpu0", 0) is None and n.value("gpuperf_probe_due", "vit") is None
     assert n.value("gpuperf_probe_due") == 1
+
+
+def test_a_gpu_the_gate_refused_is_asked_again_only_after_the_recheck(node):
+    """The idle tracker calls the GPU free, the gate (a pod, MIG, a foreign process the sampler has not
+    seen yet) does not: its device reads are not repeated every pass."""
+    n = node(recheck=3600.0)
+    asked = []
+    real = n.service.refusal
+    n.service.refusal = lambda device, gpu: asked.append(gpu) or real(device, gpu)
+    n.device.add_foreign_process(pid=999_999, memory_bytes=1 << 30)
+    n.fire()  # its own gate refuses it (counted skipped, as before)
+    asked.clear()
+    assert n.dispatch() == 0 and n.dispatch() == 0 and asked == [0]  # refused once, not asked again
+    n.device.remove_foreign_process(999_999)
+    assert n.dispatch() == 0  # still within the recheck
+    n.scheduler.hand_off([0])  # the scheduler's word: asked again at once
+    deadline = time.monotonic() + 30
+    while n.runs() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert n.runs() == 1  # it could not have run without the gate asked again
