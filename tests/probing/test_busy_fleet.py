@@ -201,6 +201,13 @@ def test_probes_reach_a_busy_fleet(tmp_path, busy_mean, gap_mean, seed) -> None:
     assert all(completed.values()), report  # every GPU has a result
     assert statistics.median(oldest) <= 4 * INTERVAL, report
     assert waits and max(waits) <= 0.5, report  # jobs did arrive mid-probe, and each got its GPU back in time
+    # every completed run published its time from the GPU qualifying to the result, and its GPU time
+    observed = fleet.registry.get_sample_value("gpuperf_probe_qualified_to_result_seconds_count", {"probe": "llm"})
+    assert observed == sum(len(times) for times in fleet.results.values()), report
+    took = sum(fleet.registry.get_sample_value("gpuperf_probe_gpu_seconds_total",
+                                               {"gpu": str(d.index), "uuid": d.info().uuid}) or 0
+               for d in fleet.devices)
+    assert took >= observed * MEASURE * SCALE, report
 
 
 def test_an_idle_fleet_is_probed_once_an_interval_and_a_first_delay_below_idle_seconds_loses_nothing(tmp_path) -> None:
