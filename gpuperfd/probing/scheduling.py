@@ -328,7 +328,9 @@ class ProbeScheduler:
         for gpu in self.gpus:
             moments[gpu] = moment = self.qualifying.moment(gpu, config.idle_seconds, now)
             starts[gpu] = self.qualifying.start_at(gpu, config.idle_seconds, config.jitter_seconds, now)
-            if moment is not None and gpu not in self._running:  # free, and no run of ours on it
+            # Free: idle by the tracker, no run of ours on it, and not refused by the gate lately (a pod
+            # holding an idle GPU is not a gap: GpuProbeCoverageLow must say "never free" then).
+            if moment is not None and gpu not in self._running and now >= self._refused_until.get(gpu, -1.0):
                 self.service.metrics.add_free_seconds(self._info(gpu), min(elapsed, max(0.0, now - moment)))
         self._take_early_gaps(moments, now)
         started = 0

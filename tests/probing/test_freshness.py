@@ -200,3 +200,19 @@ def test_a_gpu_the_gate_refused_is_asked_again_only_after_the_recheck(node):
     while n.runs() == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert n.runs() == 1  # it could not have run without the gate asked again
+
+
+def test_an_idle_gpu_a_pod_holds_is_not_counted_free(node):
+    """The tracker sees no process and no load, but the gate refuses (here a process the sampler has not
+    seen; on Kubernetes a pod holding an idle GPU): no free time is counted, so the coverage alert says
+    the GPUs were never free rather than free and not probed."""
+    n = node(recheck=3600.0)
+    free = lambda: n.registry.get_sample_value("gpuperf_probe_gpu_free_seconds_total",  # noqa: E731
+                                               {"gpu": "0", "uuid": n.uuid}) or 0.0
+    n.device.add_foreign_process(pid=999_999, memory_bytes=1 << 30)
+    n.fire()
+    n.dispatch()  # the gate refuses: not free from now
+    before = free()
+    time.sleep(0.2)
+    n.dispatch()
+    assert free() == before
