@@ -47,6 +47,8 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from gpuperfd.config import ProbesConfig, ScheduleConfig
 from gpuperfd.probing.due import Due, DueRuns, Qualifying
+from gpuperfd.probing.partial import Partial, PartialSweeps
+from gpuperfd.probe_data.recommend import recommend
 from gpuperfd.probing.interconnect_service import PROBE as INTERCONNECT
 from gpuperfd.probing.interconnect_service import InterconnectService
 from gpuperfd.probing.service import ProbeService, RunOutcome, preset_of
@@ -104,6 +106,9 @@ class ProbeScheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_tick: float | None = None
+        #: Sweeps on busy GPUs taken in parts, and the runs now measuring a part's remaining caps.
+        self.partials = PartialSweeps()
+        self._resuming: dict[tuple[str, int], Partial] = {}
         #: Whether each (gpu, probe, preset)'s result is due now, as published (landing page, /api/v1/gpus, top).
         self._due_flags: dict[tuple[int, str, str], bool] = {}
         if hasattr(service, "outcome_listeners"):
@@ -199,7 +204,7 @@ class ProbeScheduler:
                 moment = self.qualifying.moment(gpu, self.service.config.idle_seconds)
                 self._qualified[gpu] = max(moment if moment is not None else self.clock(),
                                            self.clock() - (time.time() - entry.since))
-                self.service.run(schedule, gpu, key=job_id, source=firing)
+                self._run_entry(entry, firing)
             finally:
                 self._release_gpu(gpu)
 
@@ -287,11 +292,58 @@ class ProbeScheduler:
         """Whether each scheduled (gpu, probe, preset)'s result is due now (a copy)."""
         return dict(self._due_flags)
 
+    def _run_entry(self, entry: Due, firing: _Firing) -> RunOutcome:
+        """Run a due result on its GPU (the whole schedule, or the caps its sweep in parts has left)."""
+        schedule = self._schedule_for(entry)
+        try:
+            return self.service.run(schedule, entry.gpu, key=entry.job_id, source=firing)
+        finally:
+            self.service.parts.discard(id(schedule))
+            self._resuming.pop((entry.job_id, entry.gpu), None)  # told by now, or never started
+
+    def _schedule_for(self, entry: Due) -> ScheduleConfig:
+        """The schedule to run for ``entry``: itself, or, where a sweep of it gave way and its part still
+        agrees and is fresh, the same schedule at the caps that part has left (:mod:`gpuperfd.probing.partial`)."""
+        schedule = entry.schedule
+        if self.service.config.read_only or len(schedule.caps) < 2 or schedule.probe == INTERCONNECT:
+            return schedule
+        max_age = schedule.interval_seconds or schedule.window_seconds or 86400.0
+        part = self.partials.resumable((entry.job_id, entry.gpu), self._info(entry.gpu), schedule, max_age)
+        if part is None or not part.remaining():
+            return schedule
+        rest = schedule.model_copy(update={"caps": part.remaining()})
+        self._resuming[(entry.job_id, entry.gpu)] = part
+        self.service.parts.add(id(rest))
+        log.info("gpu %d: %s goes on with the %d cap(s) its sweep has left (%d measured in earlier gaps)",
+                 entry.gpu, schedule.probe, len(part.remaining()), len(part.points))
+        return rest
+
     def _on_outcome(self, gpu: int, key: str, outcome: RunOutcome) -> None:
-        """The probe service's word on a schedule a round ran (leader or member): complete it, or keep it due."""
+        """The probe service's word on a schedule a round ran (leader or member): complete it, or keep it due;
+        a sweep that gave way keeps its part, a part that measured the rest joins it (or the sweep is due again)."""
         schedule = self.current(key)
         if schedule is None:
             return
+        part = self._resuming.pop((key, gpu), None)
+        if outcome.result == "skipped" and outcome.reason == "preempted" and not self.service.config.read_only:
+            caps = part.caps_watts if part is not None else outcome.caps_watts
+            kept = self.partials.keep((key, gpu), self._info(gpu), schedule, outcome.points, caps)
+            if kept is not None:
+                log.info("gpu %d: %s sweep gave way with %d of %d caps measured; the next gap measures the rest",
+                         gpu, schedule.probe, len(kept.points), len(kept.caps_watts))
+        elif outcome.result == "ok" and part is not None:
+            joined, why = self.partials.join((key, gpu), outcome.points)
+            if joined is None:
+                log.warning("gpu %d: %s sweep in parts: %s; the whole sweep is due again", gpu, schedule.probe, why)
+                entry = Due(key, schedule, gpu, [gpu], time.time(), self._window_end(schedule))
+                if self.due.fall_due(entry):
+                    self._publish_due(entry, True)
+                return
+            best = recommend(joined, self.service.config.max_slowdown)
+            log.info("gpu %d: %s sweep joined from its parts (%d caps)%s", gpu, schedule.probe, len(joined),
+                     f": recommended cap {best.cap_watts:.0f} W" if best is not None else "")
+        elif outcome.result in COMPLETES:
+            self.partials.drop((key, gpu))  # a whole sweep (or a failure) replaces any part
         if outcome.result in COMPLETES:
             entry = self.due.done(key, gpu)
             self._took[(key, gpu)] = sum(p.result.wall_seconds or 0.0 for p in outcome.points)
@@ -378,8 +430,7 @@ class ProbeScheduler:
         try:
             if self._stop.is_set():
                 return
-            self.service.run(entry.schedule, entry.gpu, key=entry.job_id,
-                             source=_Firing(self, entry.job_id, entry.group))
+            self._run_entry(entry, _Firing(self, entry.job_id, entry.group))
         except Exception:  # noqa: BLE001 - one run's bug must not end the dispatcher
             log.exception("gpu %d: %s run failed", entry.gpu, entry.schedule.probe)
         finally:

@@ -53,6 +53,8 @@ class RunOutcome:
     result: str  # ok, skipped, failed, aborted; in_round: its schedule ran in the GPU's round (counted there)
     reason: str = ""
     points: tuple[SweepPoint, ...] = ()
+    #: The caps the schedule's sweep was to measure, in order (empty where it never got that far).
+    caps_watts: tuple[float, ...] = ()
 
 
 def preset_of(schedule: ScheduleConfig) -> str:
@@ -126,6 +128,9 @@ class ProbeService:
         #: Told ``(gpu, key, outcome)`` for every schedule a round ran or took on (its leader, claimed and
         #: joined members): the scheduler learns which results are fresh and which are still due.
         self.outcome_listeners: list[Callable[[int, str, RunOutcome], None]] = []
+        #: ``id`` of schedules that measure the rest of a sweep taken in parts (:mod:`gpuperfd.probing.partial`):
+        #: their points alone recommend nothing (the scheduler recommends from the joined sweep).
+        self.parts: set[int] = set()
         #: The GPU time probes took, per GPU (probes.max_gpu_time_ratio; gpuperf_probe_gpu_seconds_total).
         self.gpu_time = GpuTimeLedger(config.max_gpu_time_ratio)
         self._held_since: dict[int, float] = {}
@@ -449,10 +454,12 @@ class ProbeService:
                                wanted=lambda: self._wanted(device), current_watts=self.held_caps.get(device.index))
 
         planned: dict[int, int] = {}  # id(schedule) -> how many points its sweep was to measure
+        caps_of: dict[int, tuple[float, ...]] = {}  # id(schedule) -> its sweep's caps, in order
 
         def observer_for(probe: PlannedProbe, outcome: OwnedSweep) -> ServiceObserver:
             schedule: ScheduleConfig = probe.origin
             planned[id(schedule)] = 1 if outcome.read_only else len(outcome.caps_watts)
+            caps_of[id(schedule)] = () if outcome.read_only else tuple(outcome.caps_watts)
             operator_cap = self.held_caps.get(device.index, outcome.original_cap_watts)
             assert operator_cap is not None  # read before any schedule starts
             self._operator_caps[device.index] = operator_cap
@@ -468,8 +475,10 @@ class ProbeService:
             points = tuple(points_of.get(id(schedule), ()))
             ran_whole = id(schedule) in points_of and schedule is not last
             wanted = planned.get(id(schedule), len(points))
-            results[id(schedule)] = (self._done(device, info, schedule, points, wanted) if ran_whole
-                                     else self._ended(device, info, schedule, outcome, points, wanted))
+            results[id(schedule)] = replace(
+                self._done(device, info, schedule, points, wanted) if ran_whole
+                else self._ended(device, info, schedule, outcome, points, wanted),
+                caps_watts=caps_of.get(id(schedule), ()))
         return results, outcome
 
     def _ended(self, device: Device, info: GpuInfo, schedule: ScheduleConfig, outcome: OwnedSweep,
@@ -506,6 +515,9 @@ class ProbeService:
         failed = [p for p in published if p.result.status not in ("ok", "skipped")]
         if (why := cut_short(published, len(published) if planned is None else planned)) is not None:
             log.warning("gpu %d %s/%s: sweep %s", device.index, schedule.probe, preset_of(schedule), why)
+        elif id(schedule) in self.parts:
+            log.info("gpu %d %s/%s: measured the %d cap(s) a sweep taken in parts had left", device.index,
+                     schedule.probe, preset_of(schedule), len(published))
         elif len(published) > 1:
             best = recommend(published, self.config.max_slowdown)
             if best is not None:
