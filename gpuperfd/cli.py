@@ -52,7 +52,13 @@ def config_vocabulary() -> Vocabulary:
         except ValueError as exc:
             raise ValueError(f"options/preset: {exc}") from None
 
-    return Vocabulary(check_probe_options, tuple(COLLECTOR_NAMES), tuple(defaults()))
+    def point_window_seconds(probe: str, options: dict[str, Any], preset: str | None) -> float:
+        from gpuperfd.probe_data.spec import ProbeSpec
+
+        spec = ProbeSpec(probe=probe, preset=preset, **options)
+        return spec.repeats * (spec.measure_seconds or 0.0) + spec.warmup_seconds + spec.busy_profile_seconds
+
+    return Vocabulary(check_probe_options, tuple(COLLECTOR_NAMES), tuple(defaults()), point_window_seconds)
 
 
 use_vocabulary(config_vocabulary)  # every command, and the daemon's reload, validates through cli

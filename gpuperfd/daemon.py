@@ -17,6 +17,7 @@ from pathlib import Path
 from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry
 
@@ -42,7 +43,7 @@ from gpuperfd.health.verdict import node_verdict_json
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import IdleTracker
 from gpuperfd.probing.admission import Admission, memory_limit
-from gpuperfd.probing.metrics import ProbeMetrics
+from gpuperfd.probing.metrics import ProbeMetrics, ResultAgeCollector
 from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probing.interconnect_metrics import InterconnectMetrics, result_publisher
 from gpuperfd.probing.interconnect_service import InterconnectService
@@ -233,8 +234,10 @@ def build_exporter(sampler: Sampler, backend_name: str, probe_registry: Collecto
                    apply_registry: tuple[CollectorRegistry, Callable[[], int]] | None = None) -> Exporter:
     """/metrics: the readings, the probe and interconnect series, process_*, the web auth counter, apply
     mode and the verdicts."""
+    ages = CollectorRegistry(auto_describe=False)
+    ages.register(ResultAgeCollector(probe_metrics))  # an age changes every second: rendered each scrape
     registries: list[tuple[CollectorRegistry, Callable[[], int] | None]] = [
-        (probe_registry, probe_metrics.version), (process_registry(), process_version)]
+        (probe_registry, probe_metrics.version), (ages, None), (process_registry(), process_version)]
     if interconnect is not None:
         registries.append(interconnect)
     if apply_registry is not None:
@@ -245,7 +248,8 @@ def build_exporter(sampler: Sampler, backend_name: str, probe_registry: Collecto
 
 
 def build_web_server(web: WebConfig, routes: dict[str, Route], watcher: WebConfigWatcher | None = None,
-                     auth_registry: CollectorRegistry | None = None) -> WebServer:
+                     auth_registry: CollectorRegistry | None = None,
+                     post_routes: dict[str, Route] | None = None) -> WebServer:
     """The HTTP server on ``web.listen_address`` with its connection limits (not started); with a web
     config, its TLS and basic auth, the auth gate counting its refusals in ``auth_registry``
     (gpuperf_web_auth_refused_total, on /metrics)."""
@@ -258,7 +262,8 @@ def build_web_server(web: WebConfig, routes: dict[str, Route], watcher: WebConfi
         header_timeout=web.header_timeout_seconds,
         tls_handshake_timeout=web.tls_handshake_timeout_seconds,
         idle_timeout=web.idle_timeout_seconds,
-    ), inline_paths=frozenset({web.telemetry_path, "/healthz"}))  # both answer from cached state
+    ), inline_paths=frozenset({web.telemetry_path, "/healthz"}),  # both answer from cached state
+        post_routes=post_routes)
     if watcher is not None and auth_registry is not None:
         from gpuperfd.web.security import secure_web_server
 
@@ -317,7 +322,8 @@ class Daemon:
                                        auth_registry, self.health, (interconnect_registry, interconnect_metrics.version),
                                        (self.apply.metrics.registry, self.apply.metrics.version)
                                        if self.apply.metrics is not None else None)
-        self.web = build_web_server(config.web, self._routes(), self.web_config, auth_registry)
+        self.web = build_web_server(config.web, self._routes(), self.web_config, auth_registry,
+                                    {"/api/v1/free": self._free_api})
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
 
     def restore_caps(self) -> list[str]:
@@ -349,6 +355,7 @@ class Daemon:
                 landing_page(
                     self.sampler, self.backend.name, telemetry_path, self.probes.latest(), self.config.probes.max_slowdown,
                     self.health.verdicts() if self.health is not None else None, self.probes.sweeps(),
+                    self.scheduler.coverage(),
                 ),
                 "text/html; charset=utf-8",
             ),
@@ -366,8 +373,27 @@ class Daemon:
         """Each GPU's state now (web/status.py; what ``gpuperfd top`` draws); same gate as /metrics."""
         body = gpu_status(self.sampler.store.snapshot(), self.sampler.interval_seconds, self.backend.name,
                           self.probes.latest(), self.health.verdicts() if self.health is not None else None,
-                          self.probes.sweeps(), self.config.probes.max_slowdown)
+                          self.probes.sweeps(), self.config.probes.max_slowdown,
+                          coverage=self.scheduler.coverage())
         return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
+
+    def _free_api(self, handler: object) -> Response:
+        """POST /api/v1/free[?gpus=0,1]: the scheduler (Slurm's epilog, deploy/slurm/) hands GPUs it just freed
+        to the probes, which then need not wait out probes.idle_seconds (every other check stands). A write:
+        refused unless basic auth is on (web.config_file), and then behind it like every request."""
+        if self.web_config is None or not self.web_config.current().auth_required:
+            body = {"error": "handing GPUs over needs basic auth: set web.config_file with basic_auth_users"}
+            return Response(403, (json.dumps(body) + "\n").encode(), "application/json")
+        query = parse_qs(urlsplit(getattr(handler, "path", "")).query)
+        words = ",".join(query.get("gpus", [])).replace(" ", "")
+        try:
+            gpus = [int(word) for word in words.split(",") if word] if words else [d.index for d in self.devices]
+        except ValueError:
+            body = {"error": f"gpus: GPU indices separated by commas (e.g. gpus=0,1), got {words!r}"}
+            return Response(400, (json.dumps(body) + "\n").encode(), "application/json")
+        handed = self.scheduler.hand_off(gpus)
+        log.info("GPU(s) %s handed over as free by the scheduler", handed or "none of this node's")
+        return Response(200, (json.dumps({"handed_over": handed}) + "\n").encode(), "application/json")
 
     def _apply_api(self, _handler: object) -> Response:
         """Apply mode per GPU: the cap held or advised and why, every rollback in words (docs/apply.md)."""

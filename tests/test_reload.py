@@ -143,3 +143,25 @@ def test_case3_reload_changing_state_dir_warns_and_keeps_the_journal_where_it_wa
     assert "reload: probes.simulated_measure_seconds changed" in log
     assert list(state.glob("*.cap.lock")) and not other.exists()  # the sweep after the reload used the old dir
     assert daemon.stop() == 0
+
+
+def test_issue50_a_reload_with_an_interval_shorter_than_the_probe_or_a_bad_share_changes_nothing(start_daemon, tmp_path):
+    state = tmp_path / "state"
+    good = BASE.format(state=state, schedules="    - {probe: vit, interval_seconds: 3600}")
+    daemon = start_daemon(config_text=good)
+    config = tmp_path / "gpuperfd.yaml"
+    assert wait_for(lambda: runs(daemon.url, "vit") == 1)
+    # 3 caps x 0.2 s measured is 0.6 s: fine; 200 caps would be 40 s, longer than a 10 s interval
+    caps = ", ".join(str(100 + w) for w in range(200))
+    bad = BASE.format(state=state, schedules=f"    - {{probe: vit, interval_seconds: 10, caps: [{caps}]}}")
+    config.write_text(bad.replace("  idle_seconds: 0", "  read_only: false\n  idle_seconds: 0"))
+    daemon.proc.send_signal(signal.SIGHUP)
+    assert wait_for(lambda: daemon.log().count("reload rejected") == 1)
+    assert "probes.schedules.0.interval_seconds: Value error, 10 s is shorter than one run" in daemon.log()
+    config.write_text(good.replace("  idle_seconds: 0", "  max_gpu_time_ratio: 2\n  idle_seconds: 0"))
+    daemon.proc.send_signal(signal.SIGHUP)
+    assert wait_for(lambda: daemon.log().count("reload rejected") == 2)
+    assert "probes.max_gpu_time_ratio: Input should be less than or equal to 1" in daemon.log()
+    text = requests.get(daemon.url + "/metrics", timeout=5).text
+    assert "gpuperf_probe_gpu_time_budget_ratio 0.01" in text  # the running share: nothing changed
+    assert daemon.proc.poll() is None and daemon.stop() == 0

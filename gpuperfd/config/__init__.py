@@ -23,6 +23,7 @@ from gpuperfd.config.schema import (
     ConfigDict,
     Field,
     ValidationError,
+    field_problem,
     field_validator,
     model_validator,
 )
@@ -88,6 +89,9 @@ class Vocabulary:
     collector_names: tuple[str, ...]
     #: ``health.thresholds`` keys: the health checks' threshold and setting keys.
     health_threshold_keys: tuple[str, ...]
+    #: ``(probe, options, preset)`` -> the measured seconds of one point in a probe child (its
+    #: warmup and windows: what no faster start-up removes); None: not known, not checked.
+    point_window_seconds: Callable[[str, dict[str, Any], str | None], float] | None = None
 
 
 _vocabulary_source: Callable[[], Vocabulary] | None = None
@@ -381,9 +385,15 @@ class ScheduleConfig(_Strict):
     probe: ProbeName
     #: Model preset (e.g. gpt2, gpt2-medium, vit-b16); None: the probe's default.
     preset: str | None = None
-    #: Run every N seconds (with jitter), or on a cron expression (5 fields); exactly one.
+    #: How old the result may get, seconds: once older (or with none yet) it is due, and runs at the
+    #: first moment the GPU qualifies (docs/configuration.md, "When probes run"). Or ``cron``
+    #: (5 fields): each cron time opens a window in which the run takes the GPU's first qualifying
+    #: moment. Exactly one of the two.
     interval_seconds: Annotated[float, Field(ge=10)] | None = None
     cron: str | None = None
+    #: A cron schedule's window, seconds: how long after its cron time the run may still start
+    #: (None: until the next cron time). Not for interval schedules.
+    window_seconds: Annotated[float, Field(gt=0)] | None = None
     #: Caps to sweep: watts (> 1), fractions of the maximum (<= 1) or min/max/default/current.
     #: ["current"] (the default) runs at the operator's cap only and changes nothing.
     caps: list[CapEntry] = ["current"]
@@ -409,6 +419,9 @@ class ScheduleConfig(_Strict):
     def _one_trigger(self) -> "ScheduleConfig":
         if (self.interval_seconds is None) == (self.cron is None):
             raise ValueError("give exactly one of interval_seconds or cron")
+        if self.window_seconds is not None and self.cron is None:
+            raise ValueError("window_seconds: only a cron schedule has a window (an interval schedule's "
+                             "result is due once older than interval_seconds, and runs at the first gap)")
         if self.cron is not None:
             from apscheduler.triggers.cron import CronTrigger
 
@@ -433,14 +446,20 @@ class ProbesConfig(_Strict):
     read_only: bool = True
     #: Where the power-cap journal lives (systemd's StateDirectory).
     state_dir: Path = Path("/var/lib/gpuperfd")
-    #: A GPU must have been idle this long before a probe starts.
+    #: A GPU qualifies for a probe once it has been idle (no foreign process, utilization below the
+    #: threshold, not allocated) this long; a due probe starts at that moment.
     idle_seconds: Annotated[float, Field(ge=0)] = 300.0
     idle_utilization_threshold: Annotated[float, Field(ge=0, le=1)] = 0.05
-    #: Random delay added to each run so a fleet does not probe at once.
+    #: A due probe starts a random 0..jitter_seconds after its GPU's qualifying moment, so the GPUs of
+    #: a node (or a fleet) freed together are not probed in lockstep.
     jitter_seconds: Annotated[float, Field(ge=0)] = 60.0
+    #: The largest share of each GPU's time probes may take, over a rolling day (0.01: 864 s a day);
+    #: a due probe that would pass it waits.
+    max_gpu_time_ratio: Annotated[float, Field(gt=0, le=1)] = 0.01
     #: Run probes on a GPU in MIG mode (off: such runs are skipped with reason "mig").
     allow_mig: bool = False
-    #: Seconds before the first run of each interval schedule.
+    #: No probe starts sooner than this after the daemon starts (a due run then takes the GPU's first
+    #: qualifying moment: a delay below idle_seconds loses nothing).
     first_run_delay_seconds: Annotated[float, Field(ge=0)] = 60.0
     #: Probe different GPUs of the node at the same time.
     parallel_gpus: bool = True
@@ -571,6 +590,35 @@ class ApplyConfig(_Strict):
         return self
 
 
+#: The rolling window ``probes.max_gpu_time_ratio`` is a share of, seconds (a day).
+GPU_TIME_WINDOW_SECONDS = 86400.0
+
+
+def run_floor_seconds(config: "Config", schedule: ScheduleConfig) -> tuple[float, str] | None:
+    """The least one run of a per-GPU ``schedule`` takes, seconds, and how that was reckoned: its
+    points (one on a read-only node, else one per cap) times one point's measured windows, which no
+    faster start-up or settle removes. None where not known (the interconnect probe; a probe child
+    with no vocabulary handed in)."""
+    if schedule.probe == "interconnect":
+        return None
+    probes = config.probes
+    points = 1 if probes.read_only else max(1, len({str(c) for c in schedule.caps}))
+    simulated = probes.executor == "simulated" or (probes.executor == "auto" and config.device.backend == "simulated")
+    if simulated:
+        repeats = schedule.options.get("repeats", 1)
+        repeats = repeats if isinstance(repeats, int) and not isinstance(repeats, bool) and repeats > 0 else 1
+        point = probes.simulated_measure_seconds * repeats
+    else:
+        names = vocabulary() if _vocabulary is not None or _vocabulary_source is not None else None
+        if names is None or names.point_window_seconds is None:  # a check we may skip, never a wiring bug
+            return None
+        try:
+            point = names.point_window_seconds(schedule.probe, dict(schedule.options), schedule.preset)
+        except ValueError:  # bad options: the schedule's own check names them
+            return None
+    return points * point, f"{points} point(s) x {point:g} s measured"
+
+
 class Config(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     web: WebConfig = WebConfig()
@@ -596,6 +644,33 @@ class Config(_Strict):
                        for s in self.probes.schedules):
                 raise ValueError(f"apply.workload {apply.workload!r}: no probes.schedules entry runs it, "
                                  "so nothing recommends or checks a cap for it")
+        return self
+
+    @model_validator(mode="after")
+    def _schedules_fit_their_time(self) -> "Config":
+        """Each schedule's interval (or cron window) must hold one of its runs, and one run must fit the
+        GPU-time share: else it could never complete in time, or never start."""
+        problems: list[Exception] = []
+        budget = self.probes.max_gpu_time_ratio * GPU_TIME_WINDOW_SECONDS
+        for number, schedule in enumerate(self.probes.schedules):
+            floor = run_floor_seconds(self, schedule)
+            if floor is None:
+                continue
+            need, how = floor
+            where = ("probes", "schedules", number)
+            for name in ("interval_seconds", "window_seconds"):
+                value = getattr(schedule, name)
+                if value is not None and value < need:
+                    problems.append(field_problem(where + (name,), (
+                        f"{value:g} s is shorter than one run of this {schedule.probe} schedule takes (at least "
+                        f"{need:g} s: {how}); give at least {need:g} s, or fewer caps or repeats"), value))
+            if need > budget:
+                problems.append(field_problem(("probes", "max_gpu_time_ratio"), (
+                    f"{self.probes.max_gpu_time_ratio:g} of a day is {budget:g} s, less than one run of schedule "
+                    f"{number} ({schedule.probe}) takes (at least {need:g} s): it could never run"),
+                    self.probes.max_gpu_time_ratio))
+        if problems:
+            raise type(problems[0])([p for exc in problems for p in exc.problems])  # type: ignore[attr-defined]
         return self
 
     @model_validator(mode="after")

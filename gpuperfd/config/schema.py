@@ -32,6 +32,7 @@ __all__ = [
     "ValidationError",
     "field_validator",
     "model_validator",
+    "field_problem",
 ]
 
 _MISSING: Any = object()
@@ -103,6 +104,13 @@ class _Problems(Exception):
 
 def _problem(loc: tuple, msg: str, kind: str, value: Any) -> _Problems:
     return _Problems([{"loc": loc, "msg": msg, "type": kind, "input": value}])
+
+
+def field_problem(loc: tuple, message: str, value: Any) -> Exception:
+    """For a model validator that checks fields across sections (a schedule's interval against the
+    probe's own time): raise this to report ``message`` at ``loc`` (a tuple of keys and indices from
+    the model validated), as a field validator's error would be, not at the top level."""
+    return _problem(loc, f"Value error, {message}", "value_error", value)
 
 
 class _Validator:
@@ -406,8 +414,10 @@ class BaseModel(metaclass=_ModelMeta):
         for check in type(self)._BaseModel__model_validators:
             try:
                 check(self)
-            except _Problems:
-                raise
+            except _Problems as exc:
+                if loc:
+                    raise
+                raise ValidationError(type(self).__name__, exc.problems) from None
             except ValueError as exc:
                 problem = _problem(loc, f"Value error, {exc}", "value_error", self)
                 if loc:

@@ -90,6 +90,28 @@ ROWS = (
             'increase(gpuperf_scheduler_runs_missed_total{instance=~"$instance", probe=~"$probe"}[1h])',
             "{{instance}} {{probe}}"),), w=24, h=6),
     )),
+    Row("Coverage: fresh results on busy GPUs", (
+        Panel("GPUs with a fresh result (share of the model's GPUs)", ((
+            'gpuperf:probe_fresh_gpus:ratio_by_model{probe=~"$probe", preset=~"$preset"}',
+            "{{name}} {{probe}}/{{preset}}"),), "percentunit", w=8,
+            description="A result is fresh until it is older than its schedule's interval (docs/probes.md, "
+            "\"Coverage\"); alert GpuProbeCoverageLow below 0.5 for 2 h, saying whether the GPUs were never free or "
+            "free and not probed."),
+        Panel("Age of the last result", ((f"gpuperf_probe_result_age_seconds{{{SEL}}}", RUN),), "s", w=8,
+              description="Per GPU and probe; gpuperf_probe_due is 1 once it is older than the interval (or none came)."),
+        Panel("Free to probe, and GPU time probes took (share of time)", (
+            (f"gpuperf:probe_gpu_free:ratio_6h{{{GPU_SEL}}}", "{{instance}} gpu {{gpu}} free (6 h)"),
+            (f"gpuperf:probe_gpu_time:ratio_1d{{{GPU_SEL}}}", "{{instance}} gpu {{gpu}} probes (1 d)"),
+            ('max by (instance) (gpuperf_probe_gpu_time_budget_ratio{instance=~"$instance"})',
+             "{{instance}} probes' share allowed"),
+        ), "percentunit", w=8),
+        Panel("From the GPU qualifying to the published result: p50 / p90", tuple(
+            (f"histogram_quantile({q}, sum by (le, instance, probe) (rate(gpuperf_probe_qualified_to_result_seconds_bucket"
+             f'{{instance=~"$instance", probe=~"$probe"}}[$window])))', f"{{{{instance}}}} {{{{probe}}}} p{int(q * 100)}")
+            for q in (0.5, 0.9)), "s", w=24, h=6,
+            description="Seconds from the moment a due probe's GPU qualified (free, idle for probes.idle_seconds) to its "
+            "result: the probe's start-up, build and settle plus its measured window."),
+    )),
     Row("Latency quantiles (pooled over $window)", tuple(quantiles(title, metric) for title, metric, _ in HISTOGRAMS)),
     Row("Latency heatmaps (observations per bucket)", tuple(
         Panel(f"{title} heatmap", (heatmap_query(f"{metric}_bucket", SEL),), kind="heatmap") for title, metric, _ in HISTOGRAMS

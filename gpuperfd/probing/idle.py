@@ -45,6 +45,8 @@ class IdleTracker:
         #: GPUs where our own probe runs now: their load is not "busy".
         self._ours: set[int] = set()
         self._start = clock()
+        #: GPUs the scheduler handed over as free (Slurm's epilog, POST /api/v1/free): when, on ``clock``.
+        self._handed: dict[int, float] = {}
 
     def observe(self, gpu: int, collector: str, reading: Reading) -> None:
         """Sampler listener: a busy reading moves the GPU's busy mark to now."""
@@ -60,6 +62,11 @@ class IdleTracker:
             )
             if busy:
                 self._busy_until[gpu] = reading.timestamp
+                handed = self._handed.get(gpu)
+                # A job's last readings can trail its end (NVML averages utilization): busy readings
+                # within the grace after the hand-off do not undo it; a later one does.
+                if handed is not None and reading.timestamp > handed + self.grace_seconds:
+                    del self._handed[gpu]
 
     def mark_ours(self, gpu: int, running: bool) -> None:
         """Tell the tracker our probe runs (or stopped) on this GPU: our own load is not "busy"."""
@@ -69,6 +76,17 @@ class IdleTracker:
             else:
                 self._ours.discard(gpu)
                 self._ours_ended[gpu] = self.clock()
+
+    def hand_off(self, gpu: int) -> None:
+        """The scheduler says ``gpu`` is free now (its job ended): it qualifies without waiting out
+        ``probes.idle_seconds``, until a reading shows it busy again."""
+        with self._lock:
+            self._handed[gpu] = self.clock()
+
+    def handed_since(self, gpu: int) -> float | None:
+        """When the scheduler handed ``gpu`` over as free (on ``clock``), if not seen busy since; else None."""
+        with self._lock:
+            return self._handed.get(gpu)
 
     def idle_for(self, gpu: int) -> float:
         """Seconds since the GPU was last seen busy (since start if never); 0 if never sampled."""

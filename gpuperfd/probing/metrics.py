@@ -11,10 +11,12 @@ See docs/metrics.md for the list and the per-GPU series budget.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuperfd.device.base import GpuInfo
 
@@ -98,6 +100,24 @@ class ProbeMetrics:
             RUN_LABELS, registry=registry)
         self.missed = Counter("gpuperf_scheduler_runs_missed", "Scheduled probe runs missed or skipped by the scheduler.",
                               ("probe",), registry=registry)
+        # Coverage (issue 50): whether each result is due, the GPU time probes took, the time GPUs were free.
+        self.due = gauge("gpuperf_probe_due",
+                         "1 while the probe's result on this GPU is due: older than its schedule's interval, none yet, "
+                         "or a cron window open and not run; 0 while fresh.", RUN_LABELS)
+        self.gpu_seconds = Counter("gpuperf_probe_gpu_seconds",
+                                   "Seconds probes held the GPU (probe rounds, interconnect runs): the GPU time probes took.",
+                                   GPU_LABELS, registry=registry)
+        self.free_seconds = Counter("gpuperf_probe_gpu_free_seconds",
+                                    "Seconds the GPU qualified for a probe: not allocated, no foreign process, idle for "
+                                    "probes.idle_seconds.", GPU_LABELS, registry=registry)
+        self.gpu_time_budget = Gauge("gpuperf_probe_gpu_time_budget_ratio",
+                                     "probes.max_gpu_time_ratio: the largest share of a GPU's time probes may take over a "
+                                     "rolling day.", registry=registry)
+        self.qualified_to_result = Histogram(
+            "gpuperf_probe_qualified_to_result_seconds",
+            "Seconds from the moment a due probe's GPU qualified (or the result fell due, if later) to its published result.",
+            ("probe",), buckets=(1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0),
+            registry=registry)
         # The admission's series join the registry with its first state: absent where no child is started.
         self._registry = registry
         self.memory_budget = Gauge(
@@ -148,6 +168,45 @@ class ProbeMetrics:
             for probe, peak in state.peaks.items():
                 self.child_peak.labels(probe).set(peak)
             self._version += 1
+
+    def set_due(self, gpu: GpuInfo, probe: str, preset: str, due: bool) -> None:
+        """Whether ``probe``/``preset``'s result on ``gpu`` is due now (the scheduler's word)."""
+        self.due.labels(*self.gpu_labels(gpu), probe, preset).set(1 if due else 0)
+        self._bump()
+
+    def retain_due(self, keep: Callable[[str, str, str], bool]) -> None:
+        """Drop the due series of (gpu, probe, preset) no schedule runs any more (after a reload)."""
+        for sample in [s for family in self.due.collect() for s in family.samples]:
+            if not keep(sample.labels["gpu"], sample.labels["probe"], sample.labels["preset"]):
+                self.due.remove_by_labels(sample.labels)
+        self._bump()
+
+    def add_gpu_seconds(self, gpu: GpuInfo, seconds: float) -> None:
+        """Probes held ``gpu`` for ``seconds`` more."""
+        if gpu.uuid:
+            self.gpu_seconds.labels(*self.gpu_labels(gpu)).inc(max(0.0, seconds))
+            self._bump()
+
+    def add_free_seconds(self, gpu: GpuInfo, seconds: float) -> None:
+        """``gpu`` qualified for a probe for ``seconds`` more (the series exists from 0 once seen)."""
+        if gpu.uuid:
+            self.free_seconds.labels(*self.gpu_labels(gpu)).inc(max(0.0, seconds))
+            self._bump()
+
+    def set_gpu_time_budget(self, ratio: float) -> None:
+        self.gpu_time_budget.set(ratio)
+        self._bump()
+
+    def qualified_to_result_seconds(self, probe: str, seconds: float) -> None:
+        self.qualified_to_result.labels(probe).observe(max(0.0, seconds))
+        self._bump()
+
+    def result_ages(self, now: float | None = None) -> Iterator[tuple[dict[str, str], float]]:
+        """(labels, seconds) of every published result's age: now less its last ok run's end."""
+        now = time.time() if now is None else now
+        for family in self.last_run.collect():
+            for sample in family.samples:
+                yield sample.labels, max(0.0, now - sample.value)
 
     def missed_run(self, probe: str) -> None:
         self.missed.labels(probe).inc()
@@ -264,3 +323,23 @@ class ProbeMetrics:
                 for seconds in (result.latencies or {}).get(source, ()):
                     histogram.observe(seconds)
         self._bump()
+
+
+class ResultAgeCollector:
+    """``gpuperf_probe_result_age_seconds``, read at each scrape from the last-run timestamps: an age
+    changes every second, so it lives in a registry of its own that the exporter renders each time."""
+
+    def __init__(self, metrics: ProbeMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily("gpuperf_probe_result_age_seconds", "", labels=RUN_LABELS)]
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "gpuperf_probe_result_age_seconds",
+            "Age of the probe's last ok result on this GPU, seconds (absent: none yet; gpuperf_probe_due says so).",
+            labels=RUN_LABELS)
+        for labels, age in self.metrics.result_ages():
+            family.add_metric([labels[k] for k in RUN_LABELS], age)
+        yield family

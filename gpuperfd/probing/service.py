@@ -29,6 +29,7 @@ from gpuperfd.probe_data.result import PREEMPTED
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PROBES as PER_GPU_PROBES
 from gpuperfd.probing.admission import Admission, Ticket, memory_limit
 from gpuperfd.probing.executors import Executor
+from gpuperfd.probing.gpu_time import GpuTimeLedger
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.idle import (BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason,
                                    not_idle_text, pod_reason)
@@ -52,6 +53,8 @@ class RunOutcome:
     result: str  # ok, skipped, failed, aborted; in_round: its schedule ran in the GPU's round (counted there)
     reason: str = ""
     points: tuple[SweepPoint, ...] = ()
+    #: The caps the schedule's sweep was to measure, in order (empty where it never got that far).
+    caps_watts: tuple[float, ...] = ()
 
 
 def preset_of(schedule: ScheduleConfig) -> str:
@@ -122,6 +125,15 @@ class ProbeService:
         #: Told ``gpu`` when a round there has ended and given the GPU's cap lock back: apply mode takes
         #: its turn then (the next round waits CAP_LOCK_WAIT_SECONDS for it), not by the chance of a gap.
         self.round_listeners: list[Callable[[int], None]] = []
+        #: Told ``(gpu, key, outcome)`` for every schedule a round ran or took on (its leader, claimed and
+        #: joined members): the scheduler learns which results are fresh and which are still due.
+        self.outcome_listeners: list[Callable[[int, str, RunOutcome], None]] = []
+        #: ``id`` of schedules that measure the rest of a sweep taken in parts (:mod:`gpuperfd.probing.partial`):
+        #: their points alone recommend nothing (the scheduler recommends from the joined sweep).
+        self.parts: set[int] = set()
+        #: The GPU time probes took, per GPU (probes.max_gpu_time_ratio; gpuperf_probe_gpu_seconds_total).
+        self.gpu_time = GpuTimeLedger(config.max_gpu_time_ratio)
+        self._held_since: dict[int, float] = {}
 
     def publish_original_caps(self) -> None:
         """Publish each GPU's cap as the operator's; call after any left-over cap was restored."""
@@ -140,6 +152,8 @@ class ProbeService:
         are checked at the next reload.
         """
         self.config = config
+        self.gpu_time.ratio = config.max_gpu_time_ratio
+        self.metrics.set_gpu_time_budget(config.max_gpu_time_ratio)
         if self.admission is not None:
             self.admission.set_limit(*memory_limit(config.memory_budget))
         scheduled: dict[int, set[tuple[str, str, str]]] = {}
@@ -201,11 +215,13 @@ class ProbeService:
             return False
         with self._active_lock:
             self._active += 1  # stop() waits for it as for a round
+        self._held_since[gpu] = time.monotonic()
         return True
 
     def give_back(self, gpu: int) -> None:
         """End a :meth:`hold`: our load's tail starts now, and the runs queued for the GPU wake."""
         self._own_load_ended[gpu] = time.monotonic()
+        self._took(gpu, self._held_since.pop(gpu, self._own_load_ended[gpu]), self._own_load_ended[gpu])
         with self._idle_cv:
             self._active -= 1
             self._idle_cv.notify_all()
@@ -252,6 +268,7 @@ class ProbeService:
                 self._active += 1
             rounds.open(key, schedule.probe)
             ran = True
+            started = time.monotonic()
             try:
                 return self._round(device, gpu, key, schedule, source if joinable else None, joinable)
             finally:
@@ -260,6 +277,7 @@ class ProbeService:
                     self._active -= 1
                     self._idle_cv.notify_all()
                 self._own_load_ended[gpu] = time.monotonic()
+                self._took(gpu, started, self._own_load_ended[gpu])
                 release_free_memory()  # a round's results and messages: back to the idle footprint
         finally:
             if ticket is not None and self.admission is not None:
@@ -269,6 +287,18 @@ class ProbeService:
             rounds.release(lock)
             if ran:
                 self.round_ended(gpu)
+
+    def _took(self, gpu: int, started: float, ended: float) -> None:
+        """A span probes held ``gpu`` (a round, an interconnect hold): into the ledger and the counter."""
+        seconds = self.gpu_time.record(gpu, started, ended)
+        self.metrics.add_gpu_seconds(self._info(self.devices[gpu]), seconds)
+
+    def _tell(self, gpu: int, key: str, outcome: RunOutcome) -> None:
+        for listener in self.outcome_listeners:
+            try:
+                listener(gpu, key, outcome)
+            except Exception:  # noqa: BLE001 - a listener's bug must not fail the round that ran
+                log.exception("gpu %d: outcome listener failed", gpu)
 
     def round_ended(self, gpu: int) -> None:
         """Tell the round listeners GPU ``gpu`` is free again (after any run that held its cap lock)."""
@@ -310,7 +340,7 @@ class ProbeService:
         if (why := mig_reason(device, self.config.allow_mig)) is not None:
             return "mig", str(why)
         idle_for = self.tracker.idle_for(gpu)
-        if idle_for < self.config.idle_seconds:
+        if idle_for < self.config.idle_seconds and self.tracker.handed_since(gpu) is None:
             return "not_idle", not_idle_text(idle_for, self.config.idle_seconds)
         reason = self._busy_reason(device, gpu)
         if reason is not None:
@@ -337,6 +367,7 @@ class ProbeService:
                      ", ".join(s.probe for _, s in claimed))
         claimed_keys = {k for k, _ in claimed}
         members: list[ScheduleConfig] = []  # in the order they were handed to the sweep
+        key_of: dict[int, str] = {id(schedule): key}  # id(schedule handed) -> its key
         promised = list(claimed)  # every schedule the round took on: claimed, then joined
         handed: set[str] = set()  # keys handed to the sweep (or left out by a reload)
 
@@ -362,14 +393,19 @@ class ProbeService:
                         continue
                     member = now
                 members.append(member)
+                key_of[id(member)] = member_key
                 yield member
 
         outcomes, owned = self._sweep(device, schedules(), members, schedule)
-        for member in (m for k, m in promised if k not in handed):  # the round stopped before them
+        for member_key, member in ((k, m) for k, m in promised if k not in handed):  # the round stopped before them
             if owned.status is OwnedStatus.DONE:  # stopped between schedules: a shutdown
                 self.metrics.count(self._info(device), member.probe, preset_of(member), "aborted", "shutdown")
+                self._tell(gpu, member_key, RunOutcome("aborted", "shutdown"))
             else:
-                self._ended(device, self._info(device), member, owned, ())
+                self._tell(gpu, member_key, self._ended(device, self._info(device), member, owned, ()))
+        for member_id, outcome in outcomes.items():
+            if member_id in key_of:
+                self._tell(gpu, key_of[member_id], outcome)
         return outcomes[id(schedule)]
 
     def _wanted(self, device: Device) -> str | None:
@@ -418,10 +454,12 @@ class ProbeService:
                                wanted=lambda: self._wanted(device), current_watts=self.held_caps.get(device.index))
 
         planned: dict[int, int] = {}  # id(schedule) -> how many points its sweep was to measure
+        caps_of: dict[int, tuple[float, ...]] = {}  # id(schedule) -> its sweep's caps, in order
 
         def observer_for(probe: PlannedProbe, outcome: OwnedSweep) -> ServiceObserver:
             schedule: ScheduleConfig = probe.origin
             planned[id(schedule)] = 1 if outcome.read_only else len(outcome.caps_watts)
+            caps_of[id(schedule)] = () if outcome.read_only else tuple(outcome.caps_watts)
             operator_cap = self.held_caps.get(device.index, outcome.original_cap_watts)
             assert operator_cap is not None  # read before any schedule starts
             self._operator_caps[device.index] = operator_cap
@@ -437,8 +475,10 @@ class ProbeService:
             points = tuple(points_of.get(id(schedule), ()))
             ran_whole = id(schedule) in points_of and schedule is not last
             wanted = planned.get(id(schedule), len(points))
-            results[id(schedule)] = (self._done(device, info, schedule, points, wanted) if ran_whole
-                                     else self._ended(device, info, schedule, outcome, points, wanted))
+            results[id(schedule)] = replace(
+                self._done(device, info, schedule, points, wanted) if ran_whole
+                else self._ended(device, info, schedule, outcome, points, wanted),
+                caps_watts=caps_of.get(id(schedule), ()))
         return results, outcome
 
     def _ended(self, device: Device, info: GpuInfo, schedule: ScheduleConfig, outcome: OwnedSweep,
@@ -475,6 +515,9 @@ class ProbeService:
         failed = [p for p in published if p.result.status not in ("ok", "skipped")]
         if (why := cut_short(published, len(published) if planned is None else planned)) is not None:
             log.warning("gpu %d %s/%s: sweep %s", device.index, schedule.probe, preset_of(schedule), why)
+        elif id(schedule) in self.parts:
+            log.info("gpu %d %s/%s: measured the %d cap(s) a sweep taken in parts had left", device.index,
+                     schedule.probe, preset_of(schedule), len(published))
         elif len(published) > 1:
             best = recommend(published, self.config.max_slowdown)
             if best is not None:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gpuperfd.web.status import age_words
+
 #: (text, style) of one field; style names a colour below or "".
 Field = tuple[str, str]
 STYLES = {"bold": "1", "green": "32", "yellow": "33", "red": "31;1", "magenta": "35;1", "dim": "2"}
@@ -121,6 +123,10 @@ def _probe_fields(probe: dict[str, Any]) -> list[Field]:
     against = (f"{100 * (rate / expected - 1):+.1f}% vs expected {fmt_rate(expected)}" if expected and rate
                else "no expected figure (peers only)")
     fields: list[Field] = [(text, ""), (against, "red" if expected and rate and rate < 0.9 * expected else "dim")]
+    age = probe.get("age_seconds")
+    if age is not None:  # issue 50: how fresh, and whether a new result is due
+        fields.append((f"result {age_words(age)} old" + (", due" if probe.get("due") else ""),
+                       "yellow" if probe.get("due") else "dim"))
     rec = probe.get("recommendation")
     if rec is not None:
         if round(rec["cap_watts"]) == round(rec["baseline_cap_watts"]):
@@ -154,6 +160,10 @@ def gpu_block(gpu: dict[str, Any], width: int) -> list[Line]:
         lines += flow([(f"! and {len(reasons) - MAX_REASONS} more (GET /api/v1/health)", "dim")], width, 2)
     for probe in gpu.get("probes") or ():
         lines += flow(_probe_fields(probe), width, 2)
+    for cover in gpu.get("coverage") or ():
+        if cover.get("age_seconds") is None:  # scheduled, no result yet
+            lines += flow([(f"{cover['probe']}/{cover['preset']}: no result yet"
+                            + (", due (waiting for a gap)" if cover.get("due") else ""), "yellow")], width, 2)
     if sweep is not None:
         lines += flow([(f"sweep in progress: {sweep['probe']}/{sweep['preset']} at {sweep['cap_watts']:.0f} W, "
                         f"point {sweep['point']} of {sweep['points']}", "magenta")], width, 2)

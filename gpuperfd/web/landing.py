@@ -26,6 +26,7 @@ from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.progress import SweepProgress
 from gpuperfd.probe_data.recommend import Recommendation, SweepPoint, comparison_words, recommend, work_rate
 from gpuperfd.telemetry.sampler import Sampler, lost_gpus
+from gpuperfd.web.status import age_words
 
 #: (gpu index, probe, preset) -> latest ok point per cap (ProbeService.latest()).
 Latest = Mapping[tuple[int, str, str], Sequence[SweepPoint]]
@@ -42,6 +43,7 @@ th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums;
 h2{margin:1.2em 0 .2em;font-size:1.15em}.lost{color:#b00;font-weight:bold}.up{color:#2e7d32}
 .rec b{color:#2e7d32}.muted{color:#666}.key{font-size:12px}.key i{display:inline-block;width:14px;height:3px;vertical-align:middle;margin:0 3px 0 8px}
 svg{display:block}.health ul{margin:.2em 0 0;padding-left:1.2em;font-size:12px}
+.due{color:#a15c00}
 .sweeping{background:#fff4e0;border-left:4px solid #e8710a;padding:.3em .6em}td.sweep{color:#c25e00;font-weight:bold}
 .h-healthy{color:#2e7d32}.h-unknown{color:#8a6d00}.h-degraded{color:#c25e00}.h-unhealthy{color:#b00;font-weight:bold}
 """
@@ -128,7 +130,7 @@ def chart_svg(points: Sequence[tuple[float, float, float | None]], recommended_c
     return "".join(parts)
 
 
-def _probe_row(probe: str, preset: str, points: Sequence[SweepPoint], max_slowdown: float) -> str:
+def _probe_row(probe: str, preset: str, points: Sequence[SweepPoint], max_slowdown: float, due: bool | None = None) -> str:
     ok = [p for p in points if p.result.status == "ok" and work_rate(p.result)]
     if not ok:
         return ""
@@ -154,7 +156,9 @@ def _probe_row(probe: str, preset: str, points: Sequence[SweepPoint], max_slowdo
         f'<td class="num">{_fmt_rate(rate)} {_e(unit)}s/s</td>'
         f'<td class="num">{_fmt_energy(energy) if energy is not None else "-"}/{_e(unit)}</td>'
         f'<td class="rec">{rec}</td><td>{chart}</td>'
-        f'<td class="muted">{_e(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ended)))}</td></tr>'
+        f'<td class="muted">{_e(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ended)))}'
+        f'<br><span class="age" data-due="{1 if due else 0}">{_e(age_words(max(0.0, time.time() - ended)))} old'
+        f'{", due" if due else ""}</span></td></tr>'
     )
 
 
@@ -192,18 +196,27 @@ def _sweep_banner(sweeps: Mapping[int, SweepProgress]) -> str:
     return f'<p class="sweeping" id="sweeps">Sweep in progress (the sweep sets the power cap): {items}</p>\n'
 
 
-def _gpu_section(gpu: int, name: str, latest: Latest, max_slowdown: float) -> str:
+def _gpu_section(gpu: int, name: str, latest: Latest, max_slowdown: float,
+                 coverage: Mapping[tuple[int, str, str], bool] | None = None) -> str:
+    coverage = coverage or {}
     rows = [
-        _probe_row(probe, preset, points, max_slowdown)
+        _probe_row(probe, preset, points, max_slowdown, coverage.get((gpu, probe, preset)))
         for (index, probe, preset), points in sorted(latest.items())
         if index == gpu
     ]
     rows = [r for r in rows if r]
     head = f'<h2 id="gpu-{gpu}-results">GPU {gpu} &middot; {_e(name)}</h2>'
+    measured = {(probe, preset) for (index, probe, preset), points in latest.items() if index == gpu
+                if any(p.result.status == "ok" and work_rate(p.result) for p in points)}
+    waiting = sorted(f"{probe}/{preset}" for (index, probe, preset), due in coverage.items()
+                     if index == gpu and due and (probe, preset) not in measured)
+    pending = (f'<p class="due" id="due-{gpu}">No result yet, due (waiting for the GPU to be free): '
+               f"{_e(', '.join(waiting))}</p>") if waiting else ""
     if not rows:
-        return f'<section class="gpu" id="gpu-{gpu}">{head}<p class="muted">No probe results yet.</p></section>'
+        return (f'<section class="gpu" id="gpu-{gpu}">{head}{pending}'
+                '<p class="muted">No probe results yet.</p></section>')
     return (
-        f'<section class="gpu" id="gpu-{gpu}">{head}'
+        f'<section class="gpu" id="gpu-{gpu}">{head}{pending}'
         f'<table class="probes" id="probes-{gpu}"><tr><th>probe</th><th>preset</th><th>caps (W)</th>'
         "<th>throughput at the highest cap</th><th>energy there</th><th>recommended cap</th>"
         "<th>against power cap</th><th>last run</th></tr>"
@@ -219,12 +232,14 @@ def landing_page(
     max_slowdown: float = 0.10,
     verdicts: Sequence[Verdict] | None = None,
     sweeps: Mapping[int, SweepProgress] | None = None,
+    coverage: Mapping[tuple[int, str, str], bool] | None = None,
 ) -> bytes:
     """The page's HTML. ``latest`` is ``ProbeService.latest()``; None or empty: telemetry only.
 
     ``verdicts`` is ``HealthMonitor.verdicts()``; None (health off): the health column shows "-".
     ``sweeps`` is ``ProbeService.sweeps()``: a GPU whose cap a sweep holds now is marked in its row
-    (cap, point k of n) and above the table.
+    (cap, point k of n) and above the table. ``coverage`` is ``ProbeScheduler.coverage()``: each result's
+    age says whether it is due, and a due probe with no result yet is named.
     """
     sweeps = sweeps or {}
     by_gpu = {v.gpu: v for v in verdicts or () if v.gpu is not None}
@@ -255,7 +270,7 @@ def landing_page(
                 f'<tr class="gpu-row missing"><td>-</td><td>?</td><td><code>{_e(verdict.uuid)}</code></td>'
                 f'<td class="lost">missing</td><td class="num">-</td><td class="num">-</td>{_health_cell(verdict)}<td>-</td></tr>'
             )
-    sections = "".join(_gpu_section(gpu, names[gpu], latest, max_slowdown) for gpu in sorted(identities))
+    sections = "".join(_gpu_section(gpu, names[gpu], latest, max_slowdown, coverage) for gpu in sorted(identities))
     key = (f'<p class="key">Charts: <i style="background:{RATE_COLOR}"></i>throughput '
            f'<i style="background:{ENERGY_COLOR}"></i>energy per unit (each on its own scale) '
            f'<i style="background:{REC_COLOR}"></i>recommended cap: the lowest energy per unit within '

@@ -249,13 +249,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
         self._body_after_head = b"" if head else response.body
         self.end_headers()  # head and body leave in one write (flush_headers)
 
-    def _dispatch(self, head: bool) -> None:
+    def _dispatch(self, head: bool, post: bool = False) -> None:
         denied = self.web.gate.check(self)
         if denied is not None:
             self._send(denied, head)
             return
         path = self.path.split("?", 1)[0]
-        route = self.web.routes.get(path)
+        route = (self.web.post_routes if post else self.web.routes).get(path)
         if route is None:
             self._send(Response(404, b"not found\n"), head)
             return
@@ -276,8 +276,15 @@ class _RequestHandler(BaseHTTPRequestHandler):
         self.force_close = True  # whatever body it carries is never read: end the connection
         self._send(Response(405, b"method not allowed\n", headers={"Allow": "GET, HEAD"}))
 
+    def do_POST(self) -> None:  # noqa: N802
+        """Only the few write paths (``post_routes``), without a body (their arguments in the query)."""
+        if self.path.split("?", 1)[0] in self.web.post_routes and not self.force_close:
+            self._dispatch(head=False, post=True)
+        else:
+            self._not_allowed()
+
     # Methods HTTP defines get 405 with Allow; a method nobody defines gets 501 (RFC 9110).
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed  # noqa: N815
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed  # noqa: N815
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         if log.isEnabledFor(logging.DEBUG):  # formatted per request otherwise, for nothing
@@ -296,8 +303,11 @@ class WebServer:
         request_timeout_seconds: float | None = None,
         limits: Limits | None = None,
         inline_paths: frozenset[str] = frozenset(),
+        post_routes: dict[str, Route] | None = None,
     ) -> None:
         self.routes = routes
+        #: The write paths (POST, no body): behind the same gate (TLS, basic auth) as every read.
+        self.post_routes = post_routes or {}
         #: GET/HEAD paths cheap enough to answer on the connection loop itself (no worker hand-off),
         #: when the gate is the default one (a password check may run bcrypt) and TLS is off.
         self.inline_paths = inline_paths

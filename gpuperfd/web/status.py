@@ -81,14 +81,39 @@ def probe_summary(probe: str, preset: str, points: Sequence[SweepPoint], max_slo
     return summary
 
 
+def age_words(seconds: float) -> str:
+    """A result's age for people: "45 s", "12 min", "3.2 h", "2.1 d"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 36 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def coverage_entries(gpu: int, summaries: Sequence[dict[str, Any]],
+                     coverage: Mapping[tuple[int, str, str], bool] | None, now: float) -> list[dict[str, Any]]:
+    """Per scheduled (or measured) probe of ``gpu``: its result's age (None: none yet) and whether it is due
+    (None: not known, e.g. a local read without the daemon's scheduler)."""
+    ended = {(s["probe"], s["preset"]): s["ended_at"] for s in summaries}
+    keys = sorted({(p, s) for (g, p, s) in (coverage or {}) if g == gpu} | set(ended))
+    return [{"probe": probe, "preset": preset,
+             "age_seconds": max(0.0, now - ended[(probe, preset)]) if (probe, preset) in ended else None,
+             "due": (coverage or {}).get((gpu, probe, preset))} for probe, preset in keys]
+
+
 def gpu_status(snap: StoreSnapshot, interval_seconds: float, backend: str,
                latest: Mapping[tuple[int, str, str], Sequence[SweepPoint]] | None = None,
                verdicts: Sequence[Verdict] | None = None, sweeps: Mapping[int, SweepProgress] | None = None,
-               max_slowdown: float = 0.10, source: str = "daemon") -> dict[str, Any]:
+               max_slowdown: float = 0.10, source: str = "daemon",
+               coverage: Mapping[tuple[int, str, str], bool] | None = None) -> dict[str, Any]:
     """The whole answer: ``{"schema", "source", "backend", "time", "gpus": [...]}``, GPUs by index.
 
-    ``verdicts`` None (health off, or a local read): each GPU's ``health`` is null.
+    ``verdicts`` None (health off, or a local read): each GPU's ``health`` is null. ``coverage``: the
+    scheduler's due flag per (gpu, probe, preset) (each GPU's ``coverage`` list, with each result's age).
     """
+    now = time.time()
     by_gpu = {v.gpu: v for v in verdicts or () if v.gpu is not None}
     lost = lost_gpus(snap.readings, interval_seconds)
     gpus = []
@@ -103,7 +128,12 @@ def gpu_status(snap: StoreSnapshot, interval_seconds: float, backend: str,
         entry["health"] = verdict.to_dict() if verdict is not None else None
         entry["probes"] = [s for (index, probe, preset), points in sorted((latest or {}).items()) if index == gpu
                            if (s := probe_summary(probe, preset, points, max_slowdown, name)) is not None]
+        entry["coverage"] = coverage_entries(gpu, entry["probes"], coverage, now)
+        cover = {(c["probe"], c["preset"]): c for c in entry["coverage"]}
+        for summary in entry["probes"]:
+            found = cover[(summary["probe"], summary["preset"])]
+            summary["age_seconds"], summary["due"] = found["age_seconds"], found["due"]
         progress = (sweeps or {}).get(gpu)
         entry["sweep"] = progress.to_dict() if progress is not None else None
         gpus.append(entry)
-    return {"schema": SCHEMA, "source": source, "backend": backend, "time": time.time(), "gpus": gpus}
+    return {"schema": SCHEMA, "source": source, "backend": backend, "time": now, "gpus": gpus}

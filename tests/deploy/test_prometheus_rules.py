@@ -31,6 +31,7 @@ EXPECTED_ALERTS = {
     "GpuProbeFailing",
     "GpuProbeWrongResult",  # issue 31: a probe's answer checks failed
     "GpuProbeStale",
+    "GpuProbeCoverageLow",  # issue 50: few GPUs of a model with a fresh result, and why
     "GpuPowerCapNotRestored",
     "GpuThrottling",
     "GpuXidError",

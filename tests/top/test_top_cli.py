@@ -210,3 +210,45 @@ def test_live_without_a_tty_writes_plain_frames(monkeypatch):
     out = io.StringIO()
     assert top_cli.live(Source([KeyboardInterrupt()]), DATA, None, 0.1, out) == 0
     assert "\x1b" not in out.getvalue() and "GPU 0  X" in out.getvalue()
+
+
+COVERAGE = """
+device: {{backend: simulated}}
+simulation: {{gpus: 2, seed: 4, state_file: {state}/sim.json, mig: [{{gpu: 1, instances: 2}}]}}
+probes:
+  state_dir: {state}
+  idle_seconds: 0
+  jitter_seconds: 0
+  first_run_delay_seconds: 0.3
+  simulated_measure_seconds: 0.2
+  schedules:
+    - {{probe: llm, interval_seconds: 3600, settle_seconds: 0}}
+"""
+
+
+def test_each_results_age_and_a_due_gpu_without_one_are_shown_everywhere(start_daemon, tmp_path, capsys, monkeypatch):
+    """Issue 50: GPU 0's llm result has an age and is fresh; GPU 1 (MIG on, never probed) has none and it is due:
+    /api/v1/gpus, /metrics, `gpuperfd top` and the landing page say so alike."""
+    daemon = start_daemon(config_text=COVERAGE.format(state=tmp_path / "state"))
+    monkeypatch.setenv("COLUMNS", "160")
+
+    def covered():
+        gpus = requests.get(daemon.url + "/api/v1/gpus", timeout=5).json()["gpus"]
+        return gpus if gpus[0]["probes"] and gpus[1]["coverage"] else None
+
+    gpus = wait_for(covered, what="a result on GPU 0")
+    fresh, waiting = gpus[0]["probes"][0], gpus[1]["coverage"]
+    assert fresh["probe"] == "llm" and fresh["due"] is False and 0 <= fresh["age_seconds"] < 60
+    assert waiting == [{"probe": "llm", "preset": "gpt2", "age_seconds": None, "due": True}]
+    text = requests.get(daemon.url + "/metrics", timeout=5).text
+    assert metric(text, "gpuperf_probe_due", "0", probe="llm") == 0 and metric(text, "gpuperf_probe_due", "1") == 1
+    assert metric(text, "gpuperf_probe_result_age_seconds", "0", probe="llm") >= 0
+    assert metric(text, "gpuperf_probe_result_age_seconds", "1") is None
+    code, out, err = top(capsys, "--once", "--url", daemon.url)
+    assert code == 0, err
+    block0, block1 = (squeezed(b) for b in out.split("\n\n")[1:3])
+    assert "llm/gpt2 at" in block0 and " s old" in block0 and "old, due" not in block0
+    assert "llm/gpt2: no result yet, due (waiting for a gap)" in block1
+    page = requests.get(daemon.url + "/", timeout=5).text
+    assert 'class="age" data-due="0"' in page and " s old" in page
+    assert 'id="due-1"' in page and "due (waiting for the GPU to be free): llm/gpt2" in page
