@@ -368,6 +368,8 @@ class ProbeScheduler:
         """One look: close expired cron windows, count free GPU time, and start the due results whose GPU
         qualifies, most overdue first (each in a thread of its own). Returns how many were started."""
         config = self.service.config
+        if config is None or not config.enabled or not hasattr(self.service, "devices"):
+            return 0  # probes off (or no service of GPUs): nothing is due, no free time to count
         now = self.clock()
         elapsed = 0.0 if self._last_tick is None else max(0.0, now - self._last_tick)
         self._last_tick = now
