@@ -104,8 +104,9 @@ def test_a_cap_a_sweep_could_not_put_back_is_rolled_back_not_taken_for_an_operat
 
 
 def test_a_failed_way_back_that_left_the_applied_cap_is_forgotten_so_the_operator_still_wins(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The sweep's last point was the applied cap itself, so the failed way back changed nothing: the mark
-    goes at the next pass, and an operator's later cap is theirs (left alone, not rolled over)."""
+    """The sweep's last point was the applied cap itself, so the way back has nothing to write (the rule
+    reads the cap first: issue 51) and nothing is marked; an operator's later cap is theirs (left alone,
+    not rolled over)."""
     node = applied_node(tmp_path)
     device, applied = node.devices[0], node.controller.states[0].applied_watts
     real_set = device.set_power_limit
@@ -120,7 +121,8 @@ def test_a_failed_way_back_that_left_the_applied_cap_is_forgotten_so_the_operato
     device.set_power_limit = set_power_limit  # type: ignore[method-assign]
     node.service.run(SCHEDULE.model_copy(update={"caps": ["max", applied]}), 0)
     device.set_power_limit = real_set  # type: ignore[method-assign]
-    assert cap(node, 0) == applied and entry(node, 0).sweep_unrestored
+    assert cap(node, 0) == applied and not entry(node, 0).sweep_unrestored
+    assert calls.count(applied) == 1  # the way back wrote nothing: the board already read the applied cap
     node.controller.tick()
     assert node.controller.states[0].reason == "applied" and not entry(node, 0).sweep_unrestored
     device.set_power_limit(650.0)  # the operator, by hand
