@@ -221,7 +221,8 @@ def build_apply(config: Config, devices: list[Device], probes: ProbeService, hea
         ApplySettings.from_config(config.apply), devices, probes.journal,
         verdicts=health.verdicts if health is not None else None,
         idle=lambda index: tracker.idle_for(index) >= idle_seconds,
-        metrics=ApplyMetrics(), held_caps=probes.held_caps, on_cap_change=sampler.cap_changed)
+        metrics=ApplyMetrics(), held_caps=probes.held_caps, on_cap_change=sampler.cap_changed,
+        busy_now=probes.claimed_now)
     probes.point_listeners.append(controller.observe)
     probes.round_listeners.append(controller.round_ended)
     return controller

@@ -22,11 +22,12 @@ MODES: tuple[str, ...] = ("off", "advise", "canary", "on")
 HOLD_REASONS: tuple[str, ...] = (
     "off", "not_canary", "not_supported", "verdict", "no_recommendation", "stale", "unsettled", "incorrect",
     "no_saving", "below_minimum", "over_budget", "busy", "advise", "applied", "overridden", "rolled_back",
+    "held_elsewhere",
 )
 #: Why an applied cap was given back (``gpuperf_apply_rollbacks_total``'s ``reason``; bounded).
 ROLLBACK_REASONS: tuple[str, ...] = (
     "verdict", "drift", "probe_failed", "over_budget", "unconfirmed", "mode", "stopped", "failed_to_apply",
-    "sweep_unrestored",
+    "sweep_unrestored", "busy",
 )
 #: Failures that say nothing about the GPU at its cap (the host's memory, a user's job arriving): no rollback.
 NOT_THE_CAP: frozenset[str] = frozenset({"host_oom", "gpu_busy", "aborted", "preempted"})

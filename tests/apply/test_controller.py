@@ -229,10 +229,16 @@ def test_a_crash_while_applied_is_undone_by_the_journal_at_the_next_start(tmp_pa
 def test_revert_from_the_command_line_while_the_daemon_holds_the_cap(tmp_path) -> None:  # type: ignore[no-untyped-def]
     node = applied_node(tmp_path)
     results = revert([node.journal], node.devices)
-    assert [r.ok for r in results] == [True, True] and all("reads back 700 W" in r.words for r in results)
+    assert [r.ok for r in results] == [True, True] and all("the board reads 700 W" in r.words for r in results)
     assert node.journal.entries() == [] and [cap(node, i) for i in (0, 1)] == [700.0, 700.0]
     node.controller.tick()  # the daemon sees its cap changed and leaves the GPUs alone
-    assert {s.reason for s in node.controller.states.values()} == {"overridden"}
+    # ... quietly: the operator's own revert is no override (issue 51: no alert for it, no rollback counted)
+    states = node.controller.states.values()
+    assert {s.reason for s in states} == {"rolled_back"} and not any(s.overridden for s in states)
+    assert all(s.detail.startswith("reverted:") and s.applied_watts is None for s in states)
+    uuid = node.devices[0].info().uuid
+    assert node.sample("gpuperf_apply_overridden", gpu="0", uuid=uuid) == 0
+    assert not node.sample("gpuperf_apply_rollbacks_total", gpu="0", uuid=uuid, reason="stopped")
     assert [cap(node, i) for i in (0, 1)] == [700.0, 700.0]
 
 

@@ -364,6 +364,7 @@ def restore_pending(
     *,
     only: Iterable[str] | None = None,
     lock: bool = True,
+    applied_too: bool = False,
 ) -> list[str]:
     """Put back every original limit the journal holds; returns what was done, for logs.
 
@@ -371,7 +372,8 @@ def restore_pending(
     ``lock=False``: the caller holds the lock). ``only``: GPU UUIDs to consider (None:
     all). A corrupt entry cannot say what the operator had, so the safe action is the
     board's default limit (logged as such). Entries for GPUs not present stay on disk
-    for a later start. Never raises for a single entry's failure.
+    for a later start. Never raises for a single entry's failure. ``applied_too`` (the emergency
+    commands, holding the GPU's lock): an applied cap a live daemon holds is put back too.
     """
     by_name: dict[str, Device] = {}
     for device in devices:
@@ -392,7 +394,7 @@ def restore_pending(
             else:
                 log.warning("journal holds a cap for %s, which is not on this node now; kept", entry.uuid)
             continue
-        if (isinstance(entry, CapRecord) and entry.applied_watts is not None
+        if (not applied_too and isinstance(entry, CapRecord) and entry.applied_watts is not None
                 and (holder := is_owned(journal.state_dir, apply_lock_name(name))) is not None):
             log.info("gpu %d: %.0f W is applied by a running daemon (pid %d), which restores it; left to it",
                      device.index, entry.applied_watts, holder)
