@@ -225,6 +225,10 @@ def build_apply(config: Config, devices: list[Device], probes: ProbeService, hea
         busy_now=probes.claimed_now)
     probes.point_listeners.append(controller.observe)
     probes.round_listeners.append(controller.round_ended)
+    if problems := controller.refusals(controller.settings):
+        raise ConfigError("; ".join(problems))
+    if (note := controller.canary_note()) is not None:
+        log.warning("%s", note)
     return controller
 
 
@@ -455,6 +459,10 @@ class Daemon:
             new = self.reload_config()
         except ConfigError as exc:
             log.error("reload rejected, keeping the running configuration: %s", exc)
+            sdnotify.ready()
+            return False
+        if problems := self.apply.refusals(ApplySettings.from_config(new.apply)):
+            log.error("reload rejected, keeping the running configuration: %s", "; ".join(problems))
             sdnotify.ready()
             return False
         if self.web_config is not None:

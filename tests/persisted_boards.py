@@ -36,5 +36,6 @@ def operator_sets(state: Path, gpu: int, watts: float) -> None:
     from gpuperfd.config import SimulationConfig
     from gpuperfd.device.simulated import SimulatedBackend
 
-    board = SimulatedBackend(SimulationConfig(gpus=2, seed=1, state_file=state / "sim-limits.json"))
+    board = SimulatedBackend(SimulationConfig(gpus=2, seed=1, initial_power_limits={0: 650, 1: 640},
+                                              state_file=state / "sim-limits.json"))
     board.devices()[gpu].set_power_limit(watts)

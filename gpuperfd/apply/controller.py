@@ -116,6 +116,36 @@ class ApplyController:
         if metrics is not None:
             metrics.set_mode(settings.mode, self._workload())
 
+    def refusals(self, settings: ApplySettings) -> list[str]:
+        """What in ``settings`` cannot work on this node's GPUs (a canary GPU it does not have): the
+        daemon refuses to start with it, and a reload with it keeps the running configuration."""
+        if settings.mode == "off" or settings.canary_gpus is None:
+            return []
+        missing = sorted(set(settings.canary_gpus) - set(self.devices))
+        if not missing:
+            return []
+        return [f"apply.canary_gpus: GPU {', '.join(map(str, missing))} does not exist on this node "
+                f"(its GPUs: {', '.join(map(str, sorted(self.devices))) or 'none'})"]
+
+    def canary_note(self, settings: ApplySettings | None = None) -> str | None:
+        """A warning, with the numbers, when canary mode picks none of this node's GPUs."""
+        settings = settings or self.settings
+        if settings.mode != "canary":
+            return None
+        picked = []
+        for index, device in self.devices.items():
+            try:
+                if in_canary(index, device.info().uuid, settings):
+                    picked.append(index)
+            except DeviceError:
+                continue
+        if picked:
+            return None
+        how = (f"canary_gpus {list(settings.canary_gpus)}" if settings.canary_gpus is not None
+               else f"canary_share {settings.canary_share:g} (a hash of each GPU's UUID below the share)")
+        return (f"apply canary: {how} picks none of this node's {len(self.devices)} GPU(s), so no cap is applied "
+                f"here; name them in apply.canary_gpus or raise apply.canary_share")
+
     def _workload(self) -> str:
         s = self.settings
         return f"{s.probe}/{s.preset}" if s.preset else s.probe
@@ -440,6 +470,8 @@ class ApplyController:
             return self._configure(settings)
 
     def _configure(self, settings: ApplySettings) -> list[str]:
+        if (note := self.canary_note(settings)) is not None:
+            log.warning("%s", note)
         before, self.settings = self.settings, settings
         fresh = (before.mode, before.probe, before.preset) != (settings.mode, settings.probe, settings.preset)
         if (before.probe, before.preset) != (settings.probe, settings.preset):

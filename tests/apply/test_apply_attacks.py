@@ -6,6 +6,7 @@ is told from an operator's and put back; the emergency command says what the boa
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import sys
@@ -155,3 +156,100 @@ def test_an_operators_cap_set_during_the_daemons_sweep_of_an_applied_gpu_stays(s
     assert daemon.stop(signal.SIGTERM) == 0
     assert board_limits(state) == {"0": ORIGINAL["0"], "1": HAND} and not list(state.glob("*.cap.json"))
     assert "the cap is changed under it" not in daemon.log() and "Traceback" not in daemon.log()
+
+
+def kill_trial(root: Path, seed: int) -> str:
+    """One attack: a daemon in mode on (and, in some trials, a CLI sweep of GPU 1 beside it) SIGKILLed at a
+    random moment of the apply lifecycle (start-up, the first sweep, the write of the applied cap, the
+    watch); then, in some trials, the operator's hand change; then a recovery (restore-caps, apply
+    --revert, or the next daemon's start). Every cap must end as the operator chose, every journal empty."""
+    from conftest import DaemonProcess
+
+    rng = random.Random(seed)
+    trial = root / f"trial-{seed}"
+    trial.mkdir()
+    state = trial / "state"
+    daemon = DaemonProcess([], config(state, measure=rng.choice([0.03, 0.1])), trial)
+    sweep = None
+    try:
+        daemon.wait_ready()
+        if rng.random() < 0.3:
+            time.sleep(rng.uniform(0, 1.0))
+            sweep = sweep_on_gpu_1(trial, state, measure=0.2)
+        time.sleep(rng.uniform(0, 2.5))
+    finally:
+        daemon.proc.kill()
+        daemon.proc.wait()
+        daemon.stop()
+        if sweep is not None:
+            sweep.kill()
+            sweep.communicate()
+    expected = dict(ORIGINAL)
+    if rng.random() < 0.5:
+        gpu = rng.choice([0, 1])
+        operator_sets(state, gpu, HAND)
+        expected[str(gpu)] = HAND
+    recovery = rng.choice(["restore-caps", "revert", "daemon"])
+    if recovery == "daemon":
+        (trial / "gpuperfd.yaml").write_text(config(state, mode="off", first_run=3600))
+        checker = DaemonProcess(["--config", str(trial / "gpuperfd.yaml")], None, trial)
+        checker.wait_ready()
+        assert checker.stop(signal.SIGTERM) == 0, checker.log()
+        words = checker.log()
+    else:
+        done = cli("restore-caps" if recovery == "restore-caps" else "apply", *([] if recovery == "restore-caps"
+                                                                                 else ["--revert"]), cwd=trial)
+        assert done.returncode == 0, f"seed {seed}: {done.stdout}{done.stderr}"
+        words = done.stdout + done.stderr
+    what = f"seed {seed} ({recovery}): {words[-2000:]}"
+    assert board_limits(state) == expected, what
+    assert not list(state.glob("*.cap.json")), what
+    return recovery
+
+
+def test_sigkill_at_random_moments_of_the_apply_lifecycle(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A few trials in the default suite (the 60-trial version: test_sigkill_at_random_moments_many)."""
+    for seed in range(6):
+        kill_trial(tmp_path, seed)
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_many(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """60 trials (issue 51 asks for 50+): run with ``-m slow``."""
+    done = [kill_trial(tmp_path, seed) for seed in range(100, 160)]
+    assert {"restore-caps", "revert", "daemon"} <= set(done)
+
+
+def test_a_reload_naming_a_canary_gpu_the_node_lacks_is_rejected_and_the_running_config_stays(start_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`canary_gpus: [0, 7]` on a 2-GPU node was accepted and GPU 7 never mentioned (issue 51)."""
+    state = tmp_path / "state"
+    canary = config(state).replace("apply: {mode: on,", "apply: {mode: canary, canary_gpus: [0],")
+    daemon = start_daemon(config_text=canary)
+    wait_for(lambda: gpu_state(daemon, 0)["reason"] == "applied", log=daemon.log)
+    (tmp_path / "gpuperfd.yaml").write_text(canary.replace("canary_gpus: [0]", "canary_gpus: [0, 7]"))
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reload rejected" in daemon.log(), log=daemon.log)
+    assert "apply.canary_gpus: GPU 7 does not exist" in daemon.log()
+    api = requests.get(daemon.url + "/api/v1/apply", timeout=5).json()
+    assert api["mode"] == "canary" and api["gpus"][0]["reason"] == "applied"  # the running config stays
+    check = subprocess.run([sys.executable, "-m", "gpuperfd", "check-config", str(tmp_path / "gpuperfd.yaml")],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 2 and "GPU 7 does not exist (this node has 2 GPUs" in check.stderr
+    assert daemon.stop(signal.SIGTERM) == 0 and board_limits(state) == ORIGINAL
+
+
+def test_a_canary_share_that_picks_no_gpu_says_so_with_the_numbers(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """The default canary_share 0.1 picks none of these 4 GPUs (their UUID hashes are all above it): a
+    warning with the numbers, where once only "not_canary: -" was logged."""
+    import logging
+
+    from gpuperfd.apply.policy import ApplySettings
+    from simfleet import make_node
+
+    node = make_node(tmp_path, gpus=4, settings=ApplySettings(mode="canary", probe="llm", canary_share=0.1))
+    with caplog.at_level(logging.WARNING):
+        node.controller.configure(ApplySettings(mode="canary", probe="llm", canary_share=0.1))
+    assert "canary_share 0.1 (a hash of each GPU's UUID below the share) picks none of this node's 4 GPU(s)" in caplog.text
+    assert node.controller.refusals(ApplySettings(mode="canary", probe="llm", canary_gpus=(0, 7))) == [
+        "apply.canary_gpus: GPU 7 does not exist on this node (its GPUs: 0, 1, 2, 3)"]
+    assert node.controller.canary_note(ApplySettings(mode="canary", probe="llm", canary_share=1.0)) is None
