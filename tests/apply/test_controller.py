@@ -294,3 +294,35 @@ def test_current_in_a_sweep_under_apply_is_the_operators_cap_so_savings_are_meas
     node.controller.tick()
     uuid = node.devices[0].info().uuid
     assert node.sample("gpuperf_apply_realized_power_saved_watts", gpu="0", uuid=uuid, probe="llm", preset="gpt2") > 0
+
+
+def test_the_busy_guard_is_read_at_the_write_and_a_job_that_arrives_rolls_the_cap_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 51: a job that started while the idle tracker still said idle got a cap applied under it. The
+    guard is read live under the GPU's lock at the write (a foreign process, a pod), and a job that arrives
+    after the write gives the operator's cap back at the controller's next pass (allow_busy: false)."""
+    node = make_node(tmp_path, gpus=2)
+    node.sweep()
+    node.devices[0].add_foreign_process(4242, 1 << 30)  # the tracker has not seen it: node.idle says idle
+    node.controller.tick()
+    state0, state1 = node.controller.states[0], node.controller.states[1]
+    assert state0.reason == "busy" and "4242" in state0.detail and cap(node, 0) == 700.0 and entry(node, 0) is None
+    assert state1.reason == "applied" and cap(node, 1) == state1.applied_watts < 700.0
+    node.devices[1].add_foreign_process(4343, 1 << 30)  # a job arrives after the write
+    node.controller.tick()
+    uuid = node.devices[1].info().uuid
+    assert cap(node, 1) == 700.0 and entry(node, 1) is None
+    assert state1.reason == "rolled_back" and state1.detail.startswith("busy") and "4343" in state1.detail
+    assert node.sample("gpuperf_apply_rollbacks_total", gpu="1", uuid=uuid, reason="busy") == 1
+    node.devices[0].remove_foreign_process(4242)
+    node.controller.tick()
+    assert state0.reason == "applied" and cap(node, 0) < 700.0  # applied once idle
+
+
+def test_allow_busy_applies_and_keeps_the_cap_under_a_users_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = make_node(tmp_path, gpus=1, settings=ApplySettings(mode="on", probe="llm", budget_ratio=0.10,
+                                                              allow_busy=True))
+    node.sweep()
+    node.devices[0].add_foreign_process(4242, 1 << 30)
+    node.controller.tick()
+    node.controller.tick()
+    assert node.controller.states[0].reason == "applied" and cap(node, 0) < 700.0
