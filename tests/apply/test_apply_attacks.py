@@ -253,3 +253,32 @@ def test_a_canary_share_that_picks_no_gpu_says_so_with_the_numbers(tmp_path, cap
     assert node.controller.refusals(ApplySettings(mode="canary", probe="llm", canary_gpus=(0, 7))) == [
         "apply.canary_gpus: GPU 7 does not exist on this node (its GPUs: 0, 1, 2, 3)"]
     assert node.controller.canary_note(ApplySettings(mode="canary", probe="llm", canary_share=1.0)) is None
+
+
+def test_a_second_daemon_never_takes_the_first_ones_applied_cap_for_the_operators(start_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Once a second daemon on the node published the first one's applied 300 W as "the operator's" cap.
+    Then it is SIGKILLed mid-sweep of an applied GPU: the first daemon puts the operator's cap back."""
+    from conftest import DaemonProcess
+
+    state = tmp_path / "state"
+    first = start_daemon(config_text=config(state))
+    held = wait_for(lambda: applied(state), log=first.log)
+    (tmp_path / "second").mkdir()
+    second = DaemonProcess([], config(state, measure=1.0, first_run=3), tmp_path / "second")
+    try:
+        second.wait_ready()
+        got = wait_for(lambda: (g := gpu_state(second, 1))["reason"] == "held_elsewhere" and g, log=second.log)
+        assert got["operator_watts"] is None and got["applied_watts"] is None and got["advised_watts"] is None
+        assert f"operator's {ORIGINAL['1']:.0f} W" in got["detail"]
+        metrics = requests.get(second.url + "/metrics", timeout=5).text
+        assert "gpuperf_apply_operator_cap_watts{" not in metrics
+        assert board_limits(state) == held  # its start restored nothing under the first daemon
+        # its own sweep of GPU 1 (the applied GPU) changes the cap: killed at that moment
+        wait_for(lambda: board_limits(state)["1"] not in (held["1"],), timeout=30, log=second.log)
+    finally:
+        second.stop(signal.SIGKILL)
+    got = wait_for(lambda: (g := gpu_state(first, 1))["applied_watts"] is None and g, log=first.log)
+    assert got["reason"] == "rolled_back" and got["detail"].startswith("sweep_unrestored"), got
+    assert board_limits(state)["1"] == ORIGINAL["1"]
+    assert first.stop(signal.SIGTERM) == 0
+    assert board_limits(state) == ORIGINAL and not list(state.glob("*.cap.json"))
