@@ -412,7 +412,8 @@ class ApplyController:
         log.warning("gpu %d: applied cap %.0f W rolled back to the operator's %.0f W (%s): %s",
                     device.index, state.applied_watts or 0.0, operator, reason, detail)
         self._release(device.index, uuid, state)
-        state.reason, state.detail, state.out = "rolled_back", f"{reason}: {detail}", True
+        # a user's job came: applied again once idle (as a GPU held back as busy); any other reason: out
+        state.reason, state.detail, state.out = "rolled_back", f"{reason}: {detail}", reason != "busy"
         if self.metrics is not None:
             self.metrics.rolled_back(device.index, uuid, reason)
         self._cap_changed(device.index)

@@ -314,8 +314,10 @@ def test_the_busy_guard_is_read_at_the_write_and_a_job_that_arrives_rolls_the_ca
     assert state1.reason == "rolled_back" and state1.detail.startswith("busy") and "4343" in state1.detail
     assert node.sample("gpuperf_apply_rollbacks_total", gpu="1", uuid=uuid, reason="busy") == 1
     node.devices[0].remove_foreign_process(4242)
+    node.devices[1].remove_foreign_process(4343)
     node.controller.tick()
     assert state0.reason == "applied" and cap(node, 0) < 700.0  # applied once idle
+    assert state1.reason == "applied" and cap(node, 1) < 700.0  # a busy rollback does not keep it out
 
 
 def test_allow_busy_applies_and_keeps_the_cap_under_a_users_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
