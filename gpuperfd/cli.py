@@ -52,7 +52,9 @@ def config_vocabulary() -> Vocabulary:
         except ValueError as exc:
             raise ValueError(f"options/preset: {exc}") from None
 
-    return Vocabulary(check_probe_options, tuple(COLLECTOR_NAMES), tuple(defaults()))
+    from gpuperfd.probe_data.spec import DEFAULT_PRESET
+
+    return Vocabulary(check_probe_options, tuple(COLLECTOR_NAMES), tuple(defaults()), dict(DEFAULT_PRESET))
 
 
 use_vocabulary(config_vocabulary)  # every command, and the daemon's reload, validates through cli

@@ -12,7 +12,7 @@ import os
 import reprlib
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -88,6 +88,8 @@ class Vocabulary:
     collector_names: tuple[str, ...]
     #: ``health.thresholds`` keys: the health checks' threshold and setting keys.
     health_threshold_keys: tuple[str, ...]
+    #: Each probe's default preset (what a schedule without ``preset`` runs): ``apply.workload`` checks.
+    default_presets: dict[str, str] = field(default_factory=dict)
 
 
 _vocabulary_source: Callable[[], Vocabulary] | None = None
@@ -581,13 +583,13 @@ class Config(_Strict):
                 raise ValueError(f"apply.mode {apply.mode} changes power caps, but probes.read_only is true; "
                                  "use mode advise on a read-only node, or set probes.read_only: false")
         if apply.mode != "off" and apply.workload:
-            from gpuperfd.probe_data.spec import DEFAULT_PRESET
-
             probe, _, preset = apply.workload.partition("/")
+            names = vocabulary() if preset else None
+            DEFAULT_PRESET = names.default_presets if names is not None else {}  # noqa: N806
             # A schedule without a preset runs the probe's default preset, not any preset (issue 51).
-            if not any(s.probe == probe and (not preset or (s.preset or DEFAULT_PRESET.get(probe, "")) == preset)
+            if not any(s.probe == probe and (not preset or (s.preset or DEFAULT_PRESET.get(probe, preset)) == preset)
                        for s in self.probes.schedules):
-                runs = sorted({f"{s.probe}/{s.preset or DEFAULT_PRESET.get(s.probe, '')}"
+                runs = sorted({f"{s.probe}/{s.preset or DEFAULT_PRESET.get(s.probe, 'default')}"
                                for s in self.probes.schedules if s.probe == probe})
                 raise ValueError(f"apply.workload {apply.workload!r}: no probes.schedules entry runs it, "
                                  "so nothing recommends or checks a cap for it"
