@@ -29,7 +29,8 @@ from gpuperfd.device.base import Device, PowerLimits
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.recommend import SweepPoint
-from gpuperfd.probing.sweep.journal import CapJournal, CapRecord, JournalWriteError, put_back, read_registry
+from gpuperfd.probing.sweep.journal import (CapJournal, CapRecord, JournalWriteError, put_back, read_registry,
+                                            restore_pending)
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, apply_lock_name, is_owned, safe_name
 
 log = logging.getLogger(__name__)
@@ -224,6 +225,8 @@ class ApplyController:
             return
         limits = self._limits(device)
         operator = limits.enforced_watts if limits is not None else 0.0
+        if self.settings.mode not in ("off", "advise"):
+            self._restore_dead_writers(device, uuid)
         other = self._entry_elsewhere(uuid) if self.settings.mode not in ("off", "advise") else None
         if other is not None:  # another writer's cap (a second daemon's, a dead sweep's): never the operator's
             entry, where = other
@@ -259,6 +262,22 @@ class ApplyController:
         mine = self.journal.state_dir.resolve()
         return [CapJournal(d, self.journal.registry) for d in read_registry(self.journal.registry)
                 if d.is_dir() and d.resolve() != mine]
+
+    def _restore_dead_writers(self, device: Device, uuid: str) -> None:
+        """Put back, now, a cap a writer of ours that died left on this GPU (a SIGKILLed ``gpuperfd sweep``,
+        in this or another state directory), by the one rule (only over a cap it set), instead of leaving it
+        on the board until the next sweep of the GPU. Entries a live writer or daemon holds are left to it."""
+        name = safe_name(uuid)
+        for journal in [self.journal, *self._journals()]:
+            entry = journal.entry(uuid)
+            if entry is None or entry.writer_alive() or is_owned(journal.state_dir, apply_lock_name(name)) is not None:
+                continue
+            mine = journal is self.journal  # this directory's GPU lock is ours now
+            done = restore_pending(journal, [device], only=[uuid], lock=not mine)
+            if done:
+                log.warning("gpu %d: a writer of ours (pid %d) died with its cap journaled in %s: %s",
+                            device.index, entry.pid, journal.state_dir, "; ".join(done))
+                self._cap_changed(device.index)
 
     def _entry_elsewhere(self, uuid: str) -> tuple[CapRecord, str] | None:
         """An entry of this GPU that is not this controller's: in its own journal (a second daemon's

@@ -282,3 +282,21 @@ def test_a_second_daemon_never_takes_the_first_ones_applied_cap_for_the_operator
     assert board_limits(state)["1"] == ORIGINAL["1"]
     assert first.stop(signal.SIGTERM) == 0
     assert board_limits(state) == ORIGINAL and not list(state.glob("*.cap.json"))
+
+
+@pytest.mark.parametrize("where", ["same_state_dir", "other_state_dir"])
+def test_a_killed_sweeps_cap_is_put_back_by_the_running_daemon_at_its_next_pass(start_daemon, tmp_path, where) -> None:  # type: ignore[no-untyped-def]
+    """A `gpuperfd sweep` SIGKILLed at 700 W while a daemon in apply mode runs (no cap applied yet): the
+    daemon's next pass puts the operator's cap back, not the next sweep of that GPU an hour later."""
+    state = tmp_path / "state"
+    daemon = start_daemon(config_text=config(state, first_run=3600))
+    other = state if where == "same_state_dir" else tmp_path / "other-state"
+    sweep = sweep_on_gpu_1(tmp_path, other)
+    wait_for(lambda: board_limits(state)["1"] == 700.0 or sweep.poll() is not None)
+    assert sweep.poll() is None, sweep.communicate()[1]
+    sweep.kill()
+    sweep.wait()
+    wait_for(lambda: board_limits(state)["1"] == ORIGINAL["1"], timeout=10, log=daemon.log)
+    assert "died with its cap journaled in" in daemon.log()
+    assert not list(other.glob("*.cap.json")) and gpu_state(daemon, 1)["reason"] == "no_recommendation"
+    assert daemon.stop(signal.SIGTERM) == 0 and board_limits(state) == ORIGINAL

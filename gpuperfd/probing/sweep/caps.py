@@ -118,13 +118,16 @@ class CapGuard:
             self._uuid = self.device.info().uuid
             earlier = self.journal.entry(self._uuid)
             if (earlier is not None and earlier.applied_watts is not None and earlier.knows_its_writes()
-                    and round(found) not in earlier.ours() and round(found) != round(earlier.original_watts)):
-                # apply mode's cap was replaced by hand before this sweep: the operator's cap now
+                    and (round(found) == round(earlier.original_watts) or round(found) not in earlier.ours())):
+                # apply mode's cap was replaced by hand before this sweep (the operator's own cap back, or
+                # another): the operator's cap now, and the one this sweep returns to
                 self._operators(found, f"found {found:.0f} W, not the applied {earlier.applied_watts:.0f} W")
             record = self.journal.record(self.device, found, limits.default_watts, to_watts=watts)
             self.keep_entry = record.applied_watts is not None
-            self.original_watts = found if self.keep_entry else record.original_watts
-            self._ours = {round(found)}
+            # on an applied GPU the sweep returns to the applied cap (the board may still hold a cap a
+            # killed writer of ours left: one of its journaled pair, never the cap to return to)
+            self.original_watts = (record.applied_watts if self.keep_entry else record.original_watts)
+            self._ours = {round(found)} | (record.ours() if self.keep_entry else set())
         elif self.current_watts is not None and round(found) != round(self.current_watts):
             raise CapChangedByOther(self.device.index, found, self.current_watts)
         if self.journal.intend(self._uuid or self.device.info().uuid, found, watts) is None and self.keep_entry:
