@@ -190,7 +190,7 @@ class ApplyController:
             log.debug("gpu %d: apply skipped: %s", device.index, exc)
             return
         state = self.states[device.index]
-        lock = GpuLock(self.journal.state_dir, safe_name(uuid))
+        lock = self.journal.lock(safe_name(uuid))
         try:
             lock.acquire()
         except GpuBusy:  # a sweep or a CLI run owns the cap now; the next pass looks again
@@ -525,7 +525,7 @@ class ApplyController:
             uuid = device.info().uuid
         except DeviceError as exc:
             return [f"gpu {index}: cannot read it ({exc}); the journal restores it at the next start"]
-        lock = GpuLock(self.journal.state_dir, safe_name(uuid))
+        lock = self.journal.lock(safe_name(uuid))
         try:
             lock.acquire(wait_seconds=wait_seconds)  # a sweep returns to the applied cap within its point
         except (GpuBusy, OSError) as exc:

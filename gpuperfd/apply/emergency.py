@@ -19,7 +19,7 @@ from pathlib import Path
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probing.sweep.journal import CapJournal, CapRecord, CorruptJournal, restore_pending
-from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, safe_name
+from gpuperfd.probing.sweep.ownership import GpuBusy, safe_name
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def restore_everything(journals: Iterable[CapJournal], devices: Sequence[Device]
 
 def _one(journal: CapJournal, path: Path, name: str, entry: CapRecord | CorruptJournal, device: Device,
          wait_seconds: float) -> Restored:
-    lock = GpuLock(journal.state_dir, name)
+    lock = journal.lock(name)
     try:
         lock.acquire(wait_seconds=wait_seconds)
     except GpuBusy as busy:

@@ -300,3 +300,22 @@ def test_a_killed_sweeps_cap_is_put_back_by_the_running_daemon_at_its_next_pass(
     assert "died with its cap journaled in" in daemon.log()
     assert not list(other.glob("*.cap.json")) and gpu_state(daemon, 1)["reason"] == "no_recommendation"
     assert daemon.stop(signal.SIGTERM) == 0 and board_limits(state) == ORIGINAL
+
+
+def test_a_sweep_journaling_in_another_state_dir_waits_for_the_daemons_sweep(start_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Cap locks per state directory let a `gpuperfd sweep --state-dir X` change caps under the daemon's
+    sweep of the same GPU: each took the other's cap for an operator's. The node-wide lock of each GPU
+    (beside the node's registry) makes it wait for the daemon's round, then return to the applied cap."""
+    state = tmp_path / "state"
+    daemon = start_daemon(config_text=config(state, interval=10, measure=0.4))
+    before = wait_for(lambda: applied(state), log=daemon.log)
+    wait_for(lambda: board_limits(state)["1"] != before["1"], timeout=40, log=daemon.log)  # the daemon's round
+    sweep = sweep_on_gpu_1(tmp_path, tmp_path / "other-state", measure=0.2)
+    out, err = sweep.communicate(timeout=60)
+    assert sweep.returncode == 0, err
+    got = gpu_state(daemon, 1)
+    assert got["reason"] == "applied" and not got["overridden"], got
+    assert board_limits(state)["1"] == before["1"] == got["applied_watts"]
+    assert "someone else" not in daemon.log() and "someone else" not in err
+    assert daemon.stop(signal.SIGTERM) == 0
+    assert board_limits(state) == ORIGINAL and not list(state.glob("*.cap.json"))

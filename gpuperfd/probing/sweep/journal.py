@@ -57,6 +57,8 @@ MAX_REGISTERED = 256
 
 #: A journal entry is ~200 bytes; anything much larger is not one (and is not read whole).
 MAX_ENTRY_BYTES = 64 * 1024
+#: Beside the node's registry: one cap lock per GPU for every state directory (ownership.GpuLock).
+NODE_LOCKS = "gpuperfd-cap-locks"
 #: In each state directory: one JSON line per cap we found changed, whom we took it for, what we did.
 DECISIONS = "cap-decisions.jsonl"
 MAX_DECISIONS_BYTES = 256 * 1024
@@ -158,6 +160,12 @@ class CapJournal:
 
     def _path(self, uuid: str) -> Path:
         return self.state_dir / (safe_name(uuid) + self.SUFFIX)
+
+    def lock(self, name: str) -> GpuLock:
+        """The cap lock of GPU ``name`` (safe UUID) for writers of this journal: this directory's, and the
+        node's (beside its registry) so writers journaling in other state directories are excluded too."""
+        node = None if self.registry is None else self.registry.parent / NODE_LOCKS
+        return GpuLock(self.state_dir, name, node)
 
     def path_for(self, uuid: str) -> Path:
         return self._path(uuid)
@@ -417,7 +425,7 @@ def restore_pending(
 
 def _lock_entry(journal: CapJournal, name: str, path: Path) -> GpuLock | None | bool:
     """The entry's lock (held), None (no lock needed or possible), or False: a live owner has it."""
-    gpu_lock = GpuLock(journal.state_dir, name)
+    gpu_lock = journal.lock(name)
     try:
         gpu_lock.acquire()
         return gpu_lock

@@ -145,7 +145,7 @@ def _take_lock(journal: CapJournal, name: str, request: SweepRequest,
         if (owner := is_owned(journal.state_dir, name)) is not None:
             return None, OwnedSweep(OwnedStatus.OWNED, str(GpuBusy(name, owner)), owner_pid=owner)
         return None, None
-    lock = GpuLock(journal.state_dir, name)
+    lock = journal.lock(name)
     try:
         lock.acquire(wait_seconds=request.wait_seconds, cancel=abort.is_set)
     except GpuBusy as busy:
