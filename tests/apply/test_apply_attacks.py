@@ -319,3 +319,21 @@ def test_a_sweep_journaling_in_another_state_dir_waits_for_the_daemons_sweep(sta
     assert "someone else" not in daemon.log() and "someone else" not in err
     assert daemon.stop(signal.SIGTERM) == 0
     assert board_limits(state) == ORIGINAL and not list(state.glob("*.cap.json"))
+
+
+def test_an_operators_cap_set_during_the_first_sweep_stops_it_and_stays(start_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The operator's hand change before anything is applied, while the daemon sweeps the GPU: the sweep
+    finds the cap changed under it, stops, and writes nothing more; the operator's cap is the one
+    journaled from then on (a later applied cap gives it back)."""
+    state = tmp_path / "state"
+    daemon = start_daemon(config_text=config(state, measure=0.4))
+    wait_for(lambda: board_limits(state)["1"] != ORIGINAL["1"], log=daemon.log)  # the first sweep of GPU 1
+    operator_sets(state, 1, HAND)
+    wait_for(lambda: "someone else changed it; theirs stays" in daemon.log(), log=daemon.log)
+    time.sleep(1.5)  # passes of the controller
+    assert board_limits(state)["1"] <= HAND
+    entry = next((json.loads(p.read_text()) for p in state.glob("*.cap.json")
+                  if json.loads(p.read_text())["gpu_index"] == 1), None)
+    assert entry is None or entry["original_watts"] == HAND  # never 640 W over the operator's choice
+    assert daemon.stop(signal.SIGTERM) == 0
+    assert board_limits(state) == {"0": ORIGINAL["0"], "1": HAND} and not list(state.glob("*.cap.json"))
