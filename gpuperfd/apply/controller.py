@@ -293,6 +293,8 @@ class ApplyController:
         that died around its write: restored), ``live`` (a writer of ours works on it now: wait),
         ``revert`` (the operator's own cap is back) or ``operator`` (someone else set it: it stays)."""
         watts = round(enforced)
+        if entry is not None and watts == round(entry.original_watts):
+            return "revert"  # the operator's own cap (a writer that died writing it left it too: the same cap)
         if entry is not None and entry.knows_its_writes() and watts in entry.ours():
             return "writer"  # we hold this directory's GPU lock: its writer is gone (or it was our own sweep)
         name = safe_name(uuid)
@@ -304,8 +306,7 @@ class ApplyController:
                     or is_owned(journal.state_dir, apply_lock_name(name)) is not None):
                 return "live"
             return "writer"
-        state_operator = entry.original_watts if entry is not None else None
-        return "revert" if state_operator is not None and watts == round(state_operator) else "operator"
+        return "operator"
 
     def _apply(self, device: Device, uuid: str, state: GpuApply, cap: float, limits: PowerLimits, why: str) -> None:
         """Journal the operator's cap, hold the apply lock, set ``cap`` and read it back (or undo it)."""
@@ -452,7 +453,11 @@ class ApplyController:
         """Someone else set a cap: never fight it. The journal entry goes *without* a restore (a later
         start must not put the old cap over their choice), and the GPU leaves apply mode."""
         self.journal.clear(uuid)
-        self.journal.believe(uuid, "operator", 0.0, f"overridden: {detail}")
+        try:
+            found = device.power_limits().enforced_watts
+        except DeviceError:
+            found = 0.0
+        self.journal.believe(uuid, "operator", found, f"overridden: {detail}")
         log.warning("gpu %d: %s; someone else changed the cap: leaving it, this GPU leaves apply mode", device.index,
                     detail)
         self._release(device.index, uuid, state)

@@ -328,3 +328,18 @@ def test_allow_busy_applies_and_keeps_the_cap_under_a_users_job(tmp_path) -> Non
     node.controller.tick()
     node.controller.tick()
     assert node.controller.states[0].reason == "applied" and cap(node, 0) < 700.0
+
+
+def test_the_operators_own_cap_set_back_by_hand_leaves_apply_mode_without_an_alert(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 51: the operator's own revert raised the override alert. By hand (no CLI), the cap reads the
+    journaled operator's cap again: the GPU leaves apply mode quietly and the decision is journaled."""
+    node = applied_node(tmp_path)
+    node.devices[0].set_power_limit(700.0)  # the operator's own cap, by hand
+    node.controller.tick()
+    state, uuid = node.controller.states[0], node.devices[0].info().uuid
+    assert state.reason == "rolled_back" and state.detail.startswith("reverted:") and not state.overridden
+    assert node.sample("gpuperf_apply_overridden", gpu="0", uuid=uuid) == 0
+    assert all(node.sample("gpuperf_apply_rollbacks_total", gpu="0", uuid=uuid, reason=r) == 0
+               for r in ("sweep_unrestored", "stopped"))
+    assert entry(node, 0) is None and cap(node, 0) == 700.0
+    assert any(d["believed"] == "operator" and d["detail"].startswith("reverted") for d in node.journal.decisions())
