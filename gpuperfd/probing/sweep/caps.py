@@ -102,8 +102,8 @@ class CapGuard:
         self.journal = journal
         self.original_watts: float | None = None
         self.current_watts: float | None = None
-        #: True on a GPU where ``gpuperfd apply`` holds a cap: the guard returns to the cap it found
-        #: (the applied one) and leaves the journal entry, which keeps the operator's cap.
+        #: True on a GPU where ``gpuperfd apply`` holds a cap: the guard returns to the applied cap and
+        #: leaves the journal entry, which keeps the operator's cap.
         self.keep_entry = False
         #: The caps (rounded) this guard may have left on the board: what it found and what it wrote.
         self._ours: set[int] = set()
