@@ -133,6 +133,10 @@ class CapGuard:
         if self.journal.intend(self._uuid or self.device.info().uuid, found, watts) is None and self.keep_entry:
             raise JournalWriteError(0, f"the journal entry of gpu {self.device.index} is gone; cap not changed")
         self._ours.add(round(watts))
+        # read again right before the write: a hand change during the journal's fsync is seen too (the
+        # window left is between this read and the write: NVML has no compare-and-set)
+        if self.current_watts is not None and round(now := self.device.power_limits().enforced_watts) != round(found):
+            raise CapChangedByOther(self.device.index, now, self.current_watts)
         self.device.set_power_limit(watts)
         self.current_watts = watts
 

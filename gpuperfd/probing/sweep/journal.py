@@ -456,7 +456,7 @@ class PutBack:
 
 
 def put_back(journal: CapJournal, device: Device, uuid: str, target: float, ours: Iterable[float] | None,
-             why: str) -> PutBack:
+             why: str, _tries: int = 3) -> PutBack:
     """THE rule for every write that puts a cap back (a sweep's end, a rollback, stop, revert,
     restore-caps, start-up recovery): read the cap first and write ``target`` only if the cap is
     one we set (``ours``; None: an entry of an older version, whose every cap is its writer's).
@@ -482,6 +482,11 @@ def put_back(journal: CapJournal, device: Device, uuid: str, target: float, ours
         journal.intend(uuid, found, target)
     except JournalWriteError as exc:  # a restore must not wait on a state directory that turned read-only
         log.warning("gpu %d: %s; putting %.0f W back all the same", device.index, exc, target)
+    again = device.power_limits().enforced_watts  # right before the write: a change during the fsync
+    if round(again) != round(found):
+        if _tries <= 1:
+            raise DeviceError(f"the cap keeps changing ({found:.0f} W, then {again:.0f} W); {target:.0f} W not written")
+        return put_back(journal, device, uuid, target, None if mine is None else list(mine), why, _tries - 1)
     device.set_power_limit(target)
     back = device.power_limits().enforced_watts
     if round(back) != round(target):
