@@ -322,6 +322,13 @@ class ApplyController:
             return
         state.hold, state.operator_watts = hold, operator
         try:
+            now = device.power_limits().enforced_watts  # right before the write (after the journal's fsync)
+            if round(now) != round(limits.enforced_watts):  # changed by hand meanwhile: theirs, nothing written
+                self.journal.clear(uuid)
+                self._release(device.index, uuid, state)
+                log.warning("gpu %d: the cap changed to %.0f W while %.0f W was being applied: not applied; the "
+                            "next pass looks again", device.index, now, cap)
+                return
             device.set_power_limit(cap)
             back = device.power_limits().enforced_watts
         except DeviceError as exc:

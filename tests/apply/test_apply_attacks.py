@@ -161,8 +161,9 @@ def test_an_operators_cap_set_during_the_daemons_sweep_of_an_applied_gpu_stays(s
 def kill_trial(root: Path, seed: int) -> str:
     """One attack: a daemon in mode on (and, in some trials, a CLI sweep of GPU 1 beside it) SIGKILLed at a
     random moment of the apply lifecycle (start-up, the first sweep, the write of the applied cap, the
-    watch); then, in some trials, the operator's hand change; then a recovery (restore-caps, apply
-    --revert, or the next daemon's start). Every cap must end as the operator chose, every journal empty."""
+    watch); in some trials the operator's hand change while it runs (at a random phase) and/or after the
+    kill; then a recovery (restore-caps, apply --revert, or the next daemon's start). Every cap must end
+    as the operator chose, every journal empty."""
     from conftest import DaemonProcess
 
     rng = random.Random(seed)
@@ -170,13 +171,17 @@ def kill_trial(root: Path, seed: int) -> str:
     trial.mkdir()
     state = trial / "state"
     daemon = DaemonProcess([], config(state, measure=rng.choice([0.03, 0.1])), trial)
-    sweep = None
+    sweep, hand_gpu = None, None
     try:
         daemon.wait_ready()
         if rng.random() < 0.3:
             time.sleep(rng.uniform(0, 1.0))
             sweep = sweep_on_gpu_1(trial, state, measure=0.2)
         time.sleep(rng.uniform(0, 2.5))
+        if rng.random() < 0.25:  # the operator's hand change while it runs, at a random phase
+            hand_gpu = rng.choice([0, 1])
+            operator_sets(state, hand_gpu, HAND)
+            time.sleep(rng.uniform(0, 0.5))
     finally:
         daemon.proc.kill()
         daemon.proc.wait()
@@ -185,6 +190,8 @@ def kill_trial(root: Path, seed: int) -> str:
             sweep.kill()
             sweep.communicate()
     expected = dict(ORIGINAL)
+    if hand_gpu is not None:
+        expected[str(hand_gpu)] = HAND
     if rng.random() < 0.5:
         gpu = rng.choice([0, 1])
         operator_sets(state, gpu, HAND)
