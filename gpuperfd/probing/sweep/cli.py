@@ -330,6 +330,9 @@ def _refusal(args: SweepArgs, device: Device, journal: CapJournal, outcome: Owne
     if status is OwnedStatus.BAD_CAPS:
         say(f"gpuperfd: --caps: {outcome.detail}")
         return 2
+    if status is OwnedStatus.ABORTED and stop.received is None:  # the cap was changed under the sweep
+        say(f"gpuperfd: sweep stopped: {outcome.detail}; nothing more was written")
+        return 1
     if status in (OwnedStatus.DEVICE_ERROR, OwnedStatus.STATE_DIR, OwnedStatus.EXCEPTION):
         prefix = f"gpu {device.index}: " if status is OwnedStatus.DEVICE_ERROR else ""
         say(f"gpuperfd: {prefix}{outcome.detail}")
