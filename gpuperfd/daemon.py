@@ -222,9 +222,14 @@ def build_apply(config: Config, devices: list[Device], probes: ProbeService, hea
         ApplySettings.from_config(config.apply), devices, probes.journal,
         verdicts=health.verdicts if health is not None else None,
         idle=lambda index: tracker.idle_for(index) >= idle_seconds,
-        metrics=ApplyMetrics(), held_caps=probes.held_caps, on_cap_change=sampler.cap_changed)
+        metrics=ApplyMetrics(), held_caps=probes.held_caps, on_cap_change=sampler.cap_changed,
+        busy_now=probes.claimed_now)
     probes.point_listeners.append(controller.observe)
     probes.round_listeners.append(controller.round_ended)
+    if problems := controller.refusals(controller.settings):
+        raise ConfigError("; ".join(problems))
+    if (note := controller.canary_note()) is not None:
+        log.warning("%s", note)
     return controller
 
 
@@ -480,6 +485,10 @@ class Daemon:
             new = self.reload_config()
         except ConfigError as exc:
             log.error("reload rejected, keeping the running configuration: %s", exc)
+            sdnotify.ready()
+            return False
+        if problems := self.apply.refusals(ApplySettings.from_config(new.apply)):
+            log.error("reload rejected, keeping the running configuration: %s", "; ".join(problems))
             sdnotify.ready()
             return False
         if self.web_config is not None:

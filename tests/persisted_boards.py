@@ -28,3 +28,14 @@ def board_limits(state: Path) -> dict[str, float]:
     """The boards' limits now; the file appears at the first change (before it: ORIGINAL)."""
     path = state / "sim-limits.json"
     return json.loads(path.read_text()) if path.exists() else dict(ORIGINAL)
+
+
+def operator_sets(state: Path, gpu: int, watts: float) -> None:
+    """The operator's hand change (``nvidia-smi -i GPU -pl WATTS``): a process of its own, on the shared
+    board, that journals nothing."""
+    from gpuperfd.config import SimulationConfig
+    from gpuperfd.device.simulated import SimulatedBackend
+
+    board = SimulatedBackend(SimulationConfig(gpus=2, seed=1, initial_power_limits={0: 650, 1: 640},
+                                              state_file=state / "sim-limits.json"))
+    board.devices()[gpu].set_power_limit(watts)

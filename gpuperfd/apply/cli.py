@@ -1,11 +1,12 @@
 """``gpuperfd apply --status`` and ``gpuperfd apply --revert``: what apply mode holds, and every
 operator's cap back by hand.
 
-Both read the cap journal (every state directory this node used, as ``restore-caps`` does). An
-entry with an applied cap is apply mode's; ``--revert`` puts its operator's cap back under the GPU's
-cap lock, reads it back and only then clears the entry. A daemon that still holds its apply lock
-sees its cap changed and leaves the GPU alone (it never fights a cap someone else set), so
-``--revert`` works with the daemon running.
+Both read the cap journal (every state directory this node used, as ``restore-caps`` does).
+``--revert`` is the emergency command (:mod:`gpuperfd.apply.emergency`, the same as ``restore-caps``):
+every entry of ours (apply mode's and a sweep's) is put back under its GPU's cap lock, by the rule that
+writes only over a cap we set, read back, and only then cleared; the output says what each board reads
+afterwards. A running daemon never races it (it needs the same lock for its pass) and, finding its
+entry gone and the operator's cap back, leaves the GPU quietly.
 """
 
 from __future__ import annotations
@@ -13,22 +14,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from gpuperfd.apply.emergency import Restored, restore_everything, state_dir_problem
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probing.sweep.journal import CapJournal, CapRecord, journals_for
-from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, apply_lock_name, is_owned, safe_name
+from gpuperfd.probing.sweep.ownership import apply_lock_name, is_owned, safe_name
 
-
-@dataclass(frozen=True)
-class Reverted:
-    """One applied cap put back (or not) by ``--revert``."""
-
-    gpu: int
-    ok: bool
-    words: str
+#: ``--revert``'s result per entry (the emergency command's).
+Reverted = Restored
 
 
 def applied_entries(journals: Iterable[CapJournal]) -> list[tuple[CapJournal, CapRecord]]:
@@ -37,46 +32,9 @@ def applied_entries(journals: Iterable[CapJournal]) -> list[tuple[CapJournal, Ca
             if isinstance(entry, CapRecord) and entry.applied_watts is not None]
 
 
-def revert(journals: Iterable[CapJournal], devices: Sequence[Device], wait_seconds: float = 10.0) -> list[Reverted]:
-    """Put back the operator's cap of every applied entry, verified by reading back; an entry is
-    cleared only once its cap reads back. GPUs not on this node keep their entries."""
-    by_name: dict[str, Device] = {}
-    for device in devices:
-        try:
-            by_name[safe_name(device.info().uuid)] = device
-        except DeviceError:
-            continue
-    done: list[Reverted] = []
-    for journal, entry in applied_entries(journals):
-        device = by_name.get(safe_name(entry.uuid))
-        if device is None:
-            done.append(Reverted(entry.gpu_index, False, f"GPU {entry.uuid} is not on this node; entry kept"))
-            continue
-        done.append(_revert_one(journal, entry, device, wait_seconds))
-    return done
-
-
-def _revert_one(journal: CapJournal, entry: CapRecord, device: Device, wait_seconds: float) -> Reverted:
-    lock = GpuLock(journal.state_dir, safe_name(entry.uuid))
-    try:
-        lock.acquire(wait_seconds=wait_seconds)
-    except (GpuBusy, OSError) as exc:
-        return Reverted(device.index, False, f"gpu {device.index}: not reverted: {exc}")
-    try:
-        device.set_power_limit(entry.original_watts)
-        back = device.power_limits().enforced_watts
-        if round(back) != round(entry.original_watts):
-            return Reverted(device.index, False, f"gpu {device.index}: set {entry.original_watts:.0f} W but it reads "
-                                                 f"back {back:.0f} W; journal kept")
-        journal.clear(entry.uuid)
-    except DeviceError as exc:
-        return Reverted(device.index, False, f"gpu {device.index}: not reverted ({exc}); journal kept")
-    finally:
-        lock.release()
-    held = is_owned(journal.state_dir, apply_lock_name(safe_name(entry.uuid)))
-    note = f"; the daemon (pid {held}) sees the change and leaves this GPU alone" if held is not None else ""
-    return Reverted(device.index, True, f"gpu {device.index}: operator's cap {entry.original_watts:.0f} W back "
-                                        f"(was {entry.applied_watts:.0f} W applied), reads back {back:.0f} W{note}")
+def revert(journals: Iterable[CapJournal], devices: Sequence[Device], wait_seconds: float = 10.0) -> list[Restored]:
+    """Every entry of ours put back (:func:`restore_everything`); GPUs not on this node keep their entries."""
+    return restore_everything(journals, devices, wait_seconds)
 
 
 def register(subparsers: Any) -> None:
@@ -94,12 +52,16 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    """--status: 0. --revert: 0 when every applied cap is back (or there was none), 1 otherwise, 3 when
-    the GPUs cannot be opened."""
+    """--status: 0. --revert: 0 when every cap of ours is back (or there was none), 1 otherwise, 2 when
+    the state directory is missing or unreadable, 3 when the GPUs cannot be opened."""
     from gpuperfd.config import config_with_flags
     from gpuperfd.device.factory import with_devices
 
     config = config_with_flags(args.config, {"probes.state_dir": args.state_dir}, simulate=args.simulate)
+    problem = state_dir_problem(config.probes.state_dir)
+    if problem is not None:  # never "nothing to revert" for a journal that could not be read
+        print(f"gpuperfd: apply: {problem}", file=sys.stderr)
+        return 2
     journals = journals_for(config)
     entries = applied_entries(journals)
     if args.status:
@@ -113,8 +75,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
         if not entries:
             print("no applied cap")
         return 0
-    if not entries:
-        print("gpuperfd: apply: nothing to revert (no applied cap in the journal)")
+    if not any(journal.entries() for journal in journals):
+        searched = ", ".join(str(j.state_dir) for j in journals)
+        print(f"gpuperfd: apply: nothing to revert (no power-cap journal entry in {searched})")
         return 0
     try:
         results = with_devices(config, lambda devices: revert(journals, devices))

@@ -29,8 +29,9 @@ from gpuperfd.device.base import Device, PowerLimits
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.recommend import SweepPoint
-from gpuperfd.probing.sweep.journal import CapJournal, JournalWriteError
-from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, apply_lock_name, safe_name
+from gpuperfd.probing.sweep.journal import (CapJournal, CapRecord, JournalWriteError, put_back, read_registry,
+                                            restore_pending)
+from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, apply_lock_name, is_owned, safe_name
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class ApplyController:
                  metrics: ApplyMetrics | None = None,
                  held_caps: dict[int, float] | None = None,
                  on_cap_change: Callable[[int], None] | None = None,
+                 busy_now: Callable[[Device], str | None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.devices = {d.index: d for d in devices}
@@ -100,6 +102,10 @@ class ApplyController:
         #: Shared with the probe service: the operator's cap of each GPU holding an applied cap.
         self.held_caps = held_caps if held_caps is not None else {}
         self.on_cap_change = on_cap_change
+        #: Read live at the moment of a write, under the GPU's lock: why a user's job holds the GPU now
+        #: (a foreign compute process, a pod's allocation), or None. The idle tracker's window alone
+        #: lags a job that just started (issue 51).
+        self.busy_now = busy_now
         self.clock = clock
         self.book = PointBook()
         self.states = {index: GpuApply() for index in self.devices}
@@ -110,6 +116,36 @@ class ApplyController:
         self.interval_seconds = 30.0
         if metrics is not None:
             metrics.set_mode(settings.mode, self._workload())
+
+    def refusals(self, settings: ApplySettings) -> list[str]:
+        """What in ``settings`` cannot work on this node's GPUs (a canary GPU it does not have): the
+        daemon refuses to start with it, and a reload with it keeps the running configuration."""
+        if settings.mode == "off" or settings.canary_gpus is None:
+            return []
+        missing = sorted(set(settings.canary_gpus) - set(self.devices))
+        if not missing:
+            return []
+        return [f"apply.canary_gpus: GPU {', '.join(map(str, missing))} does not exist on this node "
+                f"(its GPUs: {', '.join(map(str, sorted(self.devices))) or 'none'})"]
+
+    def canary_note(self, settings: ApplySettings | None = None) -> str | None:
+        """A warning, with the numbers, when canary mode picks none of this node's GPUs."""
+        settings = settings or self.settings
+        if settings.mode != "canary":
+            return None
+        picked = []
+        for index, device in self.devices.items():
+            try:
+                if in_canary(index, device.info().uuid, settings):
+                    picked.append(index)
+            except DeviceError:
+                continue
+        if picked:
+            return None
+        how = (f"canary_gpus {list(settings.canary_gpus)}" if settings.canary_gpus is not None
+               else f"canary_share {settings.canary_share:g} (a hash of each GPU's UUID below the share)")
+        return (f"apply canary: {how} picks none of this node's {len(self.devices)} GPU(s), so no cap is applied "
+                f"here; name them in apply.canary_gpus or raise apply.canary_share")
 
     def _workload(self) -> str:
         s = self.settings
@@ -154,7 +190,7 @@ class ApplyController:
             log.debug("gpu %d: apply skipped: %s", device.index, exc)
             return
         state = self.states[device.index]
-        lock = GpuLock(self.journal.state_dir, safe_name(uuid))
+        lock = self.journal.lock(safe_name(uuid))
         try:
             lock.acquire()
         except GpuBusy:  # a sweep or a CLI run owns the cap now; the next pass looks again
@@ -189,14 +225,88 @@ class ApplyController:
             return
         limits = self._limits(device)
         operator = limits.enforced_watts if limits is not None else 0.0
+        if self.settings.mode not in ("off", "advise"):
+            self._restore_dead_writers(device, uuid)
+        other = self._entry_elsewhere(uuid) if self.settings.mode not in ("off", "advise") else None
+        if other is not None:  # another writer's cap (a second daemon's, a dead sweep's): never the operator's
+            entry, where = other
+            state.advised_watts = None
+            detail = (f"the cap journal in {where} holds this GPU (pid {entry.pid}, operator's "
+                      f"{entry.original_watts:.0f} W): not applied while another writer's entry stands")
+            if (state.reason, state.detail) != ("held_elsewhere", detail):
+                log.info("gpu %d: apply held_elsewhere: %s", device.index, detail)
+            state.reason, state.detail = "held_elsewhere", detail
+            return
         decision = decide(self.settings, self._facts(device, uuid, limits, operator))
         state.advised_watts = decision.cap_watts
         if decision.apply and limits is not None and decision.cap_watts is not None:
-            self._apply(device, uuid, state, decision.cap_watts, limits, decision.detail)
-            return
+            if (busy := self._busy_at_write(device)) is not None:
+                decision = type(decision)(decision.cap_watts, "busy", f"{busy}; applied once idle (allow_busy: false)")
+            else:
+                self._apply(device, uuid, state, decision.cap_watts, limits, decision.detail)
+                return
         if (state.reason, state.detail) != (decision.reason, decision.detail) and decision.reason != "off":
             log.info("gpu %d: apply %s: %s", device.index, decision.reason, decision.detail or "-")
         state.reason, state.detail = decision.reason, decision.detail
+
+    def _busy_at_write(self, device: Device) -> str | None:
+        """Why a user's job holds the GPU now (read live, under the GPU's lock), unless allow_busy."""
+        if self.settings.allow_busy or self.busy_now is None:
+            return None
+        return self.busy_now(device)
+
+    def _journals(self) -> list[CapJournal]:
+        """Every other state directory of this node's registry (where another writer may journal)."""
+        if self.journal.registry is None:
+            return []
+        mine = self.journal.state_dir.resolve()
+        return [CapJournal(d, self.journal.registry) for d in read_registry(self.journal.registry)
+                if d.is_dir() and d.resolve() != mine]
+
+    def _restore_dead_writers(self, device: Device, uuid: str) -> None:
+        """Put back, now, a cap a writer of ours that died left on this GPU (a SIGKILLed ``gpuperfd sweep``,
+        in this or another state directory), by the one rule (only over a cap it set), instead of leaving it
+        on the board until the next sweep of the GPU. Entries a live writer or daemon holds are left to it."""
+        name = safe_name(uuid)
+        for journal in [self.journal, *self._journals()]:
+            entry = journal.entry(uuid)
+            if entry is None or entry.writer_alive() or is_owned(journal.state_dir, apply_lock_name(name)) is not None:
+                continue
+            mine = journal is self.journal  # this directory's GPU lock is ours now
+            done = restore_pending(journal, [device], only=[uuid], lock=not mine)
+            if done:
+                log.warning("gpu %d: a writer of ours (pid %d) died with its cap journaled in %s: %s",
+                            device.index, entry.pid, journal.state_dir, "; ".join(done))
+                self._cap_changed(device.index)
+
+    def _entry_elsewhere(self, uuid: str) -> tuple[CapRecord, str] | None:
+        """An entry of this GPU that is not this controller's: in its own journal (a second daemon's
+        applied cap, a writer's leftover) or in another state directory of the node."""
+        for journal in [self.journal, *self._journals()]:
+            entry = journal.entry(uuid)
+            if entry is not None:
+                return entry, str(journal.state_dir)
+        return None
+
+    def _whose(self, uuid: str, enforced: float, entry: CapRecord | None) -> str:
+        """Whose cap the board reads, where it is not the applied one: ``writer`` (a writer of ours
+        that died around its write: restored), ``live`` (a writer of ours works on it now: wait),
+        ``revert`` (the operator's own cap is back) or ``operator`` (someone else set it: it stays)."""
+        watts = round(enforced)
+        if entry is not None and watts == round(entry.original_watts):
+            return "revert"  # the operator's own cap (a writer that died writing it left it too: the same cap)
+        if entry is not None and entry.knows_its_writes() and watts in entry.ours():
+            return "writer"  # we hold this directory's GPU lock: its writer is gone (or it was our own sweep)
+        name = safe_name(uuid)
+        for journal in self._journals():
+            other = journal.entry(uuid)
+            if other is None or not other.knows_its_writes() or watts not in other.ours():
+                continue
+            if (other.writer_alive() or is_owned(journal.state_dir, name) is not None
+                    or is_owned(journal.state_dir, apply_lock_name(name)) is not None):
+                return "live"
+            return "writer"
+        return "operator"
 
     def _apply(self, device: Device, uuid: str, state: GpuApply, cap: float, limits: PowerLimits, why: str) -> None:
         """Journal the operator's cap, hold the apply lock, set ``cap`` and read it back (or undo it)."""
@@ -212,6 +322,13 @@ class ApplyController:
             return
         state.hold, state.operator_watts = hold, operator
         try:
+            now = device.power_limits().enforced_watts  # right before the write (after the journal's fsync)
+            if round(now) != round(limits.enforced_watts):  # changed by hand meanwhile: theirs, nothing written
+                self.journal.clear(uuid)
+                self._release(device.index, uuid, state)
+                log.warning("gpu %d: the cap changed to %.0f W while %.0f W was being applied: not applied; the "
+                            "next pass looks again", device.index, now, cap)
+                return
             device.set_power_limit(cap)
             back = device.power_limits().enforced_watts
         except DeviceError as exc:
@@ -246,14 +363,36 @@ class ApplyController:
     def _watch(self, device: Device, uuid: str, state: GpuApply) -> None:
         assert state.applied_watts is not None and state.operator_watts is not None
         limits = device.power_limits()
-        facts = self._facts(device, uuid, limits, state.operator_watts)
+        enforced = limits.enforced_watts
         entry = self.journal.entry(uuid)
-        left_by_sweep = entry is not None and entry.sweep_unrestored
-        if left_by_sweep and round(limits.enforced_watts) == round(state.applied_watts):
+        if entry is None or entry.applied_watts is None:  # apply mode's entry was taken away (a revert, a
+            if round(enforced) == round(state.operator_watts):  # sweep that found an operator's cap)
+                self._reverted(device, uuid, state, f"the operator's {state.operator_watts:.0f} W is back "
+                                                    "and the journal entry was removed (gpuperfd apply --revert)")
+            else:
+                self._leave(device, uuid, state, f"the cap reads {enforced:.0f} W, not the applied "
+                                                 f"{state.applied_watts:.0f} W, and the journal entry was removed")
+            return
+        left_by_sweep = entry.sweep_unrestored
+        if round(enforced) != round(state.applied_watts):
+            whose = self._whose(uuid, enforced, entry)
+            if whose == "live":
+                log.info("gpu %d: the cap reads %.0f W, set by a writer of ours that runs now; looked at again "
+                         "in the next pass", device.index, enforced)
+                return
+            if whose == "revert":
+                self._reverted(device, uuid, state, f"the cap reads the operator's {enforced:.0f} W again "
+                                                    f"(set by hand)")
+                return
+            left_by_sweep = whose == "writer"
+        elif left_by_sweep:
             self.journal.mark_sweep_unrestored(uuid, left=False)  # nothing was left changed after all
             left_by_sweep = False
-        why = check_applied(self.settings, facts, state.applied_watts, state.applied_at, limits.enforced_watts,
+        facts = self._facts(device, uuid, limits, state.operator_watts)
+        why = check_applied(self.settings, facts, state.applied_watts, state.applied_at, enforced,
                             sweep_unrestored=left_by_sweep)
+        if why is None and (busy := self._busy_at_write(device)) is not None:
+            why = ("busy", f"{busy} (allow_busy: false)")
         if why is None:
             self._publish_realized(device.index, uuid, state, facts.points)
             return
@@ -275,34 +414,57 @@ class ApplyController:
         return next((p.result.preset for p in points), "")
 
     def _rollback(self, device: Device, uuid: str, state: GpuApply, reason: str, detail: str) -> bool:
-        """Put the operator's cap back, read it back, clear the journal; False (journal kept) if it does not read back."""
+        """Put the operator's cap back by the one rule (:func:`put_back`: only over a cap of ours), read
+        it back, clear the journal; False (journal kept) if it does not read back. A cap that is not
+        ours is the operator's: it stays and the GPU leaves apply mode (overridden)."""
         operator = state.operator_watts
         assert operator is not None
+        entry = self.journal.entry(uuid)
+        ours = {round(state.applied_watts or operator)} | (entry.ours() if entry is not None else set())
+        for journal in self._journals():  # a dead writer's cap in another state directory is ours too
+            other = journal.entry(uuid)
+            if other is not None and other.knows_its_writes() and not other.writer_alive():
+                ours |= other.ours()
         try:
-            device.set_power_limit(operator)
-            back = device.power_limits().enforced_watts
+            done = put_back(self.journal, device, uuid, operator, ours, f"apply rollback ({reason})")
         except DeviceError as exc:
             log.error("gpu %d: rolling back to %.0f W failed (%s); the journal keeps it for the next start",
                       device.index, operator, exc)
             return False
-        if round(back) != round(operator):
-            log.error("gpu %d: rolled back to %.0f W but it reads back %.0f W; the journal keeps it",
-                      device.index, operator, back)
+        if done.theirs:
+            self._leave(device, uuid, state, f"the cap reads {done.found:.0f} W, not one apply set "
+                                             f"(at {reason}: {detail})")
             return False
         self.journal.clear(uuid)
         log.warning("gpu %d: applied cap %.0f W rolled back to the operator's %.0f W (%s): %s",
                     device.index, state.applied_watts or 0.0, operator, reason, detail)
         self._release(device.index, uuid, state)
-        state.reason, state.detail, state.out = "rolled_back", f"{reason}: {detail}", True
+        # a user's job came: applied again once idle (as a GPU held back as busy); any other reason: out
+        state.reason, state.detail, state.out = "rolled_back", f"{reason}: {detail}", reason != "busy"
         if self.metrics is not None:
             self.metrics.rolled_back(device.index, uuid, reason)
         self._cap_changed(device.index)
         return True
 
+    def _reverted(self, device: Device, uuid: str, state: GpuApply, detail: str) -> None:
+        """The operator's own cap is back (``apply --revert``, or by hand): apply mode's work is undone by
+        the operator, so the GPU leaves apply mode quietly (no override alert, no rollback counted)."""
+        self.journal.clear(uuid)
+        self.journal.believe(uuid, "operator", state.operator_watts or 0.0, f"reverted: {detail}")
+        log.warning("gpu %d: %s; this GPU leaves apply mode", device.index, detail)
+        self._release(device.index, uuid, state)
+        state.out, state.reason, state.detail = True, "rolled_back", f"reverted: {detail}"
+        self._cap_changed(device.index)
+
     def _leave(self, device: Device, uuid: str, state: GpuApply, detail: str) -> None:
         """Someone else set a cap: never fight it. The journal entry goes *without* a restore (a later
         start must not put the old cap over their choice), and the GPU leaves apply mode."""
         self.journal.clear(uuid)
+        try:
+            found = device.power_limits().enforced_watts
+        except DeviceError:
+            found = 0.0
+        self.journal.believe(uuid, "operator", found, f"overridden: {detail}")
         log.warning("gpu %d: %s; someone else changed the cap: leaving it, this GPU leaves apply mode", device.index,
                     detail)
         self._release(device.index, uuid, state)
@@ -340,6 +502,8 @@ class ApplyController:
             return self._configure(settings)
 
     def _configure(self, settings: ApplySettings) -> list[str]:
+        if (note := self.canary_note(settings)) is not None:
+            log.warning("%s", note)
         before, self.settings = self.settings, settings
         fresh = (before.mode, before.probe, before.preset) != (settings.mode, settings.probe, settings.preset)
         if (before.probe, before.preset) != (settings.probe, settings.preset):
@@ -373,7 +537,7 @@ class ApplyController:
             uuid = device.info().uuid
         except DeviceError as exc:
             return [f"gpu {index}: cannot read it ({exc}); the journal restores it at the next start"]
-        lock = GpuLock(self.journal.state_dir, safe_name(uuid))
+        lock = self.journal.lock(safe_name(uuid))
         try:
             lock.acquire(wait_seconds=wait_seconds)  # a sweep returns to the applied cap within its point
         except (GpuBusy, OSError) as exc:

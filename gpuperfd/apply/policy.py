@@ -10,26 +10,34 @@ its allowed slowdown.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuperfd.config import ApplyConfig
 from gpuperfd.device.base import PowerLimits
-from gpuperfd.probe_data.recommend import SweepPoint, recommend, work_rate
+from gpuperfd.probe_data.recommend import SweepPoint, rate_noise, recommend, work_rate
+from gpuperfd.probe_data.result import ProbeResult, describe
 
 MODES: tuple[str, ...] = ("off", "advise", "canary", "on")
 #: Why a GPU holds no applied cap now (``gpuperf_apply_state``'s ``reason``; bounded, documented).
 HOLD_REASONS: tuple[str, ...] = (
     "off", "not_canary", "not_supported", "verdict", "no_recommendation", "stale", "unsettled", "incorrect",
     "no_saving", "below_minimum", "over_budget", "busy", "advise", "applied", "overridden", "rolled_back",
+    "held_elsewhere",
 )
 #: Why an applied cap was given back (``gpuperf_apply_rollbacks_total``'s ``reason``; bounded).
 ROLLBACK_REASONS: tuple[str, ...] = (
     "verdict", "drift", "probe_failed", "over_budget", "unconfirmed", "mode", "stopped", "failed_to_apply",
-    "sweep_unrestored",
+    "sweep_unrestored", "busy",
 )
 #: Failures that say nothing about the GPU at its cap (the host's memory, a user's job arriving): no rollback.
 NOT_THE_CAP: frozenset[str] = frozenset({"host_oom", "gpu_busy", "aborted", "preempted"})
+#: How many standard deviations of two points' combined noise a saving must clear to be applied, and a
+#: loss over the budget to roll an applied cap back (the band between is the hysteresis: issue 51).
+NOISE_SIGMAS = 2.0
+#: The relative noise of a point's energy per unit measured in fewer than two windows.
+DEFAULT_ENERGY_NOISE = 0.01
 #: Verdict checks that are the drift alerts' twins (deploy/prometheus/rules/alerts.yml).
 DRIFT_CHECKS: frozenset[str] = frozenset({"probe_throughput_baseline", "probe_energy_baseline",
                                           "probe_slower_than_peers"})
@@ -123,6 +131,39 @@ def loss_against(point: SweepPoint, reference: SweepPoint | None) -> float | Non
     return 1.0 - rate / base
 
 
+def energy_noise(result: ProbeResult) -> float:
+    """Relative spread (CV) of energy per unit over the result's measured windows (the sweep's own noise)."""
+    stats = describe([r.energy_per_unit_joules for r in result.repeats if r.energy_per_unit_joules])
+    if stats is None or stats.n < 2 or stats.cv is None:
+        return DEFAULT_ENERGY_NOISE
+    return stats.cv
+
+
+def _reference(ok: Sequence[SweepPoint], operator_watts: float) -> SweepPoint | None:
+    """The point savings and losses are measured against: the operator's cap, else the highest cap measured."""
+    there = _at(ok, operator_watts)
+    return there if there is not None else max(ok, key=lambda p: p.cap_watts, default=None)
+
+
+def measured_gain(point: SweepPoint, reference: SweepPoint) -> tuple[str, str] | None:
+    """Why ``point``'s cap is no measured gain over ``reference`` (as a no_saving reason), or None: the cap
+    must bind (the probe drew more than it at the reference) and its energy saving must clear the two
+    points' noise (a lower confidence bound above zero, not a point estimate)."""
+    drawn = reference.result.average_power_watts
+    if drawn is not None and drawn <= point.cap_watts:
+        return "no_saving", (f"the probe draws {drawn:.0f} W at {reference.cap_watts:.0f} W: a cap of "
+                             f"{point.cap_watts:.0f} W does not bind")
+    here, there = point.result.energy_per_unit_joules, reference.result.energy_per_unit_joules
+    if not here or not there:
+        return "no_saving", f"no energy data at {point.cap_watts:.0f} W"
+    saving = 1.0 - here / there
+    noise = NOISE_SIGMAS * math.hypot(energy_noise(point.result), energy_noise(reference.result))
+    if saving - noise <= 0:
+        return "no_saving", (f"{point.cap_watts:.0f} W saves {100 * saving:.1f}% energy per unit, within the "
+                             f"sweep's own noise (±{100 * noise:.1f}%)")
+    return None
+
+
 def _evidence_problem(settings: ApplySettings, facts: GpuFacts) -> tuple[str, str] | None:
     """Why the workload's points cannot carry a recommendation: none, stale, unsettled, incorrect."""
     wrong = [p for p in facts.points if p.result.failure_reason == "wrong_result"
@@ -154,10 +195,19 @@ def decide(settings: ApplySettings, facts: GpuFacts) -> Decision:
     if (problem := _evidence_problem(settings, facts)) is not None:
         return Decision(None, *problem)
     ok = [p for p in facts.points if p.result.status == "ok"]
-    best = recommend(ok, settings.budget_ratio)
+    reference = _reference(ok, facts.operator_watts)
+    # Only caps that bind and save beyond the sweep's noise compete (issue 51: caps above the probe's
+    # draw, and savings of -0.2 W, were once applied); the one recommendation rule picks among them.
+    gains = {round(p.cap_watts): measured_gain(p, reference) for p in ok
+             if reference is not None and p.cap_watts < reference.cap_watts}
+    candidates = [p for p in ok if reference is not None and (p.cap_watts >= reference.cap_watts
+                                                              or gains[round(p.cap_watts)] is None)]
+    best = recommend(candidates, settings.budget_ratio)
     if best is None:
         return Decision(None, "no_recommendation", "no point has energy data")
     cap = best.cap_watts
+    if round(cap) >= round(facts.operator_watts) and (why := next((g for g in gains.values() if g), None)):
+        return Decision(None, *why)
     if round(cap) >= round(facts.operator_watts):
         return Decision(None, "no_saving", f"recommended {cap:.0f} W is not below the operator's {facts.operator_watts:.0f} W")
     if cap < facts.limits.min_watts:
@@ -197,6 +247,15 @@ def check_applied(settings: ApplySettings, facts: GpuFacts, applied_watts: float
     if facts.now - confirmed > settings.max_age_seconds:  # the probes stopped confirming it
         return "unconfirmed", (f"no probe at {applied_watts:.0f} W for {facts.now - confirmed:.0f} s "
                                f"(max_age_seconds {settings.max_age_seconds:.0f})")
+    failed = [p for p in facts.points if p.result.status == "failed" and p.result.started_at >= applied_at
+              and p.result.failure_reason not in NOT_THE_CAP]
+    last_ok = here.result.started_at if here is not None and here.result.status == "ok" else applied_at
+    if failed and max(p.result.started_at for p in failed) >= last_ok and (here is None or here not in failed):
+        # a sweep on the applied GPU failed before it could confirm the cap: not kept unconfirmed for
+        # max_age_seconds (issue 51: six failed sweeps in 70 s once left it standing)
+        first = max(failed, key=lambda p: p.result.started_at)
+        return "probe_failed", (f"the probe failed at {first.cap_watts:.0f} W ({first.result.failure_reason}) "
+                                f"since {applied_watts:.0f} W was applied, and has not run ok at it since")
     if here is None or here.result.started_at < applied_at:
         return None
     if here.result.status == "failed" and here.result.failure_reason not in NOT_THE_CAP:
@@ -205,9 +264,13 @@ def check_applied(settings: ApplySettings, facts: GpuFacts, applied_watts: float
     if reference is None or reference.result.status != "ok":  # unmeasured: the highest cap, a stricter bar
         reference = max((p for p in facts.points if p.result.status == "ok"), key=lambda p: p.cap_watts, default=None)
     loss = loss_against(here, reference)
-    if loss is not None and reference is not None and loss > settings.budget_ratio:
-        return "over_budget", (f"{100 * loss:.1f}% slower than at {reference.cap_watts:.0f} W "
-                               f"(budget {100 * settings.budget_ratio:.1f}%)")
+    if loss is not None and reference is not None:
+        # hysteresis: applied at a loss within the budget, rolled back only past it by more than the noise
+        noise = NOISE_SIGMAS * math.hypot(rate_noise(here.result), rate_noise(reference.result))
+        if loss - noise > settings.budget_ratio:
+            return "over_budget", (f"{100 * loss:.1f}% slower than at {reference.cap_watts:.0f} W, beyond the "
+                                   f"budget {100 * settings.budget_ratio:.1f}% by more than the noise "
+                                   f"(±{100 * noise:.1f}%)")
     return None
 
 

@@ -12,7 +12,7 @@ import os
 import reprlib
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -92,6 +92,8 @@ class Vocabulary:
     #: ``(probe, options, preset)`` -> the measured seconds of one point in a probe child (its
     #: warmup and windows: what no faster start-up removes); None: not known, not checked.
     point_window_seconds: Callable[[str, dict[str, Any], str | None], float] | None = None
+    #: Each probe's default preset (what a schedule without ``preset`` runs): ``apply.workload`` checks.
+    default_presets: dict[str, str] = field(default_factory=dict)
 
 
 _vocabulary_source: Callable[[], Vocabulary] | None = None
@@ -554,7 +556,7 @@ class ApplyConfig(_Strict):
 
     #: off: nothing; advise: publish what it would set and why, change nothing; canary: a share of
     #: each model's GPUs (``canary_share``, by a stable hash of the UUID) or ``canary_gpus``; on: every GPU.
-    mode: ApplyMode | bool = "off"
+    mode: ApplyMode = "off"
     #: The workload this node serves: a probe name, or probe/preset (e.g. "llm/gpt2-medium").
     workload: str | None = None
     #: The largest throughput loss allowed at the applied cap, against the operator's cap.
@@ -569,14 +571,6 @@ class ApplyConfig(_Strict):
     max_age_seconds: Annotated[float, Field(gt=0)] = 86400.0
     #: Seconds between the controller's passes (apply, check, roll back).
     interval_seconds: Annotated[float, Field(ge=1, le=3600)] = 30.0
-
-    @field_validator("mode")
-    @classmethod
-    def _yaml_words(cls, value: str | bool) -> str:
-        """YAML 1.1 reads a bare ``on``/``off`` as true/false: they mean the modes of those names."""
-        if isinstance(value, bool):
-            return "on" if value else "off"
-        return value
 
     @model_validator(mode="after")
     def _workload_named(self) -> "ApplyConfig":
@@ -640,10 +634,21 @@ class Config(_Strict):
                                  "use mode advise on a read-only node, or set probes.read_only: false")
         if apply.mode != "off" and apply.workload:
             probe, _, preset = apply.workload.partition("/")
-            if not any(s.probe == probe and (not preset or (s.preset or "") in ("", preset))
+            names = vocabulary() if preset else None
+            DEFAULT_PRESET = names.default_presets if names is not None else {}  # noqa: N806
+            # A schedule without a preset runs the probe's default preset, not any preset (issue 51).
+            if not any(s.probe == probe and (not preset or (s.preset or DEFAULT_PRESET.get(probe, preset)) == preset)
                        for s in self.probes.schedules):
+                runs = sorted({f"{s.probe}/{s.preset or DEFAULT_PRESET.get(s.probe, 'default')}"
+                               for s in self.probes.schedules if s.probe == probe})
                 raise ValueError(f"apply.workload {apply.workload!r}: no probes.schedules entry runs it, "
-                                 "so nothing recommends or checks a cap for it")
+                                 "so nothing recommends or checks a cap for it"
+                                 + (f" (the schedules run {', '.join(runs)})" if runs else ""))
+        gpus = self.simulation.gpus if self.device.backend == "simulated" else None
+        if apply.canary_gpus is not None and gpus is not None and (missing := [
+                i for i in apply.canary_gpus if i >= gpus]):
+            raise ValueError(f"apply.canary_gpus: GPU {', '.join(map(str, missing))} does not exist "
+                             f"(this node has {gpus} GPUs, indices 0-{gpus - 1})")
         return self
 
     @model_validator(mode="after")
@@ -784,11 +789,28 @@ def load_config(path: Path | str | None, *, required: bool = False) -> Config:
         raise ConfigError(f"{path}: cannot read config file: {error}") from None
     try:
         data = yaml.safe_load(text)
+        _apply_mode_as_written(text, data)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     except RecursionError:
         raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
     return config_from_mapping(data, source=str(path))
+
+
+def _apply_mode_as_written(text: str, data: Any) -> None:
+    """``apply.mode`` as the file spells it. YAML 1.1 reads a bare on/off, but also yes/no/true/false/y/n,
+    as a boolean: ``mode: yes`` must not mean ``on`` (the mode that changes every cap; issue 51). So a
+    boolean there is replaced by the word written, which only on and off of the four modes pass."""
+    apply = data.get("apply") if isinstance(data, dict) else None
+    if not isinstance(apply, dict) or not isinstance(apply.get("mode"), bool):
+        return
+    root = yaml.compose(text)
+    for key, value in getattr(root, "value", []):
+        if getattr(key, "value", None) == "apply" and isinstance(value, yaml.MappingNode):
+            for sub_key, sub_value in value.value:
+                if getattr(sub_key, "value", None) == "mode" and isinstance(sub_value, yaml.ScalarNode):
+                    word = sub_value.value
+                    apply["mode"] = word.lower() if word.lower() in ("on", "off") else word
 
 
 def config_with_flags(

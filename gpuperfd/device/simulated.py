@@ -720,8 +720,13 @@ class SimulatedGpu(Device):
             serial=simulated_serial(model.key, index, node),
         )
         self._enforced_watts = model.default_power_watts
-        #: Called after every limit change (the backend persists limits through it).
-        self._on_limit_change: Callable[[], None] | None = None
+        #: Called with the new limit before it takes effect (the backend persists limits through it).
+        self._on_limit_change: Callable[[float], None] | None = None
+        #: The board's limit as every process sees it now (the backend's shared state file), or None;
+        #: read on every limit read, so a cap another process or an operator set is seen, as on a real board.
+        self._limit_source: Callable[[], float | None] | None = None
+        #: Orders a persisted limit write and a re-read of it (never held with ``_lock`` waiting on it).
+        self._limit_lock = threading.Lock()
         self._load: WorkloadProfile | None = None
         self._load_pid: int | None = None
         self._foreign: dict[int, int] = {}
@@ -1128,6 +1133,7 @@ class SimulatedGpu(Device):
     def power_watts(self) -> float:
         """Current power plus small noise (never negative), watts."""
         self._check_faults("power_watts")
+        self._sync_limit()
         with self._lock:
             self._advance()
             return max(0.0, self._noisy(self._power_watts, POWER_NOISE_RATIO * self._power_watts))
@@ -1139,8 +1145,24 @@ class SimulatedGpu(Device):
             self._advance()
             return self._energy_joules
 
+    def _sync_limit(self) -> None:
+        """Take the limit the shared board holds now (another process's or an operator's change)."""
+        if self._limit_source is None:
+            return
+        with self._limit_lock:
+            watts = self._limit_source()
+            if watts is None:
+                return
+            watts = min(self.model.max_power_watts, max(self.model.min_power_watts, watts))
+            with self._lock:
+                if watts != self._enforced_watts:
+                    self._advance()
+                    self._enforced_watts = watts
+                    self._update_power()
+
     def power_limits(self) -> PowerLimits:
         self._check_faults("power_limits")
+        self._sync_limit()
         with self._lock:
             return PowerLimits(
                 enforced_watts=self._enforced_watts,
@@ -1157,12 +1179,13 @@ class SimulatedGpu(Device):
             raise InvalidArgument(
                 f"power limit {watts} W outside the allowed range [{low:g}, {high:g}] W on GPU {self.index}"
             )
-        with self._lock:
-            self._advance()
-            self._enforced_watts = float(watts)
-            self._update_power()
-        if self._on_limit_change is not None:
-            self._on_limit_change()
+        with self._limit_lock:
+            if self._on_limit_change is not None:  # the shared board first: every reader sees it from now
+                self._on_limit_change(float(watts))
+            with self._lock:
+                self._advance()
+                self._enforced_watts = float(watts)
+                self._update_power()
 
     def clocks(self) -> Clocks:
         self._check_faults("clocks")
@@ -1351,7 +1374,9 @@ class SimulatedBackend(Backend):
             self.interconnect.inject(fault)
         self._load_limits()
         for gpu in self._gpus:
-            gpu._on_limit_change = lambda index=gpu.index: self._save_limits(index)
+            gpu._on_limit_change = lambda watts, index=gpu.index: self._save_limits(index, watts)
+            if config.state_file is not None:
+                gpu._limit_source = lambda index=gpu.index: self._read_limit(index)
         #: XID events not yet returned, as (due time on the clock, gpu index, xid).
         self._pending_xids: list[tuple[float, int, int]] = []
         for item in config.xid_events:
@@ -1373,9 +1398,24 @@ class SimulatedBackend(Backend):
                 gpu._enforced_watts = min(gpu.model.max_power_watts, max(gpu.model.min_power_watts, watts))
                 gpu._update_power()
 
-    def _save_limits(self, index: int) -> None:
-        """Persist GPU ``index``'s limit, leaving the others as the file has them: like a real board,
-        each GPU's limit is its own, and several processes (a daemon, a CLI sweep) may share the file."""
+    def _read_limit(self, index: int) -> float | None:
+        """GPU ``index``'s limit in the shared state file now (None: not there yet or unreadable).
+
+        Every limit read comes here, as every NVML client reads the one real board: a daemon sees the
+        cap a CLI sweep, a second daemon or an operator (editing the file) set since it started."""
+        path = self.config.state_file
+        if path is None:
+            return None
+        try:
+            value = json.loads(Path(path).read_text()).get(str(index))
+            return None if value is None else float(value)
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
+
+    def _save_limits(self, index: int, watts: float | None = None) -> None:
+        """Persist GPU ``index``'s limit (``watts``, or the one it holds), leaving the others as the file
+        has them: like a real board, each GPU's limit is its own, and several processes (a daemon, a CLI
+        sweep) share the file."""
         import fcntl
 
         path = self.config.state_file
@@ -1385,11 +1425,13 @@ class SimulatedBackend(Backend):
             fcntl.flock(guard, fcntl.LOCK_EX)
             try:
                 data = json.loads(Path(path).read_text())
+                if not isinstance(data, dict):
+                    data = {}
             except (OSError, ValueError):
                 data = {}
             data.update({str(g.index): g._enforced_watts for g in self._gpus if str(g.index) not in data})
-            data[str(index)] = self._gpus[index]._enforced_watts
-            tmp = Path(f"{path}.{os.getpid()}.tmp")
+            data[str(index)] = self._gpus[index]._enforced_watts if watts is None else watts
+            tmp = Path(f"{path}.{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_text(json.dumps(data))
             os.replace(tmp, path)
 

@@ -408,6 +408,13 @@ class ProbeService:
                 self._tell(gpu, key_of[member_id], outcome)
         return outcomes[id(schedule)]
 
+    def claimed_now(self, device: Device) -> str | None:
+        """Why a user's job holds this GPU now, read live (a pod's allocation, a compute process not
+        ours), or None: apply mode's check at the moment it writes a cap (issue 51)."""
+        state = self.allocations() if self.allocations is not None else None
+        held = allocated_reason(device, state, self.config.ours, (os.getpid(),), self.kubelet_socket)
+        return None if held is None else str(held)
+
     def _wanted(self, device: Device) -> str | None:
         """Why a pod now holds this GPU (asked between a round's points), or None."""
         state = self.allocations() if self.allocations is not None else None

@@ -29,3 +29,68 @@ def test_no_driver_exits_3_and_keeps_the_operators_cap_journaled(tmp_path: Path,
     assert done.returncode == 3, done.stderr
     assert "no NVIDIA driver found" in done.stderr and "Traceback" not in done.stderr
     assert json.loads(entry.read_text()) == body  # nothing cleared: a node with a driver restores it later
+
+
+# --- issue 51: one truthful emergency command ------------------------------------------------------------
+
+def _boards_config(tmp_path: Path, state: Path) -> Path:
+    from persisted_boards import boards
+
+    config = tmp_path / "gpuperfd.yaml"
+    config.write_text(boards(tmp_path) + f"probes: {{read_only: false, state_dir: {state}, simulated_measure_seconds: 2}}\n")
+    return config
+
+
+def _run(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuperfd", *args, "--config", str(config)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_apply_revert_restores_a_killed_sweeps_cap_and_says_what_the_board_reads(tmp_path: Path) -> None:
+    """Once `apply --revert` said "nothing to revert (no applied cap in the journal)" and exited 0 while a
+    SIGKILLed sweep's entry and changed cap stood."""
+    import time
+
+    from persisted_boards import ORIGINAL, board_limits
+
+    state = tmp_path / "state"
+    config = _boards_config(tmp_path, state)
+    sweep = subprocess.Popen([sys.executable, "-m", "gpuperfd", "sweep", "--config", str(config), "--probe", "llm",
+                              "--caps", "max,500", "--settle", "0", "--gpu", "1", "--no-progress"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while board_limits(tmp_path)["1"] == ORIGINAL["1"]:
+        assert sweep.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    sweep.kill()
+    sweep.wait()
+    done = _run("apply", "--revert", config=config)
+    assert done.returncode == 0, done.stderr
+    assert "gpu 1: operator's cap 640 W back; the board reads 640 W" in done.stdout
+    assert board_limits(tmp_path) == ORIGINAL and not list(state.glob("*.cap.json"))
+
+
+def test_apply_revert_handles_a_corrupt_entry_as_restore_caps_does(tmp_path: Path) -> None:
+    from persisted_boards import board_limits
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / (safe_name(UUID) + CapJournal.SUFFIX)).write_text('{"uuid": "wrong schema"}')
+    (tmp_path / "sim-limits.json").write_text(json.dumps({"0": 650.0, "1": 300.0}))
+    done = _run("apply", "--revert", config=_boards_config(tmp_path, state))
+    assert done.returncode == 0, done.stderr
+    assert "gpu 1: default 700 W (corrupt journal); the board reads 700 W" in done.stdout
+    assert board_limits(tmp_path)["1"] == 700.0 and not list(state.glob("*.cap.json"))
+
+
+@pytest.mark.parametrize("kind", ["missing", "a_file"])
+def test_apply_revert_refuses_a_state_dir_it_cannot_read(tmp_path: Path, kind: str) -> None:
+    """Once exit 0 with "nothing to revert" for a --state-dir that did not exist or was a file."""
+    state = tmp_path / "state"
+    if kind == "a_file":
+        state.write_text("")
+    config = _boards_config(tmp_path, tmp_path / "elsewhere")
+    done = _run("apply", "--revert", "--state-dir", str(state), config=config)
+    what = "does not exist" if kind == "missing" else "is not a directory"
+    assert done.returncode == 2 and f"state directory {state} {what}" in done.stderr, done.stderr
+    assert "nothing to revert" not in done.stdout

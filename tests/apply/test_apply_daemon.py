@@ -109,12 +109,22 @@ def test_apply_revert_from_the_command_line_while_the_daemon_runs(start_daemon, 
     revert = subprocess.run([sys.executable, "-m", "gpuperfd", "apply", "--revert", "--config",
                              str(tmp_path / "gpuperfd.yaml")], capture_output=True, text=True, timeout=60)
     assert revert.returncode == 0, revert.stderr
-    assert "operator's cap 650 W back" in revert.stdout and "reads back 640 W" in revert.stdout
+    assert "operator's cap 650 W back" in revert.stdout and "the board reads 640 W" in revert.stdout
     assert board_limits(state) == ORIGINAL and list(state.glob("*.cap.json")) == []
-    # A simulated board lives in each process (the state file is read at start), so the running daemon
-    # does not see the CLI's change here; that it leaves a GPU whose cap someone else changed alone is
-    # test_controller.py::test_revert_from_the_command_line_while_the_daemon_holds_the_cap.
+    # The board is shared (issue 51): the running daemon sees the operator's caps back and leaves both GPUs
+    # quietly (no override alert for the operator's own revert), and its stop writes nothing over them.
+    deadline = time.monotonic() + 15
+    while True:
+        gpus = requests.get(daemon.url + "/api/v1/apply", timeout=5).json()["gpus"]
+        if all(g["detail"].startswith("reverted:") for g in gpus):
+            break
+        assert time.monotonic() < deadline, gpus
+        time.sleep(0.2)
+    assert all(g["reason"] == "rolled_back" and not g["overridden"] and g["applied_watts"] is None for g in gpus)
+    assert 'gpuperf_apply_overridden{gpu="0"' in (text := requests.get(daemon.url + "/metrics", timeout=5).text)
+    assert all(line.endswith(" 0.0") for line in text.splitlines() if line.startswith("gpuperf_apply_overridden{"))
     assert daemon.stop(signal.SIGTERM) == 0 and board_limits(state) == ORIGINAL
+    assert "(stopped)" not in daemon.log()
 
 
 def test_a_gpu_whose_real_verdict_is_not_healthy_is_never_applied(start_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -104,8 +104,9 @@ def test_a_cap_a_sweep_could_not_put_back_is_rolled_back_not_taken_for_an_operat
 
 
 def test_a_failed_way_back_that_left_the_applied_cap_is_forgotten_so_the_operator_still_wins(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The sweep's last point was the applied cap itself, so the failed way back changed nothing: the mark
-    goes at the next pass, and an operator's later cap is theirs (left alone, not rolled over)."""
+    """The sweep's last point was the applied cap itself, so the way back has nothing to write (the rule
+    reads the cap first: issue 51) and nothing is marked; an operator's later cap is theirs (left alone,
+    not rolled over)."""
     node = applied_node(tmp_path)
     device, applied = node.devices[0], node.controller.states[0].applied_watts
     real_set = device.set_power_limit
@@ -120,7 +121,8 @@ def test_a_failed_way_back_that_left_the_applied_cap_is_forgotten_so_the_operato
     device.set_power_limit = set_power_limit  # type: ignore[method-assign]
     node.service.run(SCHEDULE.model_copy(update={"caps": ["max", applied]}), 0)
     device.set_power_limit = real_set  # type: ignore[method-assign]
-    assert cap(node, 0) == applied and entry(node, 0).sweep_unrestored
+    assert cap(node, 0) == applied and not entry(node, 0).sweep_unrestored
+    assert calls.count(applied) == 1  # the way back wrote nothing: the board already read the applied cap
     node.controller.tick()
     assert node.controller.states[0].reason == "applied" and not entry(node, 0).sweep_unrestored
     device.set_power_limit(650.0)  # the operator, by hand
@@ -227,10 +229,16 @@ def test_a_crash_while_applied_is_undone_by_the_journal_at_the_next_start(tmp_pa
 def test_revert_from_the_command_line_while_the_daemon_holds_the_cap(tmp_path) -> None:  # type: ignore[no-untyped-def]
     node = applied_node(tmp_path)
     results = revert([node.journal], node.devices)
-    assert [r.ok for r in results] == [True, True] and all("reads back 700 W" in r.words for r in results)
+    assert [r.ok for r in results] == [True, True] and all("the board reads 700 W" in r.words for r in results)
     assert node.journal.entries() == [] and [cap(node, i) for i in (0, 1)] == [700.0, 700.0]
     node.controller.tick()  # the daemon sees its cap changed and leaves the GPUs alone
-    assert {s.reason for s in node.controller.states.values()} == {"overridden"}
+    # ... quietly: the operator's own revert is no override (issue 51: no alert for it, no rollback counted)
+    states = node.controller.states.values()
+    assert {s.reason for s in states} == {"rolled_back"} and not any(s.overridden for s in states)
+    assert all(s.detail.startswith("reverted:") and s.applied_watts is None for s in states)
+    uuid = node.devices[0].info().uuid
+    assert node.sample("gpuperf_apply_overridden", gpu="0", uuid=uuid) == 0
+    assert not node.sample("gpuperf_apply_rollbacks_total", gpu="0", uuid=uuid, reason="stopped")
     assert [cap(node, i) for i in (0, 1)] == [700.0, 700.0]
 
 
@@ -286,3 +294,52 @@ def test_current_in_a_sweep_under_apply_is_the_operators_cap_so_savings_are_meas
     node.controller.tick()
     uuid = node.devices[0].info().uuid
     assert node.sample("gpuperf_apply_realized_power_saved_watts", gpu="0", uuid=uuid, probe="llm", preset="gpt2") > 0
+
+
+def test_the_busy_guard_is_read_at_the_write_and_a_job_that_arrives_rolls_the_cap_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 51: a job that started while the idle tracker still said idle got a cap applied under it. The
+    guard is read live under the GPU's lock at the write (a foreign process, a pod), and a job that arrives
+    after the write gives the operator's cap back at the controller's next pass (allow_busy: false)."""
+    node = make_node(tmp_path, gpus=2)
+    node.sweep()
+    node.devices[0].add_foreign_process(4242, 1 << 30)  # the tracker has not seen it: node.idle says idle
+    node.controller.tick()
+    state0, state1 = node.controller.states[0], node.controller.states[1]
+    assert state0.reason == "busy" and "4242" in state0.detail and cap(node, 0) == 700.0 and entry(node, 0) is None
+    assert state1.reason == "applied" and cap(node, 1) == state1.applied_watts < 700.0
+    node.devices[1].add_foreign_process(4343, 1 << 30)  # a job arrives after the write
+    node.controller.tick()
+    uuid = node.devices[1].info().uuid
+    assert cap(node, 1) == 700.0 and entry(node, 1) is None
+    assert state1.reason == "rolled_back" and state1.detail.startswith("busy") and "4343" in state1.detail
+    assert node.sample("gpuperf_apply_rollbacks_total", gpu="1", uuid=uuid, reason="busy") == 1
+    node.devices[0].remove_foreign_process(4242)
+    node.devices[1].remove_foreign_process(4343)
+    node.controller.tick()
+    assert state0.reason == "applied" and cap(node, 0) < 700.0  # applied once idle
+    assert state1.reason == "applied" and cap(node, 1) < 700.0  # a busy rollback does not keep it out
+
+
+def test_allow_busy_applies_and_keeps_the_cap_under_a_users_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = make_node(tmp_path, gpus=1, settings=ApplySettings(mode="on", probe="llm", budget_ratio=0.10,
+                                                              allow_busy=True))
+    node.sweep()
+    node.devices[0].add_foreign_process(4242, 1 << 30)
+    node.controller.tick()
+    node.controller.tick()
+    assert node.controller.states[0].reason == "applied" and cap(node, 0) < 700.0
+
+
+def test_the_operators_own_cap_set_back_by_hand_leaves_apply_mode_without_an_alert(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 51: the operator's own revert raised the override alert. By hand (no CLI), the cap reads the
+    journaled operator's cap again: the GPU leaves apply mode quietly and the decision is journaled."""
+    node = applied_node(tmp_path)
+    node.devices[0].set_power_limit(700.0)  # the operator's own cap, by hand
+    node.controller.tick()
+    state, uuid = node.controller.states[0], node.devices[0].info().uuid
+    assert state.reason == "rolled_back" and state.detail.startswith("reverted:") and not state.overridden
+    assert node.sample("gpuperf_apply_overridden", gpu="0", uuid=uuid) == 0
+    assert all(node.sample("gpuperf_apply_rollbacks_total", gpu="0", uuid=uuid, reason=r) == 0
+               for r in ("sweep_unrestored", "stopped"))
+    assert entry(node, 0) is None and cap(node, 0) == 700.0
+    assert any(d["believed"] == "operator" and d["detail"].startswith("reverted") for d in node.journal.decisions())

@@ -125,3 +125,53 @@ def test_an_applied_cap_the_probes_stop_confirming_is_given_back() -> None:
 def test_a_failure_that_says_nothing_about_the_cap_does_not_roll_back() -> None:
     host = [SWEEP[0], point(500, 1, 1, at=NOW, status="failed", reason="host_oom")]
     assert check_applied(ON, facts(host), 500.0, APPLIED_AT, 500.0) is None
+
+
+def noisy(cap: float, rate: float, power: float, cv: float, at: float = NOW - 60) -> SweepPoint:
+    """A point measured in 4 windows whose energy per unit and rate spread by about ``cv``."""
+    from gpuperfd.probe_data.result import RepeatResult
+
+    windows = [RepeatResult(index=i, measured_seconds=1.0, units_of_work=rate * f,
+                            energy_per_unit_joules=power / rate * f, average_power_watts=power)
+               for i, f in enumerate((1 - cv, 1 + cv, 1 - cv, 1 + cv))]
+    made = point(cap, rate, power, at=at)
+    made.result.repeats = windows
+    return made
+
+
+def test_a_cap_above_what_the_probe_draws_is_not_applied() -> None:
+    """Issue 51: the llm probe drew about 429 W, yet caps of 450-600 W were applied on noise."""
+    points = [point(700, 1000, 429), point(600, 1001, 428.5), point(450, 1000.5, 428.8), point(300, 700, 290)]
+    decision = decide(ON, facts(points))
+    assert decision.reason == "no_saving" and "draws 429 W at 700 W: a cap of 600 W does not bind" in decision.detail
+
+
+def test_a_saving_within_the_sweeps_own_noise_is_not_applied() -> None:
+    # 500 W saves 1.5% energy per unit, but each point's windows spread by 3%: within the noise
+    points = [noisy(700, 1000, 600, 0.03), noisy(500, 990, 585.1, 0.03)]
+    decision = decide(ON, facts(points))
+    assert decision.reason == "no_saving" and "within the sweep's own noise" in decision.detail
+    # the same saving from quiet windows is measured, and applied
+    quiet = [noisy(700, 1000, 600, 0.001), noisy(500, 990, 585.1, 0.001)]
+    assert decide(ON, facts(quiet)).apply
+
+
+def test_hysteresis_a_loss_just_over_the_budget_within_the_noise_does_not_roll_back() -> None:
+    """Issue 51: at budgets of 0.2-0.5% a GPU flipped between applied and an over_budget rollback from one
+    sweep to the next. Applied at a loss within the budget, it goes only past the budget beyond the noise."""
+    tight = ApplySettings(mode="on", probe="llm", budget_ratio=0.005)
+    just_over = facts([noisy(700, 1000, 600, 0.01), noisy(500, 992, 450, 0.01, at=NOW)])  # 0.8% > 0.5%
+    assert check_applied(tight, just_over, 500.0, APPLIED_AT, 500.0) is None
+    far_over = facts([noisy(700, 1000, 600, 0.01), noisy(500, 950, 450, 0.01, at=NOW)])  # 5% > 0.5% + noise
+    assert check_applied(tight, far_over, 500.0, APPLIED_AT, 500.0)[0] == "over_budget"
+
+
+def test_a_sweep_that_fails_on_an_applied_gpu_rolls_the_cap_back_at_once() -> None:
+    """Issue 51: six failed sweeps in 70 s left the applied cap standing for max_age_seconds."""
+    failed_first = facts([SWEEP[0], point(700, 1, 1, at=NOW, status="failed", reason="timeout")])
+    why = check_applied(ON, failed_first, 500.0, APPLIED_AT, 500.0)
+    assert why is not None and why[0] == "probe_failed" and "has not run ok at it since" in why[1]
+    # confirmed ok at the applied cap after that failure: holds
+    later_ok = facts([point(700, 1, 1, at=NOW - 10, status="failed", reason="timeout"),
+                      point(500, 980, 450, at=NOW)])
+    assert check_applied(ON, later_ok, 500.0, APPLIED_AT, 500.0) is None

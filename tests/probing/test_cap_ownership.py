@@ -341,4 +341,25 @@ def test_case8_state_dir_turned_read_only_mid_sweep_logs_what_happened(tmp_path,
     assert limits(tmp_path) == ORIGINAL
     assert "power cap restored to 650 W (read back 650 W), but its journal entry" in err
     assert "could not restore" not in err and "Traceback" not in err
-    assert proc.returncode == 0
+    # A cap that cannot be journaled before it is written is not written (issue 51: a crash after it
+    # would leave a cap no restore could tell from an operator's): the sweep stops at the next cap.
+    assert "cannot write the power-cap journal" in err and "the cap was not changed" in err
+    assert proc.returncode == 1
+
+
+def test_a_cap_changed_by_hand_mid_sweep_stops_the_sweep_and_stays(tmp_path):
+    """Issue 51: compare before every write. An operator's `nvidia-smi -pl` between two points is theirs:
+    the sweep stops, writes nothing more (not its next cap, not the original), and exits 1 saying so."""
+    proc = start(sweep_cmd(write_config(tmp_path, "c", measure=1.0)))
+    deadline = time.monotonic() + 30
+    while limits(tmp_path)["0"] == ORIGINAL["0"]:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    hand = dict(limits(tmp_path), **{"0": 600.0})
+    (tmp_path / "sim-limits.json").write_text(json.dumps(hand))  # the operator, on the shared board
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "the cap reads 600 W" in err and "someone else changed it; theirs stays" in err
+    assert limits(tmp_path) == hand and journal(tmp_path) == []
+    decisions = (tmp_path / "state" / "cap-decisions.jsonl").read_text()
+    assert '"believed": "operator"' in decisions and '"watts": 600.0' in decisions

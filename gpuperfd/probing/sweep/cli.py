@@ -34,9 +34,8 @@ from gpuperfd.probe_data.spec import PROBES, check_options
 from gpuperfd.probing.executors import choose_executor
 from gpuperfd.probing.idle import busy_reason
 from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
-from gpuperfd.probing.sweep.journal import CapJournal, journals_for, restore_all
+from gpuperfd.probing.sweep.journal import CapJournal, journals_for
 from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, PlannedProbe, SweepRequest, run_owned_sweep
-from gpuperfd.probing.sweep.ownership import is_owned
 from gpuperfd.system.logs import setup_logging
 from gpuperfd.system.stopsignals import StopSignals, say
 
@@ -331,6 +330,9 @@ def _refusal(args: SweepArgs, device: Device, journal: CapJournal, outcome: Owne
     if status is OwnedStatus.BAD_CAPS:
         say(f"gpuperfd: --caps: {outcome.detail}")
         return 2
+    if status is OwnedStatus.ABORTED and stop.received is None:  # the cap was changed under the sweep
+        say(f"gpuperfd: sweep stopped: {outcome.detail}; nothing more was written")
+        return 1
     if status in (OwnedStatus.DEVICE_ERROR, OwnedStatus.STATE_DIR, OwnedStatus.EXCEPTION):
         prefix = f"gpu {device.index}: " if status is OwnedStatus.DEVICE_ERROR else ""
         say(f"gpuperfd: {prefix}{outcome.detail}")
@@ -466,26 +468,17 @@ def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint], pl
     return 0 if all(p.result.status in ("ok", "skipped") for p in points) else 1
 
 
-def _missing_state_dir(config: Config) -> str | None:
-    """Why the configured state directory holds no journal at all (missing, or not a directory), or None.
-
-    A script that runs ``restore-caps --state-dir DIR`` with a mistyped DIR must hear about it: the
-    exit code is 2 then, where a directory that exists with nothing to restore is success."""
-    state_dir = config.probes.state_dir
-    if state_dir.is_dir():
-        return None
-    what = "is not a directory" if state_dir.exists() else "does not exist"
-    return f"state directory {state_dir} {what}: no power-cap journal there"
-
-
 def cmd_restore_caps(args: argparse.Namespace) -> int:
-    """Restore every cap journaled in the state directory and every other one this node used;
-    0 when none is left changed (and says "nothing to restore" when there was nothing), 1 when one
-    is, 2 when the configured state directory does not exist and no other held anything to restore
-    (one that did is restored, and the missing directory still named)."""
+    """Restore every cap journaled in the state directory and every other one this node used (the
+    emergency command, :mod:`gpuperfd.apply.emergency`: apply mode's entries too, under each GPU's
+    lock); 0 when none is left changed (and says "nothing to restore" when there was nothing), 1 when
+    one is, 2 when the configured state directory is missing or unreadable and no other held anything
+    to restore (one that did is restored, and the missing directory still named)."""
+    from gpuperfd.apply.emergency import restore_everything, state_dir_problem
+
     config = _load(args.config, args.state_dir, args.simulate)
     setup_logging(config.log_level)
-    missing = _missing_state_dir(config)
+    missing = state_dir_problem(config.probes.state_dir)
     if missing is not None:
         print(f"gpuperfd: restore-caps: {missing}", file=sys.stderr)
     journals = journals_for(config)  # the configured state directory and every other one this node used
@@ -495,17 +488,17 @@ def cmd_restore_caps(args: argparse.Namespace) -> int:
             print(f"gpuperfd: restore-caps: nothing to restore (no power-cap journal entry in {searched})")
         return 2 if missing is not None else 0
     try:
-        with_devices(config, lambda devices: restore_all(journals, devices))  # only entries whose owner is gone
+        results = with_devices(config, lambda devices: restore_everything(journals, devices, wait_seconds=2.0))
     except DeviceError as exc:
         print(f"gpuperfd: {exc}", file=sys.stderr)
         return 3
     left = 0
-    for journal, (path, _) in ((j, e) for j in journals for e in j.entries()):
-        owner = is_owned(journal.state_dir, path.name[: -len(CapJournal.SUFFIX)])
-        if owner is not None:
-            print(f"gpuperfd: {path}: a running sweep (pid {owner}) owns this GPU and restores it; not touched",
-                  file=sys.stderr)
-        else:
+    for result in results:
+        if result.owned:
+            print(f"gpuperfd: {result.words}", file=sys.stderr)
+        elif not result.ok:
             left += 1
-            print(f"gpuperfd: still changed: {path}", file=sys.stderr)
+            print(f"gpuperfd: still changed: {result.words}", file=sys.stderr)
+        else:
+            print(f"gpuperfd: restore-caps: {result.words}")
     return 1 if left else 0

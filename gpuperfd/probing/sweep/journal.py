@@ -12,6 +12,14 @@ edited config can change it while a sweep journals in the old one. So every
 directory that ever held an entry is first written to the node's *registry of
 state directories* (:func:`node_registry`: a fixed file, not a setting) and every
 start restores from all of them (:func:`journals_for`, :func:`restore_all`).
+
+Whose cap is on the board (issue 51). NVML says what a limit is, never who set it. So every write of
+ours is journaled *before* it happens (:meth:`CapJournal.intend`: the cap it replaces and the one it
+sets, with the writer's pid and process start time), and every write that puts a cap back goes
+through one rule, :func:`put_back`: read the cap; write only if it is one we set (the entry's last
+pair, or the applied cap); otherwise the cap is someone else's (an operator's), it stays, and the
+journal's decisions file (:data:`DECISIONS`) records whom we believed. A writer that died leaves its
+pair behind, so a cap it left is told from an operator's: it is one of the two caps of its pair.
 """
 
 from __future__ import annotations
@@ -49,6 +57,11 @@ MAX_REGISTERED = 256
 
 #: A journal entry is ~200 bytes; anything much larger is not one (and is not read whole).
 MAX_ENTRY_BYTES = 64 * 1024
+#: Beside the node's registry: one cap lock per GPU for every state directory (ownership.GpuLock).
+NODE_LOCKS = "gpuperfd-cap-locks"
+#: In each state directory: one JSON line per cap we found changed, whom we took it for, what we did.
+DECISIONS = "cap-decisions.jsonl"
+MAX_DECISIONS_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,53 @@ class CapRecord:
     #: A sweep on the applied GPU could not put the applied cap back: the cap it left is not someone
     #: else's choice, so apply mode rolls back to ``original_watts`` instead of leaving it there.
     sweep_unrestored: bool = False
+    #: The last write of ours, journaled before it was made: the cap it replaced and the one it set.
+    #: A writer killed around that write leaves one of the two on the board; any other cap is not ours.
+    #: None in an entry of an older version (whose every cap is taken for its writer's, as before).
+    last_from: float | None = None
+    last_to: float | None = None
+    #: The last writer's process start time (clock ticks after boot, /proc/PID/stat field 22): with
+    #: ``pid`` it names one process, never a later one that reuses the pid (0: unknown).
+    pid_start: int = 0
+
+    def ours(self) -> set[int]:
+        """The caps (rounded watts) a writer of ours may have left on the board."""
+        return {round(w) for w in (self.last_from, self.last_to, self.applied_watts) if w is not None}
+
+    def knows_its_writes(self) -> bool:
+        return self.last_to is not None
+
+    def writer_alive(self) -> bool:
+        """True while the process that last wrote this entry runs (never true for this process)."""
+        return self.pid != os.getpid() and self.pid_start != 0 and process_start(self.pid) == self.pid_start
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks after boot), or None when it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    try:  # the command name (field 2) may hold spaces and parentheses: fields after its last ')'
+        return int(raw[raw.rindex(b")") + 2:].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def own_identity() -> tuple[int, int]:
+    """(pid, process start time) of this process, for the journal's writer fields."""
+    pid = os.getpid()
+    return pid, process_start(pid) or 0
+
+
+class CapChangedByOther(Exception):
+    """The cap is not the one we set: someone else (an operator) changed it; theirs stays."""
+
+    def __init__(self, gpu: int, found: float, ours: float | None) -> None:
+        said = f"not the {ours:.0f} W we set" if ours is not None else "not one we set"
+        super().__init__(f"gpu {gpu}: the cap reads {found:.0f} W, {said}: someone else changed it; theirs stays")
+        self.found = found
 
 
 class CorruptJournal(Exception):
@@ -101,25 +161,36 @@ class CapJournal:
     def _path(self, uuid: str) -> Path:
         return self.state_dir / (safe_name(uuid) + self.SUFFIX)
 
+    def lock(self, name: str) -> GpuLock:
+        """The cap lock of GPU ``name`` (safe UUID) for writers of this journal: this directory's, and the
+        node's (beside its registry) so writers journaling in other state directories are excluded too."""
+        node = None if self.registry is None else self.registry.parent / NODE_LOCKS
+        return GpuLock(self.state_dir, name, node)
+
     def path_for(self, uuid: str) -> Path:
         return self._path(uuid)
 
     def record(self, device: Device, original_watts: float, default_watts: float,
-               applied_watts: float | None = None) -> CapRecord:
+               applied_watts: float | None = None, to_watts: float | None = None) -> CapRecord:
         """Persist the original limit; JournalWriteError (one clear line) if it cannot be made durable.
 
         An existing entry's original is kept (it is the true one); ``applied_watts`` (apply mode) is
-        written into it, so the operator's cap journaled first is never lost."""
+        written into it, so the operator's cap journaled first is never lost. ``to_watts``: the cap
+        about to be set (journaled with the one it replaces, see :meth:`intend`); default the applied one."""
         info = device.info()
-        record = CapRecord(info.uuid, device.index, original_watts, default_watts, time.time(), os.getpid(),
-                           applied_watts)
+        pid, start = own_identity()
+        target = applied_watts if to_watts is None else to_watts
+        record = CapRecord(info.uuid, device.index, original_watts, default_watts, time.time(), pid,
+                           applied_watts, last_from=original_watts if target is not None else None,
+                           last_to=target, pid_start=start)
         path = self._path(info.uuid)
         if os.path.lexists(path):  # an earlier, unrestored change: its original is the true one
             try:
                 earlier = self._read(path)
                 if applied_watts is None or earlier.applied_watts == applied_watts:
                     return earlier
-                record = replace(earlier, applied_watts=applied_watts, pid=os.getpid())
+                record = replace(earlier, applied_watts=applied_watts, pid=pid, pid_start=start,
+                                 last_from=original_watts, last_to=target)
             except CorruptJournal:
                 log.warning("replacing unreadable journal entry %s", path)
         if self.registry is not None:
@@ -133,6 +204,60 @@ class CapJournal:
                 "the cap was not changed"
             ) from None
         return record
+
+    def intend(self, uuid: str, from_watts: float, to_watts: float) -> CapRecord | None:
+        """Journal, before it is made, a write of ours: ``to_watts`` over ``from_watts`` (durable).
+
+        The entry then names this process as its writer. None when the GPU has no entry (nothing
+        to put back: the caller writes nothing it must restore). JournalWriteError if it cannot be
+        written: the caller must not write the cap then (a cap we cannot claim would be an operator's)."""
+        path = self._path(uuid)
+        try:
+            entry = self._read(path)
+        except CorruptJournal:
+            return None
+        pid, start = own_identity()
+        entry = replace(entry, last_from=float(from_watts), last_to=float(to_watts), pid=pid, pid_start=start)
+        try:
+            replace_file(path, json.dumps(asdict(entry)).encode(), 0o600)
+        except OSError as exc:
+            raise JournalWriteError(
+                exc.errno, f"cannot write the power-cap journal in {self.state_dir} ({exc.strerror or exc}); "
+                "the cap was not changed"
+            ) from None
+        return entry
+
+    def believe(self, uuid: str, whose: str, watts: float, detail: str) -> None:
+        """Record in :data:`DECISIONS` whom the cap on the board was taken for (``operator``, a dead
+        ``writer``, ``ours``) and what was done; best effort (logged), the log is bounded."""
+        path = self.state_dir / DECISIONS
+        line = json.dumps({"time": time.time(), "uuid": uuid, "believed": whose, "watts": watts,
+                           "detail": detail, "pid": os.getpid()}) + "\n"
+        try:
+            if path.exists() and path.stat().st_size > MAX_DECISIONS_BYTES:
+                kept = path.read_bytes()[-MAX_DECISIONS_BYTES // 2:]
+                replace_file(path, kept[kept.find(b"\n") + 1:], 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("cannot record the cap decision in %s: %s", path, exc.strerror or exc)
+
+    def decisions(self) -> list[dict[str, object]]:
+        """The decisions file's records, oldest first (unreadable lines skipped)."""
+        try:
+            lines = (self.state_dir / DECISIONS).read_text().splitlines()
+        except OSError:
+            return []
+        found = []
+        for text in lines:
+            try:
+                found.append(json.loads(text))
+            except ValueError:
+                continue
+        return found
 
     def mark_sweep_unrestored(self, uuid: str, left: bool = True) -> bool:
         """Say in an applied GPU's entry that a sweep left its cap changed, or (``left`` False) that the
@@ -189,6 +314,7 @@ class CapJournal:
             data = json.loads(raw)
             if not isinstance(data, dict):
                 raise TypeError(f"a JSON {type(data).__name__}, not an object")
+            last_from, last_to = data.get("last_from"), data.get("last_to")
             record = CapRecord(
                 uuid=str(data["uuid"]),
                 gpu_index=int(data["gpu_index"]),
@@ -198,6 +324,9 @@ class CapJournal:
                 pid=int(data.get("pid", 0)),
                 applied_watts=None if data.get("applied_watts") is None else float(data["applied_watts"]),
                 sweep_unrestored=data.get("sweep_unrestored", False) is True,
+                last_from=None if last_from is None else float(last_from),
+                last_to=None if last_to is None else float(last_to),
+                pid_start=int(data.get("pid_start", 0)),
             )
         except RecursionError:
             raise CorruptJournal(path, "nested too deeply") from None
@@ -243,6 +372,7 @@ def restore_pending(
     *,
     only: Iterable[str] | None = None,
     lock: bool = True,
+    applied_too: bool = False,
 ) -> list[str]:
     """Put back every original limit the journal holds; returns what was done, for logs.
 
@@ -250,7 +380,8 @@ def restore_pending(
     ``lock=False``: the caller holds the lock). ``only``: GPU UUIDs to consider (None:
     all). A corrupt entry cannot say what the operator had, so the safe action is the
     board's default limit (logged as such). Entries for GPUs not present stay on disk
-    for a later start. Never raises for a single entry's failure.
+    for a later start. Never raises for a single entry's failure. ``applied_too`` (the emergency
+    commands, holding the GPU's lock): an applied cap a live daemon holds is put back too.
     """
     by_name: dict[str, Device] = {}
     for device in devices:
@@ -271,7 +402,7 @@ def restore_pending(
             else:
                 log.warning("journal holds a cap for %s, which is not on this node now; kept", entry.uuid)
             continue
-        if (isinstance(entry, CapRecord) and entry.applied_watts is not None
+        if (not applied_too and isinstance(entry, CapRecord) and entry.applied_watts is not None
                 and (holder := is_owned(journal.state_dir, apply_lock_name(name))) is not None):
             log.info("gpu %d: %.0f W is applied by a running daemon (pid %d), which restores it; left to it",
                      device.index, entry.applied_watts, holder)
@@ -280,7 +411,7 @@ def restore_pending(
         if gpu_lock is False:
             continue
         try:
-            done = _restore_one(device, path, entry)
+            done = _restore_one(device, path, entry, journal)
         except Exception:  # noqa: BLE001 - one entry's failure must not stop the others
             log.exception("gpu %d: restoring the journal entry %s failed", device.index, path)
             done = None
@@ -294,7 +425,7 @@ def restore_pending(
 
 def _lock_entry(journal: CapJournal, name: str, path: Path) -> GpuLock | None | bool:
     """The entry's lock (held), None (no lock needed or possible), or False: a live owner has it."""
-    gpu_lock = GpuLock(journal.state_dir, name)
+    gpu_lock = journal.lock(name)
     try:
         gpu_lock.acquire()
         return gpu_lock
@@ -311,7 +442,60 @@ def _lock_entry(journal: CapJournal, name: str, path: Path) -> GpuLock | None | 
         return None
 
 
-def _restore_one(device: Device, path: Path, entry: CapRecord | CorruptJournal) -> str | None:
+@dataclass(frozen=True)
+class PutBack:
+    """What :func:`put_back` found and did."""
+
+    #: The board reads the target now (written, or it already did).
+    ok: bool
+    #: The cap the board read before anything was written.
+    found: float
+    written: bool = False
+    #: The cap was not one we set: someone else's (an operator's); nothing was written, it stays.
+    theirs: bool = False
+
+
+def put_back(journal: CapJournal, device: Device, uuid: str, target: float, ours: Iterable[float] | None,
+             why: str, _tries: int = 3) -> PutBack:
+    """THE rule for every write that puts a cap back (a sweep's end, a rollback, stop, revert,
+    restore-caps, start-up recovery): read the cap first and write ``target`` only if the cap is
+    one we set (``ours``; None: an entry of an older version, whose every cap is its writer's).
+
+    A cap that is not ours is someone else's choice: it stays, nothing is written, the decision is
+    journaled (:meth:`CapJournal.believe`) and the result says ``theirs`` (the caller drops its entry
+    and, in apply mode, the GPU leaves apply mode). The write itself is journaled first
+    (:meth:`CapJournal.intend`) and read back: DeviceError if it does not read back.
+    """
+    found = device.power_limits().enforced_watts
+    if round(found) == round(target):
+        return PutBack(True, found)
+    mine = None if ours is None else {round(w) for w in ours}
+    if mine is not None and round(found) not in mine:
+        journal.believe(uuid, "operator", found,
+                        f"{why}: the cap reads {found:.0f} W, not one we set "
+                        f"({', '.join(f'{w} W' for w in sorted(mine)) or 'none'}); left as it is, "
+                        f"{target:.0f} W not written")
+        log.warning("gpu %d: %s: the cap reads %.0f W, not one we set: someone else's, left as it is (%.0f W not "
+                    "written)", device.index, why, found, target)
+        return PutBack(False, found, theirs=True)
+    try:  # a target is always the entry's original or a cap of its pair: a crash after it is still told
+        journal.intend(uuid, found, target)
+    except JournalWriteError as exc:  # a restore must not wait on a state directory that turned read-only
+        log.warning("gpu %d: %s; putting %.0f W back all the same", device.index, exc, target)
+    again = device.power_limits().enforced_watts  # right before the write: a change during the fsync
+    if round(again) != round(found):
+        if _tries <= 1:
+            raise DeviceError(f"the cap keeps changing ({found:.0f} W, then {again:.0f} W); {target:.0f} W not written")
+        return put_back(journal, device, uuid, target, None if mine is None else list(mine), why, _tries - 1)
+    device.set_power_limit(target)
+    back = device.power_limits().enforced_watts
+    if round(back) != round(target):
+        raise DeviceError(f"power cap set to {target:.0f} W but reads back {back:.0f} W")
+    return PutBack(True, found, written=True)
+
+
+def _restore_one(device: Device, path: Path, entry: CapRecord | CorruptJournal,
+                 journal: CapJournal | None = None) -> str | None:
     if isinstance(entry, CorruptJournal):
         try:
             default = device.power_limits().default_watts
@@ -322,8 +506,10 @@ def _restore_one(device: Device, path: Path, entry: CapRecord | CorruptJournal) 
         log.error("%s; restored gpu %d to its default limit %.0f W as the safe choice", entry, device.index, default)
         _remove(path)
         return f"gpu {device.index}: default {default:.0f} W (corrupt journal)"
+    journal = journal if journal is not None else CapJournal(path.parent)
+    ours = entry.ours() if entry.knows_its_writes() else None
     try:
-        device.set_power_limit(entry.original_watts)
+        done = put_back(journal, device, entry.uuid, entry.original_watts, ours, "restoring the journaled cap")
     except InvalidArgument as exc:  # the board refuses the recorded value: the default is the safe choice
         try:
             default = device.power_limits().default_watts
@@ -341,6 +527,12 @@ def _restore_one(device: Device, path: Path, entry: CapRecord | CorruptJournal) 
         log.error("gpu %d: restoring original cap %.0f W failed: %s", device.index, entry.original_watts, exc)
         return None
     _remove(path)
+    if done.theirs:
+        return (f"gpu {device.index}: {done.found:.0f} W kept: not a cap we set (an operator's); "
+                f"the journaled {entry.original_watts:.0f} W not written")
+    if not done.written:
+        log.info("gpu %d: the journaled cap %.0f W is already back", device.index, entry.original_watts)
+        return f"gpu {device.index}: {entry.original_watts:.0f} W (already back)"
     log.warning(
         "gpu %d: restored original power cap %.0f W left changed by pid %d", device.index, entry.original_watts, entry.pid
     )

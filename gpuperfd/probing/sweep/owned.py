@@ -32,7 +32,7 @@ from gpuperfd.probing.executors import Executor, open_session
 from gpuperfd.probing.idle import BusyReason
 from gpuperfd.probing.observer import SweepObserver
 from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
-from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
+from gpuperfd.probing.sweep.journal import CapChangedByOther, CapJournal, restore_pending
 from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.probing.sweep.sweeper import SweepAborted, SweepPreempted, run_sweep
 
@@ -145,7 +145,7 @@ def _take_lock(journal: CapJournal, name: str, request: SweepRequest,
         if (owner := is_owned(journal.state_dir, name)) is not None:
             return None, OwnedSweep(OwnedStatus.OWNED, str(GpuBusy(name, owner)), owner_pid=owner)
         return None, None
-    lock = GpuLock(journal.state_dir, name)
+    lock = journal.lock(name)
     try:
         lock.acquire(wait_seconds=request.wait_seconds, cancel=abort.is_set)
     except GpuBusy as busy:
@@ -208,6 +208,9 @@ def run_owned_sweep(
         _sweep_probes(device, journal, request, executor, observer_for, abort, outcome, resolve)
     except SweepAborted as exc:
         log.warning("%s", exc)
+        outcome.status, outcome.detail = OwnedStatus.ABORTED, str(exc)
+    except CapChangedByOther as exc:  # an operator's cap: it stays (the guard wrote nothing over it)
+        log.warning("%s; the sweep stops", exc)
         outcome.status, outcome.detail = OwnedStatus.ABORTED, str(exc)
     except SweepPreempted as exc:
         log.info("gpu %d: %s", device.index, exc)

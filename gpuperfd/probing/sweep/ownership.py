@@ -10,6 +10,12 @@ decides.
 
 The lock file is opened read-only (``O_CREAT`` creates it): holding no file open
 for writing keeps a state directory that turns read-only under us remountable.
+
+A state directory is a setting, so two writers may journal in two of them (a ``gpuperfd sweep
+--state-dir X`` beside the daemon). ``node_dir`` (the node's lock folder beside its registry of state
+directories, :meth:`~gpuperfd.probing.sweep.journal.CapJournal.lock`) adds one lock per GPU for the
+whole node, taken first, so they exclude each other too (issue 51); best effort where that folder
+cannot be written.
 """
 
 from __future__ import annotations
@@ -43,10 +49,13 @@ class GpuBusy(Exception):
 class GpuLock:
     """The exclusive, cross-process lock on one GPU's cap (``name``: the safe UUID)."""
 
-    def __init__(self, state_dir: Path | str, name: str) -> None:
+    def __init__(self, state_dir: Path | str, name: str, node_dir: Path | None = None) -> None:
         self.path = Path(state_dir) / (name + LOCK_SUFFIX)
         self.name = name
         self._fd: int | None = None
+        #: The node-wide lock of this GPU (None: this state directory's lock only).
+        self._node = (GpuLock(node_dir, name) if node_dir is not None
+                      and os.path.abspath(node_dir) != os.path.abspath(state_dir) else None)
 
     @property
     def held(self) -> bool:
@@ -69,6 +78,21 @@ class GpuLock:
     def acquire(self, wait_seconds: float = 0.0, poll: float = 0.05, cancel: Callable[[], bool] | None = None) -> None:
         """Take the lock; GpuBusy if another process holds it after ``wait_seconds`` (or once
         ``cancel()`` is true); OSError if the state directory cannot hold a lock file."""
+        node_held = False
+        if self._node is not None:
+            try:
+                self._node.acquire(wait_seconds, poll, cancel)
+                node_held = True
+            except OSError:  # a node folder we cannot write (not root): this directory's lock alone
+                pass
+        try:
+            self._acquire(wait_seconds, poll, cancel)
+        except BaseException:
+            if node_held and self._node is not None:
+                self._node.release()
+            raise
+
+    def _acquire(self, wait_seconds: float, poll: float, cancel: Callable[[], bool] | None) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         deadline = time.monotonic() + wait_seconds
@@ -103,6 +127,8 @@ class GpuLock:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)  # closing the only descriptor drops the flock
+        if self._node is not None:
+            self._node.release()
 
     def __enter__(self) -> GpuLock:
         self.acquire()
