@@ -10,7 +10,7 @@ estimate; a failed point is reported and the matrix goes on. ``--config FILE``
 ``--output`` appends one run record per point (:mod:`gpuperfd.probe_data.record`).
 
 Exit codes: 0 every point ok; 1 some point failed or was aborted; 2 bad input
-(the message names the field).
+(the message names the field); 3 a CUDA point on a node without an NVIDIA driver (as every command).
 
 Also runnable without the main CLI: ``python -m gpuperfd.probing.probe_cli llm --preset tiny``.
 """
@@ -36,7 +36,7 @@ from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD
 __all__ = ["register", "main", "build_specs", "load_config_file", "write_results", "results_table",
            "estimate_seconds", "POINT_OVERHEAD_SECONDS"]
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_DEVICE = 0, 1, 2, 3
 
 #: A point's time besides its timed phases (a child's start, torch's import, the model's build,
 #: the first calls): on a GPU the CUDA context and kernels' first launch dominate; a tiny CPU model
@@ -364,9 +364,14 @@ def main(args: argparse.Namespace) -> int:
 
     abort = threading.Event()
     # SIGTERM/SIGHUP/SIGINT/SIGQUIT only set `abort`: the session then kills the child's process group.
+    from gpuperfd.device.errors import DriverNotFound
+
     with StopSignals(abort) as stop:
         try:
             code = _run_points(args, specs, abort)
+        except DriverNotFound as exc:
+            print(f"gpuperfd probe: {exc}", file=sys.stderr)
+            return EXIT_DEVICE
         except OSError:  # a closed terminal while printing: the child is already ended
             code = EXIT_FAILURE
     if stop.received is not None:
@@ -471,8 +476,12 @@ class _Points:
         if not spec.is_cuda or self.args.no_idle_check:
             return None
         if spec.device not in self.devices:
+            from gpuperfd.device.errors import DriverNotFound
+
             try:
                 self.devices[spec.device] = _nvml_device(spec)
+            except DriverNotFound:  # no driver: no CUDA point can run here (exit 3, as every command)
+                raise
             except Exception as exc:  # noqa: BLE001 - run without the check, but say so
                 bar.write(f"gpuperfd probe: warning: no idle check for {spec.device}: {exc}")
                 self.devices[spec.device] = None

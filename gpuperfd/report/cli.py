@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gpuperfd.report.prometheus import parse_duration, parse_time
+    from gpuperfd.report.prometheus import check_base_url, parse_duration, parse_time
     from gpuperfd.report.records import ReportError
 
     if not 0 <= args.max_slowdown < 1:
@@ -72,6 +72,8 @@ def main(args: argparse.Namespace) -> int:
         print("gpuperfd: --free-y frees the y-scales of facets; it needs --facet KEY", file=sys.stderr)
         return 2
     try:
+        if args.prometheus:
+            check_base_url(args.prometheus)
         start = parse_time(args.start) if args.start else None
         end = parse_time(args.end) if args.end else None
         step = parse_duration(args.step) if args.step else None
