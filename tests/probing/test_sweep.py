@@ -378,3 +378,29 @@ def test_restore_caps_with_nothing_to_restore_says_so_and_succeeds(tmp_path, cap
     captured = capsys.readouterr()
     assert f"nothing to restore (no power-cap journal entry in {state})" in captured.out and captured.err == ""
     assert list(state.iterdir()) == []
+
+
+def _listing(folder) -> list[str] | None:
+    from pathlib import Path
+
+    root = Path(folder)
+    return sorted(str(p) for p in root.rglob("*")) if root.exists() else None
+
+
+def test_a_simulated_sweep_without_a_state_dir_writes_nothing_outside_a_temporary_one(tmp_path, monkeypatch):
+    """``sweep --simulate`` once created /var/lib/gpuperfd (a real node's directory) and left a .cap.lock
+    there for a simulated GPU whose caps die with the process."""
+    import tempfile
+
+    from gpuperfd.cli import main
+    from gpuperfd.config import ProbesConfig
+
+    default = ProbesConfig().state_dir
+    before = _listing(default)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GPUPERFD_CONFIG", raising=False)
+    assert main(["sweep", "--simulate", "1", "--probe", "attention", "--caps", "max,300", "--settle", "0",
+                 "--no-progress"]) == 0
+    assert _listing(default) == before
+    assert list(tmp_path.iterdir()) == []  # the temporary state directory is gone too

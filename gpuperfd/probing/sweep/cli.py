@@ -178,6 +178,14 @@ def _load(config: str | None, state_dir: str | None, simulate: int | None) -> Co
     return config_with_flags(config, {"probes.state_dir": state_dir}, simulate=simulate)
 
 
+def needs_private_state_dir(config: Config) -> bool:
+    """Simulated GPUs without a ``simulation.state_file`` and no state directory asked for: their caps die
+    with this process, so a journal and a cap lock outside it serve no one, and the default
+    ``/var/lib/gpuperfd`` (a real node's) must not be created for them; a temporary one is used instead."""
+    return (config.device.backend == "simulated" and config.simulation.state_file is None
+            and "state_dir" not in config.probes.model_fields_set)
+
+
 def _one_line(exc: Exception) -> str:
     """A validation error as one line naming the field (no pydantic class names or URLs)."""
     errors = getattr(exc, "errors", None)
@@ -224,6 +232,16 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
         print(f"gpuperfd: --caps/--option: {_one_line(exc)}", file=sys.stderr)
         return 2
     config = _load(args.config, args.state_dir, args.simulate)
+    if needs_private_state_dir(config):
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="gpuperfd-sweep-simulated-") as private:
+            return _sweep_with(args, probes, caps_spec, _load(args.config, private, args.simulate))
+    return _sweep_with(args, probes, caps_spec, config)
+
+
+def _sweep_with(args: SweepArgs, probes: list[PlannedProbe], caps_spec: list[str | float], config: Config) -> int:
+    """Open the GPUs of ``config``, check ``--gpu`` and the caps against them, sweep; the exit code."""
     setup_logging(config.log_level)
     abort = threading.Event()
     # From here on every stop signal only sets `abort`: the cap is put back before we exit.
