@@ -190,6 +190,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"ranks: --ranks N (at least 2) goes with --device cpu, got {args.ranks}")
     if args.simulate is not None and (args.simulate < 1 or args.device == "cpu"):
         raise UsageError("simulate: --simulate N (N >= 1) runs on simulated GPUs, not with --device cpu")
+    if getattr(args, "simulate_model", None) is not None and args.simulate is None:
+        raise UsageError("simulate_model: goes with --simulate N (the simulated GPUs' card)")
 
 
 def _run(args: argparse.Namespace, request: InterconnectRequest, abort: threading.Event) -> InterconnectResult:
@@ -203,7 +205,8 @@ def _run(args: argparse.Namespace, request: InterconnectRequest, abort: threadin
             from gpuperfd.device.factory import open_backend
             from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
 
-            config = config_with_flags(None, {}, simulate=args.simulate)
+            config = config_with_flags(None, {"simulation.model": getattr(args, "simulate_model", None)},
+                                       simulate=args.simulate)
             backend = open_backend(config)
             executor: Any = SimulatedInterconnectExecutor(backend.interconnect, seed=config.simulation.seed)
             devices = backend.devices()

@@ -118,6 +118,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate", type=_int_arg, metavar="N",
                         help="run on N simulated GPUs (the simulator's physics, no torch; the output says "
                              "simulated): the point runs on simulated GPU I of --device cuda:I (default 0)")
+    parser.add_argument("--simulate-model", metavar="MODEL", type=simulated_model,
+                        help="with --simulate: the simulated card, one of " + ", ".join(SIMULATED_MODELS)
+                             + " (default H100, as the config's simulation.model)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print results as JSON instead of a table")
     interconnect_cli.add_arguments(parser)
@@ -344,6 +347,8 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"timeout: must be > 0, got {args.timeout}")
         if not 0 <= args.idle_threshold <= 1:
             raise UsageError(f"idle_threshold: must be between 0 and 1, got {args.idle_threshold}")
+        if getattr(args, "simulate_model", None) is not None and getattr(args, "simulate", None) is None:
+            raise UsageError("simulate_model: goes with --simulate N (the simulated GPUs' card)")
         if getattr(args, "simulate", None) is not None:
             if args.simulate < 1:
                 raise UsageError(f"simulate: give at least 1 simulated GPU, got {args.simulate}")
@@ -403,6 +408,23 @@ def refined_estimate(first: ProbeSpec, first_seconds: float, rest: Sequence[Prob
     return estimate_seconds(rest, simulated=simulated, overhead_seconds=max(first_seconds - timed, 0.0))
 
 
+#: The cards the simulator models (config ``simulation.model``).
+SIMULATED_MODELS: tuple[str, ...] = ("H100", "H200", "A100")
+
+
+def simulated_model(text: str) -> str:
+    """``--simulate-model``'s value: a simulated card, in any case (argparse's error names the flag)."""
+    model = text.strip().upper()
+    if model not in SIMULATED_MODELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a simulated card ({', '.join(SIMULATED_MODELS)})")
+    return model
+
+
+def simulation_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The config keys ``--simulate-model`` sets (none when it is not given)."""
+    return {"simulation.model": getattr(args, "simulate_model", None)}
+
+
 def _simulate_index(spec: ProbeSpec, gpus: int) -> int:
     """The simulated GPU a point runs on: cuda:I's I, else 0 (UsageError for an index past ``gpus``)."""
     index = (spec.cuda_index or 0) if spec.is_cuda else 0
@@ -430,7 +452,7 @@ class _Points:
             from gpuperfd.config import config_with_flags
             from gpuperfd.device.factory import open_backend
 
-            config = config_with_flags(None, {}, simulate=args.simulate)
+            config = config_with_flags(None, simulation_flags(args), simulate=args.simulate)
             self.backend = open_backend(config)
             self.devices = {d.index: d for d in self.backend.devices()}
             self.window = args.measure_seconds or 1.0
