@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gpuperfd.config import ApplyConfig
 from gpuperfd.device.base import PowerLimits
-from gpuperfd.probe_data.recommend import SweepPoint, recommend, work_rate
+from gpuperfd.probe_data.recommend import SweepPoint, recommend_latest, work_rate
 
 MODES: tuple[str, ...] = ("off", "advise", "canary", "on")
 #: Why a GPU holds no applied cap now (``gpuperf_apply_state``'s ``reason``; bounded, documented).
@@ -154,9 +154,9 @@ def decide(settings: ApplySettings, facts: GpuFacts) -> Decision:
     if (problem := _evidence_problem(settings, facts)) is not None:
         return Decision(None, *problem)
     ok = [p for p in facts.points if p.result.status == "ok"]
-    best = recommend(ok, settings.budget_ratio)
+    best = recommend_latest(facts.points, settings.budget_ratio)  # the one rule (probe_data/recommend.py)
     if best is None:
-        return Decision(None, "no_recommendation", "no point has energy data")
+        return Decision(None, "no_recommendation", "no point has energy data, or its sweep was cut short")
     cap = best.cap_watts
     if round(cap) >= round(facts.operator_watts):
         return Decision(None, "no_saving", f"recommended {cap:.0f} W is not below the operator's {facts.operator_watts:.0f} W")

@@ -10,6 +10,8 @@ with its reason.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import math
 import os
@@ -529,6 +531,7 @@ class ServiceObserver:
         self.service.tracker.mark_ours(self.device.index, running)
 
     def on_point(self, point: SweepPoint) -> None:
+        point = dataclasses.replace(point, sweep_id=self.sweep_id)  # the one rule asks which sweep (recommend.py)
         service, result = self.service, point.result
         if self.applied_cap is not None:
             result.extra["applied_cap_watts"] = self.applied_cap
@@ -544,6 +547,10 @@ class ServiceObserver:
                 points[round(point.cap_watts)] = point
             elif not result.preempted:  # a preemption measured nothing: the last ok result stands
                 points.pop(round(point.cap_watts), None)
+            if result.status == "aborted" or result.preempted:  # this sweep's points recommend nothing now
+                for cap, held in points.items():
+                    if held.sweep_id == self.sweep_id:
+                        points[cap] = dataclasses.replace(held, sweep_cut_short=True)
         for listener in service.point_listeners:
             listener(self.device.index, self.schedule.probe, self.preset, point)
         at_operator_cap = round(point.cap_watts) == round(self.operator_cap)
