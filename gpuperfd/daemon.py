@@ -366,7 +366,8 @@ class Daemon:
         """Each GPU's state now (web/status.py; what ``gpuperfd top`` draws); same gate as /metrics."""
         body = gpu_status(self.sampler.store.snapshot(), self.sampler.interval_seconds, self.backend.name,
                           self.probes.latest(), self.health.verdicts() if self.health is not None else None,
-                          self.probes.sweeps(), self.config.probes.max_slowdown)
+                          self.probes.sweeps(), self.config.probes.max_slowdown,
+                          applied={s["gpu"]: s for s in self.apply.status()})
         return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
 
     def _apply_api(self, _handler: object) -> Response:

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, get_args
 
 import yaml
 
+from gpuperfd.config.strict_yaml import DuplicateKeyError, safe_load_strict
 from gpuperfd.config.schema import (
     BaseModel,
     ConfigDict,
@@ -615,10 +616,14 @@ def _format_validation_error(source: str, error: ValidationError) -> str:
     lines = [f"{source}: invalid configuration ({error.error_count()} problem(s)):"]
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"]
+        message = str(item["msg"]).removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown field (check the spelling; see docs/configuration.md)"
-        lines.append(f"  - {where}: {message} (got {reprlib.repr(item.get('input'))})")
+        value = item.get("input")
+        # a section's own check gets the whole section (a model or a mapping): its repr says nothing
+        # ("got ApplyConfig(m..._seconds=30.0)"); the message names what is wrong
+        got = "" if isinstance(value, (BaseModel, dict)) else f" (got {reprlib.repr(value)})"
+        lines.append(f"  - {where}: {message}{got}")
     return "\n".join(lines)
 
 
@@ -686,6 +691,10 @@ def config_from_mapping(data: Any, source: str = "<config>") -> Config:
         _vocabulary_required.reset(required)
 
 
+#: The largest config file read (a real one is a few KiB; a fleet's with many schedules tens).
+MAX_CONFIG_BYTES = 4 * 2**20
+
+
 def load_config(path: Path | str | None, *, required: bool = False) -> Config:
     """Read and validate a YAML config file.
 
@@ -698,6 +707,10 @@ def load_config(path: Path | str | None, *, required: bool = False) -> Config:
             return Config()
     path = Path(path)
     try:
+        size = path.stat().st_size if path.is_file() else 0
+        if size > MAX_CONFIG_BYTES:  # refused before it is read: a 60 MB file once parsed 20 s in silence
+            raise ConfigError(f"{path}: {size / 2**20:.0f} MiB is not a gpuperfd config (one is a few KiB; the "
+                              f"most read is {MAX_CONFIG_BYTES // 2**20} MiB): is this the right file?")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         if required:
@@ -706,7 +719,9 @@ def load_config(path: Path | str | None, *, required: bool = False) -> Config:
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: cannot read config file: {error}") from None
     try:
-        data = yaml.safe_load(text)
+        data = safe_load_strict(text)
+    except DuplicateKeyError as error:
+        raise ConfigError(f"{path}: {error.problem}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     except RecursionError:

@@ -147,11 +147,15 @@ def load_config_file(path: str) -> dict[str, Any]:
     """A run-matrix file (YAML or JSON) as a mapping; UsageError naming the file and the key."""
     import yaml
 
+    from gpuperfd.config.strict_yaml import DuplicateKeyError, safe_load_strict
+
     try:
         with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)  # JSON is YAML
+            data = safe_load_strict(handle)  # JSON is YAML
     except OSError as exc:
         raise UsageError(f"config: cannot read {path}: {exc.strerror or exc}") from None
+    except DuplicateKeyError as exc:
+        raise UsageError(f"config: {path}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

@@ -29,3 +29,17 @@ def test_no_driver_exits_3_and_keeps_the_operators_cap_journaled(tmp_path: Path,
     assert done.returncode == 3, done.stderr
     assert "no NVIDIA driver found" in done.stderr and "Traceback" not in done.stderr
     assert json.loads(entry.read_text()) == body  # nothing cleared: a node with a driver restores it later
+
+
+def test_status_lists_the_applied_caps_by_gpu_index_not_by_uuid(tmp_path: Path) -> None:
+    uuids = {0: "GPU-f0000000-0000-0000-0000-000000000000", 1: "GPU-a1111111-1111-1111-1111-111111111111",
+             2: "GPU-c2222222-2222-2222-2222-222222222222"}  # UUID order: 1, 2, 0
+    for index, uuid in uuids.items():
+        body = {"uuid": uuid, "gpu_index": index, "original_watts": 700.0, "default_watts": 700.0,
+                "recorded_at": 1.0, "pid": 1, "applied_watts": 400.0 + index}
+        (tmp_path / (safe_name(uuid) + CapJournal.SUFFIX)).write_text(json.dumps(body))
+    done = subprocess.run([sys.executable, "-m", "gpuperfd", "apply", "--status", "--state-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("gpu ")]
+    assert listed == ["0", "1", "2"], done.stdout

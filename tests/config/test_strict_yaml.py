@@ -1,0 +1,59 @@
+"""A key given twice in a gpuperfd file is refused with both lines named (PyYAML keeps the last one
+silently); a config file far larger than any config is refused before it is parsed."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from gpuperfd.config import MAX_CONFIG_BYTES, ConfigError, load_config
+from gpuperfd.config.strict_yaml import DuplicateKeyError, safe_load_strict
+
+PASTED_TWICE = "probes:\n  idle_seconds: 5\nweb:\n  listen_address: ':9999'\nprobes:\n  jitter_seconds: 3\n"
+
+
+def test_a_top_level_section_given_twice_is_refused_naming_both_lines(tmp_path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(PASTED_TWICE)
+    with pytest.raises(ConfigError, match=r"key 'probes' is given twice in one mapping \(line 1 and line 5\)"):
+        load_config(path, required=True)
+
+
+def test_a_nested_key_given_twice_is_refused_and_merge_keys_still_work() -> None:
+    with pytest.raises(DuplicateKeyError, match="key 'x' is given twice"):
+        safe_load_strict("a:\n  x: 1\n  y: 2\n  x: 3\n")
+    assert safe_load_strict("base: &b {p: 1}\nd:\n  <<: *b\n  q: 2\n")["d"] == {"p": 1, "q": 2}
+    assert safe_load_strict("[{a: 1}, {a: 2}]") == [{"a": 1}, {"a": 2}]  # equal keys in two mappings: fine
+
+
+def test_the_check_config_command_says_so(tmp_path, capsys) -> None:
+    from gpuperfd.cli import main
+
+    path = tmp_path / "config.yaml"
+    path.write_text(PASTED_TWICE)
+    assert main(["check-config", str(path)]) == 2
+    assert "key 'probes' is given twice" in capsys.readouterr().err
+
+
+def test_probe_and_web_config_files_refuse_a_key_given_twice(tmp_path) -> None:
+    from gpuperfd.probing.probe_cli import UsageError, load_config_file
+    from gpuperfd.web.config import WebConfigError, load_web_config
+
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text("probe: llm\nbatch_size: [1, 2]\nbatch_size: [4]\n")
+    with pytest.raises(UsageError, match="key 'batch_size' is given twice"):
+        load_config_file(str(matrix))
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users: {}\nbasic_auth_users: {}\n")
+    with pytest.raises(WebConfigError, match="key 'basic_auth_users' is given twice"):
+        load_web_config(web)
+
+
+def test_a_file_far_larger_than_a_config_is_refused_before_it_is_parsed(tmp_path) -> None:
+    path = tmp_path / "huge.yaml"
+    with path.open("w") as handle:
+        handle.write("probes:\n  schedules:\n")
+        line = "    - {probe: llm, interval_seconds: 3600}\n"
+        handle.write(line * (MAX_CONFIG_BYTES // len(line) + 2))
+    with pytest.raises(ConfigError, match="is not a gpuperfd config .* is this the right file"):
+        load_config(path, required=True)
