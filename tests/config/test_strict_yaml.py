@@ -57,3 +57,16 @@ def test_a_file_far_larger_than_a_config_is_refused_before_it_is_parsed(tmp_path
         handle.write(line * (MAX_CONFIG_BYTES // len(line) + 2))
     with pytest.raises(ConfigError, match="is not a gpuperfd config .* is this the right file"):
         load_config(path, required=True)
+
+
+def test_a_sections_own_check_names_the_problem_without_the_sections_repr(tmp_path) -> None:
+    """``apply: {mode: on}`` once ended "(got ApplyConfig(m..._seconds=30.0))"."""
+    path = tmp_path / "config.yaml"
+    path.write_text("apply:\n  mode: on\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, required=True)
+    assert "  - apply: mode on needs workload" in str(info.value)
+    assert "ApplyConfig" not in str(info.value) and "Value error" not in str(info.value)
+    path.write_text("probes:\n  idle_seconds: abc\n")
+    with pytest.raises(ConfigError, match=r"probes.idle_seconds: .* \(got 'abc'\)"):  # a value is still shown
+        load_config(path, required=True)
