@@ -738,6 +738,8 @@ def config_with_flags(
     ``flags`` maps dotted keys (``"web.listen_address"``) to values; None values are skipped.
     ``simulate`` switches to that many simulated GPUs.
     """
+    if simulate is not None and not 1 <= simulate <= 64:  # named as typed, not as simulation.gpus
+        raise ConfigError(f"--simulate {simulate}: give 1 to 64 simulated GPUs")
     data: dict[str, Any] = {}
     if path is not None:
         data = load_config(path, required=True).model_dump(mode="json", exclude_unset=True)

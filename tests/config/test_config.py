@@ -210,3 +210,12 @@ def test_bad_outside_names_fail_run_and_check_at_once(tmp_path):
         assert out.returncode == 2, (command, out.stderr)
         assert f"{path}: invalid configuration" in out.stderr and "sampler.collectors: unknown collector(s) bogus" \
             in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("count", [0, -1, 65])
+def test_a_simulate_count_out_of_range_names_the_flag(count: int, capsys) -> None:
+    """``--simulate 0`` once answered "simulation.gpus: Input should be greater than or equal to 1"."""
+    from gpuperfd.cli import main
+
+    assert main(["sweep", "--simulate", str(count), "--probe", "llm", "--caps", "300"]) == 2
+    assert f"--simulate {count}: give 1 to 64 simulated GPUs" in capsys.readouterr().err
