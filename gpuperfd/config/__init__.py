@@ -282,6 +282,13 @@ class DeviceConfig(_Strict):
     #: Per-call timeout: a device call slower than this is reported as a timeout.
     call_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 5.0
 
+    @field_validator("gpus")
+    @classmethod
+    def _each_gpu_once(cls, gpus: list[int] | None) -> list[int] | None:
+        if gpus is not None and len(set(gpus)) != len(gpus):  # [0, 0] once read GPU 0 twice per scrape
+            raise ValueError(f"a GPU is named twice in {gpus}")
+        return gpus
+
 
 class CollectorToggle(_Strict):
     enabled: bool = True
@@ -385,7 +392,7 @@ class ScheduleConfig(_Strict):
     cron: str | None = None
     #: Caps to sweep: watts (> 1), fractions of the maximum (<= 1) or min/max/default/current.
     #: ["current"] (the default) runs at the operator's cap only and changes nothing.
-    caps: list[CapEntry] = ["current"]
+    caps: Annotated[list[CapEntry], Field(min_length=1)] = ["current"]
     #: Seconds to wait after each cap change before measuring.
     settle_seconds: Annotated[float, Field(ge=0, le=600)] = 5.0
     #: Probe options passed to the workload (batch_size, prompt_tokens, output_tokens, dtype, ...).
@@ -508,7 +515,7 @@ class HealthConfig(_Strict):
     #: Seconds between evaluations of the checks (reads cached readings only).
     interval_seconds: Annotated[float, Field(ge=0.5, le=300)] = 5.0
     #: Overrides of the checks' thresholds and settings, by key (docs/health.md lists them).
-    thresholds: dict[str, float] = {}
+    thresholds: dict[str, Annotated[float, Field(ge=0)]] = {}
     #: node-feature-discovery local feature file the daemon keeps current with the verdict
     #: (e.g. /etc/kubernetes/node-feature-discovery/features.d/gpuperfd); None: not written.
     nfd_features_file: Path | None = None

@@ -219,3 +219,19 @@ def test_a_simulate_count_out_of_range_names_the_flag(count: int, capsys) -> Non
 
     assert main(["sweep", "--simulate", str(count), "--probe", "llm", "--caps", "300"]) == 2
     assert f"--simulate {count}: give 1 to 64 simulated GPUs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("section", "words"), [
+    ({"probes": {"schedules": [{"probe": "llm", "interval_seconds": 60, "caps": []}]}},
+     "probes.schedules.0.caps: List should have at least 1 items"),
+    ({"device": {"gpus": [0, 0]}}, "device.gpus: a GPU is named twice in [0, 0]"),
+    ({"health": {"thresholds": {"busy_min_samples": -1}}},
+     "health.thresholds.busy_min_samples: Input should be greater than or equal to 0"),
+])
+def test_careless_values_that_were_accepted_are_refused_by_name(section: dict, words: str) -> None:
+    """An empty cap list, a GPU named twice and a negative threshold once passed check-config."""
+    from gpuperfd.config import ConfigError, config_from_mapping
+
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping(section, "<test>")
+    assert words in str(info.value)
