@@ -432,6 +432,8 @@ def check_output(path: str | Path) -> None:
     A missing or empty file is fine; an existing CSV must have exactly :data:`CSV_COLUMNS` as its
     header, an existing JSON-lines file must start with a ``gpuperfd.run/1`` record.
     """
+    if not str(path).strip():  # an empty --output once meant "no output", silently
+        raise RecordError("output: empty; name a FILE.csv or FILE.jsonl (or leave --output out)")
     target = Path(path)
     suffix = _suffix(target)
     if target.is_dir():

@@ -232,7 +232,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         _check_flags(args)
         request = build_request(args)
-        if args.output:
+        if args.output is not None:
             check_output(args.output)
     except UsageError as exc:
         print(f"gpuperfd probe interconnect: {exc}", file=sys.stderr)

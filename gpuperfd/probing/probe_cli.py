@@ -345,7 +345,7 @@ def main(args: argparse.Namespace) -> int:
         args = _merge_config(args)
         specs = build_specs(args)
         parse_labels(getattr(args, "label", None))  # a bad label is a usage error before anything runs
-        if args.output:
+        if args.output is not None:
             check_output(args.output)
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"timeout: must be > 0, got {args.timeout}")

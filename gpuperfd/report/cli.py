@@ -71,7 +71,10 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "free_y", False) and not getattr(args, "facet", None):
         print("gpuperfd: --free-y frees the y-scales of facets; it needs --facet KEY", file=sys.stderr)
         return 2
+    from gpuperfd.report import check_out_dir
+
     try:
+        check_out_dir(args.out)
         if args.prometheus:
             check_base_url(args.prometheus)
         start = parse_time(args.start) if args.start else None
@@ -133,6 +136,7 @@ def _write_facets(args: argparse.Namespace, loaded: Any) -> int:
                                    log_y=args.log_y)
                for value, subset in split_by_label(loaded, args.facet).items()}
     ranges = None if getattr(args, "free_y", False) else merge(cap_panel_ranges(r) for r in reports.values())
+    out.mkdir(exist_ok=True)  # checked in main: its parent exists; each facet's folder goes inside
     for value, report in reports.items():
         folder = facet_folder(out, args.facet, value)
         with shared(ranges):

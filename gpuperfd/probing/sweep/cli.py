@@ -155,7 +155,7 @@ class SweepArgs:
             parse_labels(self.labels)
         except RecordError as exc:
             return f"--{exc}"
-        if self.output:
+        if self.output is not None:
             try:
                 check_output(self.output)
             except RecordError as exc:
@@ -171,6 +171,13 @@ class SweepArgs:
                 import matplotlib  # noqa: F401  (optional dependency, checked before any GPU time is spent)
             except ImportError:
                 return "--report needs matplotlib: pip install 'gpuperfd[report]'"
+            from gpuperfd.report import check_out_dir
+            from gpuperfd.report.records import ReportError
+
+            try:
+                check_out_dir(self.report, "--report")
+            except ReportError as exc:
+                return str(exc)
         return None
 
 
