@@ -167,6 +167,9 @@ def _print_summary(report: Any, files: Any) -> None:
                   f"({comparison_words(rec, s.work_unit)}"
                   + (f"; {s.power_saving_watts:.0f} W less while busy" if s.power_saving_watts is not None else "")
                   + ")")
+        else:  # said, as the sweep CLI says it: an interrupted sweep once got a recommendation here
+            print(f"  {s.label} {s.probe}/{s.preset} b={s.batch_size} [{s.variant}]: no recommendation "
+                  "(fewer than two measured caps, or its latest sweep was cut short)")
     from gpuperfd.report.realized import realized_lines
 
     for line in realized_lines(report.realized):

@@ -41,3 +41,28 @@ def test_a_sweeps_report_folder_is_checked_before_the_sweep(tmp_path, capsys) ->
 def test_an_empty_output_is_refused_not_ignored(argv: list[str], tmp_path, capsys) -> None:
     assert main([*argv, "--output", ""]) == 2
     assert "output: empty" in capsys.readouterr().err
+
+
+def test_a_sweep_stopped_mid_way_gets_no_recommendation_from_the_report_either(tmp_path, capsys) -> None:
+    """The sweep CLI said "interrupted after 3 of 6 points, no recommendation"; the report of its own
+    output once recommended "500 W ... 0 W less while busy" from those three points."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "sweep.jsonl"
+    sweep = subprocess.Popen([sys.executable, "-m", "gpuperfd", "sweep", "--simulate", "1", "--probe", "llm",
+                              "--caps", "700,600,500,400,300,200", "--settle", "0", "--no-stop-early",
+                              "--state-dir", str(tmp_path / "state"), "--output", str(out), "--no-progress"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
+        time.sleep(0.1)
+    sweep.send_signal(signal.SIGINT)
+    _, err = sweep.communicate(timeout=60)
+    assert "no recommendation" in err
+    assert main(["report", "--history", str(out), "--out", str(tmp_path / "r")]) == 0
+    printed = capsys.readouterr().out
+    assert "no recommendation (fewer than two measured caps, or its latest sweep was cut short)" in printed
+    assert " W (" not in printed  # no cap named
