@@ -718,7 +718,12 @@ def load_config(path: Path | str | None, *, required: bool = False) -> Config:
         if size > MAX_CONFIG_BYTES:  # refused before it is read: a 60 MB file once parsed 20 s in silence
             raise ConfigError(f"{path}: {size / 2**20:.0f} MiB is not a gpuperfd config (one is a few KiB; the "
                               f"most read is {MAX_CONFIG_BYTES // 2**20} MiB): is this the right file?")
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:  # bounded: /dev/zero or an endless pipe is refused, not read forever
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: more than {MAX_CONFIG_BYTES // 2**20} MiB is not a gpuperfd config "
+                              "(one is a few KiB): is this the right file?")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         if required:
             raise ConfigError(f"{path}: config file not found") from None

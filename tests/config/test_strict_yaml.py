@@ -70,3 +70,9 @@ def test_a_sections_own_check_names_the_problem_without_the_sections_repr(tmp_pa
     path.write_text("probes:\n  idle_seconds: abc\n")
     with pytest.raises(ConfigError, match=r"probes.idle_seconds: .* \(got 'abc'\)"):  # a value is still shown
         load_config(path, required=True)
+
+
+def test_an_endless_file_is_refused_after_the_limit_not_read_forever() -> None:
+    """``check-config /dev/zero`` once read until killed: a device has no size to check first."""
+    with pytest.raises(ConfigError, match="/dev/zero: more than 4 MiB is not a gpuperfd config"):
+        load_config("/dev/zero", required=True)
