@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, get_args
 
 import yaml
 
-from gpuperfd.config.strict_yaml import DuplicateKeyError, safe_load_strict
+from gpuperfd.config.strict_yaml import MAX_FILE_BYTES, DuplicateKeyError, safe_load_strict
 from gpuperfd.config.schema import (
     BaseModel,
     ConfigDict,
@@ -699,7 +699,7 @@ def config_from_mapping(data: Any, source: str = "<config>") -> Config:
 
 
 #: The largest config file read (a real one is a few KiB; a fleet's with many schedules tens).
-MAX_CONFIG_BYTES = 4 * 2**20
+MAX_CONFIG_BYTES = MAX_FILE_BYTES
 
 
 def load_config(path: Path | str | None, *, required: bool = False) -> Config:

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["DuplicateKeyError", "safe_load_strict"]
+__all__ = ["DuplicateKeyError", "MAX_FILE_BYTES", "read_bounded", "safe_load_strict"]
 
 _Base: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -42,6 +42,21 @@ class _StrictLoader(_Base):  # type: ignore[misc, valid-type]
                     f"{key_node.start_mark.line + 1}); keep one", key_node.start_mark)
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
+
+
+#: The most bytes of a file of gpuperfd's read (a config is a few KiB; a fleet's tens).
+MAX_FILE_BYTES = 4 * 2**20
+
+
+def read_bounded(path: str | Any, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The file's bytes; ValueError past ``limit`` (``/dev/zero`` or an endless pipe is never read to its end).
+    OSError as ``open`` raises it."""
+    with open(path, "rb") as handle:
+        raw = handle.read(limit + 1)
+    if len(raw) > limit:
+        raise ValueError(f"more than {limit // 2**20} MiB is not a gpuperfd file (one is a few KiB): is this the "
+                         "right file?")
+    return raw
 
 
 def safe_load_strict(stream: str | bytes | Any) -> Any:

@@ -147,11 +147,12 @@ def load_config_file(path: str) -> dict[str, Any]:
     """A run-matrix file (YAML or JSON) as a mapping; UsageError naming the file and the key."""
     import yaml
 
-    from gpuperfd.config.strict_yaml import DuplicateKeyError, safe_load_strict
+    from gpuperfd.config.strict_yaml import DuplicateKeyError, read_bounded, safe_load_strict
 
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = safe_load_strict(handle)  # JSON is YAML
+        data = safe_load_strict(read_bounded(path))  # JSON is YAML
+    except ValueError as exc:  # past the size bound
+        raise UsageError(f"config: {path}: {exc}") from None
     except OSError as exc:
         raise UsageError(f"config: cannot read {path}: {exc.strerror or exc}") from None
     except DuplicateKeyError as exc:

@@ -368,8 +368,12 @@ def load_web_config(path: Path | str) -> WebSecurity:
     keeps basic auth on unless the file says ``basic_auth_users: {}``).
     """
     path = Path(path)
+    from gpuperfd.config.strict_yaml import read_bounded
+
     try:
-        raw = path.read_bytes()
+        raw = read_bounded(path)
+    except ValueError as exc:
+        raise _fail(path, "", str(exc)) from None
     except FileNotFoundError:
         raise _fail(path, "", "web config file not found") from None
     except OSError as exc:

@@ -76,3 +76,28 @@ def test_an_endless_file_is_refused_after_the_limit_not_read_forever() -> None:
     """``check-config /dev/zero`` once read until killed: a device has no size to check first."""
     with pytest.raises(ConfigError, match="/dev/zero: more than 4 MiB is not a gpuperfd config"):
         load_config("/dev/zero", required=True)
+
+
+def test_check_config_says_ok_only_when_the_web_config_is_good_too(tmp_path, capsys) -> None:
+    from gpuperfd.cli import main
+
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users: {}\nbasic_auth_users: {}\n")
+    path = tmp_path / "config.yaml"
+    path.write_text(f"web:\n  config_file: {web}\n")
+    assert main(["check-config", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert "OK" not in out and "key 'basic_auth_users' is given twice" in err
+    web.write_text("basic_auth_users: {}\n")
+    assert main(["check-config", str(path)]) == 0
+    assert capsys.readouterr().out.count(": OK") == 2
+
+
+def test_probe_and_web_config_reads_are_bounded_too() -> None:
+    from gpuperfd.probing.probe_cli import UsageError, load_config_file
+    from gpuperfd.web.config import WebConfigError, load_web_config
+
+    with pytest.raises(UsageError, match="/dev/zero: more than 4 MiB"):
+        load_config_file("/dev/zero")
+    with pytest.raises(WebConfigError, match="more than 4 MiB"):
+        load_web_config("/dev/zero")
