@@ -102,6 +102,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from gpuperfd.device.factory import with_devices
 
     config = config_with_flags(args.config, {"probes.state_dir": args.state_dir}, simulate=args.simulate)
+    if args.state_dir is not None and not config.probes.state_dir.is_dir():  # a typo is not "no applied cap"
+        what = "is not a directory" if config.probes.state_dir.exists() else "does not exist"
+        print(f"gpuperfd: apply: --state-dir {args.state_dir} {what}: no cap journal there", file=sys.stderr)
+        return 2
     journals = journals_for(config)
     entries = applied_entries(journals)
     if args.status:

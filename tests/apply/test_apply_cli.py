@@ -43,3 +43,15 @@ def test_status_lists_the_applied_caps_by_gpu_index_not_by_uuid(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     listed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("gpu ")]
     assert listed == ["0", "1", "2"], done.stdout
+
+
+@pytest.mark.parametrize("command", ["--status", "--revert"])
+def test_a_state_dir_that_is_not_one_is_an_error_not_no_applied_cap(command: str, tmp_path: Path) -> None:
+    """``apply --status --state-dir /etc/passwd`` once answered "no applied cap" (exit 0)."""
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    for state_dir, words in ((afile, "is not a directory"), (tmp_path / "missing", "does not exist")):
+        done = subprocess.run([sys.executable, "-m", "gpuperfd", "apply", command, "--state-dir", str(state_dir)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and f"--state-dir {state_dir} {words}" in done.stderr, done.stderr
+        assert not (tmp_path / "missing").exists()
