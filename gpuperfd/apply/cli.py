@@ -97,7 +97,7 @@ def register(subparsers: Any) -> None:
 
 def cmd_apply(args: argparse.Namespace) -> int:
     """--status: 0. --revert: 0 when every applied cap is back (or there was none), 1 otherwise, 3 when
-    the GPUs cannot be opened."""
+    the GPUs cannot be opened; 2 for a --state-dir that is not a directory."""
     from gpuperfd.config import config_with_flags
     from gpuperfd.device.factory import with_devices
 
