@@ -404,3 +404,18 @@ def test_a_simulated_sweep_without_a_state_dir_writes_nothing_outside_a_temporar
                  "--no-progress"]) == 0
     assert _listing(default) == before
     assert list(tmp_path.iterdir()) == []  # the temporary state directory is gone too
+
+
+def test_a_sweep_whose_lower_caps_were_ruled_out_says_so_not_zero_percent(capsys):
+    """700 W measured, 300 W skipped by the early stop: the CLI once printed "recommended cap: 700 W:
+    0.0% less energy per token, 0.0% slower than 700 W"; the landing page said "no recommendation"."""
+    from gpuperfd.probing.sweep.cli import _print_results
+
+    ok = ProbeResult(probe="llm", variant="graph", preset="gpt2", started_at=1.0, measured_seconds=1.0,
+                     units_of_work=1000.0, work_unit="token", energy_per_unit_joules=0.4, average_power_watts=400.0)
+    ruled_out = ProbeResult.failure("llm", "graph", "gpt2", "early_stop", "clearly slower", status="skipped",
+                                    started_at=2.0)
+    assert _print_results(0.10, "llm", [SweepPoint(700.0, ok), SweepPoint(300.0, ruled_out)]) == 0
+    printed = capsys.readouterr().out
+    assert "0.0% less energy" not in printed and "recommended cap" not in printed
+    assert "no recommendation: the lower caps were ruled out" in printed

@@ -26,8 +26,8 @@ from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.device.factory import open_backend, with_devices
 from gpuperfd.probe_data.record import RecordError, append_records, build_record, check_output, parse_labels
-from gpuperfd.probe_data.recommend import (SweepPoint, cut_short, point_words, read_only_note, recommend,
-                                           work_rate)
+from gpuperfd.probe_data.recommend import (SweepPoint, comparison_words, cut_short, point_words, read_only_note,
+                                           recommend_latest, work_rate)
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.spec import PROBES, check_options
@@ -479,15 +479,16 @@ def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint], pl
           (row["sm_clock_hertz"] or 0) / 1e6 or None, row["gpu_busy_ratio"], row["settle_seconds"]]
          for row in rows],
     ))
-    best = recommend(points, max_slowdown)
+    best = recommend_latest(points, max_slowdown)  # the one rule, as the landing page, top and report
+    unit = points[0].result.work_unit or "unit" if points else "unit"
+    rule = f"(rule: lowest energy among caps at most {100 * max_slowdown:.0f}% slower than the highest)"
     if (why := cut_short(points, len(points) if planned is None else planned)) is not None:
         print(f"\nsweep {why}")
-    elif best is not None and len(points) > 1:
-        print(
-            f"\nrecommended cap: {best.cap_watts:.0f} W: {100 * best.energy_saving_ratio:.1f}% less energy per "
-            f"{points[0].result.work_unit}, {100 * best.slowdown_ratio:.1f}% slower than {best.baseline_cap_watts:.0f} W "
-            f"(rule: lowest energy among caps at most {100 * max_slowdown:.0f}% slower than the highest)"
-        )
+    elif best is not None:
+        print(f"\nrecommended cap: {best.cap_watts:.0f} W: {comparison_words(best, unit)} {rule}")
+    elif any(p.result.failure_reason == "early_stop" for p in points):  # "0.0% less energy" once said this
+        print(f"\nno recommendation: the lower caps were ruled out (clearly more than {100 * max_slowdown:.0f}% "
+              "slower): keep the highest cap tested")
     return 0 if all(p.result.status in ("ok", "skipped") for p in points) else 1
 
 
