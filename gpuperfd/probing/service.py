@@ -26,7 +26,7 @@ from gpuperfd.config import ProbesConfig, ScheduleConfig
 from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.progress import SweepProgress
-from gpuperfd.probe_data.recommend import SweepPoint, cut_short, recommend
+from gpuperfd.probe_data.recommend import SweepPoint, comparison_words, cut_short, recommend_latest
 from gpuperfd.probe_data.result import PREEMPTED
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PROBES as PER_GPU_PROBES
 from gpuperfd.probing.admission import Admission, Ticket, memory_limit
@@ -477,14 +477,9 @@ class ProbeService:
         failed = [p for p in published if p.result.status not in ("ok", "skipped")]
         if (why := cut_short(published, len(published) if planned is None else planned)) is not None:
             log.warning("gpu %d %s/%s: sweep %s", device.index, schedule.probe, preset_of(schedule), why)
-        elif len(published) > 1:
-            best = recommend(published, self.config.max_slowdown)
-            if best is not None:
-                log.info(
-                    "gpu %d %s/%s: recommended cap %.0f W (saves %.1f%% energy, %.1f%% slower than %.0f W)",
-                    device.index, schedule.probe, preset_of(schedule), best.cap_watts,
-                    100 * best.energy_saving_ratio, 100 * best.slowdown_ratio, best.baseline_cap_watts,
-                )
+        elif (best := recommend_latest(published, self.config.max_slowdown)) is not None:  # the one rule
+            log.info("gpu %d %s/%s: recommended cap %.0f W (%s)", device.index, schedule.probe,
+                     preset_of(schedule), best.cap_watts, comparison_words(best))
         if failed:
             return RunOutcome(failed[0].result.status, failed[0].result.failure_reason or "unknown", published)
         return RunOutcome("ok", "", published)
