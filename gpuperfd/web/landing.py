@@ -143,8 +143,10 @@ def _probe_row(probe: str, preset: str, points: Sequence[SweepPoint], max_slowdo
         saved = watts_saved_while_busy(points, best)  # W saved while busy (issue 35)
         if best.cap_watts != best.baseline_cap_watts and saved is not None:
             rec += f"; {saved:.0f} W less while busy"
-    elif len(ok) > 1:
+    elif any(p.sweep_cut_short for p in points):
         rec = '<span class="muted">sweep cut short: no recommendation until a complete sweep</span>'
+    elif len(ok) > 1:
+        rec = '<span class="muted">no energy figures: no recommendation</span>'
     else:
         rec = '<span class="muted">one cap only: no recommendation</span>'
     ended = max(p.result.started_at + (p.result.wall_seconds or 0.0) for p in ok)

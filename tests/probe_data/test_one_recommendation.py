@@ -112,6 +112,8 @@ def test_a_sweep_cut_short_gives_no_recommendation_anywhere_until_a_complete_one
     node.complete(FIRST)
     node.sweep([(700, SECOND[700], "ok", None), (500, None, "skipped", "preempted")])  # a user's job came
     assert node.answers() == dict.fromkeys(("landing", "api", "top", "report", "apply"), None)
+    row = _probe_row("llm", "gpt2", node.service.latest()[(0, "llm", "gpt2")], MAX_SLOWDOWN)
+    assert "sweep cut short: no recommendation until a complete sweep" in row  # the page says why
     node.complete(SECOND)
     assert set(node.answers().values()) == {300.0}
     node.sweep([(700, SECOND[700], "ok", None), (500, None, "aborted", "aborted")])  # a shutdown mid-sweep
