@@ -419,3 +419,14 @@ def test_a_sweep_whose_lower_caps_were_ruled_out_says_so_not_zero_percent(capsys
     printed = capsys.readouterr().out
     assert "0.0% less energy" not in printed and "recommended cap" not in printed
     assert "no recommendation: the lower caps were ruled out" in printed
+
+
+def test_restore_caps_on_simulated_gpus_without_a_state_file_has_nothing_to_restore(tmp_path, monkeypatch, capsys):
+    """It once answered "state directory /var/lib/gpuperfd does not exist" (exit 2) for GPUs whose caps
+    never outlive their process."""
+    from gpuperfd.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GPUPERFD_CONFIG", raising=False)
+    assert main(["restore-caps", "--simulate", "1"]) == 0
+    assert "nothing to restore (simulated GPUs without simulation.state_file" in capsys.readouterr().out

@@ -511,6 +511,10 @@ def cmd_restore_caps(args: argparse.Namespace) -> int:
     (one that did is restored, and the missing directory still named)."""
     config = _load(args.config, args.state_dir, args.simulate)
     setup_logging(config.log_level)
+    if needs_private_state_dir(config):  # as sweep --simulate journals: in a directory gone with the sweep
+        print("gpuperfd: restore-caps: nothing to restore (simulated GPUs without simulation.state_file keep no "
+              "cap past their process; --state-dir DIR names a simulated sweep's journal)")
+        return 0
     missing = _missing_state_dir(config)
     if missing is not None:
         print(f"gpuperfd: restore-caps: {missing}", file=sys.stderr)
