@@ -429,7 +429,8 @@ class ProbeService:
             self._operator_caps[device.index] = operator_cap
             self.metrics.set_original_cap(info, operator_cap)
             applied = outcome.original_cap_watts if device.index in self.held_caps else None
-            return ServiceObserver(self, device, info, schedule, operator_cap, outcome.caps_watts, applied)
+            return ServiceObserver(self, device, info, schedule, operator_cap, outcome.caps_watts, applied,
+                                   planned=planned[id(schedule)])
 
         outcome = run_owned_sweep(device, self.journal, request, self.executor, observer_for, self.abort)
         points_of = {id(probe.origin): points for probe, points in outcome.sweeps}
@@ -495,7 +496,8 @@ class ServiceObserver:
     """
 
     def __init__(self, service: ProbeService, device: Device, info: GpuInfo, schedule: ScheduleConfig,
-                 operator_cap: float, caps: Iterable[float] = (), applied_cap: float | None = None) -> None:
+                 operator_cap: float, caps: Iterable[float] = (), applied_cap: float | None = None,
+                 planned: int | None = None) -> None:
         self.service, self.device, self.info, self.schedule = service, device, info, schedule
         self.operator_cap = operator_cap
         #: The cap apply mode held when the sweep started (None: none); each point's history line says so.
@@ -504,6 +506,8 @@ class ServiceObserver:
         self.sweep_id = uuidlib.uuid4().hex[:12]
         #: The sweep's caps in the order it sets them (point k of n is the cap's place here).
         self.caps = list(caps)
+        #: How many points it is to measure (each history line says so: a stop between points leaves none).
+        self.planned = planned
 
     def on_cap(self, watts: float | None) -> None:
         self._track(watts)
@@ -551,4 +555,5 @@ class ServiceObserver:
         at_operator_cap = round(point.cap_watts) == round(self.operator_cap)
         service.metrics.publish(self.info, result, point.cap_watts, at_operator_cap)
         if service.history is not None:
-            service.history.append(self.info, result.to_dict(), point.cap_watts, self.operator_cap, self.sweep_id)
+            service.history.append(self.info, result.to_dict(), point.cap_watts, self.operator_cap, self.sweep_id,
+                                   self.planned)

@@ -290,7 +290,21 @@ def _run_values(run: Run) -> dict[str, float | None]:
 RULES = ("within-slowdown", "min-energy")
 
 
-def _as_point(run: Run) -> SweepPoint | None:
+def _stopped_between_points(runs: list[Run]) -> set[str]:
+    """Sweeps that measured fewer points than they were to (their records say how many): a stop between
+    two points leaves no aborted record. Skipped points (early stop) count as measured, preempted or
+    aborted ones do not, as :func:`~gpuperfd.probe_data.recommend.cut_short` counts them."""
+    done: dict[str, int] = defaultdict(int)
+    plan: dict[str, int] = {}
+    for run in runs:
+        if run.sweep_id and run.sweep_points:
+            plan[run.sweep_id] = run.sweep_points
+            if run.status != "aborted" and run.failure_reason != "preempted":
+                done[run.sweep_id] += 1
+    return {sweep for sweep, planned in plan.items() if done[sweep] < planned}
+
+
+def _as_point(run: Run, cut: set[str] = frozenset()) -> SweepPoint | None:  # type: ignore[assignment]
     """A run as the daemon holds a point (its status, rate, energy, power, time and sweep); None without a cap."""
     if run.cap_watts is None:
         return None
@@ -299,7 +313,7 @@ def _as_point(run: Run) -> SweepPoint | None:
                          failure_reason=run.failure_reason, started_at=run.time,
                          measured_seconds=1.0 if measured else None, units_of_work=run.rate if measured else None,
                          energy_per_unit_joules=run.energy_per_unit, average_power_watts=run.power)
-    return SweepPoint(run.cap_watts, result, sweep_id=run.sweep_id or None)
+    return SweepPoint(run.cap_watts, result, sweep_id=run.sweep_id or None, sweep_cut_short=run.sweep_id in cut)
 
 
 def recommend_runs(runs: list[Run], max_slowdown: float,
@@ -307,7 +321,8 @@ def recommend_runs(runs: list[Run], max_slowdown: float,
     """The one rule (:func:`~gpuperfd.probe_data.recommend.recommend_latest`) on a series' runs, failed ones
     included (a failed point withdraws its cap, an aborted or preempted one marks its sweep cut short),
     and the watts it saves while busy; min-energy allows any slowdown."""
-    points = [p for p in (_as_point(run) for run in runs) if p is not None]
+    cut = _stopped_between_points(runs)
+    points = [p for p in (_as_point(run, cut) for run in runs) if p is not None]
     best = recommend_latest(points, 1.0 if rule == "min-energy" else max_slowdown)
     return best, None if best is None else watts_saved_while_busy(points, best)
 

@@ -66,3 +66,28 @@ def test_a_sweep_stopped_mid_way_gets_no_recommendation_from_the_report_either(t
     printed = capsys.readouterr().out
     assert "no recommendation (fewer than two measured caps, or its latest sweep was cut short)" in printed
     assert " W (" not in printed  # no cap named
+
+
+@pytest.mark.parametrize(("planned", "recommends"), [(6, False), (3, True)])
+def test_a_sweep_stopped_between_two_points_is_known_by_its_plan(planned: int, recommends: bool, tmp_path) -> None:
+    """A stop between two points leaves no aborted record: each record says how many points its sweep
+    was to measure, and three of six is a sweep cut short."""
+    import json
+
+    from gpuperfd.probe_data.record import build_record
+    from gpuperfd.probe_data.result import ProbeResult
+    from gpuperfd.report import build_report, load_history
+
+    path = tmp_path / "runs.jsonl"
+    with path.open("w") as handle:
+        for n, (cap, rate, energy) in enumerate(((700, 1000.0, 0.40), (600, 990.0, 0.35), (500, 960.0, 0.31))):
+            result = ProbeResult(probe="llm", variant="graph", preset="gpt2", started_at=100.0 + n,
+                                 measured_seconds=1.0, units_of_work=rate, work_unit="token",
+                                 energy_per_unit_joules=energy, average_power_watts=rate * energy)
+            record = build_record(result, "sweep", power_cap_watts=cap, sweep_id="cli-1", sweep_points=planned,
+                                  gpu={"uuid": "GPU-1", "index": 0, "name": "NVIDIA H100 80GB HBM3"})
+            handle.write(json.dumps(record) + "\n")
+    rec = build_report(load_history([path]), max_slowdown=0.10, remove_outliers=False).series[0].recommendation
+    assert (rec is not None) == recommends
+    if recommends:
+        assert rec.cap_watts == 500

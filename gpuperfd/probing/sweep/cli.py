@@ -304,6 +304,7 @@ def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, p
             say(f"gpuperfd: gpu {args.gpu}: {read_only_note(planned.caps_watts, planned.original_cap_watts)}")
         records.start(planned.original_cap_watts)
         total = 1 if planned.read_only else len(planned.caps_watts)
+        records.planned = total
         planned_points[id(probe)] = total
         bars.append(CliObserver(ProgressBar(total, desc=f"sweep {probe.request.probe} gpu{args.gpu}",
                                             enabled=None if args.progress else False), records))
@@ -375,6 +376,8 @@ class SweepRecords:
         self.records: list[dict[str, Any]] = []
         self.original: float | None = None
         self.sweep_id = ""
+        #: How many points the current sweep is to measure (each record says so: see build_record).
+        self.planned: int | None = None
 
     def start(self, original: float | None) -> None:
         self.original = original
@@ -383,7 +386,7 @@ class SweepRecords:
     def add(self, point: SweepPoint) -> None:
         record = build_record(point.result, "sweep", gpu=self.gpu, power_cap_watts=point.cap_watts,
                               original_cap_watts=self.original, sweep_id=self.sweep_id,
-                              labels=self.labels)
+                              labels=self.labels, sweep_points=self.planned)
         self.records.append(record)
         if self.path is not None:
             try:
