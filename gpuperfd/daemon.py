@@ -183,7 +183,8 @@ def build_probe_service(
         executor,
         metrics,
         tracker,
-        HistoryWriter(history.path, history.max_bytes, history.backups) if history.path is not None else None,
+        HistoryWriter(config.probes.history_path, history.max_bytes, history.backups)
+        if config.probes.history_path is not None else None,
         on_cap_change=sampler.cap_changed,
         allocations=pod_resources.state if pod_resources is not None else None,
         kubelet_socket=kubernetes.socket if kubelet_required(kubernetes.required) else None,
@@ -205,7 +206,7 @@ def build_health(config: Config, sampler: Sampler, backend: Backend) -> HealthMo
 
         listeners.append(NfdFeatureFile(config.health.nfd_features_file))
     return HealthMonitor(
-        sampler, health_state_dir(config), config.probes.history.path,
+        sampler, health_state_dir(config), config.probes.history_path,
         node_uuids=node_uuids(backend),
         thresholds=config.health.thresholds, interval_seconds=config.health.interval_seconds,
         listeners=listeners,

@@ -426,7 +426,8 @@ class ScheduleConfig(_Strict):
 
 
 class HistoryConfig(_Strict):
-    #: JSON-lines file every probe result is appended to (None: no history).
+    #: JSON-lines file every probe result is appended to (None: no history). Left out: history.jsonl in
+    #: probes.state_dir (ProbesConfig.history_path), the default below with the default state_dir.
     path: Path | None = Path("/var/lib/gpuperfd/history.jsonl")
     max_bytes: Annotated[int, Field(ge=4096)] = 16 * 1024 * 1024
     backups: Annotated[int, Field(ge=0, le=100)] = 3
@@ -479,6 +480,16 @@ class ProbesConfig(_Strict):
     #: A GPU allocated to a pod is never probed, unless every pod holding it matches this.
     ours: OursConfig = OursConfig()
     schedules: list[ScheduleConfig] = []
+
+    @property
+    def history_path(self) -> Path | None:
+        """Where the probe history goes: ``history.path`` when the config sets it (null: none), else
+        ``history.jsonl`` in ``state_dir`` (``/var/lib/gpuperfd/history.jsonl`` by default). A daemon
+        given its own state directory (a second daemon, a demo, a test) once still wrote the node's
+        /var/lib/gpuperfd/history.jsonl."""
+        if "history" in self.model_fields_set and "path" in self.history.model_fields_set:
+            return self.history.path
+        return self.state_dir / "history.jsonl"
 
     @field_validator("memory_budget")
     @classmethod

@@ -235,3 +235,19 @@ def test_careless_values_that_were_accepted_are_refused_by_name(section: dict, w
     with pytest.raises(ConfigError) as info:
         config_from_mapping(section, "<test>")
     assert words in str(info.value)
+
+
+def test_the_probe_history_follows_the_state_directory_unless_set() -> None:
+    """A daemon given its own state directory (a demo, a second daemon, a test) once still appended to
+    the node's /var/lib/gpuperfd/history.jsonl."""
+    from pathlib import Path
+
+    from gpuperfd.config import config_from_mapping
+
+    assert config_from_mapping({}).probes.history_path == Path("/var/lib/gpuperfd/history.jsonl")
+    own = config_from_mapping({"probes": {"state_dir": "/srv/gpuperfd-b"}})
+    assert own.probes.history_path == Path("/srv/gpuperfd-b/history.jsonl")
+    set_ = config_from_mapping({"probes": {"state_dir": "/srv/b", "history": {"path": "/logs/h.jsonl"}}})
+    assert set_.probes.history_path == Path("/logs/h.jsonl")
+    none = config_from_mapping({"probes": {"state_dir": "/srv/b", "history": {"path": None}}})
+    assert none.probes.history_path is None
