@@ -12,6 +12,7 @@ import yaml
 
 from gpuperfd.config import DEFAULT_CONFIG_PATH, Config, ProbesConfig, config_from_mapping
 from gpuperfd.device.roofline import CARDS
+from gpuperfd.probing.child_session import IDLE_WAIT_SECONDS
 from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +46,8 @@ def test_the_configuration_reference_is_the_configs_defaults() -> None:
     ("docs/simulator.md", r"\(bandwidth \* ([0-9.]+)\)\)", CARDS["H100"].memory_efficiency),
     ("docs/simulator.md", r"the efficiencies \(([0-9.]+) compute", CARDS["H100"].compute_efficiency),
     ("docs/simulator.md", r"compute, ([0-9.]+) memory\)", CARDS["H100"].memory_efficiency),
+    ("docs/probes.md", r"the check retries for up to ([0-9.]+) s", IDLE_WAIT_SECONDS),
+    ("docs/probes.md", r"idle_wait_seconds=([0-9.]+)", IDLE_WAIT_SECONDS),
     ("README.md", r"Default listen address: `127\.0\.0\.1:(\d+)`",
      float(Config().web.listen_address.rsplit(":", 1)[1])),
 ])
