@@ -214,11 +214,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     config = load_config(args.file, required=True)
-    print(f"{args.file}: OK (backend {config.device.backend}, listen {config.web.listen_address})")
-    if config.web.config_file is not None:
+    web = None
+    if config.web.config_file is not None:  # checked before any "OK": a bad web config once followed one
         from gpuperfd.web.config import load_web_config
 
-        print(f"{config.web.config_file}: OK ({load_web_config(config.web.config_file).describe()})")
+        web = load_web_config(config.web.config_file)
+    print(f"{args.file}: OK (backend {config.device.backend}, listen {config.web.listen_address})")
+    if web is not None:
+        print(f"{config.web.config_file}: OK ({web.describe()})")
     return EXIT_OK
 
 

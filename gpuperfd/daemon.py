@@ -184,7 +184,8 @@ def build_probe_service(
         executor,
         metrics,
         tracker,
-        HistoryWriter(history.path, history.max_bytes, history.backups) if history.path is not None else None,
+        HistoryWriter(config.probes.history_path, history.max_bytes, history.backups)
+        if config.probes.history_path is not None else None,
         on_cap_change=sampler.cap_changed,
         allocations=pod_resources.state if pod_resources is not None else None,
         kubelet_socket=kubernetes.socket if kubelet_required(kubernetes.required) else None,
@@ -206,7 +207,7 @@ def build_health(config: Config, sampler: Sampler, backend: Backend) -> HealthMo
 
         listeners.append(NfdFeatureFile(config.health.nfd_features_file))
     return HealthMonitor(
-        sampler, health_state_dir(config), config.probes.history.path,
+        sampler, health_state_dir(config), config.probes.history_path,
         node_uuids=node_uuids(backend),
         thresholds=config.health.thresholds, interval_seconds=config.health.interval_seconds,
         listeners=listeners,
@@ -379,7 +380,8 @@ class Daemon:
         body = gpu_status(self.sampler.store.snapshot(), self.sampler.interval_seconds, self.backend.name,
                           self.probes.latest(), self.health.verdicts() if self.health is not None else None,
                           self.probes.sweeps(), self.config.probes.max_slowdown,
-                          coverage=self.scheduler.coverage())
+                          coverage=self.scheduler.coverage(),
+                          applied={s["gpu"]: s for s in self.apply.status()})
         return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
 
     def _free_api(self, handler: object) -> Response:

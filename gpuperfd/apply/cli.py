@@ -27,9 +27,11 @@ Reverted = Restored
 
 
 def applied_entries(journals: Iterable[CapJournal]) -> list[tuple[CapJournal, CapRecord]]:
-    """Every journal entry that holds an applied cap (apply mode's), across the given journals."""
-    return [(journal, entry) for journal in journals for _, entry in journal.entries()
-            if isinstance(entry, CapRecord) and entry.applied_watts is not None]
+    """Every journal entry that holds an applied cap (apply mode's), across the given journals, by GPU
+    index (the journal's file order is the UUIDs')."""
+    entries = [(journal, entry) for journal in journals for _, entry in journal.entries()
+               if isinstance(entry, CapRecord) and entry.applied_watts is not None]
+    return sorted(entries, key=lambda pair: (pair[1].gpu_index, pair[1].uuid))
 
 
 def revert(journals: Iterable[CapJournal], devices: Sequence[Device], wait_seconds: float = 10.0) -> list[Restored]:

@@ -17,6 +17,7 @@ one is never restored under.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -47,6 +48,12 @@ class PointBook:
     def observe(self, gpu: int, point: SweepPoint) -> None:
         result = point.result
         if result.status in ("skipped", "aborted") or result.preempted:
+            if point.sweep_id is not None and (result.status == "aborted" or result.preempted):
+                with self._lock:  # its sweep was cut short: its points recommend nothing (probe_data/recommend.py)
+                    held = self._points.get(gpu, {})
+                    for cap, kept in held.items():
+                        if kept.sweep_id == point.sweep_id:
+                            held[cap] = dataclasses.replace(kept, sweep_cut_short=True)
             return
         with self._lock:
             self._points.setdefault(gpu, {})[round(point.cap_watts)] = point

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from gpuperfd.config import ApplyConfig
 from gpuperfd.device.base import PowerLimits
-from gpuperfd.probe_data.recommend import SweepPoint, rate_noise, recommend, work_rate
+from gpuperfd.probe_data.recommend import SweepPoint, candidates, rate_noise, recommend, work_rate
 from gpuperfd.probe_data.result import ProbeResult, describe
 
 MODES: tuple[str, ...] = ("off", "advise", "canary", "on")
@@ -194,17 +194,17 @@ def decide(settings: ApplySettings, facts: GpuFacts) -> Decision:
         return Decision(None, "verdict", f"verdict {facts.verdict_state} ({', '.join(facts.verdict_checks)})")
     if (problem := _evidence_problem(settings, facts)) is not None:
         return Decision(None, *problem)
-    ok = [p for p in facts.points if p.result.status == "ok"]
+    ok = candidates(facts.points)  # the one rule's input: the latest point per cap, none while cut short
     reference = _reference(ok, facts.operator_watts)
     # Only caps that bind and save beyond the sweep's noise compete (issue 51: caps above the probe's
     # draw, and savings of -0.2 W, were once applied); the one recommendation rule picks among them.
     gains = {round(p.cap_watts): measured_gain(p, reference) for p in ok
              if reference is not None and p.cap_watts < reference.cap_watts}
-    candidates = [p for p in ok if reference is not None and (p.cap_watts >= reference.cap_watts
-                                                              or gains[round(p.cap_watts)] is None)]
-    best = recommend(candidates, settings.budget_ratio)
+    eligible = [p for p in ok if reference is not None and (p.cap_watts >= reference.cap_watts
+                                                            or gains[round(p.cap_watts)] is None)]
+    best = recommend(eligible, settings.budget_ratio)
     if best is None:
-        return Decision(None, "no_recommendation", "no point has energy data")
+        return Decision(None, "no_recommendation", "no point has energy data, or its sweep was cut short")
     cap = best.cap_watts
     if round(cap) >= round(facts.operator_watts) and (why := next((g for g in gains.values() if g), None)):
         return Decision(None, *why)

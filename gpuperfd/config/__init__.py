@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, get_args
 
 import yaml
 
+from gpuperfd.config.strict_yaml import MAX_FILE_BYTES, DuplicateKeyError, safe_load_strict
 from gpuperfd.config.schema import (
     BaseModel,
     ConfigDict,
@@ -289,6 +290,13 @@ class DeviceConfig(_Strict):
     #: Per-call timeout: a device call slower than this is reported as a timeout.
     call_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 5.0
 
+    @field_validator("gpus")
+    @classmethod
+    def _each_gpu_once(cls, gpus: list[int] | None) -> list[int] | None:
+        if gpus is not None and len(set(gpus)) != len(gpus):  # [0, 0] once read GPU 0 twice per scrape
+            raise ValueError(f"a GPU is named twice in {gpus}")
+        return gpus
+
 
 class CollectorToggle(_Strict):
     enabled: bool = True
@@ -398,7 +406,7 @@ class ScheduleConfig(_Strict):
     window_seconds: Annotated[float, Field(gt=0)] | None = None
     #: Caps to sweep: watts (> 1), fractions of the maximum (<= 1) or min/max/default/current.
     #: ["current"] (the default) runs at the operator's cap only and changes nothing.
-    caps: list[CapEntry] = ["current"]
+    caps: Annotated[list[CapEntry], Field(min_length=1)] = ["current"]
     #: Seconds to wait after each cap change before measuring.
     settle_seconds: Annotated[float, Field(ge=0, le=600)] = 5.0
     #: Probe options passed to the workload (batch_size, prompt_tokens, output_tokens, dtype, ...).
@@ -435,7 +443,8 @@ class ScheduleConfig(_Strict):
 
 
 class HistoryConfig(_Strict):
-    #: JSON-lines file every probe result is appended to (None: no history).
+    #: JSON-lines file every probe result is appended to (None: no history). Left out: history.jsonl in
+    #: probes.state_dir (ProbesConfig.history_path), the default below with the default state_dir.
     path: Path | None = Path("/var/lib/gpuperfd/history.jsonl")
     max_bytes: Annotated[int, Field(ge=4096)] = 16 * 1024 * 1024
     backups: Annotated[int, Field(ge=0, le=100)] = 3
@@ -495,6 +504,16 @@ class ProbesConfig(_Strict):
     ours: OursConfig = OursConfig()
     schedules: list[ScheduleConfig] = []
 
+    @property
+    def history_path(self) -> Path | None:
+        """Where the probe history goes: ``history.path`` when the config sets it (null: none), else
+        ``history.jsonl`` in ``state_dir`` (``/var/lib/gpuperfd/history.jsonl`` by default). A daemon
+        given its own state directory (a second daemon, a demo, a test) once still wrote the node's
+        /var/lib/gpuperfd/history.jsonl."""
+        if "history" in self.model_fields_set and "path" in self.history.model_fields_set:
+            return self.history.path
+        return self.state_dir / "history.jsonl"
+
     @field_validator("memory_budget")
     @classmethod
     def _budget_bytes(cls, value: int | str | None) -> int | None:
@@ -530,7 +549,7 @@ class HealthConfig(_Strict):
     #: Seconds between evaluations of the checks (reads cached readings only).
     interval_seconds: Annotated[float, Field(ge=0.5, le=300)] = 5.0
     #: Overrides of the checks' thresholds and settings, by key (docs/health.md lists them).
-    thresholds: dict[str, float] = {}
+    thresholds: dict[str, Annotated[float, Field(ge=0)]] = {}
     #: node-feature-discovery local feature file the daemon keeps current with the verdict
     #: (e.g. /etc/kubernetes/node-feature-discovery/features.d/gpuperfd); None: not written.
     nfd_features_file: Path | None = None
@@ -697,10 +716,14 @@ def _format_validation_error(source: str, error: ValidationError) -> str:
     lines = [f"{source}: invalid configuration ({error.error_count()} problem(s)):"]
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"]
+        message = str(item["msg"]).removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown field (check the spelling; see docs/configuration.md)"
-        lines.append(f"  - {where}: {message} (got {reprlib.repr(item.get('input'))})")
+        value = item.get("input")
+        # a section's own check gets the whole section (a model or a mapping): its repr says nothing
+        # ("got ApplyConfig(m..._seconds=30.0)"); the message names what is wrong
+        got = "" if isinstance(value, (BaseModel, dict)) else f" (got {reprlib.repr(value)})"
+        lines.append(f"  - {where}: {message}{got}")
     return "\n".join(lines)
 
 
@@ -768,6 +791,10 @@ def config_from_mapping(data: Any, source: str = "<config>") -> Config:
         _vocabulary_required.reset(required)
 
 
+#: The largest config file read (a real one is a few KiB; a fleet's with many schedules tens).
+MAX_CONFIG_BYTES = MAX_FILE_BYTES
+
+
 def load_config(path: Path | str | None, *, required: bool = False) -> Config:
     """Read and validate a YAML config file.
 
@@ -780,7 +807,16 @@ def load_config(path: Path | str | None, *, required: bool = False) -> Config:
             return Config()
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        size = path.stat().st_size if path.is_file() else 0
+        if size > MAX_CONFIG_BYTES:  # refused before it is read: a 60 MB file once parsed 20 s in silence
+            raise ConfigError(f"{path}: {size / 2**20:.0f} MiB is not a gpuperfd config (one is a few KiB; the "
+                              f"most read is {MAX_CONFIG_BYTES // 2**20} MiB): is this the right file?")
+        with path.open("rb") as handle:  # bounded: /dev/zero or an endless pipe is refused, not read forever
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: more than {MAX_CONFIG_BYTES // 2**20} MiB is not a gpuperfd config "
+                              "(one is a few KiB): is this the right file?")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         if required:
             raise ConfigError(f"{path}: config file not found") from None
@@ -788,8 +824,10 @@ def load_config(path: Path | str | None, *, required: bool = False) -> Config:
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: cannot read config file: {error}") from None
     try:
-        data = yaml.safe_load(text)
+        data = safe_load_strict(text)
         _apply_mode_as_written(text, data)
+    except DuplicateKeyError as error:
+        raise ConfigError(f"{path}: {error.problem}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     except RecursionError:
@@ -822,6 +860,8 @@ def config_with_flags(
     ``flags`` maps dotted keys (``"web.listen_address"``) to values; None values are skipped.
     ``simulate`` switches to that many simulated GPUs.
     """
+    if simulate is not None and not 1 <= simulate <= 64:  # named as typed, not as simulation.gpus
+        raise ConfigError(f"--simulate {simulate}: give 1 to 64 simulated GPUs")
     data: dict[str, Any] = {}
     if path is not None:
         data = load_config(path, required=True).model_dump(mode="json", exclude_unset=True)

@@ -16,7 +16,7 @@ def register(subparsers: Any) -> None:
             " Needs grafanalib: pip install 'gpuperfd[dashboards]'."
         ),
     )
-    parser.add_argument("--out", metavar="DIR", required=True, help="directory to write the JSON files into (created if missing)")
+    parser.add_argument("--out", metavar="DIR", required=True, help="directory to write the JSON files into (created if missing; its parent must exist)")
     parser.set_defaults(func=main)
 
 

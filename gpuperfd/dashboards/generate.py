@@ -51,12 +51,20 @@ def usable_out_dir(out_dir: str | Path) -> Path:
     """``out_dir`` as a directory that exists and can be written, created if missing.
 
     Checked before any file is written, so a bad ``--out`` changes nothing; raises OutDirError naming the path.
+    Only the last component is created, as ``mkdir`` does: a mistyped ``/nonexistent/dir/x`` would otherwise
+    grow a tree at ``/``; an empty ``--out`` is refused rather than taken as the current directory.
     """
+    if not str(out_dir).strip():
+        raise OutDirError("--out: empty; name a directory (e.g. --out dashboards/generated)")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise OutDirError(f"--out {out_dir}: is a file, not a directory")
+    parent = out.absolute().parent
+    if not out.exists() and not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise OutDirError(f"--out {out_dir}: its parent {parent} {what} (only the last directory is created)")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(exist_ok=True)
     except OSError as exc:
         raise OutDirError(f"--out {out_dir}: cannot create the directory ({exc.strerror or exc})") from None
     if not os.access(out, os.W_OK | os.X_OK):

@@ -1271,11 +1271,13 @@ class SimulatedGpu(Device):
 
     def pcie_link(self) -> PcieLink:
         """Trained at the maximum, except while busy with an injected link fault; at idle the link
-        trains down to gen 1, as real boards do to save power."""
+        trains down to gen 1, as real boards do to save power. Busy is any work on the GPU, a user's
+        job (``add_foreign_process``) as much as a probe's load: a real card under load trains its
+        link up whoever runs the work (a job once left it at gen 1 and the verdict degraded)."""
         self._check_faults("pcie_link")
         max_gen, max_width = self._pcie_max()
         with self._lock:
-            busy = self._load is not None
+            busy = self._workload() is not None
             degraded = self._link_degraded
         gen, width = degraded if degraded is not None else (max_gen, max_width)
         if not busy:

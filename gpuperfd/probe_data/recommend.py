@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from gpuperfd.probe_data.result import ProbeResult, RepeatResult, describe
 
 __all__ = ["SweepPoint", "Recommendation", "work_rate", "recommend", "rate_cv", "rate_noise", "clearly_slower",
+           "MIN_CAPS", "candidates", "recommend_latest", "watts_saved_while_busy",
            "DEFAULT_RATE_NOISE", "EARLY_STOP_SIGMAS", "read_only_note", "unmeasured_caps", "comparison_words",
            "point_words", "cut_short"]
 
@@ -25,6 +26,10 @@ class SweepPoint:
 
     cap_watts: float
     result: ProbeResult
+    #: The sweep that measured it (None: a lone probe run, or a source that does not say).
+    sweep_id: str | None = None
+    #: Its sweep was cut short after it (a later point aborted or gave way): no candidate (:func:`candidates`).
+    sweep_cut_short: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,59 @@ def recommend(points: Sequence[SweepPoint], max_slowdown: float = 0.10) -> Recom
         slowdown_ratio=1.0 - rate / baseline_rate,
         max_slowdown=max_slowdown,
     )
+
+
+#: Measured caps a surface needs before it recommends one: a single cap is only its own baseline.
+MIN_CAPS = 2
+
+
+def _stops_sweep(result: ProbeResult) -> bool:
+    """A point that cuts its sweep short: stopped (a shutdown, a signal) or given way to a user's job."""
+    return result.status == "aborted" or result.preempted
+
+
+def candidates(points: Sequence[SweepPoint]) -> list[SweepPoint]:
+    """The recommendation's input, one rule for every surface (the landing page, ``top`` and
+    ``/api/v1/gpus``, ``gpuperfd report``, apply mode; the recording rules read the same from the probe
+    series), highest cap first:
+
+    * **how fresh, how pooled**: the latest point at each cap, in time order, as the daemon's probe
+      series hold it; nothing is averaged across sweeps (a pooled mean mixes conditions a later sweep
+      no longer has, and the series cannot hold it). An ok point sets its cap; a failed or early-stopped
+      point withdraws the cap's earlier ok one; a point that gave way to a user's job measured nothing
+      and leaves it;
+    * **which sweeps**: one cut short (a point aborted, or preempted) holds the caps it reached but no
+      recommendation stands while any of its points is among the latest: the CLI that ran it said "no
+      recommendation", and its lower caps were never measured. None is given until a complete sweep
+      replaces them (the empty list);
+    * **the edge** is the edge: a cap within ``max_slowdown`` of the highest cap's rate is eligible,
+      exactly at it included (:func:`recommend`; the recording rules compare the same way).
+    """
+    cut = {p.sweep_id for p in points if p.sweep_id and (p.sweep_cut_short or _stops_sweep(p.result))}
+    latest: dict[int, SweepPoint] = {}
+    for point in sorted(points, key=lambda p: p.result.started_at or 0.0):
+        cap, result = round(point.cap_watts), point.result
+        if result.status == "ok" and work_rate(result) and result.energy_per_unit_joules:
+            latest[cap] = point
+        elif not result.preempted:
+            latest.pop(cap, None)
+    if any(p.sweep_id in cut for p in latest.values()):
+        return []
+    return sorted(latest.values(), key=lambda p: -p.cap_watts)
+
+
+def recommend_latest(points: Sequence[SweepPoint], max_slowdown: float = 0.10) -> Recommendation | None:
+    """:func:`recommend` on :func:`candidates` of ``points``; None under :data:`MIN_CAPS` caps."""
+    usable = candidates(points)
+    return recommend(usable, max_slowdown) if len(usable) >= MIN_CAPS else None
+
+
+def watts_saved_while_busy(points: Sequence[SweepPoint], rec: Recommendation) -> float | None:
+    """The probe's mean power at the baseline cap minus at the recommended one (never negative), from
+    the same latest points the recommendation used; None where either point has no power."""
+    power = {round(p.cap_watts): p.result.average_power_watts for p in candidates(points)}
+    base, best = power.get(round(rec.baseline_cap_watts)), power.get(round(rec.cap_watts))
+    return None if base is None or best is None else max(0.0, base - best)
 
 
 def cut_short(points: Sequence[SweepPoint], planned: int) -> str | None:

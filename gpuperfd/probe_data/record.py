@@ -213,8 +213,13 @@ def build_record(
     driver_version: str | None = None,
     now: float | None = None,
     labels: dict[str, str] | None = None,
+    sweep_points: int | None = None,
 ) -> dict[str, Any]:
     """One run record (see the module docstring). ``gpu`` is a GpuInfo as a dict, when the caller has one.
+
+    ``sweep_points``: how many points the record's sweep was to measure (JSON records of sweeps only):
+    a sweep stopped between two points leaves no aborted record, and without the plan the report
+    would recommend from the caps it reached (the CLI that ran it said "no recommendation").
 
     ``labels`` (``--label KEY=VALUE``, checked by :func:`parse_labels`) tell studies apart: the
     report never merges runs whose labels differ.
@@ -222,7 +227,7 @@ def build_record(
     if isinstance(result, dict):
         result = ProbeResult.from_dict(result)
     cap = power_cap_watts if power_cap_watts is not None else result.power_limit_watts
-    return {
+    record = {
         "schema": SCHEMA,
         "time": float(result.started_at or (time.time() if now is None else now)),
         "host": host or socket.gethostname(),
@@ -236,6 +241,9 @@ def build_record(
         "telemetry": _telemetry(result),
         "result": result.to_dict(),
     }
+    if sweep_points is not None:
+        record["sweep_points"] = int(sweep_points)
+    return record
 
 
 # --- reading older shapes ----------------------------------------------------------------
@@ -432,6 +440,8 @@ def check_output(path: str | Path) -> None:
     A missing or empty file is fine; an existing CSV must have exactly :data:`CSV_COLUMNS` as its
     header, an existing JSON-lines file must start with a ``gpuperfd.run/1`` record.
     """
+    if not str(path).strip():  # an empty --output once meant "no output", silently
+        raise RecordError("output: empty; name a FILE.csv or FILE.jsonl (or leave --output out)")
     target = Path(path)
     suffix = _suffix(target)
     if target.is_dir():

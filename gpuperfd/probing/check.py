@@ -13,8 +13,10 @@ Parent side (no torch here). Everything runs under one deadline (``--timeout``):
    child on real GPUs, the simulator's physics with ``--simulate``), one session of one point
    each (:func:`.executors.measure_once`, as the daemon's sessions run), as many children at once
    as the host memory holds (:mod:`.admission`, the daemon's rule): the others queue, and one
-   that gets no room before the deadline is not probed, with the reason. It is read-only:
-   nothing here changes a power cap;
+   that gets no room before the deadline is not probed, with the reason. A gpuperfd probe child on
+   a GPU (a daemon's with another state directory, whose lock the check cannot see) is waited for
+   within the deadline, before the probe or when it preempts the probe mid-run, never given way to as
+   to a user's job (:func:`measure_beside_gpuperfd`). It is read-only: nothing here changes a power cap;
 4. with two or more GPUs probed, a short interconnect probe across them, their locks still held
    (:mod:`.check_interconnect`: a share of the timeout is kept for it; a wrong copy or sum is a
    wrong result on each GPU of the set);
@@ -184,8 +186,59 @@ def why_not_probed(device: Device, config: Config, lost: bool) -> str | None:
         return MIG_TEXT if mig.kind is BusyKind.MIG else f"not probed: {mig}"
     busy = busy_reason(device, config.probes.idle_utilization_threshold, (os.getpid(),))
     if busy is not None and busy.kind is BusyKind.GPUPERFD_PROBE:  # a daemon's probe: not a user's job
-        return f"not probed: busy: {busy}{_cap_owner(device, config)}"
+        owner = _cap_owner(device, config)
+        if not owner:  # a daemon of another state directory, or a CLI probe: the probe step waits for it
+            return None
+        return f"not probed: busy: {busy}{owner}"  # a sweep under our own lock holds the GPU for minutes
     return None if busy is None else f"not probed: busy, {busy} ({busy.kind.value})"
+
+
+#: Seconds between looks at a GPU a gpuperfd probe child holds, while the check waits for it to go.
+GPUPERFD_WAIT_POLL_SECONDS = 0.25
+#: Most seconds the utilization a departed gpuperfd probe child leaves (NVML's last sample period) is waited out.
+GPUPERFD_TAIL_SECONDS = 3.0
+
+
+def wait_out_gpuperfd_probe(device: Device, config: Config, until: float, abort: threading.Event) -> str | None:
+    """Wait while only gpuperfd probe children (a daemon's with another state directory, a CLI's) use
+    the GPU, then while the utilization they leave lasts; why the GPU is still theirs at ``until``
+    (the check's deadline), or None when it is free of them (a user's job is not waited for: the probe
+    gives way to it as ever)."""
+    threshold = config.probes.idle_utilization_threshold
+    waited = False
+    while True:
+        busy = busy_reason(device, threshold, (os.getpid(),))
+        if busy is None or busy.kind is not BusyKind.GPUPERFD_PROBE:
+            if waited and busy is not None and busy.kind is BusyKind.UTILIZATION:
+                busy_reason(device, threshold, (os.getpid(),),
+                            wait_seconds=min(GPUPERFD_TAIL_SECONDS, max(0.0, until - time.monotonic())))
+            return None
+        left = until - time.monotonic()
+        if left <= 0 or abort.is_set():
+            return f"not probed: busy: {busy} until the check's deadline{_cap_owner(device, config)}"
+        waited = True
+        abort.wait(min(GPUPERFD_WAIT_POLL_SECONDS, left))
+
+
+def measure_beside_gpuperfd(executor: Executor, device: Device, probe: ProbeRequest, abort: threading.Event,
+                            config: Config, until: float) -> dict[str, Any]:
+    """The check probe on ``device`` as a result dict, waiting (until ``until``) for a gpuperfd probe child
+    instead of giving way to it as to a user's job: a daemon beside the check with another state
+    directory takes no lock the check can see, and its child appearing mid-probe once made the check
+    answer ``unknown``. A probe preempted by such a child is run again once the child has gone; one
+    that never gets the GPU in time is ``not_probed``, with the reason."""
+    threshold = config.probes.idle_utilization_threshold
+    while True:
+        held = wait_out_gpuperfd_probe(device, config, until, abort)
+        if held is not None:
+            return {"not_probed": held}
+        result = measure_once(executor, device, probe, abort)
+        if result.status != "skipped" or result.failure_reason != "preempted" or abort.is_set():
+            return result.to_dict()
+        busy = busy_reason(device, threshold, (os.getpid(),))
+        if busy is None or busy.kind is not BusyKind.GPUPERFD_PROBE:
+            return result.to_dict()  # a user's job: the probe gave way, as it must
+        log.info("gpu %d: the check probe met %s; waiting for it", device.index, busy)
 
 
 def _cap_owner(device: Device, config: Config) -> str:
@@ -291,7 +344,7 @@ def probe_all(config: Config, backend: Backend, devices: Sequence[Device], reque
                     if not ticket.granted:
                         results[d.index] = {"not_probed": not_admitted_text(ticket.reason, ticket.bytes)}
                         return
-                results[d.index] = measure_once(executor, d, probe, abort).to_dict()
+                results[d.index] = measure_beside_gpuperfd(executor, d, probe, abort, config, deadline - grace)
             except Exception as exc:  # noqa: BLE001 - a bug is this GPU's "could not check", never a crash
                 log.exception("gpu %d: check probe failed", d.index)
                 results[d.index] = {"probe": request.probe, "preset": request.preset, "status": "failed",

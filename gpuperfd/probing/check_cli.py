@@ -111,9 +111,10 @@ def render_table(verdicts: list[Verdict], node: str, summary: dict[str, Any]) ->
         else:
             cols = ("not probed", "-", "-", "-")
         rows.append((label, gpu["state"], gpu["action"], *cols))
-        for reason in gpu["reasons"]:
+        for reason, more in _grouped(gpu["reasons"]):
             if reason["check"] != "check_probe_measured":
-                details.append(f"  gpu {label}: [{reason['severity']}] {reason['check']}: {reason['message']}")
+                also = f" (and {len(more)} more alike: {', '.join(more)})" if more else ""
+                details.append(f"  gpu {label}: [{reason['severity']}] {reason['check']}: {reason['message']}{also}")
             else:
                 details.append(f"  gpu {label}: probe {reason['message']}")
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
@@ -122,14 +123,36 @@ def render_table(verdicts: list[Verdict], node: str, summary: dict[str, Any]) ->
     phases = summary.get("phases_seconds", {})
     lines += details
     if (interconnect := summary.get("interconnect")) is not None:
-        lines.append(interconnect_line(interconnect))
+        lines.append(interconnect_line(interconnect, body))
     lines.append(f"checked in {phases.get('total', 0):.1f} s (open {phases.get('open', 0):.1f}, passive "
                  f"{phases.get('passive', 0):.1f}, probe {phases.get('probe', 0):.1f}); read-only: no power cap changed")
     return "\n".join(lines)
 
 
-def interconnect_line(result: dict[str, Any]) -> str:
-    """The interconnect step in one line: its outcome, the slowest copy and each size's bus bandwidth."""
+#: The verdict's checks that judge the interconnect: the interconnect line is not "ok" beside one.
+INTERCONNECT_CHECKS = ("interconnect_below_expected", "nvlink_links_below_topology", "nvlink_link_down")
+
+
+def _grouped(reasons: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[str]]]:
+    """A GPU's reasons with the repeats of one check folded into its first (the others' keys beside it):
+    one link fault once gave nine lines of ``nvlink_links_below_topology``, one per peer."""
+    out: list[tuple[dict[str, Any], list[str]]] = []
+    first: dict[str, list[str]] = {}
+    for reason in reasons:
+        check = reason["check"]
+        if check in first and check != "check_probe_measured":
+            first[check].append(str(reason.get("key") or "?"))
+            continue
+        first[check] = []
+        out.append((reason, first[check]))
+    return out
+
+
+def interconnect_line(result: dict[str, Any], body: dict[str, Any] | None = None) -> str:
+    """The interconnect step in one line: its outcome, the slowest copy and each size's bus bandwidth.
+
+    ``body`` (the node's verdict JSON): a run that finished but left a GPU with an interconnect reason is
+    not "ok" (a copy at 50 % of the expected once read "ok, slowest copy 189 GB/s")."""
     if "not_run" in result:
         return f"interconnect: {result['not_run']}"
     gpus = ",".join(map(str, result.get("gpus") or ()))
@@ -140,11 +163,15 @@ def interconnect_line(result: dict[str, Any]) -> str:
     sizes = ", ".join(f"{a['bytes'] / 2**20:g} MiB {a['bus_bandwidth_bytes_per_second'] / 1e9:.1f} GB/s"
                       for a in result.get("allreduce") or ())
     slowest = f"slowest copy {min(copies) / 1e9:.1f} GB/s, " if copies else ""
+    judged = sorted({g["gpu"] for g in (body or {}).get("gpus", []) if g["gpu"] is not None
+                     and any(r["check"] in INTERCONNECT_CHECKS for r in g["reasons"])})
+    outcome = (f"ran, below expected on GPU(s) {','.join(map(str, judged))} (their reasons above)" if judged
+               else "ok")
     extra = result.get("extra") or {}
     retested = "".join(f"; measured again {', '.join(r['pairs'])}: {r.get('after') or 'slow every time'}"
                        for r in extra.get("retests") or () if r.get("pairs"))
     unconfirmed = "".join(f"; {pair} not judged (unknown): {why}" for pair, why in (extra.get("unconfirmed") or {}).items())
-    return f"interconnect GPUs {gpus}: ok, {slowest}all-reduce busbw {sizes}, sums ok{retested}{unconfirmed}"
+    return f"interconnect GPUs {gpus}: {outcome}, {slowest}all-reduce busbw {sizes}, sums ok{retested}{unconfirmed}"
 
 
 def one_line(body: dict[str, Any], limit: int = 240) -> str:

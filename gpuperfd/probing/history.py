@@ -52,11 +52,13 @@ class HistoryWriter:
         power_cap_watts: float | None,
         original_cap_watts: float | None = None,
         sweep_id: str | None = None,
+        sweep_points: int | None = None,
     ) -> None:
         try:
             record = build_record(
                 result, "daemon", gpu={k: v for k, v in asdict(gpu).items() if k != "serial"}, host=self.node,
                 power_cap_watts=power_cap_watts, original_cap_watts=original_cap_watts, sweep_id=sweep_id,
+                sweep_points=sweep_points,
             )
         except (TypeError, ValueError) as exc:  # history is best effort; metrics still publish
             log.error("cannot record a probe result in the history: %s", exc)

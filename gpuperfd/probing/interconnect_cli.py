@@ -6,7 +6,8 @@ gloo ranks on this host (``--ranks N``: the tests and the CI), ``--simulate N`` 
 figures (its executor; the output says SIMULATED). Nothing falls back: GPUs asked for and not there
 is an error. Prints a table (or ``--json``) and appends to ``--output FILE.csv|.jsonl``.
 
-Exit codes as ``gpuperfd probe``'s: 0 ok, 1 failed, skipped (a user's job came) or aborted, 2 bad input.
+Exit codes as ``gpuperfd probe``'s: 0 ok, 1 failed, skipped (a user's job came) or aborted, 2 bad input,
+3 no NVIDIA driver (as every command).
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from gpuperfd.console import format_table
-from gpuperfd.device.errors import DeviceError
+from gpuperfd.device.errors import DeviceError, DriverNotFound
 from gpuperfd.probe_data.interconnect import InterconnectRequest, InterconnectResult
 from gpuperfd.probing.check_cli import gpu_list
 
 __all__ = ["add_arguments", "byte_size", "build_request", "result_tables", "write_output", "main", "CSV_COLUMNS"]
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_DEVICE = 0, 1, 2, 3
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
 #: A CPU's gloo ranks share a few cores: sizes that finish in seconds unless asked for more.
 CPU_DEFAULTS = {"copy_bytes": 1 << 20, "allreduce_bytes": (1 << 12, 1 << 20), "repeats": 5, "warmup": 1}
@@ -189,6 +190,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"ranks: --ranks N (at least 2) goes with --device cpu, got {args.ranks}")
     if args.simulate is not None and (args.simulate < 1 or args.device == "cpu"):
         raise UsageError("simulate: --simulate N (N >= 1) runs on simulated GPUs, not with --device cpu")
+    if getattr(args, "simulate_model", None) is not None and args.simulate is None:
+        raise UsageError("simulate_model: goes with --simulate N (the simulated GPUs' card)")
 
 
 def _run(args: argparse.Namespace, request: InterconnectRequest, abort: threading.Event) -> InterconnectResult:
@@ -202,7 +205,8 @@ def _run(args: argparse.Namespace, request: InterconnectRequest, abort: threadin
             from gpuperfd.device.factory import open_backend
             from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
 
-            config = config_with_flags(None, {}, simulate=args.simulate)
+            config = config_with_flags(None, {"simulation.model": getattr(args, "simulate_model", None)},
+                                       simulate=args.simulate)
             backend = open_backend(config)
             executor: Any = SimulatedInterconnectExecutor(backend.interconnect, seed=config.simulation.seed)
             devices = backend.devices()
@@ -228,7 +232,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         _check_flags(args)
         request = build_request(args)
-        if args.output:
+        if args.output is not None:
             check_output(args.output)
     except UsageError as exc:
         print(f"gpuperfd probe interconnect: {exc}", file=sys.stderr)
@@ -242,7 +246,7 @@ def main(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         except DeviceError as exc:  # no driver, a GPU that does not answer: never a silent CPU run
             print(f"gpuperfd probe interconnect: {exc}", file=sys.stderr)
-            return EXIT_FAILURE
+            return EXIT_DEVICE if isinstance(exc, DriverNotFound) else EXIT_FAILURE
     if stop.received is not None:
         say(f"gpuperfd probe interconnect: stopped by {stop.name}; every worker was ended")
     if args.output:

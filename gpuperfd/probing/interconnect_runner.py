@@ -46,7 +46,7 @@ from typing import Any
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.interconnect import InterconnectRequest, InterconnectResult
-from gpuperfd.probing.idle import INTERCONNECT_WORKER_MODULE, busy_reason, gave_way
+from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD, INTERCONNECT_WORKER_MODULE, busy_reason, gave_way
 from gpuperfd.probing.interconnect_set import check_set
 from gpuperfd.probing.runner import (_LIVE, _LIVE_LOCK, _Child, _descendants, _kill, _log_tail, _record_child,
                                      _signal_name, child_env)
@@ -127,7 +127,7 @@ class ProcessInterconnectExecutor:
     ``inject_fault``: (rank, kind) for tests only (worker.FAULTS)."""
 
     def __init__(self, device_kind: str = "cuda", ranks: int | None = None, watch_interval: float = 0.1,
-                 idle_utilization_threshold: float = 0.1, idle_wait_seconds: float = 5.0,
+                 idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD, idle_wait_seconds: float = 5.0,
                  record_dir: Path | str | None = None, env: dict[str, str] | None = None,
                  inject_fault: tuple[int, str] | None = None) -> None:
         if device_kind not in ("cuda", "cpu"):

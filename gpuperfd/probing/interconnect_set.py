@@ -23,7 +23,8 @@ def check_set(asked: Sequence[int] | None, node: Sequence[int], what: str = "GPU
         if index not in node:
             have = ", ".join(map(str, node)) or "none"
             raise ValueError(f"gpus: no {what} {index} on this node ({what}s: {have})")
-    if len(gpus) < 2:
-        raise ValueError(f"gpus: the interconnect probe needs at least two {what}s, got "
-                         f"{', '.join(map(str, gpus)) or 'none'}")
+    if len(gpus) < 2:  # a count, then the indices: "got 0" once read as zero GPUs where GPU 0 was meant
+        named = f" ({what} {gpus[0]})" if gpus else ""
+        where = "this node has" if asked is None else "the set asked for has"
+        raise ValueError(f"gpus: the interconnect probe needs at least two {what}s; {where} {len(gpus)}{named}")
     return gpus

@@ -10,7 +10,7 @@ estimate; a failed point is reported and the matrix goes on. ``--config FILE``
 ``--output`` appends one run record per point (:mod:`gpuperfd.probe_data.record`).
 
 Exit codes: 0 every point ok; 1 some point failed or was aborted; 2 bad input
-(the message names the field).
+(the message names the field); 3 a CUDA point on a node without an NVIDIA driver (as every command).
 
 Also runnable without the main CLI: ``python -m gpuperfd.probing.probe_cli llm --preset tiny``.
 """
@@ -36,7 +36,7 @@ from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD
 __all__ = ["register", "main", "build_specs", "load_config_file", "write_results", "results_table",
            "estimate_seconds", "POINT_OVERHEAD_SECONDS"]
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_DEVICE = 0, 1, 2, 3
 
 #: A point's time besides its timed phases (a child's start, torch's import, the model's build,
 #: the first calls): on a GPU the CUDA context and kernels' first launch dominate; a tiny CPU model
@@ -128,6 +128,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate", type=_int_arg, metavar="N",
                         help="run on N simulated GPUs (the simulator's physics, no torch; the output says "
                              "simulated): the point runs on simulated GPU I of --device cuda:I (default 0)")
+    parser.add_argument("--simulate-model", metavar="MODEL", type=simulated_model,
+                        help="with --simulate: the simulated card, one of " + ", ".join(SIMULATED_MODELS)
+                             + " (default H100, as the config's simulation.model)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print results as JSON instead of a table")
     interconnect_cli.add_arguments(parser)
@@ -154,11 +157,16 @@ def load_config_file(path: str) -> dict[str, Any]:
     """A run-matrix file (YAML or JSON) as a mapping; UsageError naming the file and the key."""
     import yaml
 
+    from gpuperfd.config.strict_yaml import DuplicateKeyError, read_bounded, safe_load_strict
+
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)  # JSON is YAML
+        data = safe_load_strict(read_bounded(path))  # JSON is YAML
+    except ValueError as exc:  # past the size bound
+        raise UsageError(f"config: {path}: {exc}") from None
     except OSError as exc:
         raise UsageError(f"config: cannot read {path}: {exc.strerror or exc}") from None
+    except DuplicateKeyError as exc:
+        raise UsageError(f"config: {path}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -379,12 +387,14 @@ def main(args: argparse.Namespace) -> int:
         args = _merge_config(args)
         specs = build_specs(args)
         parse_labels(getattr(args, "label", None))  # a bad label is a usage error before anything runs
-        if args.output:
+        if args.output is not None:
             check_output(args.output)
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"timeout: must be > 0, got {args.timeout}")
         if not 0 <= args.idle_threshold <= 1:
             raise UsageError(f"idle_threshold: must be between 0 and 1, got {args.idle_threshold}")
+        if getattr(args, "simulate_model", None) is not None and getattr(args, "simulate", None) is None:
+            raise UsageError("simulate_model: goes with --simulate N (the simulated GPUs' card)")
         if getattr(args, "simulate", None) is not None:
             if args.simulate < 1:
                 raise UsageError(f"simulate: give at least 1 simulated GPU, got {args.simulate}")
@@ -405,9 +415,14 @@ def main(args: argparse.Namespace) -> int:
 
     abort = threading.Event()
     # SIGTERM/SIGHUP/SIGINT/SIGQUIT only set `abort`: the session then kills the child's process group.
+    from gpuperfd.device.errors import DriverNotFound
+
     with StopSignals(abort) as stop:
         try:
             code = _run_points(args, specs, abort)
+        except DriverNotFound as exc:
+            print(f"gpuperfd probe: {exc}", file=sys.stderr)
+            return EXIT_DEVICE
         except OSError:  # a closed terminal while printing: the child is already ended
             code = EXIT_FAILURE
     if stop.received is not None:
@@ -439,6 +454,23 @@ def refined_estimate(first: ProbeSpec, first_seconds: float, rest: Sequence[Prob
     return estimate_seconds(rest, simulated=simulated, overhead_seconds=max(first_seconds - timed, 0.0))
 
 
+#: The cards the simulator models (config ``simulation.model``).
+SIMULATED_MODELS: tuple[str, ...] = ("H100", "H200", "A100")
+
+
+def simulated_model(text: str) -> str:
+    """``--simulate-model``'s value: a simulated card, in any case (argparse's error names the flag)."""
+    model = text.strip().upper()
+    if model not in SIMULATED_MODELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a simulated card ({', '.join(SIMULATED_MODELS)})")
+    return model
+
+
+def simulation_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The config keys ``--simulate-model`` sets (none when it is not given)."""
+    return {"simulation.model": getattr(args, "simulate_model", None)}
+
+
 def _simulate_index(spec: ProbeSpec, gpus: int) -> int:
     """The simulated GPU a point runs on: cuda:I's I, else 0 (UsageError for an index past ``gpus``)."""
     index = (spec.cuda_index or 0) if spec.is_cuda else 0
@@ -466,7 +498,7 @@ class _Points:
             from gpuperfd.config import config_with_flags
             from gpuperfd.device.factory import open_backend
 
-            config = config_with_flags(None, {}, simulate=args.simulate)
+            config = config_with_flags(None, simulation_flags(args), simulate=args.simulate)
             self.backend = open_backend(config)
             self.devices = {d.index: d for d in self.backend.devices()}
             self.window = args.measure_seconds or 1.0
@@ -512,8 +544,12 @@ class _Points:
         if not spec.is_cuda or self.args.no_idle_check:
             return None
         if spec.device not in self.devices:
+            from gpuperfd.device.errors import DriverNotFound
+
             try:
                 self.devices[spec.device] = _nvml_device(spec)
+            except DriverNotFound:  # no driver: no CUDA point can run here (exit 3, as every command)
+                raise
             except Exception as exc:  # noqa: BLE001 - run without the check, but say so
                 bar.write(f"gpuperfd probe: warning: no idle check for {spec.device}: {exc}")
                 self.devices[spec.device] = None

@@ -10,6 +10,8 @@ with its reason.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import math
 import os
@@ -24,7 +26,7 @@ from gpuperfd.config import ProbesConfig, ScheduleConfig
 from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.progress import SweepProgress
-from gpuperfd.probe_data.recommend import SweepPoint, cut_short, recommend
+from gpuperfd.probe_data.recommend import SweepPoint, comparison_words, cut_short, recommend_latest
 from gpuperfd.probe_data.result import PREEMPTED
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PROBES as PER_GPU_PROBES
 from gpuperfd.probing.admission import Admission, Ticket, memory_limit
@@ -472,7 +474,8 @@ class ProbeService:
             self._operator_caps[device.index] = operator_cap
             self.metrics.set_original_cap(info, operator_cap)
             applied = outcome.original_cap_watts if device.index in self.held_caps else None
-            return ServiceObserver(self, device, info, schedule, operator_cap, outcome.caps_watts, applied)
+            return ServiceObserver(self, device, info, schedule, operator_cap, outcome.caps_watts, applied,
+                                   planned=planned[id(schedule)])
 
         outcome = run_owned_sweep(device, self.journal, request, self.executor, observer_for, self.abort)
         points_of = {id(probe.origin): points for probe, points in outcome.sweeps}
@@ -525,14 +528,9 @@ class ProbeService:
         elif id(schedule) in self.parts:
             log.info("gpu %d %s/%s: measured the %d cap(s) a sweep taken in parts had left", device.index,
                      schedule.probe, preset_of(schedule), len(published))
-        elif len(published) > 1:
-            best = recommend(published, self.config.max_slowdown)
-            if best is not None:
-                log.info(
-                    "gpu %d %s/%s: recommended cap %.0f W (saves %.1f%% energy, %.1f%% slower than %.0f W)",
-                    device.index, schedule.probe, preset_of(schedule), best.cap_watts,
-                    100 * best.energy_saving_ratio, 100 * best.slowdown_ratio, best.baseline_cap_watts,
-                )
+        elif (best := recommend_latest(published, self.config.max_slowdown)) is not None:  # the one rule
+            log.info("gpu %d %s/%s: recommended cap %.0f W (%s)", device.index, schedule.probe,
+                     preset_of(schedule), best.cap_watts, comparison_words(best))
         if failed:
             return RunOutcome(failed[0].result.status, failed[0].result.failure_reason or "unknown", published)
         return RunOutcome("ok", "", published)
@@ -548,7 +546,8 @@ class ServiceObserver:
     """
 
     def __init__(self, service: ProbeService, device: Device, info: GpuInfo, schedule: ScheduleConfig,
-                 operator_cap: float, caps: Iterable[float] = (), applied_cap: float | None = None) -> None:
+                 operator_cap: float, caps: Iterable[float] = (), applied_cap: float | None = None,
+                 planned: int | None = None) -> None:
         self.service, self.device, self.info, self.schedule = service, device, info, schedule
         self.operator_cap = operator_cap
         #: The cap apply mode held when the sweep started (None: none); each point's history line says so.
@@ -557,6 +556,8 @@ class ServiceObserver:
         self.sweep_id = uuidlib.uuid4().hex[:12]
         #: The sweep's caps in the order it sets them (point k of n is the cap's place here).
         self.caps = list(caps)
+        #: How many points it is to measure (each history line says so: a stop between points leaves none).
+        self.planned = planned
 
     def on_cap(self, watts: float | None) -> None:
         self._track(watts)
@@ -579,6 +580,7 @@ class ServiceObserver:
         self.service.tracker.mark_ours(self.device.index, running)
 
     def on_point(self, point: SweepPoint) -> None:
+        point = dataclasses.replace(point, sweep_id=self.sweep_id)  # the one rule asks which sweep (recommend.py)
         service, result = self.service, point.result
         if self.applied_cap is not None:
             result.extra["applied_cap_watts"] = self.applied_cap
@@ -594,9 +596,14 @@ class ServiceObserver:
                 points[round(point.cap_watts)] = point
             elif not result.preempted:  # a preemption measured nothing: the last ok result stands
                 points.pop(round(point.cap_watts), None)
+            if result.status == "aborted" or result.preempted:  # this sweep's points recommend nothing now
+                for cap, held in points.items():
+                    if held.sweep_id == self.sweep_id:
+                        points[cap] = dataclasses.replace(held, sweep_cut_short=True)
         for listener in service.point_listeners:
             listener(self.device.index, self.schedule.probe, self.preset, point)
         at_operator_cap = round(point.cap_watts) == round(self.operator_cap)
         service.metrics.publish(self.info, result, point.cap_watts, at_operator_cap)
         if service.history is not None:
-            service.history.append(self.info, result.to_dict(), point.cap_watts, self.operator_cap, self.sweep_id)
+            service.history.append(self.info, result.to_dict(), point.cap_watts, self.operator_cap, self.sweep_id,
+                                   self.planned)

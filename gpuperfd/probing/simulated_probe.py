@@ -171,6 +171,22 @@ def _window_gpm(device: SimulatedGpu) -> Any:
         return None
 
 
+def out_of_memory(device: SimulatedGpu, peak_bytes: int) -> str | None:
+    """Why a point whose peak is ``peak_bytes`` cannot run on ``device`` now, in the words torch's
+    allocator uses (``torch.OutOfMemoryError``); None when it fits. The point needs its peak and a CUDA
+    context beside what the GPU already holds (a user's job, another process)."""
+    from gpuperfd.device.simulated import BASE_MEMORY_BYTES
+
+    memory = device.memory()
+    free = memory.total_bytes - memory.used_bytes - BASE_MEMORY_BYTES
+    if peak_bytes <= free:
+        return None
+    gib = 2**30
+    return (f"OutOfMemoryError: CUDA out of memory. The point needs {peak_bytes / gib:.2f} GiB at its peak; "
+            f"GPU {device.index} has a total capacity of {memory.total_bytes / gib:.2f} GiB of which "
+            f"{max(free, 0) / gib:.2f} GiB is free (simulated; a smaller batch_size, model or sequence fits)")
+
+
 @dataclass
 class _Window:
     """One loaded window: how long, the energy counter's difference, what the GPU showed, and why it
@@ -213,6 +229,12 @@ class SimulatedExecutor:
             raise TypeError("the simulated executor needs a simulated GPU")
         preset = request.preset or DEFAULT_PRESET[request.probe]
         work = simulated_workload(request.probe, preset, request.options)
+        if (message := out_of_memory(device, work.profile.memory_bytes)) is not None:  # as a real card: no window
+            info = device.info()
+            return ProbeResult.failure(request.probe, "simulated", preset, "oom", message, device=f"sim:{device.index}",
+                                       started_at=time.time(), wall_seconds=0.0, gpu_name=info.name,
+                                       compute_capability=info.compute_capability, gpu_uuid=info.uuid,
+                                       params=dict(request.options))
         window = self._load(device, work.profile, abort, settle_seconds)
         if window.why is not None:  # a user's job is a preemption (skipped), a shutdown an abort
             status, reason = ("aborted", "aborted") if abort.is_set() else ("skipped", "preempted")

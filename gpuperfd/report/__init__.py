@@ -39,6 +39,22 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+def check_out_dir(out_dir: str | Path, flag: str = "--out") -> Path:
+    """``out_dir`` as a folder the report can go into, checked before any run is read or GPU time spent.
+
+    Only the last folder is ever created, as ``mkdir`` does: a mistyped ``/nonexistent/a/b`` grew that
+    tree at ``/``, and an empty ``--out`` wrote into the current directory. ReportError naming ``flag``."""
+    if not str(out_dir).strip():
+        raise ReportError(f"{flag}: empty; name a folder for the report")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"{flag} {out}: is a file; give a folder for the report")
+    parent = out.absolute().parent
+    if not out.exists() and not parent.is_dir():
+        raise ReportError(f"{flag} {out}: its parent {parent} does not exist (only the last folder is created)")
+    return out
+
+
 def write_report(report: Report, out_dir: str | Path) -> ReportFiles:
     """Write report.html (self-contained), report.png (one page), summary.csv and points.csv into ``out_dir``."""
     from gpuperfd.report.figures import (
@@ -52,10 +68,8 @@ def write_report(report: Report, out_dir: str | Path) -> ReportFiles:
     )
     from gpuperfd.report.html import render_html
 
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ReportError(f"--out {out}: is a file; give a folder for the report")
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_out_dir(out_dir)
+    out.mkdir(exist_ok=True)
     files = ReportFiles(out / "report.html", out / "report.png", out / "summary.csv", out / "points.csv")
     _write_csv(files.summary_csv, summary_rows(report))
     _write_csv(files.points_csv, point_rows(report))

@@ -4,8 +4,9 @@ After the outlier rule, the ok runs of each (GPU, probe, preset, batch size, cap
 group become one :class:`CapPoint` (means of throughput, energy per unit and
 power; latency percentiles over the pooled samples of the kept runs). The caps of
 one (GPU, probe, preset, batch size) form a :class:`Series`, whose recommended
-cap comes from :func:`gpuperfd.probe_data.recommend.recommend`: the same rule the
-daemon and the Prometheus recording rules use.
+cap comes from :func:`gpuperfd.probe_data.recommend.recommend_latest`: the same rule, on the same
+input (the latest point at each cap, no sweep that was cut short), as the landing page, ``top``,
+apply mode and the Prometheus recording rules; the per-cap means beside it show the history.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuperfd.probe_data.record import labels_text
-from gpuperfd.probe_data.recommend import Recommendation, SweepPoint, recommend
+from gpuperfd.probe_data.recommend import Recommendation, SweepPoint, recommend_latest, watts_saved_while_busy
 from gpuperfd.probe_data.result import ProbeResult, percentile
 from gpuperfd.probe_data.spec import params_text
 from gpuperfd.report.outliers import Dropped, split_outliers
@@ -91,6 +92,8 @@ class Series:
     params: dict[str, Any] = field(default_factory=dict)
     #: The runs' ``--label`` values (dataset, framework, ...): part of what tells series apart.
     labels: dict[str, str] = field(default_factory=dict)
+    #: :func:`~gpuperfd.probe_data.recommend.watts_saved_while_busy` of the recommendation's points.
+    saved_watts: float | None = None
 
     @property
     def capped(self) -> list[CapPoint]:
@@ -125,12 +128,10 @@ class Series:
 
     @property
     def power_saving_watts(self) -> float | None:
-        """Watts the recommended cap saves against the baseline cap while the GPU runs this work
-        (mean probe power there minus here; never negative); None without powers (issue 35)."""
-        base, best = self.baseline, self.recommended
-        if self.recommendation is None or base is None or best is None or base.power is None or best.power is None:
-            return None
-        return max(0.0, base.power - best.power)
+        """Watts the recommended cap saves against the baseline cap while the GPU runs this work (the
+        probe's power at the two caps, from the points the recommendation used, as the landing page
+        says it; never negative); None without powers (issue 35)."""
+        return None if self.recommendation is None else self.saved_watts
 
 
 @dataclass
@@ -184,7 +185,8 @@ class Report:
         if self.rule == "min-energy":
             return "recommended cap: lowest energy per unit of work of all caps tested (any slowdown)"
         return (f"recommended cap: lowest energy per unit of work among caps at most {self.max_slowdown:.0%} "
-                "slower than the highest cap tested")
+                "slower than the highest cap tested, from the latest point at each cap (as the daemon, top and "
+                "the recording rules; none while the latest sweep was cut short)")
 
     @property
     def nodes(self) -> list[str]:
@@ -289,24 +291,44 @@ def _run_values(run: Run) -> dict[str, float | None]:
             else None}
 
 
-def recommend_points(
-    points: list[CapPoint], probe: str, preset: str, max_slowdown: float, rule: str = "within-slowdown"
-) -> Recommendation | None:
-    """The sweeper's rule on the per-cap means (needs two caps or more); min-energy allows any slowdown."""
-    points = [p for p in points if p.cap_watts is not None]
-    if len(points) < 2:
-        return None
-    if rule == "min-energy":
-        max_slowdown = 1.0
-    sweep = [
-        SweepPoint(p.cap_watts, ProbeResult(probe=probe, variant="report", preset=preset, measured_seconds=1.0,
-                                            units_of_work=p.rate, energy_per_unit_joules=p.energy_per_unit))
-        for p in points
-    ]
-    return recommend(sweep, max_slowdown)
-
-
 RULES = ("within-slowdown", "min-energy")
+
+
+def _stopped_between_points(runs: list[Run]) -> set[str]:
+    """Sweeps that measured fewer points than they were to (their records say how many): a stop between
+    two points leaves no aborted record. Skipped points (early stop) count as measured, preempted or
+    aborted ones do not, as :func:`~gpuperfd.probe_data.recommend.cut_short` counts them."""
+    done: dict[str, int] = defaultdict(int)
+    plan: dict[str, int] = {}
+    for run in runs:
+        if run.sweep_id and run.sweep_points:
+            plan[run.sweep_id] = run.sweep_points
+            if run.status != "aborted" and run.failure_reason != "preempted":
+                done[run.sweep_id] += 1
+    return {sweep for sweep, planned in plan.items() if done[sweep] < planned}
+
+
+def _as_point(run: Run, cut: set[str] = frozenset()) -> SweepPoint | None:  # type: ignore[assignment]
+    """A run as the daemon holds a point (its status, rate, energy, power, time and sweep); None without a cap."""
+    if run.cap_watts is None:
+        return None
+    measured = run.status == "ok" and run.rate is not None
+    result = ProbeResult(probe=run.probe, variant=run.variant or "report", preset=run.preset, status=run.status,
+                         failure_reason=run.failure_reason, started_at=run.time,
+                         measured_seconds=1.0 if measured else None, units_of_work=run.rate if measured else None,
+                         energy_per_unit_joules=run.energy_per_unit, average_power_watts=run.power)
+    return SweepPoint(run.cap_watts, result, sweep_id=run.sweep_id or None, sweep_cut_short=run.sweep_id in cut)
+
+
+def recommend_runs(runs: list[Run], max_slowdown: float,
+                   rule: str = "within-slowdown") -> tuple[Recommendation | None, float | None]:
+    """The one rule (:func:`~gpuperfd.probe_data.recommend.recommend_latest`) on a series' runs, failed ones
+    included (a failed point withdraws its cap, an aborted or preempted one marks its sweep cut short),
+    and the watts it saves while busy; min-energy allows any slowdown."""
+    cut = _stopped_between_points(runs)
+    points = [p for p in (_as_point(run, cut) for run in runs) if p is not None]
+    best = recommend_latest(points, 1.0 if rule == "min-energy" else max_slowdown)
+    return best, None if best is None else watts_saved_while_busy(points, best)
 
 
 def _split_runs(loaded: Loaded, remove_outliers: bool) -> tuple[list[Run], list[Run], list[Dropped]]:
@@ -343,7 +365,7 @@ def _gpu_tallies(runs: list[Run]) -> tuple[dict[tuple[str, str], GpuId], dict[tu
 
 def _series(
     kept: list[Run], dropped: list[Dropped], identities: dict[tuple[str, str], GpuId], labels: dict[tuple[str, str], str],
-    order: dict[tuple[str, str], int], max_slowdown: float, rule: str,
+    order: dict[tuple[str, str], int], max_slowdown: float, rule: str, all_runs: list[Run] | None = None,
 ) -> list[Series]:
     """One series per GPU, probe, preset, batch, variant, params and labels: a point per cap, in display order."""
     dropped_per_group: dict[tuple, int] = defaultdict(int)
@@ -363,13 +385,18 @@ def _series(
         params.setdefault(key, dict(members[0].params))
     # A group whose every run was dropped cannot be: the median run is always kept.
 
+    every: dict[tuple, list[Run]] = defaultdict(list)  # the series' runs, failed ones too: the rule's input
+    for run in kept if all_runs is None else all_runs:
+        gpu_key, probe, preset, batch, _cap, variant, params_key, labels_key = run.group
+        every[(gpu_key, probe, preset, batch, variant, params_key, labels_key)].append(run)
     series = []
     for key, points in by_series.items():
         gpu_key, probe, preset, batch, variant, _params, labels_key = key
         points.sort(key=lambda p: (p.cap_watts is not None, p.cap_watts or 0.0))
+        best, saved = recommend_runs(every[key], max_slowdown, rule)
         series.append(Series(
             gpu=identities[gpu_key], probe=probe, preset=preset, batch_size=batch, work_unit=units[key],
-            points=points, recommendation=recommend_points(points, probe, preset, max_slowdown, rule),
+            points=points, recommendation=best, saved_watts=saved,
             label=labels[gpu_key], variant=variant, params=params[key], labels=dict(labels_key),
         ))
     series.sort(key=lambda s: (PROBE_ORDER.index(s.probe) if s.probe in PROBE_ORDER else 99, s.preset,
@@ -393,7 +420,7 @@ def build_report(
     identities, drivers, counts = _gpu_tallies(runs)
     labels = gpu_labels(identities.values())
     order = {gpu_key: i for i, gpu_key in enumerate(sorted(identities, key=lambda k: (identities[k].model, k)))}
-    series = _series(kept, dropped, identities, labels, order, max_slowdown, rule)
+    series = _series(kept, dropped, identities, labels, order, max_slowdown, rule, runs)
     gpus = [GpuSummary(identities[k], labels[k], sorted(drivers[k]), counts[k]) for k in sorted(identities, key=order.get)]
     times = [r.time for r in runs if r.time]
     return Report(

@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gpuperfd.report.prometheus import parse_duration, parse_time
+    from gpuperfd.report.prometheus import check_base_url, parse_duration, parse_time
     from gpuperfd.report.records import ReportError
 
     if not 0 <= args.max_slowdown < 1:
@@ -71,7 +71,12 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "free_y", False) and not getattr(args, "facet", None):
         print("gpuperfd: --free-y frees the y-scales of facets; it needs --facet KEY", file=sys.stderr)
         return 2
+    from gpuperfd.report import check_out_dir
+
     try:
+        check_out_dir(args.out)
+        if args.prometheus:
+            check_base_url(args.prometheus)
         start = parse_time(args.start) if args.start else None
         end = parse_time(args.end) if args.end else None
         step = parse_duration(args.step) if args.step else None
@@ -131,6 +136,7 @@ def _write_facets(args: argparse.Namespace, loaded: Any) -> int:
                                    log_y=args.log_y)
                for value, subset in split_by_label(loaded, args.facet).items()}
     ranges = None if getattr(args, "free_y", False) else merge(cap_panel_ranges(r) for r in reports.values())
+    out.mkdir(exist_ok=True)  # checked in main: its parent exists; each facet's folder goes inside
     for value, report in reports.items():
         folder = facet_folder(out, args.facet, value)
         with shared(ranges):
@@ -161,6 +167,9 @@ def _print_summary(report: Any, files: Any) -> None:
                   f"({comparison_words(rec, s.work_unit)}"
                   + (f"; {s.power_saving_watts:.0f} W less while busy" if s.power_saving_watts is not None else "")
                   + ")")
+        else:  # said, as the sweep CLI says it: an interrupted sweep once got a recommendation here
+            print(f"  {s.label} {s.probe}/{s.preset} b={s.batch_size} [{s.variant}]: no recommendation "
+                  "(fewer than two measured caps, or its latest sweep was cut short)")
     from gpuperfd.report.realized import realized_lines
 
     for line in realized_lines(report.realized):

@@ -14,6 +14,7 @@ batch sizes (not a label; the preset's default is used). Use history files for t
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import re
@@ -83,10 +84,33 @@ def default_step(start: float, end: float) -> float:
 Fetch = Callable[[str], Any]
 
 
+#: An answer larger than this is refused rather than held in memory (10,000 points x a few hundred series).
+MAX_ANSWER_BYTES = 512 * 1024 * 1024
+
+
+def check_base_url(base_url: str) -> None:
+    """ReportError unless ``base_url`` is an http(s) URL with a host (urllib would try FTP or a file, or
+    raise a bare ValueError)."""
+    try:
+        parts = urllib.parse.urlsplit(base_url)
+        parts.port  # noqa: B018 (raises ValueError on a port that is not a number)
+    except ValueError as exc:
+        raise ReportError(f"--prometheus {base_url!r} is not a URL ({exc}); e.g. http://prometheus:9090") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ReportError(f"--prometheus {base_url!r}: expected an http:// or https:// URL with a host, "
+                          "e.g. http://prometheus:9090")
+
+
 def _fetch_json(url: str, timeout: float = 30.0) -> Any:
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (operator-given URL)
-        return json.loads(response.read().decode())
+        body = response.read(MAX_ANSWER_BYTES + 1)
+    if len(body) > MAX_ANSWER_BYTES:
+        raise ValueError(f"answered more than {MAX_ANSWER_BYTES // 2**20} MiB; narrow --start/--end or raise --step")
+    try:
+        return json.loads(body.decode("utf-8", errors="replace"))
+    except RecursionError:
+        raise ValueError("answered JSON nested too deeply to be a Prometheus answer") from None
 
 
 def query_range(base_url: str, query: str, start: float, end: float, step: float, fetch: Fetch | None = None) -> list[dict]:
@@ -104,12 +128,21 @@ def query_range(base_url: str, query: str, start: float, end: float, step: float
         raise ReportError(f"Prometheus {base_url}: HTTP {exc.code} for {query}: {detail or exc.reason}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise ReportError(f"Prometheus {base_url}: {exc}") from None
+    except http.client.HTTPException as exc:  # its bytes are not echoed: they may be anything
+        raise ReportError(f"Prometheus {base_url} did not answer HTTP ({type(exc).__name__}): is Prometheus "
+                          "listening there?") from None
     if not isinstance(body, dict) or body.get("status") != "success":
         raise ReportError(f"Prometheus {base_url}: query {query} failed: {body.get('error') if isinstance(body, dict) else body}")
     data = body.get("data") or {}
-    if data.get("resultType") != "matrix":
-        raise ReportError(f"Prometheus {base_url}: expected a matrix for {query}, got {data.get('resultType')}")
-    return list(data.get("result") or [])
+    if not isinstance(data, dict) or data.get("resultType") != "matrix":
+        got = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+        raise ReportError(f"Prometheus {base_url}: expected a matrix for {query}, got {got}")
+    result = data.get("result") or []
+    if not isinstance(result, list) or not all(isinstance(s, dict) and isinstance(s.get("metric"), dict)
+                                               and isinstance(s.get("values") or [], list) for s in result):
+        raise ReportError(f"Prometheus {base_url}: the answer for {query} is not a list of series "
+                          "(is this Prometheus?)")
+    return list(result)
 
 
 def _node(labels: dict[str, str]) -> str:
@@ -118,14 +151,23 @@ def _node(labels: dict[str, str]) -> str:
 
 def _values(series: dict) -> dict[float, float]:
     out = {}
-    for stamp, value in series.get("values") or []:
+    for pair in series.get("values") or []:
         try:
-            number = float(value)
+            stamp, value = pair
+            number, stamp = float(value), float(stamp)
         except (TypeError, ValueError):
             continue
         if math.isfinite(number):
-            out[float(stamp)] = number
+            out[stamp] = number
     return out
+
+
+def _index(label: object) -> int:
+    """A ``gpu`` label as an index; -1 where it is absent or not a number (another exporter's label)."""
+    try:
+        return int(str(label))
+    except ValueError:
+        return -1
 
 
 def _key(labels: dict[str, str]) -> tuple[str, ...]:
@@ -141,6 +183,7 @@ def load_prometheus(
     fetch: Fetch | None = None,
 ) -> Loaded:
     """Runs from the probe gauges over [start, end]."""
+    check_base_url(base_url)
     if end <= start:
         raise ReportError(f"the time range is empty: end {end} <= start {start}")
     step = step or default_step(start, end)
@@ -161,7 +204,7 @@ def load_prometheus(
         if not values:
             continue
         gpu = GpuId(
-            node=_node(labels), index=int(labels.get("gpu", -1)), uuid=labels.get("uuid", "?"),
+            node=_node(labels), index=_index(labels.get("gpu")), uuid=labels.get("uuid", "?"),
             name=labels.get("name", "?"), driver_version=labels.get("driver_version", "?"),
             compute_capability=labels.get("compute_capability", "?"), backend=labels.get("backend", "?"),
             pci_bus_id=labels.get("pci_bus_id", "?"),
@@ -177,7 +220,7 @@ def load_prometheus(
             cap_watts = float(cap)
         except ValueError:
             continue
-        gpu = identities.get((node, uuid)) or GpuId(node=node, index=int(gpu_index or -1), uuid=uuid)
+        gpu = identities.get((node, uuid)) or GpuId(node=node, index=_index(gpu_index), uuid=uuid)
         rate_values = _values(series)
         previous: tuple | None = None
         for stamp in sorted(rate_values):

@@ -103,6 +103,8 @@ class Run:
     gpm_tensor_active_ratio: float | None = None
     gpm_dram_active_ratio: float | None = None
     sweep_id: str | None = None
+    #: How many points the run's sweep was to measure (None: not recorded, a CSV, or not a sweep).
+    sweep_points: int | None = None
     #: The operator's cap when the run was measured (history: ``original_cap_watts``).
     operator_cap_watts: float | None = None
     #: The cap apply mode held on the GPU while the run's sweep ran (None: none; docs/apply.md).
@@ -212,6 +214,7 @@ def run_from_record(record: dict[str, Any], source: str = "") -> Run:
         gpm_tensor_active_ratio=finite_or_none(result.gpm_tensor_active_mean_ratio) if ok else None,
         gpm_dram_active_ratio=finite_or_none(result.gpm_dram_active_mean_ratio) if ok else None,
         sweep_id=record.get("sweep_id"),
+        sweep_points=record.get("sweep_points") if isinstance(record.get("sweep_points"), int) else None,
         operator_cap_watts=finite_or_none(record.get("original_cap_watts")),
         applied_cap_watts=finite_or_none(extra.get("applied_cap_watts")),
         source=source,

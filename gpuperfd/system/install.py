@@ -475,6 +475,10 @@ def register(subparsers: Any) -> None:
 
 
 def _require_root(args: argparse.Namespace) -> str | None:
+    if not str(args.root).strip():  # '' resolved to the current directory: an install into wherever one stood
+        return "--root: empty; name the image or chroot's directory (or leave --root out for this machine)"
+    if not Path(args.root).is_dir():  # a mistyped image path would grow etc/ and var/ from nothing
+        return f"--root {args.root}: not an existing directory (an image or chroot is one)"
     if args.dry_run or Path(args.root).resolve() != Path("/") or os.geteuid() == 0:
         return None
     return "must run as root (or use --root DIR or --dry-run)"

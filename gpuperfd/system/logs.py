@@ -37,10 +37,18 @@ class LogfmtFormatter(logging.Formatter):
         return f"time={stamp} " + " ".join(fields)
 
 
+#: Libraries whose INFO lines say what they did, not what gpuperfd did: APScheduler logs every job it
+#: adds and every run it starts and ends (81 of the demo's 440 lines). Their warnings (a run missed, a
+#: job that raised) still come through; ``log_level: debug`` shows everything.
+QUIET_LIBRARIES: tuple[str, ...] = ("apscheduler",)
+
+
 def setup_logging(level: str = "info") -> None:
     """Configure the root logger once; later calls only change the level."""
     root = logging.getLogger()
     root.setLevel(level.upper())
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING)
     if any(getattr(h, "_gpuperfd", False) for h in root.handlers):
         return
     handler = logging.StreamHandler(sys.stderr)

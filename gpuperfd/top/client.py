@@ -10,10 +10,12 @@ builds the same JSON shape; the device layer's errors (no driver) come through u
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,6 +28,8 @@ API_PATH = "/api/v1/gpus"
 #: Environment variable holding the basic-auth password (never a command-line argument: ps shows those).
 PASSWORD_ENV = "GPUPERFD_PASSWORD"
 FALLBACK = "read the GPUs here instead with --local (or --simulate N for simulated GPUs)"
+#: The most bytes of an answer read: a frame of 64 GPUs is tens of KiB; a larger answer is not a frame.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 
 class TopError(Exception):
@@ -71,10 +75,26 @@ def daemon_url(config: Config) -> str:
     return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
+def check_url(url: str) -> None:
+    """TopError unless ``url`` is an http(s) URL with a host: urllib would otherwise try FTP or a file,
+    or raise its own ValueError with no word of which flag was wrong."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError on a port that is not a number)
+    except ValueError as exc:
+        raise TopError(f"--url {url!r} is not a URL ({exc}); e.g. http://127.0.0.1:10187") from None
+    if parts.scheme not in ("http", "https"):
+        raise TopError(f"--url {url!r}: the daemon speaks http or https, not "
+                       f"{parts.scheme + '://' if parts.scheme else 'a URL without a scheme'}; e.g. http://127.0.0.1:10187")
+    if not parts.hostname:
+        raise TopError(f"--url {url!r} names no host; e.g. http://127.0.0.1:10187")
+
+
 class DaemonSource:
     """Frames from a running daemon's ``/api/v1/gpus``."""
 
     def __init__(self, address: DaemonAddress, timeout_seconds: float = 5.0) -> None:
+        check_url(address.url)
         self.address = address
         self.url = address.url.rstrip("/") + API_PATH
         self.timeout = timeout_seconds
@@ -98,7 +118,7 @@ class DaemonSource:
         request = urllib.request.Request(self.url, headers=self._headers)
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
-                body = response.read()
+                body = response.read(MAX_ANSWER_BYTES + 1)
         except urllib.error.HTTPError as exc:
             raise TopError(self._http_error(exc.code)) from None
         except urllib.error.URLError as exc:
@@ -109,9 +129,14 @@ class DaemonSource:
                                     f"(gpuperfd run), point --url at it, or {FALLBACK}") from None
         except (TimeoutError, OSError) as exc:
             raise DaemonUnreachable(f"no gpuperfd daemon answers at {self.address.url} ({exc}); {FALLBACK}") from None
+        except (http.client.HTTPException, ValueError) as exc:  # its bytes are not echoed: they may be anything
+            raise TopError(f"{self.address.url} did not answer HTTP ({type(exc).__name__}): is a gpuperfd daemon "
+                           "listening there?") from None
+        if len(body) > MAX_ANSWER_BYTES:
+            raise TopError(f"{self.url} answered more than {MAX_ANSWER_BYTES // 2**20} MiB: not a gpuperfd frame")
         try:
             data = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise TopError(f"{self.url} did not answer JSON: is a gpuperfd daemon listening there?") from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("gpus"), list):
             raise TopError(f"{self.url} answered an unknown shape (expected {SCHEMA}): a different gpuperfd version?")

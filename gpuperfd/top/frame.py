@@ -102,6 +102,11 @@ def _telemetry(gpu: dict[str, Any]) -> list[Field]:
     draw, cap = gpu.get("power_draw_watts"), gpu.get("power_limit_watts")
     power = f"{draw:.0f}" if draw is not None else "-"
     out.append((f"power {power}/{cap:.0f} W cap" if cap is not None else f"power {power} W", ""))
+    held = gpu.get("apply")
+    if held:  # the cap is apply mode's, not the operator's: say so beside it
+        operator = held.get("operator_watts")
+        out.append((f"cap {held['applied_watts']:.0f} W set by apply mode"
+                    + (f" (operator's {operator:.0f} W)" if operator is not None else ""), "magenta"))
     temp = gpu.get("temperature_celsius")
     out.append((f"temp {temp:.0f} C" if temp is not None else "temp -", ""))
     sm, sm_max = gpu.get("sm_clock_hertz"), gpu.get("sm_clock_max_hertz")

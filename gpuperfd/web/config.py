@@ -368,14 +368,22 @@ def load_web_config(path: Path | str) -> WebSecurity:
     keeps basic auth on unless the file says ``basic_auth_users: {}``).
     """
     path = Path(path)
+    from gpuperfd.config.strict_yaml import read_bounded
+
     try:
-        raw = path.read_bytes()
+        raw = read_bounded(path)
+    except ValueError as exc:
+        raise _fail(path, "", str(exc)) from None
     except FileNotFoundError:
         raise _fail(path, "", "web config file not found") from None
     except OSError as exc:
         raise _fail(path, "", f"cannot read web config file: {exc}") from None
+    from gpuperfd.config.strict_yaml import DuplicateKeyError, safe_load_strict
+
     try:
-        data = yaml.safe_load(raw)
+        data = safe_load_strict(raw)
+    except DuplicateKeyError as exc:
+        raise _fail(path, "", str(exc.problem)) from None
     except yaml.YAMLError as exc:
         raise _fail(path, "", f"not valid YAML: {exc}") from None
     data = _mapping(data, path, "(top level)")

@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 import gpuperfd
 from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.progress import SweepProgress
-from gpuperfd.probe_data.recommend import Recommendation, SweepPoint, comparison_words, recommend, work_rate
+from gpuperfd.probe_data.recommend import (Recommendation, SweepPoint, comparison_words, recommend_latest,
+                                          watts_saved_while_busy, work_rate)
 from gpuperfd.telemetry.sampler import Sampler, lost_gpus
 from gpuperfd.web.status import age_words
 
@@ -138,12 +139,16 @@ def _probe_row(probe: str, preset: str, points: Sequence[SweepPoint], max_slowdo
     top = max(ok, key=lambda p: p.cap_watts)
     rate = work_rate(top.result) or 0.0
     energy = top.result.energy_per_unit_joules
-    best: Recommendation | None = recommend(ok, max_slowdown) if len(ok) > 1 else None
+    best: Recommendation | None = recommend_latest(points, max_slowdown)  # the one rule (probe_data/recommend.py)
     if best is not None:
         rec = f"<b>{best.cap_watts:.0f} W</b>: {_e(comparison_words(best, unit))}"
-        power = {p.cap_watts: p.result.average_power_watts for p in ok}  # W saved while busy (issue 35)
-        if best.cap_watts != best.baseline_cap_watts and None not in (power.get(best.cap_watts), power.get(best.baseline_cap_watts)):
-            rec += f"; {max(0.0, power[best.baseline_cap_watts] - power[best.cap_watts]):.0f} W less while busy"
+        saved = watts_saved_while_busy(points, best)  # W saved while busy (issue 35)
+        if best.cap_watts != best.baseline_cap_watts and saved is not None:
+            rec += f"; {saved:.0f} W less while busy"
+    elif any(p.sweep_cut_short for p in points):
+        rec = '<span class="muted">sweep cut short: no recommendation until a complete sweep</span>'
+    elif len(ok) > 1:
+        rec = '<span class="muted">no energy figures: no recommendation</span>'
     else:
         rec = '<span class="muted">one cap only: no recommendation</span>'
     ended = max(p.result.started_at + (p.result.wall_seconds or 0.0) for p in ok)

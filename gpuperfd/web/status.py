@@ -20,7 +20,7 @@ from typing import Any
 from gpuperfd.health.judge import expected_figure
 from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.progress import SweepProgress
-from gpuperfd.probe_data.recommend import SweepPoint, recommend, work_rate
+from gpuperfd.probe_data.recommend import SweepPoint, recommend_latest, watts_saved_while_busy, work_rate
 from gpuperfd.telemetry.sampler import StoreSnapshot, lost_gpus
 
 #: The shape's name and version, first key of the answer.
@@ -69,11 +69,9 @@ def probe_summary(probe: str, preset: str, points: Sequence[SweepPoint], max_slo
         "expected_units_per_second": expected["units_per_second"] if expected else None,
         "expected_note": why_not, "recommendation": None,
     }
-    best = recommend(ok, max_slowdown) if len(ok) > 1 else None
+    best = recommend_latest(points, max_slowdown)  # the one rule (probe_data/recommend.py)
     if best is not None:
-        power = {p.cap_watts: p.result.average_power_watts for p in ok}
-        saved = (max(0.0, power[best.baseline_cap_watts] - power[best.cap_watts])  # type: ignore[operator]
-                 if None not in (power.get(best.cap_watts), power.get(best.baseline_cap_watts)) else None)
+        saved = watts_saved_while_busy(points, best)
         summary["recommendation"] = {
             "cap_watts": best.cap_watts, "baseline_cap_watts": best.baseline_cap_watts,
             "energy_saving_ratio": best.energy_saving_ratio, "slowdown_ratio": best.slowdown_ratio,
@@ -107,11 +105,15 @@ def gpu_status(snap: StoreSnapshot, interval_seconds: float, backend: str,
                latest: Mapping[tuple[int, str, str], Sequence[SweepPoint]] | None = None,
                verdicts: Sequence[Verdict] | None = None, sweeps: Mapping[int, SweepProgress] | None = None,
                max_slowdown: float = 0.10, source: str = "daemon",
-               coverage: Mapping[tuple[int, str, str], bool] | None = None) -> dict[str, Any]:
+               coverage: Mapping[tuple[int, str, str], bool] | None = None,
+               applied: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The whole answer: ``{"schema", "source", "backend", "time", "gpus": [...]}``, GPUs by index.
 
     ``verdicts`` None (health off, or a local read): each GPU's ``health`` is null. ``coverage``: the
-    scheduler's due flag per (gpu, probe, preset) (each GPU's ``coverage`` list, with each result's age).
+    scheduler's due flag per (gpu, probe, preset) (each GPU's ``coverage`` list, with each result's age). ``applied``: apply
+    mode's state per GPU (``ApplyController.status()``); a GPU whose cap apply mode holds says so
+    (``apply``: the applied and the operator's cap), null otherwise: a cap that reads 300 W with no word
+    of who set it misled.
     """
     now = time.time()
     by_gpu = {v.gpu: v for v in verdicts or () if v.gpu is not None}
@@ -135,5 +137,8 @@ def gpu_status(snap: StoreSnapshot, interval_seconds: float, backend: str,
             summary["age_seconds"], summary["due"] = found["age_seconds"], found["due"]
         progress = (sweeps or {}).get(gpu)
         entry["sweep"] = progress.to_dict() if progress is not None else None
+        held = (applied or {}).get(gpu) or {}
+        entry["apply"] = ({"applied_watts": held["applied_watts"], "operator_watts": held.get("operator_watts")}
+                          if held.get("applied_watts") is not None else None)
         gpus.append(entry)
     return {"schema": SCHEMA, "source": source, "backend": backend, "time": now, "gpus": gpus}

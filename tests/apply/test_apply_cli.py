@@ -94,3 +94,29 @@ def test_apply_revert_refuses_a_state_dir_it_cannot_read(tmp_path: Path, kind: s
     what = "does not exist" if kind == "missing" else "is not a directory"
     assert done.returncode == 2 and f"state directory {state} {what}" in done.stderr, done.stderr
     assert "nothing to revert" not in done.stdout
+
+
+def test_status_lists_the_applied_caps_by_gpu_index_not_by_uuid(tmp_path: Path) -> None:
+    uuids = {0: "GPU-f0000000-0000-0000-0000-000000000000", 1: "GPU-a1111111-1111-1111-1111-111111111111",
+             2: "GPU-c2222222-2222-2222-2222-222222222222"}  # UUID order: 1, 2, 0
+    for index, uuid in uuids.items():
+        body = {"uuid": uuid, "gpu_index": index, "original_watts": 700.0, "default_watts": 700.0,
+                "recorded_at": 1.0, "pid": 1, "applied_watts": 400.0 + index}
+        (tmp_path / (safe_name(uuid) + CapJournal.SUFFIX)).write_text(json.dumps(body))
+    done = subprocess.run([sys.executable, "-m", "gpuperfd", "apply", "--status", "--state-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("gpu ")]
+    assert listed == ["0", "1", "2"], done.stdout
+
+
+@pytest.mark.parametrize("command", ["--status", "--revert"])
+def test_a_state_dir_that_is_not_one_is_an_error_not_no_applied_cap(command: str, tmp_path: Path) -> None:
+    """``apply --status --state-dir /etc/passwd`` once answered "no applied cap" (exit 0)."""
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    for state_dir, words in ((afile, "is not a directory"), (tmp_path / "missing", "does not exist")):
+        done = subprocess.run([sys.executable, "-m", "gpuperfd", "apply", command, "--state-dir", str(state_dir)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and f"state directory {state_dir} {words}" in done.stderr, done.stderr
+        assert not (tmp_path / "missing").exists()

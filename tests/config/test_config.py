@@ -210,3 +210,44 @@ def test_bad_outside_names_fail_run_and_check_at_once(tmp_path):
         assert out.returncode == 2, (command, out.stderr)
         assert f"{path}: invalid configuration" in out.stderr and "sampler.collectors: unknown collector(s) bogus" \
             in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("count", [0, -1, 65])
+def test_a_simulate_count_out_of_range_names_the_flag(count: int, capsys) -> None:
+    """``--simulate 0`` once answered "simulation.gpus: Input should be greater than or equal to 1"."""
+    from gpuperfd.cli import main
+
+    assert main(["sweep", "--simulate", str(count), "--probe", "llm", "--caps", "300"]) == 2
+    assert f"--simulate {count}: give 1 to 64 simulated GPUs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("section", "words"), [
+    ({"probes": {"schedules": [{"probe": "llm", "interval_seconds": 60, "caps": []}]}},
+     "probes.schedules.0.caps: List should have at least 1 items"),
+    ({"device": {"gpus": [0, 0]}}, "device.gpus: a GPU is named twice in [0, 0]"),
+    ({"health": {"thresholds": {"busy_min_samples": -1}}},
+     "health.thresholds.busy_min_samples: Input should be greater than or equal to 0"),
+])
+def test_careless_values_that_were_accepted_are_refused_by_name(section: dict, words: str) -> None:
+    """An empty cap list, a GPU named twice and a negative threshold once passed check-config."""
+    from gpuperfd.config import ConfigError, config_from_mapping
+
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping(section, "<test>")
+    assert words in str(info.value)
+
+
+def test_the_probe_history_follows_the_state_directory_unless_set() -> None:
+    """A daemon given its own state directory (a demo, a second daemon, a test) once still appended to
+    the node's /var/lib/gpuperfd/history.jsonl."""
+    from pathlib import Path
+
+    from gpuperfd.config import config_from_mapping
+
+    assert config_from_mapping({}).probes.history_path == Path("/var/lib/gpuperfd/history.jsonl")
+    own = config_from_mapping({"probes": {"state_dir": "/srv/gpuperfd-b"}})
+    assert own.probes.history_path == Path("/srv/gpuperfd-b/history.jsonl")
+    set_ = config_from_mapping({"probes": {"state_dir": "/srv/b", "history": {"path": "/logs/h.jsonl"}}})
+    assert set_.probes.history_path == Path("/logs/h.jsonl")
+    none = config_from_mapping({"probes": {"state_dir": "/srv/b", "history": {"path": None}}})
+    assert none.probes.history_path is None

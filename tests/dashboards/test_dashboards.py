@@ -249,5 +249,18 @@ def test_cli_refuses_an_out_dir_it_cannot_create(tmp_path, capsys):
     blocker.write_text("x", encoding="utf-8")
     assert _run_dashboards(str(blocker / "sub")) == 2
     err = capsys.readouterr().err
-    assert "cannot create the directory" in err and str(blocker / "sub") in err
+    assert f"its parent {blocker} is not a directory" in err and str(blocker / "sub") in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_cli_creates_only_the_last_directory_and_refuses_an_empty_out(tmp_path, capsys, monkeypatch):
+    """A mistyped ``--out /nonexistent/dir/x`` once grew that tree at /; ``--out ''`` wrote into the cwd."""
+    deep = tmp_path / "nonexistent" / "dir" / "x"
+    assert _run_dashboards(str(deep)) == 2
+    err = capsys.readouterr().err
+    assert f"its parent {deep.parent} does not exist" in err
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.chdir(tmp_path)
+    assert _run_dashboards("") == 2
+    assert "--out: empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

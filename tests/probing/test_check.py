@@ -400,3 +400,60 @@ def test_lock_file_made_by_root_belongs_to_the_state_directory_owner(tmp_path: P
     _run(config, backend)
     lock = config.probes.state_dir / (safe_name(backend.devices()[0].info().uuid) + ".cap.lock")
     assert (lock.stat().st_uid, lock.stat().st_gid) == (4321, 4321)
+
+
+@pytest.fixture
+def daemon_child():
+    """A process the check takes for a daemon's probe child (``python -m gpuperfd.probe_child.child``),
+    running Python by the time the test gets it (its /proc cmdline is its own)."""
+    ready = "import time; print('ready', flush=True); time.sleep(120)"
+    child = subprocess.Popen([sys.executable, "-c", ready, "-m", "gpuperfd.probe_child.child"],
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "ready\n"
+    yield child
+    child.kill()
+    child.wait()
+    child.stdout.close()
+
+
+def _on_gpu_between(gpu, pid: int, start: float, end: float) -> list[threading.Timer]:
+    """The daemon's child holds ``gpu`` from ``start`` to ``end`` seconds from now (another state
+    directory: no lock of ours is held)."""
+    timers = [threading.Timer(start, gpu.add_foreign_process, (pid, 1 << 30)),
+              threading.Timer(end, gpu.remove_foreign_process, (pid,))]
+    for timer in timers:
+        timer.daemon = True
+        timer.start()
+    return timers
+
+
+@pytest.mark.parametrize("start", [0.0, 0.4], ids=["there-at-the-start", "arriving-mid-probe"])
+def test_a_daemons_probe_child_is_waited_for_not_given_way_to(tmp_path: Path, real_gpus, daemon_child,
+                                                             start: float) -> None:
+    """On a 2x H100 node a check beside a daemon with its own state directory was preempted by the
+    daemon's probe child and answered unknown (exit 12): it waits for the child within its deadline."""
+    config = _config(tmp_path)
+    backend = SimulatedBackend(config.simulation)
+    gpu = backend.devices()[1]
+    if start == 0.0:
+        gpu.add_foreign_process(daemon_child.pid, 1 << 30)
+    timers = _on_gpu_between(gpu, daemon_child.pid, start, 2.0)
+    try:
+        outcome = _run(config, backend, timeout_seconds=30)
+    finally:
+        for timer in timers:
+            timer.cancel()
+    assert sorted(outcome.probed) == [0, 1], outcome.not_probed
+    assert _by_gpu(outcome)[1].state == "healthy", _by_gpu(outcome)[1].to_dict()
+
+
+def test_a_daemons_probe_child_that_stays_past_the_deadline_is_named_not_unknown(
+        tmp_path: Path, real_gpus, daemon_child) -> None:
+    config = _config(tmp_path, gpus=1)
+    backend = SimulatedBackend(config.simulation)
+    backend.devices()[0].add_foreign_process(daemon_child.pid, 1 << 30)
+    outcome = _run(config, backend, timeout_seconds=6)
+    assert outcome.probed == []
+    assert outcome.not_probed[0] == (f"not probed: busy: gpuperfd is probing this GPU (pid {daemon_child.pid}) "
+                                     "until the check's deadline")
+    assert _by_gpu(outcome)[0].state != "unknown"

@@ -69,9 +69,14 @@ def test_a_gpuperfd_probe_child_is_named_and_a_user_process_beside_it_is_foreign
     import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "gpuperfd.probe_child.child"])
-    user = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Each process says "ready" once it runs Python: its exec is done and /proc/PID/cmdline is its own
+    # (read before, it is pytest's; that raced a loaded 2-core CI once).
+    ready = "import sys, time; print('ready', flush=True); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", ready, "-m", "gpuperfd.probe_child.child"],
+                             stdout=subprocess.PIPE, text=True)
+    user = subprocess.Popen([sys.executable, "-c", ready], stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline() == "ready\n" and user.stdout.readline() == "ready\n"
         ours = busy_reason(Readings(pids=[child.pid]), 0.05)
         assert ours.kind is BusyKind.GPUPERFD_PROBE and str(ours) == f"gpuperfd is probing this GPU (pid {child.pid})"
         mixed = busy_reason(Readings(pids=[child.pid, user.pid]), 0.05)  # a user's job beside it: the user's
@@ -81,6 +86,7 @@ def test_a_gpuperfd_probe_child_is_named_and_a_user_process_beside_it_is_foreign
         for proc in (child, user):
             proc.kill()
             proc.wait()
+            proc.stdout.close()
 
 
 def test_a_user_job_gives_way_but_an_unreadable_gpu_stays_a_failure():

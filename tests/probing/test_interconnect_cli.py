@@ -107,6 +107,13 @@ def test_gpus_asked_for_without_a_driver_is_an_error_never_a_cpu_run(capsys: pyt
         raise DriverNotFound("no NVIDIA driver found")
 
     monkeypatch.setattr(nvml, "NvmlBackend", no_driver)
-    assert run(["interconnect", "--gpus", "0,1"]) == 1
+    assert run(["interconnect", "--gpus", "0,1"]) == 3  # no driver: 3, as every command
     captured = capsys.readouterr()
     assert "no NVIDIA driver found" in captured.err and captured.out == ""
+
+
+def test_one_simulated_gpu_is_counted_not_named_as_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--simulate 1`` once answered "needs at least two GPUs, got 0": the 0 was GPU 0's index."""
+    assert run(["interconnect", "--simulate", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "needs at least two GPUs; this node has 1 (GPU 0)" in err and "got 0" not in err

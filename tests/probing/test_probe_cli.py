@@ -166,6 +166,22 @@ def test_simulate_runs_on_the_simulator_and_says_so(tmp_path: Path, capsys: pyte
     assert float(row["average_power_watts"]) > 100  # an H100 under load, not a CPU
 
 
+@pytest.mark.parametrize(("flag", "name"), [("h200", "NVIDIA H200"), ("A100", "NVIDIA A100-SXM4-80GB"),
+                                            (None, "NVIDIA H100 80GB HBM3")])
+def test_simulate_model_picks_the_simulated_card(flag: str | None, name: str, tmp_path: Path) -> None:
+    """``probe --simulate`` always simulated an H100; the fleet and the daemon could pick the card."""
+    out = tmp_path / "vit.jsonl"
+    argv = ["vit", *SIM, "--no-progress", "--output", str(out)] + (["--simulate-model", flag] if flag else [])
+    assert cli.main(parse(argv)) == 0
+    record = json.loads(out.read_text())
+    assert record["gpu"]["name"] == name and ProbeResult.from_dict(record["result"]).gpu_name == name
+
+
+def test_a_card_the_simulator_does_not_model_is_refused_by_name() -> None:
+    with pytest.raises(SystemExit):
+        parse(["vit", "--simulate", "1", "--simulate-model", "H300"])
+
+
 def test_simulate_pools_one_window_per_repeat(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
     code = cli.main(parse(["train", *SIM, "--simulate", "2", "--device", "cuda:1", "--no-progress",
@@ -186,6 +202,7 @@ def test_simulate_pools_one_window_per_repeat(tmp_path: Path) -> None:
     (["--simulate", "0"], "at least 1 simulated GPU"),
     (["--label", "nolabel"], "expected KEY=VALUE"),
     (["--label", "variant=x"], "already a column"),
+    (["--simulate-model", "H200"], "simulate_model: goes with --simulate N"),
 ])
 def test_simulate_and_label_usage_errors(argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(parse(["vit", *argv])) == 2

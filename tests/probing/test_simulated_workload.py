@@ -175,3 +175,31 @@ def _parse(argv: list[str]) -> Any:
     parser = argparse.ArgumentParser(prog="gpuperfd")
     cli.register(parser.add_subparsers(dest="command"))
     return parser.parse_args(["probe", *argv])
+
+
+def _measure(device: Any, probe: str, preset: str | None = None, **options: Any) -> ProbeResult:
+    executor = simulated_executor(0.01, seed=1, noise=0.0)
+    return executor.measure(device, ProbeRequest(probe=probe, preset=preset, options=options), threading.Event(), 0.0)
+
+
+@pytest.mark.parametrize("card", ["H100", "A100"])
+def test_a_point_larger_than_the_card_runs_out_of_memory_as_a_real_card_does(card: str) -> None:
+    """gpt2-xl at batch 4096 once came back ok with a 288 GiB peak on an 80 GB card."""
+    device = SimulatedBackend(SimulationConfig(gpus=1, model=card, seed=3)).devices()[0]
+    huge = _measure(device, "llm", "gpt2-xl", batch_size=4096)
+    assert (huge.status, huge.failure_reason) == ("failed", "oom")
+    assert "CUDA out of memory" in huge.error_message and "80.00 GiB" in huge.error_message
+    assert huge.units_of_work is None and huge.energy_joules is None
+    assert device.memory().used_bytes == 0  # nothing was loaded
+    from gpuperfd.probe_child.child import classify_exception
+
+    assert classify_exception(RuntimeError(huge.error_message)) == "oom"  # the words a real OOM uses
+    assert _measure(device, "llm", "gpt2-xl", batch_size=32).ok  # what fits still runs
+
+
+def test_a_users_job_holding_the_memory_leaves_no_room_for_the_probe() -> None:
+    device = SimulatedBackend(SimulationConfig(gpus=1, seed=3)).devices()[0]
+    assert _measure(device, "vit").ok
+    device.add_foreign_process(4242, 79 * 2**30)
+    squeezed = _measure(device, "vit")
+    assert squeezed.failure_reason == "oom" and "0.00 GiB is free" in squeezed.error_message

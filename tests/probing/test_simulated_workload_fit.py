@@ -26,4 +26,19 @@ def test_simulated_h100_follows_measured_points(point: dict) -> None:
     measured = point["rate"] / POINTS["defaults"][probe]
     assert simulated == pytest.approx(measured, rel=0.10), (simulated, measured)
     peak = simulated_workload(probe, point["preset"], {"batch_size": point["batch_size"]}).profile.memory_bytes / 2**20
-    assert peak == pytest.approx(point["peak_mib"], rel=0.30), (peak, point["peak_mib"])
+    assert peak == pytest.approx(point["peak_mib"], rel=0.10), (peak, point["peak_mib"])
+
+
+def _peak_mib(probe: str, preset: str, batch_size: int) -> float:
+    return simulated_workload(probe, preset, {"batch_size": batch_size}).profile.memory_bytes / 2**20
+
+
+@pytest.mark.parametrize("model", sorted({(p["probe"], p["preset"]) for p in POINTS["points"]}), ids="/".join)
+def test_peak_memory_grows_with_the_batch_as_on_the_card(model: tuple[str, str]) -> None:
+    """Largest batch over smallest, simulated against measured (vit b128/b1 was 2.19 against 1.64: the
+    framework's fixed memory, which a small batch shows, was missing)."""
+    points = sorted((p for p in POINTS["points"] if (p["probe"], p["preset"]) == model), key=lambda p: p["batch_size"])
+    small, large = points[0], points[-1]
+    measured = large["peak_mib"] / small["peak_mib"]
+    simulated = _peak_mib(*model, large["batch_size"]) / _peak_mib(*model, small["batch_size"])
+    assert simulated == pytest.approx(measured, rel=0.08), (simulated, measured)

@@ -393,3 +393,55 @@ def test_a_point_without_room_stops_the_sweep_and_restores(gpu, tmp_path):
     points = run_sweep(gpu, journal, [600, 400, 250], run_point, settle_seconds=0)
     assert seen == [600] and [(p.result.status, p.result.failure_reason) for p in points] == [("skipped", "no_room")]
     assert gpu.power_limits().enforced_watts == 650.0 and journal.entries() == []
+
+
+def _listing(folder) -> list[str] | None:
+    from pathlib import Path
+
+    root = Path(folder)
+    return sorted(str(p) for p in root.rglob("*")) if root.exists() else None
+
+
+def test_a_simulated_sweep_without_a_state_dir_writes_nothing_outside_a_temporary_one(tmp_path, monkeypatch):
+    """``sweep --simulate`` once created /var/lib/gpuperfd (a real node's directory) and left a .cap.lock
+    there for a simulated GPU whose caps die with the process."""
+    import tempfile
+
+    from gpuperfd.cli import main
+    from gpuperfd.config import ProbesConfig
+
+    default = ProbesConfig().state_dir
+    before = _listing(default)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GPUPERFD_CONFIG", raising=False)
+    assert main(["sweep", "--simulate", "1", "--probe", "attention", "--caps", "max,300", "--settle", "0",
+                 "--no-progress"]) == 0
+    assert _listing(default) == before
+    assert list(tmp_path.iterdir()) == []  # the temporary state directory is gone too
+
+
+def test_a_sweep_whose_lower_caps_were_ruled_out_says_so_not_zero_percent(capsys):
+    """700 W measured, 300 W skipped by the early stop: the CLI once printed "recommended cap: 700 W:
+    0.0% less energy per token, 0.0% slower than 700 W"; the landing page said "no recommendation"."""
+    from gpuperfd.probing.sweep.cli import _print_results
+
+    ok = ProbeResult(probe="llm", variant="graph", preset="gpt2", started_at=1.0, measured_seconds=1.0,
+                     units_of_work=1000.0, work_unit="token", energy_per_unit_joules=0.4, average_power_watts=400.0)
+    ruled_out = ProbeResult.failure("llm", "graph", "gpt2", "early_stop", "clearly slower", status="skipped",
+                                    started_at=2.0)
+    assert _print_results(0.10, "llm", [SweepPoint(700.0, ok), SweepPoint(300.0, ruled_out)]) == 0
+    printed = capsys.readouterr().out
+    assert "0.0% less energy" not in printed and "recommended cap" not in printed
+    assert "no recommendation: the lower caps were ruled out" in printed
+
+
+def test_restore_caps_on_simulated_gpus_without_a_state_file_has_nothing_to_restore(tmp_path, monkeypatch, capsys):
+    """It once answered "state directory /var/lib/gpuperfd does not exist" (exit 2) for GPUs whose caps
+    never outlive their process."""
+    from gpuperfd.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GPUPERFD_CONFIG", raising=False)
+    assert main(["restore-caps", "--simulate", "1"]) == 0
+    assert "nothing to restore (simulated GPUs without simulation.state_file" in capsys.readouterr().out

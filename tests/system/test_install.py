@@ -187,3 +187,19 @@ def test_prefix_with_spaces_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
     assert args.func(args) == 2
     assert "must be an absolute path without spaces" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["install", "uninstall"])
+def test_an_empty_or_missing_root_is_refused_and_nothing_is_created(command: str, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--root ''`` once installed into the current directory; a mistyped image path grew its tree."""
+    monkeypatch.chdir(tmp_path)
+    args = _parser().parse_args([command, "--root", ""])
+    assert args.func(args) == 2
+    assert "--root: empty" in capsys.readouterr().err
+    missing = tmp_path / "images" / "node"
+    args = _parser().parse_args([command, "--root", str(missing)])
+    assert args.func(args) == 2
+    assert f"--root {missing}: not an existing directory" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -76,3 +76,12 @@ def test_many_reasons_are_counted_past_the_first_three() -> None:
     gpu = {**FRAME["gpus"][0], "health": {"state": "degraded", "action": "none", "reasons": reasons}}
     text = "\n".join(render({**FRAME, "gpus": [gpu]}, "daemon", 80))
     assert "! reason 2" in text and "! reason 3" not in text and "! and 2 more (GET /api/v1/health)" in text
+
+
+def test_a_cap_apply_mode_holds_is_named_beside_the_power() -> None:
+    """An applied GPU read "power 78/300 W cap" with no word that apply mode holds that cap."""
+    gpu = {**FRAME["gpus"][0], "power_draw_watts": 78.0, "power_limit_watts": 300.0,
+           "apply": {"applied_watts": 300.0, "operator_watts": 700.0}}
+    text = " ".join(" ".join(render({**FRAME, "gpus": [gpu]}, "test", 120)).split())
+    assert "power 78/300 W cap cap 300 W set by apply mode (operator's 700 W)" in text
+    assert "apply mode" not in " ".join(render(FRAME, "test", 120))

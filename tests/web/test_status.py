@@ -62,3 +62,11 @@ def test_no_expected_figure_off_700_watts() -> None:
     probe = gpu_status(store().snapshot(), 1.0, "simulated", latest)["gpus"][0]["probes"][0]
     assert probe["expected_units_per_second"] is None and "peers only" in probe["expected_note"]
     assert probe["recommendation"] is None  # one cap: nothing to recommend
+
+
+def test_a_gpu_whose_cap_apply_mode_holds_says_so() -> None:
+    applied = {0: {"gpu": 0, "reason": "applied", "applied_watts": 450.0, "operator_watts": 700.0},
+               1: {"gpu": 1, "reason": "no_saving", "applied_watts": None, "operator_watts": 700.0}}
+    gpu0, gpu1 = gpu_status(store().snapshot(), 1.0, "simulated", applied=applied)["gpus"]
+    assert gpu0["apply"] == {"applied_watts": 450.0, "operator_watts": 700.0}
+    assert gpu1["apply"] is None

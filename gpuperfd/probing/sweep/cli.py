@@ -26,8 +26,8 @@ from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.device.factory import open_backend, with_devices
 from gpuperfd.probe_data.record import RecordError, append_records, build_record, check_output, parse_labels
-from gpuperfd.probe_data.recommend import (SweepPoint, cut_short, point_words, read_only_note, recommend,
-                                           work_rate)
+from gpuperfd.probe_data.recommend import (SweepPoint, comparison_words, cut_short, point_words, read_only_note,
+                                           recommend_latest, work_rate)
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.spec import PROBES, check_options
@@ -154,7 +154,7 @@ class SweepArgs:
             parse_labels(self.labels)
         except RecordError as exc:
             return f"--{exc}"
-        if self.output:
+        if self.output is not None:
             try:
                 check_output(self.output)
             except RecordError as exc:
@@ -170,11 +170,26 @@ class SweepArgs:
                 import matplotlib  # noqa: F401  (optional dependency, checked before any GPU time is spent)
             except ImportError:
                 return "--report needs matplotlib: pip install 'gpuperfd[report]'"
+            from gpuperfd.report import check_out_dir
+            from gpuperfd.report.records import ReportError
+
+            try:
+                check_out_dir(self.report, "--report")
+            except ReportError as exc:
+                return str(exc)
         return None
 
 
 def _load(config: str | None, state_dir: str | None, simulate: int | None) -> Config:
     return config_with_flags(config, {"probes.state_dir": state_dir}, simulate=simulate)
+
+
+def needs_private_state_dir(config: Config) -> bool:
+    """Simulated GPUs without a ``simulation.state_file`` and no state directory asked for: their caps die
+    with this process, so a journal and a cap lock outside it serve no one, and the default
+    ``/var/lib/gpuperfd`` (a real node's) must not be created for them; a temporary one is used instead."""
+    return (config.device.backend == "simulated" and config.simulation.state_file is None
+            and "state_dir" not in config.probes.model_fields_set)
 
 
 def _one_line(exc: Exception) -> str:
@@ -223,6 +238,16 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
         print(f"gpuperfd: --caps/--option: {_one_line(exc)}", file=sys.stderr)
         return 2
     config = _load(args.config, args.state_dir, args.simulate)
+    if needs_private_state_dir(config):
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="gpuperfd-sweep-simulated-") as private:
+            return _sweep_with(args, probes, caps_spec, _load(args.config, private, args.simulate))
+    return _sweep_with(args, probes, caps_spec, config)
+
+
+def _sweep_with(args: SweepArgs, probes: list[PlannedProbe], caps_spec: list[str | float], config: Config) -> int:
+    """Open the GPUs of ``config``, check ``--gpu`` and the caps against them, sweep; the exit code."""
     setup_logging(config.log_level)
     abort = threading.Event()
     # From here on every stop signal only sets `abort`: the cap is put back before we exit.
@@ -278,6 +303,7 @@ def _sweep(args: SweepArgs, config: Config, backend_name: str, device: Device, p
             say(f"gpuperfd: gpu {args.gpu}: {read_only_note(planned.caps_watts, planned.original_cap_watts)}")
         records.start(planned.original_cap_watts)
         total = 1 if planned.read_only else len(planned.caps_watts)
+        records.planned = total
         planned_points[id(probe)] = total
         bars.append(CliObserver(ProgressBar(total, desc=f"sweep {probe.request.probe} gpu{args.gpu}",
                                             enabled=None if args.progress else False), records))
@@ -352,6 +378,8 @@ class SweepRecords:
         self.records: list[dict[str, Any]] = []
         self.original: float | None = None
         self.sweep_id = ""
+        #: How many points the current sweep is to measure (each record says so: see build_record).
+        self.planned: int | None = None
 
     def start(self, original: float | None) -> None:
         self.original = original
@@ -360,7 +388,7 @@ class SweepRecords:
     def add(self, point: SweepPoint) -> None:
         record = build_record(point.result, "sweep", gpu=self.gpu, power_cap_watts=point.cap_watts,
                               original_cap_watts=self.original, sweep_id=self.sweep_id,
-                              labels=self.labels)
+                              labels=self.labels, sweep_points=self.planned)
         self.records.append(record)
         if self.path is not None:
             try:
@@ -456,15 +484,16 @@ def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint], pl
           (row["sm_clock_hertz"] or 0) / 1e6 or None, row["gpu_busy_ratio"], row["settle_seconds"]]
          for row in rows],
     ))
-    best = recommend(points, max_slowdown)
+    best = recommend_latest(points, max_slowdown)  # the one rule, as the landing page, top and report
+    unit = points[0].result.work_unit or "unit" if points else "unit"
+    rule = f"(rule: lowest energy among caps at most {100 * max_slowdown:.0f}% slower than the highest)"
     if (why := cut_short(points, len(points) if planned is None else planned)) is not None:
         print(f"\nsweep {why}")
-    elif best is not None and len(points) > 1:
-        print(
-            f"\nrecommended cap: {best.cap_watts:.0f} W: {100 * best.energy_saving_ratio:.1f}% less energy per "
-            f"{points[0].result.work_unit}, {100 * best.slowdown_ratio:.1f}% slower than {best.baseline_cap_watts:.0f} W "
-            f"(rule: lowest energy among caps at most {100 * max_slowdown:.0f}% slower than the highest)"
-        )
+    elif best is not None:
+        print(f"\nrecommended cap: {best.cap_watts:.0f} W: {comparison_words(best, unit)} {rule}")
+    elif any(p.result.failure_reason == "early_stop" for p in points):  # "0.0% less energy" once said this
+        print(f"\nno recommendation: the lower caps were ruled out (clearly more than {100 * max_slowdown:.0f}% "
+              "slower): keep the highest cap tested")
     return 0 if all(p.result.status in ("ok", "skipped") for p in points) else 1
 
 
@@ -478,6 +507,10 @@ def cmd_restore_caps(args: argparse.Namespace) -> int:
 
     config = _load(args.config, args.state_dir, args.simulate)
     setup_logging(config.log_level)
+    if needs_private_state_dir(config):  # as sweep --simulate journals: in a directory gone with the sweep
+        print("gpuperfd: restore-caps: nothing to restore (simulated GPUs without simulation.state_file keep no "
+              "cap past their process; --state-dir DIR names a simulated sweep's journal)")
+        return 0
     missing = state_dir_problem(config.probes.state_dir)
     if missing is not None:
         print(f"gpuperfd: restore-caps: {missing}", file=sys.stderr)
