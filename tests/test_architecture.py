@@ -309,3 +309,75 @@ def test_the_length_check_sees_a_long_function() -> None:
         f"gpuperfd/x.py new (line 1) is 81 lines (at most {MAX_FUNCTION_LINES})"]
     assert not _long_functions({**lengths, "gpuperfd/x.py fits": (1, 80)})
 
+
+
+def _import_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports anywhere (top level, functions, TYPE_CHECKING)."""
+    modules = {".".join(p.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in package.rglob("*.py")}
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            deps |= {o for t in targets if t.startswith(package.name) and (o := owner(t))}
+        graph[name] = {d for d in deps if d != name and not name.startswith(d + ".")}  # a package's __init__
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that import each other round a circle (strongly connected, two or more)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                out.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles() -> None:
+    """Issue 54: no two modules of the package import each other, directly or round a circle, counting
+    every import (a lazy or TYPE_CHECKING one is still a knot: simulated <-> simulated_topology was one)."""
+    assert _circles(_import_graph(PACKAGE)) == []
+
+
+def test_the_circle_check_sees_a_circle(tmp_path: Path) -> None:
+    package = tmp_path / "gpuperfd"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "a.py").write_text("from gpuperfd.sub.b import x\n")
+    (package / "sub" / "b.py").write_text("def f():\n    from gpuperfd.sub import a\n")
+    assert _circles(_import_graph(package)) == [["gpuperfd.sub.a", "gpuperfd.sub.b"]]

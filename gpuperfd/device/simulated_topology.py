@@ -20,14 +20,24 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from gpuperfd.device.base import FabricState, PeerLink
 from gpuperfd.device.errors import NotSupported
 
 if TYPE_CHECKING:
     from gpuperfd.config import InterconnectFaultConfig
-    from gpuperfd.device.simulated import SimulatedGpu
+
+
+class BoardGpu(Protocol):
+    """What the topology needs of a simulated GPU (``device/simulated.py:SimulatedGpu``), declared here so
+    the two modules do not import each other."""
+
+    def nvlink_states(self) -> Sequence[tuple[int, bool]]: ...
+
+    def inject_nvlink(self, down: Sequence[int] = ...) -> None: ...
+
+    def pcie_max_generation(self) -> int: ...
 
 BOARDS: tuple[str, ...] = ("none", "nvlink-pair", "hgx", "pcie")
 
@@ -54,7 +64,7 @@ def board_for(topology: str, gpus: int, nvlink_links: int) -> str:
 class SimulatedTopology:
     """How the simulated GPUs are linked now; thread-safe (faults may be injected while probes read)."""
 
-    def __init__(self, board: str, gpus: Sequence[SimulatedGpu],
+    def __init__(self, board: str, gpus: Sequence[BoardGpu],
                  faults: Sequence[InterconnectFaultConfig] = ()) -> None:
         if board not in BOARDS:
             raise ValueError(f"unknown simulated board {board!r} (one of {', '.join(BOARDS)})")
@@ -76,7 +86,7 @@ class SimulatedTopology:
     def has_nvswitch(self) -> bool:
         return self.board == "hgx"
 
-    def _gpu(self, index: int) -> SimulatedGpu:
+    def _gpu(self, index: int) -> BoardGpu:
         if not 0 <= index < len(self._gpus):
             raise ValueError(f"interconnect fault names GPU {index}; this node has GPUs 0-{len(self._gpus) - 1}")
         return self._gpus[index]

@@ -44,7 +44,7 @@ def cpu_dtype(dtype: str, given: bool, is_cuda: bool) -> str:
 
 def model_parameters(spec: Any) -> float:
     """About how many parameters the spec's model has (0 for attention, which has none)."""
-    from gpuperfd.probe_data.spec import GPT2_MODELS, VIT_MODELS, is_llama
+    from gpuperfd.probe_data.shapes import GPT2_MODELS, VIT_MODELS, is_llama
 
     if spec.probe == "llm" and is_llama(spec.model):  # the target's and a speculative draft's
         from gpuperfd.probe_data.workload_cost import llama_shape
@@ -70,7 +70,7 @@ def flops_per_iteration(spec: Any) -> float:
     if spec.probe == "train":
         return 6.0 * params * spec.batch_size * spec.seq_len
     if spec.probe == "vit":
-        from gpuperfd.probe_data.spec import VIT_MODELS
+        from gpuperfd.probe_data.shapes import VIT_MODELS
 
         tokens = (spec.image_size // VIT_MODELS[spec.model]["patch_size"]) ** 2 + 1
         return 2.0 * params * spec.batch_size * tokens

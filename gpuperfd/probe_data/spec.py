@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuperfd.probe_data.cpu_path import cpu_dtype, cpu_timeout_seconds
+from gpuperfd.probe_data.shapes import (DTYPES, GPT2_MODELS, LLAMA_MODELS, VIT_MODELS,  # noqa: F401 - spec's names
+                                        canonical_dtype, is_llama)
 from gpuperfd.probe_data.datasets import dataset_problem
 
 __all__ = [
@@ -53,18 +55,6 @@ FAULTS: tuple[str, ...] = ("exception", "hang", "oom", "crash", "cuda_error", "w
 WRONG_RESULT_FAULTS: tuple[str, ...] = ("wrong_result_element", "wrong_result_bit")
 TEST_FAULTS_ENV = "GPUPERFD_TEST_FAULTS"
 
-#: Canonical dtype names and their accepted aliases.
-DTYPES: dict[str, str] = {
-    "float32": "float32",
-    "fp32": "float32",
-    "float": "float32",
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-}
-
 #: Variants per probe; the first is the default (the GPU-bound path).
 VARIANTS: dict[str, tuple[str, ...]] = {
     # graph: own static-KV-cache GPT-2 forward, decode step captured in a CUDA graph.
@@ -81,36 +71,6 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 #: Variants of the llm probe on a GPT-2 model.
 GPT2_VARIANTS: tuple[str, ...] = ("graph", "eager")
 
-#: GPT-2 family architectures (built from GPT2Config; random weights unless weights_path).
-GPT2_MODELS: dict[str, dict[str, int]] = {
-    "tiny": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 128},
-    # A second CPU-sized model, so a model-size axis can be tried without a GPU (docs, tests).
-    "tiny-x2": {"n_layer": 4, "n_embd": 128, "n_head": 8, "vocab_size": 512, "n_positions": 128},
-    "gpt2": {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024},
-    "gpt2-medium": {"n_layer": 24, "n_embd": 1024, "n_head": 16, "vocab_size": 50257, "n_positions": 1024},
-    "gpt2-large": {"n_layer": 36, "n_embd": 1280, "n_head": 20, "vocab_size": 50257, "n_positions": 1024},
-    "gpt2-xl": {"n_layer": 48, "n_embd": 1600, "n_head": 25, "vocab_size": 50257, "n_positions": 1024},
-}
-
-#: Llama-family architectures (built from LlamaConfig, random weights; the llm probe's second model
-#: family, docs/probes.md "Llama family"): grouped-query attention (``num_key_value_heads``), RoPE,
-#: SwiGLU, RMSNorm. ``llama-3.1-8b`` and ``llama-3.2-1b`` are seed 004's model and speculative draft,
-#: by shape (8.03 B and 1.24 B parameters); the tiny ones run on a CPU in seconds.
-LLAMA_MODELS: dict[str, dict[str, Any]] = {
-    "llama-tiny": {"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4,
-                   "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256,
-                   "rope_theta": 500000.0, "tie_word_embeddings": False},
-    # the tiny model's speculative draft: one layer, the same vocabulary (a draft must share the tokenizer)
-    "llama-tiny-draft": {"hidden_size": 32, "intermediate_size": 88, "num_hidden_layers": 1,
-                         "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 512,
-                         "max_position_embeddings": 256, "rope_theta": 500000.0, "tie_word_embeddings": True},
-    "llama-3.2-1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-                     "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": True},
-    "llama-3.1-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-                     "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": False},
-}
 #: Variants of the llm probe on a Llama model (the first is the presets'): ``graph`` our static-cache
 #: forward with the decode step in a CUDA graph; ``compiled`` the same forward through torch.compile
 #: (element-wise chains fused) and then captured; ``eager`` Hugging Face generate(); ``speculative`` a
@@ -121,25 +81,6 @@ LLAMA_VARIANTS: tuple[str, ...] = ("graph", "compiled", "eager", "speculative")
 SPECULATIVE_TOKENS_RANGE = (1, 64)
 DEFAULT_ACCEPTANCE_RATES: tuple[float, ...] = (0.5, 0.7, 0.9)
 
-
-def is_llama(model: Any) -> bool:
-    """Whether ``model`` names a Llama-family architecture (the llm probe's second family)."""
-    return model in LLAMA_MODELS
-
-
-#: ViT architectures (built from ViTConfig, 1000 classes).
-VIT_MODELS: dict[str, dict[str, int]] = {
-    "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
-             "patch_size": 8, "image_size": 32},
-    "vit-s16": {"hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6, "intermediate_size": 1536,
-                "patch_size": 16, "image_size": 224},
-    "vit-b16": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
-                "patch_size": 16, "image_size": 224},
-    "vit-l16": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096,
-                "patch_size": 16, "image_size": 224},
-    "vit-h14": {"hidden_size": 1280, "num_hidden_layers": 32, "num_attention_heads": 16, "intermediate_size": 5120,
-                "patch_size": 14, "image_size": 224},
-}
 
 # Shared timing defaults for the GPU presets: the warmup lasts at least a second (clocks and
 # power settle, CUDA graphs and allocator pools are built) and each repeat is a 1.5 s window,
@@ -273,13 +214,6 @@ def params_text(params: dict[str, Any], model: bool = True) -> str:
                      .replace("float32", "fp32"))
     return " ".join(parts)
 
-
-def canonical_dtype(name: str) -> str:
-    """``"bf16"`` -> ``"bfloat16"``; ValueError naming the field for anything else."""
-    key = str(name).strip().lower()
-    if key not in DTYPES:
-        raise ValueError(f"dtype: unknown dtype {name!r}; use one of float32, float16, bfloat16 (or fp32/fp16/bf16)")
-    return DTYPES[key]
 
 
 def _int(name: str, value: Any, low: int, high: int | None = None) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuperfd.probe_data.spec import GPT2_MODELS, LLAMA_MODELS, VIT_MODELS, canonical_dtype, is_llama
+from gpuperfd.probe_data.shapes import GPT2_MODELS, LLAMA_MODELS, VIT_MODELS, canonical_dtype, is_llama
 
 #: Where a simulated result lists the options its figures do not follow (``ProbeResult.extra``); the
 #: CLI's table and the report name them, so a flat simulated line is never read as a trend.

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from gpuperfd.probe_data.shapes import is_llama
+
 if TYPE_CHECKING:
     from gpuperfd.probe_child.context import ProbeContext, Workload
     from gpuperfd.probe_data.spec import ProbeSpec
@@ -22,6 +24,10 @@ WORKLOAD_MODULES: dict[str, str] = {
     "train": "gpuperfd.probe_child.workloads.train",
 }
 
+
+#: The llm probe's Llama family builds here (it extends the GPT-2 module's workloads, so the GPT-2
+#: module never imports it back).
+LLAMA_MODULE = "gpuperfd.probe_child.workloads.llama"
 
 #: Probe name -> modules its build imports that touch no GPU (transformers' model code): what a
 #: child told to wait for its build imports beforehand (:func:`preload`).
@@ -36,6 +42,8 @@ def preload(probe: str) -> None:
     """Import what building ``probe`` needs, without building it: CPU work only (no CUDA call), so
     a child can do it before the GPU is taken and the build then starts from the model code."""
     importlib.import_module(WORKLOAD_MODULES[probe])
+    if probe == "llm":
+        importlib.import_module(LLAMA_MODULE)
     for name in PRELOAD_MODULES.get(probe, ()):
         importlib.import_module(name)
 
@@ -46,4 +54,6 @@ def build(spec: ProbeSpec, ctx: ProbeContext) -> Workload:
         module_name = WORKLOAD_MODULES[spec.probe]
     except KeyError:  # pragma: no cover - spec validation stops this
         raise ValueError(f"probe: unknown probe {spec.probe!r}") from None
+    if spec.probe == "llm" and is_llama(spec.model):  # the Llama family of llm (seed 004): its own module
+        module_name = LLAMA_MODULE
     return importlib.import_module(module_name).build(spec, ctx)

@@ -31,7 +31,7 @@ import torch
 
 from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
-from gpuperfd.probe_data.spec import ProbeSpec, is_llama
+from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_child.workloads import data
 from gpuperfd.probe_child.workloads.gpt2_static import StaticGPT2
 from gpuperfd.probe_child.workloads.models import build_gpt2, count_parameters
@@ -276,10 +276,6 @@ class EagerLLM(_LLMBase):
 
 
 def build(spec: ProbeSpec, ctx: ProbeContext) -> Any:
-    if is_llama(spec.model):  # the Llama family (seed 004): its own module
-        from gpuperfd.probe_child.workloads import llama
-
-        return llama.build(spec, ctx)
     model = build_gpt2(spec, ctx.device, ctx.dtype)
     if spec.prompt_tokens + spec.output_tokens > model.config.n_positions:
         raise ValueError(

@@ -60,6 +60,19 @@ def _stop_before(gpu: int, cap: float, abort: threading.Event, wanted: Callable[
         raise SweepPreempted(f"sweep on gpu {gpu} gave way before {cap:.0f} W: {why}")
 
 
+def _ends_sweep(gpu: int, result: ProbeResult) -> bool:
+    """A point after which no cap is tried: aborted or preempted (give the GPU back now), or no room
+    for the preset (no cap makes the card's memory larger); logged."""
+    if result.status == "aborted" or result.preempted:
+        log.log(logging.INFO if result.preempted else logging.WARNING, "gpu %d: sweep stopped: %s", gpu,
+                result.error_message)
+        return True
+    if result.failure_reason == "no_room":
+        log.warning("gpu %d: sweep stopped: %s", gpu, result.error_message)
+        return True
+    return False
+
+
 def run_sweep(
     device: Device,
     journal: CapJournal,
@@ -123,12 +136,7 @@ def run_sweep(
                 points.append(point)
                 if on_point:
                     on_point(point)
-                if point.result.status == "aborted" or point.result.preempted:  # give the GPU back now
-                    log.log(logging.INFO if point.result.preempted else logging.WARNING, "gpu %d: sweep stopped: %s",
-                            device.index, point.result.error_message)
-                    break
-                if point.result.failure_reason == "no_room":  # no cap makes the card's memory larger
-                    log.warning("gpu %d: sweep stopped: %s", device.index, point.result.error_message)
+                if _ends_sweep(device.index, point.result):
                     break
                 baseline = points[0].result
                 if (stop_early is not None and stopped_by is None and len(points) > 1 and baseline.ok
