@@ -127,7 +127,11 @@ probes:
             ok[gpu] = ok.get(gpu, 0) + float(line.rsplit(" ", 1)[1])
     report = {"busy_gpu": args.busy_gpu, "ok_runs": ok, "yields": yields,
               "max_yield_seconds": max((y["yield_seconds"] for y in yields), default=None),
-              "coverage": {g["gpu"]: g.get("coverage") for g in status["gpus"]}, "daemon_log": str(work / "daemon.log")}
+              "coverage": {g["gpu"]: g.get("coverage") for g in status["gpus"]}, "daemon_log": str(work / "daemon.log"),
+              # every run's outcome and the daemon's own words: a run with no ok result once left nothing
+              # to tell why (the log stayed in a temporary directory on the lent machine)
+              "runs": [line for line in metrics.splitlines() if line.startswith("gpuperf_probe_runs_total{")],
+              "daemon_log_tail": (work / "daemon.log").read_text(errors="replace").splitlines()[-80:]}
     print(json.dumps(report, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
