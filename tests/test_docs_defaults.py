@@ -28,11 +28,15 @@ def _stated(name: str, pattern: str) -> list[float]:
     return found
 
 
-def test_the_configuration_reference_is_the_configs_defaults() -> None:
-    """docs/configuration.md's "Reference (defaults shown)" block, read as a config, is Config()."""
+def test_the_configuration_reference_is_the_configs_defaults(tmp_path) -> None:
+    """docs/configuration.md's "Reference (defaults shown)" block, read as the daemon reads a config file
+    (``apply.mode: off`` is the word, not YAML 1.1's boolean), is Config()."""
+    from gpuperfd.config import load_config
+
     text = (ROOT / "docs/configuration.md").read_text(encoding="utf-8")
     block = text.split("## Reference (defaults shown)", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
-    documented = config_from_mapping(yaml.safe_load(block), "docs/configuration.md").model_dump(mode="json")
+    (tmp_path / "reference.yaml").write_text(block)
+    documented = load_config(tmp_path / "reference.yaml").model_dump(mode="json")
     assert documented == Config().model_dump(mode="json")
 
 

@@ -461,7 +461,13 @@ def test_alertmanager_notifies_the_expected_alerts_only(fleet):
     wait_for(lambda: want <= fleet.webhook.firing(), remaining(fleet, BUDGET), "the expected notifications")
     time.sleep(5)  # two more group intervals (2 s): anything unexpected would have arrived by now
     got = fleet.webhook.firing()
-    assert got == want, f"unexpected: {sorted(got - want)}"
+    # The fleet sweeps every probe of every GPU back to back on a 20 s interval, shorter than a GPU's
+    # four sweeps take together: the later probes' results are due most of the time, so the fleet-wide
+    # GpuProbeCoverageLow (per GPU model, no instance) may fire, and is the only alert allowed beside
+    # the degraded GPUs' own (issue 50: the fleet shows the coverage alert).
+    coverage = {note for note in got if note[1] == "GpuProbeCoverageLow"}
+    assert all(instance == "" and gpu == "" for _, _, instance, gpu in coverage), coverage
+    assert got - coverage == want, f"unexpected: {sorted(got - coverage - want)}"
     healthy = [gpu for gpu in fleet.gpus if gpu.healthy]
     # The healthy GPUs swept all along (a scheduled sweep on a healthy GPU sends nothing).
     swept = fleet.query('max_over_time(gpuperf_sweep_in_progress{job="gpuperfd"}[5m]) == 1')
@@ -469,6 +475,10 @@ def test_alertmanager_notifies_the_expected_alerts_only(fleet):
     assert fleet.webhook.rejected == []
     for note in fleet.webhook.received():
         assert note["version"] == "4" and note["receiver"] == note["path"]
+        if {a["labels"]["alertname"] for a in note["alerts"]} == {"GpuProbeCoverageLow"}:
+            assert all("instance" not in a["labels"] and a["labels"]["cause"] in ("never_free", "free_not_probed")
+                       for a in note["alerts"]), note
+            continue  # fleet-wide, grouped by model alone
         assert set(note["groupLabels"]) <= {"instance", "name"} and "instance" in note["groupLabels"]
         for alert in note["alerts"]:
             labels = alert["labels"]
