@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -57,6 +58,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=50)
     parser.add_argument("--port", type=int, default=10199)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--no-kubelet", action="store_true",
+                        help="attribution.kubernetes.required: false (a container with no kubelet socket)")
     args = parser.parse_args()
 
     import pynvml
@@ -68,6 +71,9 @@ def main() -> int:
     config.write_text(f"""
 web: {{listen_address: "127.0.0.1:{args.port}"}}
 device: {{gpus: {gpus}}}
+# a lent machine is a Kubernetes container with no kubelet socket: inside a pod the daemon rightly calls
+# every GPU allocated until the kubelet answers (issue 50's first run here got no result for that reason)
+attribution: {{kubernetes: {{required: {'false' if args.no_kubelet else 'auto'}}}}}
 probes:
   read_only: true
   state_dir: {work / 'state'}
@@ -100,7 +106,11 @@ probes:
             now = time.monotonic() - t0
             while jobs and jobs[0][0] <= now:
                 _, length = jobs.pop(0)
-                proc = subprocess.Popen([sys.executable, "-c", JOB, str(args.busy_gpu), str(length)])
+                # the job sees its GPU alone, as Slurm and the device plugin give it one: a job that sees every
+                # GPU puts a context on GPU 0 too (torch.cuda.synchronize() without a device), and the daemon
+                # then rightly gives GPU 0 up as well (what the first run on a lent node showed)
+                proc = subprocess.Popen([sys.executable, "-c", JOB, "0", str(length)],
+                                        env={**os.environ, "CUDA_VISIBLE_DEVICES": str(args.busy_gpu)})
                 running.append(proc)
                 job_pids.add(proc.pid)
             pids = {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}

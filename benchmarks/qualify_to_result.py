@@ -50,6 +50,9 @@ def main() -> int:
         "device": {"gpus": [args.gpu], **({"backend": "simulated"} if args.cpu_smoke else {})},
         "probes": {"state_dir": str(state), "history": {"path": None}, "idle_seconds": 0, "read_only": True, **smoke},
         "health": {"enabled": False},
+        # a lent machine is a container of Kubernetes with no kubelet socket: the daemon would rightly call
+        # every GPU allocated there (the benchmark's own GPU is known to be free: it refuses one in use)
+        "attribution": {"kubernetes": {"required": False}},
     })
     daemon = Daemon(config)
     try:
