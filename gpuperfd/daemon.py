@@ -49,6 +49,7 @@ from gpuperfd.probing.interconnect_metrics import InterconnectMetrics, result_pu
 from gpuperfd.probing.interconnect_service import InterconnectService
 from gpuperfd.probing.scheduling import ProbeScheduler
 from gpuperfd.probing.service import ProbeService
+from gpuperfd.probing.standby import StandbyChildren
 from gpuperfd.probing.sweep.journal import CapJournal, journals_for, restore_all
 from gpuperfd.system import sdnotify
 from gpuperfd.system.memory import release_free_memory
@@ -193,8 +194,20 @@ def build_probe_service(
         # Every journal write first records its directory in the node's registry (fixed, not a
         # setting), so a later start finds it whatever probes.state_dir then says.
         journal=CapJournal.for_config(config),
+        standby=standby_children(executor, admission),
     )
     return service
+
+
+def standby_children(executor: Executor, admission: Admission | None) -> StandbyChildren | None:
+    """Children started before their GPU qualifies, where probes run in children (issue 50: the spawn
+    and imports, most of a probe's time from the qualifying moment, are then paid before it)."""
+    from gpuperfd.probing.child_session import ChildProcessExecutor
+
+    if not isinstance(executor, ChildProcessExecutor):
+        return None
+    executor.standby = StandbyChildren(executor.new_child, executor.timeout_seconds, admission)
+    return executor.standby
 
 
 def build_health(config: Config, sampler: Sampler, backend: Backend) -> HealthMonitor | None:

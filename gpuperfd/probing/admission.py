@@ -194,6 +194,18 @@ class Admission:
             timeout = POLL_SECONDS if deadline is None else min(POLL_SECONDS, deadline - self._clock())
             self._cv.wait(max(0.0, timeout))
 
+    def try_acquire(self, gpu: int, need: int) -> Ticket:
+        """Reserve ``need`` bytes now if they fit and no round waits, else refuse (``no_room``): a
+        reservation that must never queue before a round's (a standby child, :mod:`.standby`)."""
+        with self._cv:
+            start = self._clock()
+            budget = self.budget_bytes()
+            if self._queue or (budget is not None and self._reserved + need > budget):
+                return self._refuse(gpu, need, start, "no_room")
+            ticket = self._grant(gpu, need, start, False)
+        self._publish()
+        return ticket
+
     def release(self, ticket: Ticket) -> None:
         """End a granted reservation (the round's child is gone); wakes the waiters."""
         if not ticket.granted:

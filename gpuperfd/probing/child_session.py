@@ -25,6 +25,7 @@ from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD, busy_reason, gave_way
 
 if TYPE_CHECKING:
     from gpuperfd.probing.runner import ProbeChild, ProgressCallback
+    from gpuperfd.probing.standby import StandbyChildren
 
 #: Told (probe, peak host RSS in bytes) when a probe child exits (:class:`gpuperfd.probing.admission.PeakBook`).
 PeakCallback = Callable[[str, int], None]
@@ -235,6 +236,9 @@ class ChildProcessExecutor:
         self.torch_device = torch_device
         #: Where each running child is recorded, so a restarted daemon can end it.
         self.state_dir = state_dir
+        #: Children started before their GPU qualifies (:mod:`gpuperfd.probing.standby`; the daemon's):
+        #: a sweep with no carried child builds in its GPU's. None: every sweep starts its own.
+        self.standby: StandbyChildren | None = None
         # NVML numbers GPUs by PCI bus id; make CUDA agree so cuda:i is NVML's GPU i.
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         # Probe children yield the CPU to the exporter (see probe_child/child.py).
@@ -254,11 +258,22 @@ class ChildProcessExecutor:
         """What its children get on top of the daemon's environment."""
         return compile_cache_env(self.state_dir) if self.compile_cache else {}
 
+    def new_child(self, device: Device, request: ProbeRequest) -> ProbeChild:
+        """A child for ``request`` on ``device``'s GPU, not started, watching no GPU yet (a standby child:
+        :class:`~gpuperfd.probing.standby.StandbyChildren` gives it the GPU to watch when a round takes it)."""
+        from gpuperfd.probing.runner import ProbeChild
+
+        return ProbeChild(self.spec(device, request), device=None, own_pids=(os.getpid(),),
+                          record_dir=self.state_dir, env=self.child_env(), on_peak=self.on_peak)
+
     def open(self, device: Device | None, request: ProbeRequest, abort: threading.Event,
              carried: ProbeChild | None = None, on_progress: ProgressCallback | None = None) -> WarmChildSession:
         """A warm session for a sweep; ``carried``: the live child of the round's previous session
-        (its :meth:`WarmChildSession.hand_over`), in which this probe is built instead of a new child.
+        (its :meth:`WarmChildSession.hand_over`), in which this probe is built instead of a new child;
+        the first session of a round takes the GPU's standby child, if one was started.
         ``device`` None: no GPU to watch (a CPU probe, ``gpuperfd probe --no-idle-check``)."""
+        if carried is None and device is not None and self.standby is not None:
+            carried = self.standby.take(device.index, device)
         return WarmChildSession(self.spec(device, request), device, abort,
                                 request.timeout_seconds or self.timeout_seconds, request.settle_seconds,
                                 self.state_dir, idle_utilization_threshold=self.idle_utilization_threshold,

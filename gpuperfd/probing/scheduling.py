@@ -70,6 +70,9 @@ def _trigger(schedule: ScheduleConfig, jitter: float) -> IntervalTrigger | CronT
 #: waits for the result to fall due, so an idle fleet still probes once an interval.
 EARLY_SHARE = 0.1
 
+#: A GPU seen busy this recently is busy now (the sampler reads once a second): no standby child there.
+STANDBY_BUSY_SECONDS = 3.0
+
 #: Outcomes that complete a due result (a failed run is a result too: its alerts say so; retrying it
 #: at every gap would hammer a broken GPU). Anything else (skipped, preempted, aborted) leaves it due.
 COMPLETES = ("ok", "failed")
@@ -387,6 +390,7 @@ class ProbeScheduler:
             if moment is not None and gpu not in self._running and now >= self._refused_until.get(gpu, -1.0):
                 self.service.metrics.add_free_seconds(self._info(gpu), min(elapsed, max(0.0, now - moment)))
         self._take_early_gaps(moments, now)
+        self._keep_standbys(now)
         started = 0
         for entry in self.due.ordered():
             gpu = entry.gpu
@@ -405,6 +409,33 @@ class ProbeScheduler:
             thread.start()
             started += 1
         return started
+
+    def _keep_standbys(self, now: float) -> None:
+        """Each GPU's standby child (:mod:`gpuperfd.probing.standby`): started for its most overdue result
+        once the GPU will qualify within the time a child takes to be ready, ended when the GPU turns
+        busy, the gate refused it, or nothing is due there. A GPU a run of ours holds is left be."""
+        standby = getattr(self.service, "standby", None)
+        tracker = getattr(self.service, "tracker", None)
+        if standby is None or tracker is None:
+            return
+        first: dict[int, Due] = {}
+        for entry in self.due.ordered():
+            if entry.schedule.probe != INTERCONNECT:
+                first.setdefault(entry.gpu, entry)
+        idle_seconds = self.service.config.idle_seconds
+        for gpu in self.gpus:
+            with self._running_lock:
+                if gpu in self._running:
+                    continue
+            entry = first.get(gpu)
+            idle = tracker.idle_for(gpu)
+            why = ("no result due" if entry is None else "the GPU is busy" if idle < STANDBY_BUSY_SECONDS
+                   else "the gate refused the GPU" if now < self._refused_until.get(gpu, -1.0)
+                   else "the GPU-time share is spent" if not self._budget_allows(entry) else None)
+            if why is not None:
+                standby.drop(gpu, why)
+            elif entry is not None and idle >= idle_seconds - standby.lead_seconds(entry.schedule.probe):
+                self.service.stand_by(gpu, entry.schedule)
 
     def _take_early_gaps(self, moments: dict[int, float | None], now: float) -> None:
         """Interval results within EARLY_SHARE of their interval of falling due, on a GPU whose gap opened

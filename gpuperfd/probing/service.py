@@ -37,7 +37,8 @@ from gpuperfd.probing.idle import (BusyReason, IdleTracker, allocated_reason, bu
                                    not_idle_text, pod_reason)
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
 from gpuperfd.probing.rounds import GpuRounds, RoundSource, Turn
-from gpuperfd.probing.schedule_request import planned_from_schedule
+from gpuperfd.probing.schedule_request import planned_from_schedule, request_from_schedule
+from gpuperfd.probing.standby import StandbyChildren
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal
 from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, PlannedProbe, SweepRequest, run_owned_sweep
@@ -84,8 +85,11 @@ class ProbeService:
         kubelet_socket: str | None = None,
         admission: Admission | None = None,
         journal: CapJournal | None = None,
+        standby: StandbyChildren | None = None,
     ) -> None:
         self.config = config
+        #: Children started before their GPU qualifies (the child executor's; None: none are).
+        self.standby = standby
         #: Host memory for probe children (None: the executor starts none, e.g. the simulator).
         self.admission = admission
         #: The kubelet's latest pod allocations (None: not on Kubernetes, processes only).
@@ -203,6 +207,8 @@ class ProbeService:
     def stop(self, timeout: float = 30.0) -> None:
         """Abort running probes and wait (bounded) until their caps are restored."""
         self.abort.set()
+        if self.standby is not None:
+            self.standby.drop_all("stopping")
         if self.admission is not None:
             self.admission.wake()  # rounds waiting for memory give up now
         deadline = time.monotonic() + timeout
@@ -259,7 +265,8 @@ class ProbeService:
                 node_locked = self._node_lock.acquire(timeout=self.config.timeout_seconds)
                 if not node_locked:
                     return self._skip_claimed(info, schedule, source, "node_busy")
-            ticket = self._admit(gpu, schedule)  # host memory for the round's child, before the idle checks
+            # host memory for the round's child, before the idle checks (a standby child holds it already)
+            ticket = None if self.standby is not None and self.standby.reserved(gpu) else self._admit(gpu, schedule)
             if ticket is not None and not ticket.granted:
                 reason = "memory_budget" if ticket.reason == "memory_budget" else "shutting_down"
                 return self._skip_claimed(info, schedule, source, reason)
@@ -287,6 +294,8 @@ class ProbeService:
             if node_locked:
                 self._node_lock.release()
             rounds.release(lock)
+            if self.standby is not None:
+                self.standby.round_ended(gpu)  # its child (if the round took it) is closed by now
             if ran:
                 self.round_ended(gpu)
 
@@ -311,14 +320,27 @@ class ProbeService:
                 log.exception("gpu %d: round-end listener failed", gpu)
 
     def _admit(self, gpu: int, schedule: ScheduleConfig) -> Ticket | None:
-        """The round's reservation of host memory: the expected peak of its one child, the largest of
-        the probes this GPU's schedules run (any may join the round); waits its turn until it fits or
-        the service stops. None where no child is started."""
+        """The round's reservation of host memory (:meth:`_child_bytes`); waits its turn until it fits
+        or the service stops. None where no child is started."""
         if self.admission is None:
             return None
+        return self.admission.acquire(gpu, self._child_bytes(gpu, schedule), self.abort)
+
+    def _child_bytes(self, gpu: int, schedule: ScheduleConfig) -> int:
+        """The expected peak of a round's one child: the largest of the probes this GPU's schedules run
+        (any may join the round)."""
+        assert self.admission is not None
         probes = {s.probe for s in self.config.schedules
                   if (s.gpus is None or gpu in s.gpus) and s.probe in PER_GPU_PROBES} | {schedule.probe}
-        return self.admission.acquire(gpu, self.admission.peaks.expected(probes), self.abort)
+        return self.admission.peaks.expected(probes)
+
+    def stand_by(self, gpu: int, schedule: ScheduleConfig) -> bool:
+        """Start ``schedule``'s child for ``gpu`` now, before the GPU qualifies (:mod:`.standby`); False
+        where none can be (no standby children here, no room in the host-memory budget now, stopping)."""
+        if self.standby is None or self.abort.is_set() or schedule.probe not in PER_GPU_PROBES:
+            return False
+        need = self._child_bytes(gpu, schedule) if self.admission is not None else 0
+        return self.standby.ensure(self.devices[gpu], request_from_schedule(schedule), need, self.abort)
 
     def _gate(self, device: Device, gpu: int, info: GpuInfo, schedule: ScheduleConfig,
               source: RoundSource | None) -> RunOutcome | None:
