@@ -141,6 +141,12 @@ probes:
               # every run's outcome and the daemon's own words: a run with no ok result once left nothing
               # to tell why (the log stayed in a temporary directory on the lent machine)
               "runs": [line for line in metrics.splitlines() if line.startswith("gpuperf_probe_runs_total{")],
+              # the daemon's own figure from each GPU's qualifying moment to the published result
+              "qualified_to_result": [line for line in metrics.splitlines()
+                                      if line.startswith(("gpuperf_probe_qualified_to_result_seconds_sum",
+                                                          "gpuperf_probe_qualified_to_result_seconds_count"))],
+              "standby_log": [line for line in (work / "daemon.log").read_text(errors="replace").splitlines()
+                              if "standby" in line or "starts now (imports" in line][-40:],
               "daemon_log_tail": (work / "daemon.log").read_text(errors="replace").splitlines()[-80:]}
     print(json.dumps(report, indent=1))
     if args.json:

@@ -34,6 +34,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1, help="measured windows per point (the daemon's default is 5)")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--state-dir", default=None, help="the daemon's state directory (its compile cache); default: a new one")
+    parser.add_argument("--standby", choices=["off", "on", "both"], default="both",
+                        help="start the run's child before the qualifying moment, as the daemon's dispatcher does "
+                             "when the GPU will qualify within a child's start (probing/standby.py); both: each run twice")
     parser.add_argument("--json", default=None)
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="check the script without a GPU: simulated GPUs, probe children on the CPU, tiny presets")
@@ -65,7 +68,14 @@ def main() -> int:
         for probe in args.probes.split(","):
             schedule = ScheduleConfig(probe=probe, interval_seconds=86400, settle_seconds=0.0 if args.cpu_smoke else 5.0,
                                       preset="tiny" if args.cpu_smoke else None, options={"repeats": args.repeats})
-            for run in range(1, args.runs + 1):
+            modes = {"off": [False], "on": [True], "both": [False, True]}[args.standby]
+            for run, standby in ((r, m) for r in range(1, args.runs + 1) for m in modes):
+                if standby:  # the child imports before the qualifying moment; the clock starts when it is ready
+                    if not daemon.probes.stand_by(args.gpu, schedule):
+                        print(f"{probe} run {run}: no standby child (no room, or no child executor)", file=sys.stderr)
+                        continue
+                    slot = daemon.probes.standby._slots[args.gpu]
+                    slot.done.wait(600)
                 results = []
                 daemon.probes.point_listeners.append(lambda gpu, p, preset, point: results.append(point.result))
                 t0 = time.perf_counter()
@@ -84,12 +94,12 @@ def main() -> int:
                 point = float(result.wall_seconds or 0.0)  # the parent's whole point, start included
                 measured = float(result.measured_seconds or 0.0)
                 cpu = start + prepare + imports  # spawn and imports: the child makes no CUDA call before its build
-                row = {"probe": probe, "run": run, "total_seconds": total, "cpu_only_seconds": cpu,
+                row = {"probe": probe, "run": run, "standby": standby, "total_seconds": total, "cpu_only_seconds": cpu,
                        "gpu_seconds": max(0.0, total - cpu), "child_start_seconds": start,
                        "child_prepare_seconds": prepare, "setup_gpu_seconds": setup, "point_seconds": point,
                        "measured_seconds": measured, "measured_share": measured / total if total else None}
                 rows.append(row)
-                print(f"{probe:9s} run {run}: total {total:6.1f} s | CPU only (spawn, imports) {cpu:5.1f} | "
+                print(f"{probe:9s} run {run} standby {'on ' if standby else 'off'}: total {total:6.1f} s | CPU only (spawn, imports) {cpu:5.1f} | "
                       f"GPU held {row['gpu_seconds']:5.1f} (start {start:.1f}, prepare {prepare:.1f}, build "
                       f"{setup:.1f}) | measured {measured:4.1f} ({100 * (row['measured_share'] or 0):.0f} %)")
         if args.json:
