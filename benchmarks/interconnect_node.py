@@ -94,33 +94,49 @@ def against_reference(table: dict[str, Any]) -> list[str]:
 
 
 def yields(devices: list[Any], gpus: tuple[int, ...]) -> dict[str, Any]:
-    """A foreign job on the set's last GPU mid-run: the run gives way and leaves nothing behind."""
-    executor = ProcessInterconnectExecutor("cuda", watch_interval=0.25)
+    """A foreign job on the set's last GPU mid-run: the run gives way and leaves nothing behind. Timed
+    from the job's process appearing on its GPU (its CUDA context made: before that no reader can see
+    it) until no worker is left on any GPU of the set; the job's own start is reported apart."""
+    executor = ProcessInterconnectExecutor("cuda")  # the daemon's watch interval
     request = InterconnectRequest(gpus=gpus, copy_bytes=256 << 20, allreduce_bytes=(1 << 30,), repeats=20000,
                                   warmup=3, timeout_seconds=300)
     env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     box: dict[str, Any] = {}
+    target = devices[gpus[-1]]
 
     def start_job() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len({p.pid for d in devices for p in d.compute_processes()}) < len(gpus):
             time.sleep(0.2)  # every worker holds its GPU: the probe is under way
         time.sleep(3.0)
-        box["job"] = subprocess.Popen([sys.executable, "-c", FOREIGN_JOB % gpus[-1]], env=env, stdout=subprocess.PIPE)
+        box["job"] = job = subprocess.Popen([sys.executable, "-c", FOREIGN_JOB % gpus[-1]], env=env,
+                                            stdout=subprocess.PIPE)
         box["started"] = time.monotonic()
+        while time.monotonic() < deadline and job.pid not in {p.pid for p in target.compute_processes()}:
+            time.sleep(0.005)
+        box["appeared"] = time.monotonic()
+        workers = set(executor.last_pids)
+        while time.monotonic() < deadline and workers & {p.pid for d in devices for p in d.compute_processes()}:
+            time.sleep(0.005)
+        box["workers_gone"] = time.monotonic()
 
     thread = threading.Thread(target=start_job, daemon=True)
     thread.start()
     result = executor.run(devices, request, threading.Event())
     ended = time.monotonic()
+    thread.join(30)
     job = box.get("job")
     left = sorted({p.pid for d in devices for p in d.compute_processes()} - ({job.pid} if job else set()))
     if job is not None:
         job.kill()
         job.wait()
+    appeared = box.get("appeared")
     return {"status": result.status, "failure_reason": result.failure_reason, "message": result.error_message,
             "seconds_from_job_start_to_yield": ended - box["started"] if "started" in box else None,
+            "job_start_to_its_context_seconds": appeared - box["started"] if appeared and "started" in box else None,
+            "yield_seconds": (box["workers_gone"] - appeared) if appeared and "workers_gone" in box else None,
+            "run_returned_after_appearing_seconds": ended - appeared if appeared else None,
             "workers_left_on_gpus": left, "workers_alive": [p for p in executor.last_pids if Path(f"/proc/{p}").exists()]}
 
 
@@ -147,6 +163,8 @@ def main() -> int:
     parser.add_argument("--gpus", default="0,1")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--out", default="interconnect-node.json")
+    parser.add_argument("--yield-only", type=int, default=0, metavar="N",
+                        help="only the yield, N times (issue 50: the node probe gives way within 0.5 s)")
     args = parser.parse_args()
     gpus = tuple(int(g) for g in args.gpus.split(","))
     backend = NvmlBackend(indices=None)
@@ -157,6 +175,15 @@ def main() -> int:
                                   repeats=20, warmup=5, timeout_seconds=300)
     report: dict[str, Any] = {"gpus": gpus, "gpu_names": [d.info().name for d in devices],
                               "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"), "reference": str(REFERENCE)}
+    if args.yield_only:
+        report["yields"] = [yields(devices, gpus) for _ in range(args.yield_only)]
+        report["power_limits_unchanged"] = limits_before == [d.power_limits().enforced_watts for d in devices]
+        backend.close()
+        Path(args.out).write_text(json.dumps(report, indent=2, default=str))
+        for row in report["yields"]:
+            print(f"yield: {row}")
+        print(f"power limits unchanged: {report['power_limits_unchanged']}; written {args.out}")
+        return 0
     report["repeatability"] = repeatability(devices, gpus, args.runs, request)
     report["against_reference"] = against_reference(report["repeatability"]["figures"])
     report["yield"] = yields(devices, gpus)
