@@ -75,6 +75,64 @@ def test_fused_weights_are_the_modules_own_memory(llama: torch.nn.Module) -> Non
     assert count_parameters(llama) == before
 
 
+def _storage_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the distinct storages behind the model's parameters (what its weights occupy)."""
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("inplace_residual", [True, False], ids=["graph", "compiled_form"])
+def test_fused_forward_matches_the_unfused_modules(llama: torch.nn.Module, inplace_residual: bool) -> None:
+    """The weights are born fused (Q/K/V one matrix, gate/up one), the HF modules views into them:
+    the static forward's logits (fused products; residual adds in the products as ``graph`` runs them,
+    or out of place as ``compiled`` traces them) equal the unfused modules' own forward, prefill and
+    decode, and the model's weights occupy their parameters' bytes once."""
+    B, T = 2, 10
+    first = llama.model.layers[0]
+    born = {p.weight.untyped_storage().data_ptr() for p in (first.self_attn.q_proj, first.self_attn.k_proj,
+                                                             first.self_attn.v_proj)}
+    assert len(born) == 1  # built fused: one matrix before any static forward exists
+    static = StaticLlama(llama, B, T, T + 4)
+    static.inplace_residual = inplace_residual
+    size = llama.model.embed_tokens.weight.element_size()
+    assert _storage_bytes(llama) == count_parameters(llama) * size  # nothing held twice
+    for layer, block in zip(static.layers, llama.model.layers):
+        att = block.self_attn
+        assert layer.qkv.data_ptr() == att.q_proj.weight.data_ptr()  # the fused matrix is the modules' memory
+        assert layer.qkv.shape[0] == sum(p.weight.shape[0] for p in (att.q_proj, att.k_proj, att.v_proj))
+        assert layer.gate_up.data_ptr() == block.mlp.gate_proj.weight.data_ptr()
+    prompts = torch.randint(0, llama.config.vocab_size, (B, T))
+    with torch.inference_mode():
+        static.seq[:, :T].copy_(prompts)
+        prefill = static.prefill()
+        decode = static.decode()
+        ref = llama(static.seq[:, :T + 1]).logits
+    assert float((prefill - ref[:, T - 1]).abs().max()) < 1e-4
+    assert float((decode - ref[:, T]).abs().max()) < 1e-4
+
+
+def test_weights_not_born_fused_are_fused_once(llama: torch.nn.Module) -> None:
+    """Weights from elsewhere (a directory, transformers' own init) are concatenated per layer and the
+    modules rebound as views into the result: the same logits, and still no weight held twice."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(3)
+    separate = LlamaForCausalLM(llama.config).eval()
+    q = separate.model.layers[0].self_attn.q_proj.weight
+    k = separate.model.layers[0].self_attn.k_proj.weight
+    assert q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()
+    prompts = torch.randint(0, llama.config.vocab_size, (1, 8))
+    with torch.inference_mode():
+        ref = separate(prompts).logits[:, -1]
+        static = StaticLlama(separate, 1, 8, 12)
+        static.seq[:, :8].copy_(prompts)
+        logits = static.prefill()
+    assert float((logits - ref).abs().max()) < 1e-4
+    block = separate.model.layers[0]
+    assert block.self_attn.k_proj.weight.untyped_storage().data_ptr() == static.layers[0].qkv.untyped_storage().data_ptr()
+    assert _storage_bytes(separate) == count_parameters(separate) * 4
+
+
 @pytest.mark.parametrize(("model", "key"), [("llama-3.1-8b", "llama-3.1-8b"), ("llama-3.2-1b", "llama-3.2-1b")])
 def test_shapes_are_seed_004s(model: str, key: str) -> None:
     """Built on the meta device (no memory): the parameter counts of the reference measurement."""

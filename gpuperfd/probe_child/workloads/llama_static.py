@@ -8,8 +8,9 @@ system. This module takes the weights of a ``LlamaForCausalLM`` and runs the sam
 * a static KV cache, ``[batch, kv_heads, max_seq, head_dim]`` a layer, allocated once;
 * the token buffer ``seq`` and the position ``pos`` as device tensors, so a step reads its input and
   writes its greedy output on the device: a step is one ``CUDAGraph.replay()``;
-* fewer, larger kernels: Q, K and V in one matrix product, gate and up in one (the module's own
-  parameters become views into the fused matrices, so no weight is held twice), the residual adds
+* fewer, larger kernels: Q, K and V in one matrix product, gate and up in one (random weights are
+  born fused, ``models.random_llama``; loaded ones are fused once and the module's own parameters
+  become views into the fused matrices, so no weight is held twice), the residual adds
   inside the output and down products (``addmm_`` into the stream), RoPE's cos/sin
   looked up once per step for every layer, ``F.rms_norm``, SDPA over the cache with each key/value
   head's query heads folded into its query axis (plain multi-head attention, no GQA flag);
@@ -32,7 +33,14 @@ import torch.nn.functional as F
 
 from gpuperfd.probe_child.workloads.gpt2_static import REPRODUCIBLE_SDPA, _round_up
 
-__all__ = ["StaticLlama", "fuse_rows"]
+__all__ = ["COMPILE_OPTIONS", "StaticLlama", "fuse_rows"]
+
+#: Inductor's options for the ``compiled`` steps (gpt-fast's): with coordinate-descent tuning on,
+#: inductor decomposes a matrix product with one row (a batch-1 decode's every projection and the LM
+#: head) into a Triton reduction it tunes and fuses with its neighbours (the norm before it, the
+#: residual add after it), where cuBLAS's GEMV stops short of the HBM's bandwidth; larger batches keep
+#: cuBLAS. The graphs are our own (``capture``), so inductor's cudagraph trees stay off.
+COMPILE_OPTIONS: dict[str, Any] = {"coordinate_descent_tuning": True, "triton.cudagraphs": False}
 
 
 @dataclass
@@ -46,11 +54,17 @@ class _Layer:
 
 
 def fuse_rows(linears: list[torch.nn.Linear]) -> torch.Tensor:
-    """One matrix holding the rows of ``linears`` (bias-free), their weights rebound as views into it.
+    """One matrix holding the rows of ``linears`` (bias-free).
 
-    The originals are freed as each is rebound, so the peak grows by one layer's matrices only, and
-    the module (its ``generate()``, the answer check's largest weight) reads the same memory.
+    Weights already consecutive rows of one matrix (as :func:`~gpuperfd.probe_child.workloads.models.random_llama`
+    makes them) are returned as that matrix, a view: nothing is copied. Otherwise (weights loaded
+    from a directory) they are concatenated and rebound as views into the result; the originals are
+    freed as each is rebound, so the peak grows by one layer's matrices only, and the module (its
+    ``generate()``, the answer check's largest weight) reads the same memory.
     """
+    adjacent = _adjacent_rows([lin.weight.detach() for lin in linears])
+    if adjacent is not None:
+        return adjacent
     fused = torch.cat([lin.weight.detach() for lin in linears], dim=0)
     start = 0
     for lin in linears:
@@ -58,6 +72,19 @@ def fuse_rows(linears: list[torch.nn.Linear]) -> torch.Tensor:
         lin.weight.data = fused[start:start + rows]
         start += rows
     return fused
+
+
+def _adjacent_rows(weights: list[torch.Tensor]) -> torch.Tensor | None:
+    """The matrix ``weights`` are consecutive row blocks of (a view from the first one's offset), or None."""
+    first = weights[0]
+    cols = first.shape[1]
+    offset = first.storage_offset()
+    for w in weights:
+        if (w.dim() != 2 or w.shape[1] != cols or not w.is_contiguous() or w.storage_offset() != offset
+                or w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()):
+            return None
+        offset += w.numel()
+    return first.as_strided((sum(w.shape[0] for w in weights), cols), (cols, 1))
 
 
 class StaticLlama:
@@ -118,9 +145,12 @@ class StaticLlama:
         self.compile_error: str | None = None
         self._decode_fn: Callable[[], torch.Tensor] = self.decode
         self._verify_fn: Callable[[], torch.Tensor] = self.verify
+        #: Residual adds inside the output and down products (``addmm_``: no add kernel) as written; out
+        #: of place under torch.compile, whose batch-1 products become fused reductions (see COMPILE_OPTIONS).
+        self.inplace_residual = not compile_steps
         if compile_steps:
-            self._decode_fn = torch.compile(self.decode, dynamic=False)
-            self._verify_fn = torch.compile(self.verify, dynamic=False)
+            self._decode_fn = torch.compile(self.decode, dynamic=False, fullgraph=True, options=COMPILE_OPTIONS)
+            self._verify_fn = torch.compile(self.verify, dynamic=False, fullgraph=True, options=COMPILE_OPTIONS)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self._graph_logits: dict[str, torch.Tensor] = {}
         self._eager_logits: torch.Tensor | None = None
@@ -203,11 +233,17 @@ class StaticLlama:
                 a = self._attend(q, k, v, None)
             else:
                 a = self._attend_cache(q, k_cache, v_cache, mask)  # [B, H, n, Dh]
-            # residual adds inside the products (beta = 1 into x itself): no separate add kernel
-            x = x.addmm_(a.transpose(1, 2).reshape(B * n, q_width), layer.o.t())
+            a = a.transpose(1, 2).reshape(B * n, q_width)
+            if self.inplace_residual:  # residual adds inside the products (beta = 1 into x): no add kernel
+                x = x.addmm_(a, layer.o.t())
+            else:  # a plain product: inductor turns a batch-1 one into a reduction fused with the add
+                x = x + F.linear(a, layer.o)
             h = F.rms_norm(x, (D,), layer.ln2, self.eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x.addmm_(F.silu(gate) * up, layer.down.t())
+            if self.inplace_residual:
+                x = x.addmm_(F.silu(gate) * up, layer.down.t())
+            else:
+                x = x + F.linear(F.silu(gate) * up, layer.down)
         x = x.view(B, n, D)
         if not logits_all:
             x = x[:, -1:]
