@@ -129,7 +129,8 @@ def test_weights_not_born_fused_are_fused_once(llama: torch.nn.Module) -> None:
         logits = static.prefill()
     assert float((logits - ref).abs().max()) < 1e-4
     block = separate.model.layers[0]
-    assert block.self_attn.k_proj.weight.untyped_storage().data_ptr() == static.layers[0].qkv.untyped_storage().data_ptr()
+    fused = static.layers[0].qkv.untyped_storage().data_ptr()
+    assert block.self_attn.k_proj.weight.untyped_storage().data_ptr() == fused
     assert _storage_bytes(separate) == count_parameters(separate) * 4
 
 
