@@ -229,19 +229,23 @@ from gpuperfd.probe_child.workloads.llama_static import StaticLlama
 device = torch.device(sys.argv[1])
 torch.manual_seed(0)
 model = build_llama("llama-tiny", device, torch.float32)
-prompts = torch.randint(0, 512, (2, 32), device=device)
-with torch.inference_mode():
-    ref = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=16, min_new_tokens=16,
-                         do_sample=False, pad_token_id=0)[:, 32:]
-    static = StaticLlama(model, 2, 32, 48)
-    if device.type == "cuda":
-        static.capture()
-    static.seq[:, :32].copy_(prompts)
-    static.run_prefill()
-    for _ in range(15):
-        static.run_decode()
-    ours = static.seq[:, 32:48]
-print(json.dumps({"tokens_match": bool(torch.equal(ours.cpu(), ref.cpu())), "graphs": bool(static.graphs)}))
+out = {}
+for batch in (1, 2):  # batch 1: the decode step's RoPE product and joint K/V cache; 2: the general form
+    prompts = torch.randint(0, 512, (batch, 32), device=device)
+    with torch.inference_mode():
+        ref = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=16,
+                             min_new_tokens=16, do_sample=False, pad_token_id=0)[:, 32:]
+        static = StaticLlama(model, batch, 32, 48)
+        if device.type == "cuda":
+            static.capture()
+        static.seq[:, :32].copy_(prompts)
+        static.run_prefill()
+        for _ in range(15):
+            static.run_decode()
+        ours = static.seq[:, 32:48]
+    out[f"batch_{batch}"] = {"tokens_match": bool(torch.equal(ours.cpu(), ref.cpu())), "graphs": bool(static.graphs)}
+out["tokens_match"] = all(v["tokens_match"] for v in out.values())
+print(json.dumps(out))
 """
 
 

@@ -81,19 +81,24 @@ def _storage_bytes(model: torch.nn.Module) -> int:
     return sum(storages.values())
 
 
-@pytest.mark.parametrize("inplace_residual", [True, False], ids=["graph", "compiled_form"])
-def test_fused_forward_matches_the_unfused_modules(llama: torch.nn.Module, inplace_residual: bool) -> None:
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("form", ["graph", "compiled_form"])
+def test_fused_forward_matches_the_unfused_modules(llama: torch.nn.Module, form: str, batch: int) -> None:
     """The weights are born fused (Q/K/V one matrix, gate/up one), the HF modules views into them:
-    the static forward's logits (fused products; residual adds in the products as ``graph`` runs them,
-    or out of place as ``compiled`` traces them) equal the unfused modules' own forward, prefill and
-    decode, and the model's weights occupy their parameters' bytes once."""
-    B, T = 2, 10
+    the static forward's logits equal the unfused modules' own forward, prefill and two decode steps
+    (the second reads the first's cache writes), in both forms of the step: as ``graph`` runs it
+    (residual adds inside the products; at batch 1 RoPE as one product a layer and K and V written
+    with one kernel into a joint cache) and as ``compiled`` traces it (all element-wise, out of place).
+    The model's weights occupy their parameters' bytes once."""
+    B, T = batch, 10
     first = llama.model.layers[0]
     born = {p.weight.untyped_storage().data_ptr() for p in (first.self_attn.q_proj, first.self_attn.k_proj,
                                                              first.self_attn.v_proj)}
     assert len(born) == 1  # built fused: one matrix before any static forward exists
-    static = StaticLlama(llama, B, T, T + 4)
-    static.inplace_residual = inplace_residual
+    static = StaticLlama(llama, B, T, T + 4, compile_steps=False)
+    if form == "compiled_form":  # the step's code as StaticLlama(compile_steps=True) hands it to torch.compile
+        static.inplace_residual = static.rope_by_product = False
+    assert (static.kv_cache is not None) == (B == 1)  # the joint cache at batch 1
     size = llama.model.embed_tokens.weight.element_size()
     assert _storage_bytes(llama) == count_parameters(llama) * size  # nothing held twice
     for layer, block in zip(static.layers, llama.model.layers):
@@ -105,10 +110,21 @@ def test_fused_forward_matches_the_unfused_modules(llama: torch.nn.Module, inpla
     with torch.inference_mode():
         static.seq[:, :T].copy_(prompts)
         prefill = static.prefill()
-        decode = static.decode()
-        ref = llama(static.seq[:, :T + 1]).logits
+        decodes = [static.decode(), static.decode()]
+        ref = llama(static.seq[:, :T + 2]).logits
     assert float((prefill - ref[:, T - 1]).abs().max()) < 1e-4
-    assert float((decode - ref[:, T]).abs().max()) < 1e-4
+    for step, logits in enumerate(decodes):
+        assert float((logits - ref[:, T + step]).abs().max()) < 1e-4, step
+
+
+def test_compiled_steps_take_the_element_wise_form(llama: torch.nn.Module) -> None:
+    """What torch.compile is handed: out-of-place residuals (its batch-1 products become reductions fused
+    with the add) and element-wise RoPE with a cache tensor each (it fuses those itself, and copies a
+    written view back whole); the eager/graph step keeps the fewer-kernel forms."""
+    compiled = StaticLlama(llama, 1, 4, 8, compile_steps=True)
+    assert not compiled.inplace_residual and not compiled.rope_by_product and compiled.kv_cache is None
+    plain = StaticLlama(llama, 1, 4, 8)
+    assert plain.inplace_residual and plain.rope_by_product and plain.kv_cache is not None
 
 
 def test_weights_not_born_fused_are_fused_once(llama: torch.nn.Module) -> None:

@@ -13,7 +13,9 @@ system. This module takes the weights of a ``LlamaForCausalLM`` and runs the sam
   become views into the fused matrices, so no weight is held twice), the residual adds
   inside the output and down products (``addmm_`` into the stream), RoPE's cos/sin
   looked up once per step for every layer, ``F.rms_norm``, SDPA over the cache with each key/value
-  head's query heads folded into its query axis (plain multi-head attention, no GQA flag);
+  head's query heads folded into its query axis (plain multi-head attention, no GQA flag); at batch 1
+  a decode step's RoPE is one batched product a layer (its rotation built once a step) and its K and
+  V go into a joint cache with one write (issue 53: the 8B's step was ~16 kernels a layer);
 * one step function for ``n`` new tokens: the prompt (prefill, ``n = T``), one decode token
   (``n = 1``), or a speculative verify of ``k + 1`` proposed tokens, each capturable in its graph.
 
@@ -129,11 +131,33 @@ class StaticLlama:
         self.cos, sin = _rope_tables(model, self.max_seq, self.device, self.dtype)
         half = self.head_dim // 2
         self.signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).contiguous()
+        # RoPE of a batch-1 decode token as one batched product a layer (see _rope_product): the roll as a
+        # permutation matrix; every Q and K head's rotation, rebuilt once per step for all layers; V's
+        # heads the identity (exact), so the product's output holds K and V side by side for the cache.
+        columns = torch.arange(self.head_dim, device=self.device)
+        self._roll = torch.zeros(self.head_dim, self.head_dim, dtype=self.dtype, device=self.device)
+        self._roll[(columns - half) % self.head_dim, columns] = 1
+        heads = self.n_head + 2 * self.n_kv
+        self._rotations = torch.eye(self.head_dim, dtype=self.dtype, device=self.device).repeat(heads, 1, 1)
         # One tensor a layer, not one for all: a step writes into whole tensors, which torch.compile
         # updates in place (a slice of one big cache was copied back whole every step: 2 GB at batch 32).
+        #: A batch-1 decode step's RoPE as one product a layer (as written), or element-wise (3 kernels,
+        #: which torch.compile fuses into one anyway, without reading a rotation matrix).
+        self.rope_by_product = not compile_steps
         shape = (batch_size, self.n_kv, self.max_seq, self.head_dim)
-        self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
-        self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
+        #: At batch 1 as written, a layer's keys and values in one tensor ``[1, 2 Hkv, S, Dh]`` (K's heads,
+        #: then V's), so a decode step writes both with one kernel; ``k_cache``/``v_cache`` are its halves
+        #: (contiguous at batch 1). Otherwise (and under torch.compile, which updates whole tensors in
+        #: place but copies a written view back whole) one tensor each.
+        self.kv_cache: list[torch.Tensor] | None = None
+        if self.rope_by_product and batch_size == 1:
+            joint = (1, 2 * self.n_kv, self.max_seq, self.head_dim)
+            self.kv_cache = [torch.zeros(joint, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
+            self.k_cache = [t[:, :self.n_kv] for t in self.kv_cache]
+            self.v_cache = [t[:, self.n_kv:] for t in self.kv_cache]
+        else:
+            self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
+            self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
         self.seq = torch.zeros(batch_size, self.max_seq, dtype=torch.long, device=self.device)
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
         self.positions = torch.arange(self.max_seq, device=self.device)
@@ -206,6 +230,22 @@ class StaticLlama:
         flip lives in ``signed_sin`` (looked up once per step for every layer)."""
         return torch.addcmul(x * cos, x.roll(self.head_dim // 2, dims=-1), signed_sin)
 
+    def _set_rotations(self, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
+        """The rotation of one position as a matrix, ``x @ R = x * cos + roll(x) * signed_sin``
+        (``R = diag(cos) + roll * signed_sin``), copied for every Q and K head: once a step."""
+        rotation = torch.addcmul(torch.diag_embed(cos.reshape(-1)), self._roll, signed_sin.reshape(1, -1))
+        rotated = self._rotations[:self.n_head + self.n_kv]
+        rotated.copy_(rotation.expand_as(rotated))
+
+    def _rope_product(self, qkv: torch.Tensor) -> torch.Tensor:
+        """RoPE of a batch-1 decode token's heads ``[(H + 2 Hkv) * Dh]`` in one batched product
+        (``[heads, 1, Dh] @ [heads, Dh, Dh]``; V's rotation is the identity) instead of three element-wise
+        kernels: a step of the 8B is ~500 kernels, most of them this small, and each costs its launch in
+        the graph as well. The products accumulate in float32 and round once (the element-wise form
+        rounds twice); V comes out exact. Returns ``[1, heads, 1, Dh]``."""
+        heads = self.n_head + 2 * self.n_kv
+        return torch.bmm(qkv.view(heads, 1, self.head_dim), self._rotations).view(1, heads, 1, self.head_dim)
+
     def _forward(self, n: int, logits_all: bool, prefill: bool = False) -> torch.Tensor:
         """``n`` tokens ``seq[:, pos:pos + n]`` at positions ``pos..pos + n - 1`` through every layer
         (their K/V written into the cache, attention over the cache under a causal mask); the
@@ -221,14 +261,25 @@ class StaticLlama:
             mask.masked_fill_(self.positions.view(1, -1) > here.view(-1, 1), float("-inf"))
             mask = mask.view(1, 1, n, self.max_seq)
         q_width = H * Dh
+        by_product = self.rope_by_product and B == 1 and n == 1
+        if by_product:
+            self._set_rotations(cos, sin)
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, (D,), layer.ln1, self.eps)
-            qkv = F.linear(h, layer.qkv).view(B, n, H + 2 * Hkv, Dh).transpose(1, 2)  # [B, heads, n, Dh]
-            qk = self._rope(qkv[:, :H + Hkv], cos, sin)  # Q's and K's heads in one pass
-            q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]
+            fused = F.linear(h, layer.qkv)
+            qkv = fused.view(B, n, H + 2 * Hkv, Dh).transpose(1, 2)  # [B, heads, n, Dh]
+            if by_product:
+                rotated = self._rope_product(fused)
+                q, k, v = rotated[:, :H], rotated[:, H:H + Hkv], rotated[:, H + Hkv:]
+            else:
+                qk = self._rope(qkv[:, :H + Hkv], cos, sin)  # Q's and K's heads in one pass
+                q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]
             k_cache, v_cache = self.k_cache[index], self.v_cache[index]
-            k_cache.index_copy_(2, here, k)
-            v_cache.index_copy_(2, here, v)
+            if by_product and self.kv_cache is not None:
+                self.kv_cache[index].index_copy_(2, here, rotated[:, H:])  # K and V side by side: one write
+            else:
+                k_cache.index_copy_(2, here, k)
+                v_cache.index_copy_(2, here, v)
             if prefill:  # from position 0: the new keys alone, causal (flash; the same bits every time)
                 a = self._attend(q, k, v, None)
             else:
