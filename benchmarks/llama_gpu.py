@@ -24,8 +24,9 @@ and tokens/s at the named acceptance rates. Every result is appended to ``result
 ``summary.json`` and ``table.txt`` (the side-by-side table) are rewritten after each run.
 
 Before the points: the static forward against ``LlamaForCausalLM.generate()`` on the GPU (tiny shape,
-fp32, CUDA graphs: greedy tokens must match). After them, if the budget leaves room (``--diagnose``):
-the 8B decode step's kernels per step and their time (the profiler), to say where a step's time goes.
+fp32, batch 1 and 2, CUDA graphs: greedy tokens must match). Right after the 8B batch-1 points, if the
+budget leaves room (``--diagnose``): the 8B decode step's kernels per step and their time (the
+profiler), to say where a step's time goes.
 
 Targets (issue 53): 8B batch-1 decode >= 80 % of the HBM roofline on an H100 (>= 167 tokens/s), runs
 within 2 % of each other.
@@ -301,8 +302,12 @@ def kernels(prof, steps):
         us = getattr(k, "self_device_time_total", None) or getattr(k, "self_cuda_time_total", 0)
         rows.append((k.key[:90], k.count / steps, us / steps))
     rows.sort(key=lambda r: -r[2])
+    # the weight reads (cuBLAS GEMV/GEMM, CUTLASS, split-K reductions) against everything else
+    product = [r for r in rows if any(w in r[0].lower() for w in ("gemv", "gemm", "cutlass", "sm90", "splitk"))]
     return {"kernels_per_step": sum(r[1] for r in rows), "kernel_us_per_step": sum(r[2] for r in rows),
-            "top": [{"name": n, "per_step": c, "us_per_step": u} for n, c, u in rows[:14]]}
+            "product_kernels_per_step": sum(r[1] for r in product),
+            "product_us_per_step": sum(r[2] for r in product),
+            "top": [{"name": n, "per_step": c, "us_per_step": u} for n, c, u in rows[:20]]}
 
 out = {}
 for name in sys.argv[1:]:
@@ -383,7 +388,8 @@ def main() -> int:
     parser.add_argument("--fresh-children", action="store_true",
                         help="a new child (and build) for every run instead of one built child per point")
     parser.add_argument("--diagnose", action="store_true",
-                        help="after the points, if the budget allows: the 8B decode step's kernels (profiler)")
+                        help="after the 8B batch-1 points, if the budget allows: the 8B decode step's kernels "
+                             "(profiler, about 40 s)")
     parser.add_argument("--no-match", action="store_true", help="skip the static-vs-generate() check first")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -434,7 +440,26 @@ def main() -> int:
             device = NvmlBackend().devices()[0]
         except Exception as exc:  # noqa: BLE001 - the points still run, without the idle check
             summary["nvml_error"] = repr(exc)
+    def diagnose() -> None:
+        """Where the 8B's batch-1 decode step's time goes: kernels per step and their time (profiler)."""
+        if DIAGNOSE_SECONDS > left():
+            summary["decode_step_diagnosis"] = f"budget: {left():.0f} s left"
+        else:
+            try:
+                out = subprocess.run([sys.executable, "-c", DIAG_SCRIPT, "llama-3.1-8b"], capture_output=True,
+                                     text=True, timeout=max(20.0, left()), env={**os.environ, "PYTHONPATH": root})
+                lines = out.stdout.strip().splitlines()
+                summary["decode_step_diagnosis"] = json.loads(lines[-1]) if lines else out.stderr[-3000:]
+            except Exception as exc:  # noqa: BLE001
+                summary["decode_step_diagnosis"] = repr(exc)
+        print("decode step:", json.dumps(summary["decode_step_diagnosis"], default=str)[:3000], flush=True)
+        save()
+
+    pending_diagnosis = args.diagnose and not cpu
     for name, fields, runs in points:
+        if pending_diagnosis and not (name.startswith("8b_") and name.endswith("_b1")):
+            pending_diagnosis = False  # right after the 8B batch-1 points: the step issue 53's target is about
+            diagnose()
         try:
             spec = ProbeSpec("llm", **({"measure_seconds": args.measure_seconds} if not cpu else {}), **fields)
         except ValueError as exc:
@@ -477,19 +502,8 @@ def main() -> int:
                     break  # a failed point does not fail again n times
         finally:
             runner.close()
-    if args.diagnose and not cpu:  # where a decode step's time goes: kernels per step, graph replay time
-        if DIAGNOSE_SECONDS > left():
-            summary["decode_step_diagnosis"] = f"budget: {left():.0f} s left"
-        else:
-            try:
-                out = subprocess.run([sys.executable, "-c", DIAG_SCRIPT, "llama-3.1-8b"], capture_output=True,
-                                     text=True, timeout=max(20.0, left()), env={**os.environ, "PYTHONPATH": root})
-                lines = out.stdout.strip().splitlines()
-                summary["decode_step_diagnosis"] = json.loads(lines[-1]) if lines else out.stderr[-3000:]
-            except Exception as exc:  # noqa: BLE001
-                summary["decode_step_diagnosis"] = repr(exc)
-            print("decode step:", json.dumps(summary["decode_step_diagnosis"], default=str)[:3000], flush=True)
-        save()
+    if pending_diagnosis:
+        diagnose()
     # the issue's targets, where measured
     pts = summary["points"]
     for name in ("8b_graph_b1", "8b_compiled_b1"):
