@@ -177,7 +177,8 @@ def figures(result: ProbeResult, rss: int | None, first_result: float) -> dict[s
         "peak_gpu_mib": result.peak_memory_bytes / 2**20 if result.peak_memory_bytes else None,
         "cuda_graph": extra.get("cuda_graph"), "torch_compile": extra.get("torch_compile"),
         "compile_error": extra.get("compile_error"), "cuda_graph_error": extra.get("cuda_graph_error"),
-        "decode_sdpa_backend": extra.get("decode_sdpa_backend"),
+        "decode_sdpa_backend": extra.get("decode_sdpa_backend"), "step_forms": extra.get("step_forms"),
+        "gpu_busy_method": extra.get("gpu_busy_method"), "busy_error": extra.get("busy_error"),
         "correctness": (result.correctness or {}).get("status"),
     }
     if spec:

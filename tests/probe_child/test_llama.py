@@ -180,6 +180,27 @@ def test_llama_tiny_measures_prefill_and_decode_apart(variant: str) -> None:
     assert 0 < roofline["weight_bytes"] < roofline["parameter_bytes"] == result.extra["model_parameters"] * 4
 
 
+def test_a_compile_that_fails_measures_the_graph_forms_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``compiled`` variant whose compile fails (no compiler, a torch that cannot trace the step) is
+    measured with the step as written, in the graph variant's forms (residuals inside the products, RoPE
+    as one product at batch 1), with the reason published; its answers are still checked."""
+
+    def broken(fn: Any, **_kwargs: Any) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            raise RuntimeError("inductor: no working C++ compiler")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    result = _run(preset="llama-tiny", variant="compiled", batch_size=1)
+    assert result.ok, result.error_message
+    assert result.extra["compile_error"] == "RuntimeError: inductor: no working C++ compiler"
+    assert result.extra["torch_compile"] is False
+    assert result.extra["step_forms"] == {"residual_in_product": True, "rope_by_product": True,
+                                          "joint_kv_cache": False}
+    assert result.correctness["status"] == "ok"
+    assert result.throughput["decode_tokens_per_second"] > 0
+
+
 def test_speculative_reports_tokens_per_second_at_the_named_rates() -> None:
     result = _run(preset="llama-tiny-spec", acceptance_rates=[0.0, 0.6, 1.0])
     spec = result.extra["speculative"]
