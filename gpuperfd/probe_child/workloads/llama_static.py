@@ -139,11 +139,11 @@ class StaticLlama:
         self._roll[(columns - half) % self.head_dim, columns] = 1
         heads = self.n_head + 2 * self.n_kv
         self._rotations = torch.eye(self.head_dim, dtype=self.dtype, device=self.device).repeat(heads, 1, 1)
-        # One tensor a layer, not one for all: a step writes into whole tensors, which torch.compile
-        # updates in place (a slice of one big cache was copied back whole every step: 2 GB at batch 32).
         #: A batch-1 decode step's RoPE as one product a layer (as written), or element-wise (3 kernels,
         #: which torch.compile fuses into one anyway, without reading a rotation matrix).
         self.rope_by_product = not compile_steps
+        # One tensor a layer, not one for all: a step writes into whole tensors, which torch.compile
+        # updates in place (a slice of one big cache was copied back whole every step: 2 GB at batch 32).
         shape = (batch_size, self.n_kv, self.max_seq, self.head_dim)
         #: At batch 1 as written, a layer's keys and values in one tensor ``[1, 2 Hkv, S, Dh]`` (K's heads,
         #: then V's), so a decode step writes both with one kernel; ``k_cache``/``v_cache`` are its halves
