@@ -127,6 +127,27 @@ def test_compiled_steps_take_the_element_wise_form(llama: torch.nn.Module) -> No
     assert plain.inplace_residual and plain.rope_by_product and plain.kv_cache is not None
 
 
+@pytest.mark.parametrize("batch", [1, 32])
+@pytest.mark.parametrize("form", ["graph", "compiled_form"])
+def test_the_8b_step_reads_nothing_back_to_the_host(form: str, batch: int) -> None:
+    """A decode step must be one CUDA graph replay: nothing in it may wait for the device (``.item()``,
+    a data-dependent shape, a copy to the host), or capture fails and a step costs a round trip. On the
+    meta device every such read raises, so the seed's 8B at its real shapes runs its prefill, decode and
+    verify steps here in seconds, in both forms of the step, all layers, the final norm, the LM head and
+    the argmax, and the tokens land in the device-side buffer."""
+    model = build_llama("llama-3.1-8b", torch.device("meta"), torch.bfloat16)
+    with torch.inference_mode():
+        static = StaticLlama(model, batch, 128, 256, verify_tokens=13)
+        if form == "compiled_form":
+            static.inplace_residual = static.rope_by_product = False
+        assert static.prefill().shape == (batch, 128256)
+        assert static.decode().shape == (batch, 128256)
+        assert static.verify().shape == (batch, 13, 128256)
+        assert static.seq.device.type == "meta" and static.verified.shape == (batch, 13)
+        with pytest.raises(RuntimeError, match="meta"):
+            static.pos.item()  # what a host read would have done inside the step
+
+
 def test_weights_not_born_fused_are_fused_once(llama: torch.nn.Module) -> None:
     """Weights from elsewhere (a directory, transformers' own init) are concatenated per layer and the
     modules rebound as views into the result: the same logits, and still no weight held twice."""
