@@ -310,6 +310,49 @@ def kernels(prof, steps):
             "product_us_per_step": sum(r[2] for r in product),
             "top": [{"name": n, "per_step": c, "us_per_step": u} for n, c, u in rows[:20]]}
 
+def replay_ms(s, steps=100):
+    for _ in range(10):
+        s.run_decode()
+    s.pos.fill_(128)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        s.run_decode()
+    end.record(); end.synchronize()
+    s.pos.fill_(128)
+    return start.elapsed_time(end) / steps
+
+def products(s):
+    # Each weight matrix kind alone, batch 1, all 32 layers' matrices in turn (distinct memory: one
+    # layer's o_proj, 33 MB, would sit in the 50 MB L2 if read twice), one graph: the bandwidth cuBLAS's
+    # batch-1 product reaches on each shape, the ceiling of the step's weight reads.
+    out = {}
+    kinds = {"qkv": [l.qkv for l in s.layers], "o": [l.o for l in s.layers],
+             "gate_up": [l.gate_up for l in s.layers], "down": [l.down for l in s.layers], "lm_head": [s.lm_head]}
+    for kind, weights in kinds.items():
+        try:
+            xs = [torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
+            ys = [torch.nn.functional.linear(x, w) for x, w in zip(xs, weights)]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for x, w, y in zip(xs, weights, ys):
+                    torch.matmul(x, w.t(), out=y)
+            for _ in range(3):
+                graph.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            reps = 20
+            start.record()
+            for _ in range(reps):
+                graph.replay()
+            end.record(); end.synchronize()
+            ms = start.elapsed_time(end) / reps
+            nbytes = sum(w.numel() * w.element_size() for w in weights)
+            out[kind] = {"shape": list(weights[0].shape), "count": len(weights), "ms_per_step": ms,
+                         "tb_per_s": nbytes / (ms / 1e3) / 1e12}
+        except Exception as exc:
+            out[kind] = {"error": repr(exc)[-300:]}
+    return out
+
 out = {}
 for name in sys.argv[1:]:
     entry = {}
@@ -341,6 +384,17 @@ for name in sys.argv[1:]:
                     s.run_decode()
                 torch.cuda.synchronize()
             entry["graph_step"] = kernels(p, 20)
+            entry["products"] = products(s)
+            try:  # the same step with cuBLASLt's heuristics for its products (torch's other BLAS backend)
+                torch.backends.cuda.preferred_blas_library("cublaslt")
+                s.capture()
+                s.run_prefill()
+                entry["graph_decode_ms_cublaslt"] = replay_ms(s)
+                entry["products_cublaslt"] = products(s)
+            except Exception as exc:
+                entry["cublaslt_error"] = repr(exc)[-500:]
+            finally:
+                torch.backends.cuda.preferred_blas_library("cublas")
         del s, model
         torch.cuda.empty_cache()
     except Exception as exc:
