@@ -256,7 +256,7 @@ SIM_POINTS = {"8b_graph_b1": ("llama-3.1-8b", 1), "1b_graph_b1": ("llama-3.2-1b"
 
 
 def simulator_comparison(summary: dict[str, Any]) -> dict[str, Any]:
-    """The simulator's output tokens/s for the same points on the same card model at its default cap,
+    """The simulator's decode tokens/s for the same points on the same card model at its default cap,
     and its ratios (8B vs 1B, batch 32 vs 1) beside the measured ones (issue 53: within 15 %)."""
     try:
         from gpuperfd.device.simulated import GPU_MODELS, compute_operating_point
@@ -270,10 +270,11 @@ def simulator_comparison(summary: dict[str, Any]) -> dict[str, Any]:
             profile = simulated_workload("llm", preset, {"batch_size": batch}).profile
             sim[point] = compute_operating_point(gpu, profile, gpu.default_power_watts).units_per_second
             runs = (summary["points"].get(point) or {}).get("runs") or []
-            values = [r["output_tok_s"] for r in runs if r.get("output_tok_s")]
+            # the simulated rate is the decode's (its time per output token is batch / rate)
+            values = [r["decode_tok_s"] for r in runs if r.get("decode_tok_s")]
             if values:
                 real[point] = statistics.fmean(values)
-        out: dict[str, Any] = {"card": card, "simulated_output_tok_s": sim, "measured_output_tok_s": real,
+        out: dict[str, Any] = {"card": card, "simulated_decode_tok_s": sim, "measured_decode_tok_s": real,
                                "ratios": {}}
         for key, a, b in (("8b_vs_1b_b1", "8b_graph_b1", "1b_graph_b1"), ("8b_vs_1b_b32", "8b_graph_b32", "1b_graph_b32"),
                           ("8b_b32_vs_b1", "8b_graph_b32", "8b_graph_b1"), ("1b_b32_vs_b1", "1b_graph_b32", "1b_graph_b1")):
