@@ -3,6 +3,7 @@
 
     PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT" --budget 480      # the points in order, in budget
     PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT" --only 8b_graph_b1 8b_compiled_b1 --runs 3
+    PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT" --compile-cache /tmp/llama-cc   # warm compiles on a rerun
     PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT" --cpu-smoke       # the same script, tiny presets, CPU
 
 Read-only towards the card: it never changes power limits, clocks, persistence or compute mode.
@@ -93,16 +94,19 @@ class PointRunner:
     """The runs of one point: one warm child built once and measured ``runs`` times (a sweep's session),
     or with ``fresh`` a child per run (``measure_once``, as ``gpuperfd probe`` runs it)."""
 
-    def __init__(self, spec: ProbeSpec, device: Any, fresh: bool) -> None:
+    def __init__(self, spec: ProbeSpec, device: Any, fresh: bool, cache_dir: str | None = None) -> None:
         os.environ.setdefault("GPUPERFD_PROBE_NICE", "0")
         self.spec, self.device, self.fresh = spec, device, fresh
+        #: torch.compile's and Triton's caches kept here across children (None: every child compiles cold,
+        #: as a daemon's first run does)
+        self.cache_dir = cache_dir
         self.peaks: list[int] = []
         self.session: Any = None
 
     def run(self, timeout: float) -> tuple[ProbeResult, int | None, float]:
         """One run: (result, the child's peak host RSS so far, request-to-result seconds)."""
-        executor = ChildProcessExecutor(timeout, compile_cache=False, idle_wait_seconds=10.0,
-                                        on_peak=lambda _probe, peak: self.peaks.append(peak))
+        executor = ChildProcessExecutor(timeout, compile_cache=self.cache_dir is not None, state_dir=self.cache_dir,
+                                        idle_wait_seconds=10.0, on_peak=lambda _probe, peak: self.peaks.append(peak))
         request = ProbeRequest.from_spec(self.spec, timeout)
         t0 = time.perf_counter()
         if self.fresh:
@@ -447,6 +451,9 @@ def main() -> int:
                         help="after the 8B batch-1 points, if the budget allows: the 8B decode step's kernels "
                              "(profiler, about 40 s)")
     parser.add_argument("--no-match", action="store_true", help="skip the static-vs-generate() check first")
+    parser.add_argument("--compile-cache", metavar="DIR",
+                        help="keep torch.compile's and Triton's caches in DIR across children and calls (default: "
+                             "none, every compiled point compiles cold, as a daemon's first run does)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     start = time.monotonic()
@@ -526,7 +533,7 @@ def main() -> int:
         cost = COST_SECONDS.get(spec.variant, 40.0) * (0.2 if cpu else 1.0)
         entry: dict[str, Any] = {"spec": spec.params(), "variant": spec.variant, "runs": []}
         summary["points"][name] = entry
-        runner = PointRunner(spec, device, args.fresh_children)
+        runner = PointRunner(spec, device, args.fresh_children, args.compile_cache)
         try:
             for index in range(n):
                 if cost > left():
