@@ -1,28 +1,33 @@
 #!/usr/bin/env python3
-"""Seed 004's LLM on a real GPU: the llm probe's Llama presets, their spread, cost and the roofline.
+"""Seed 004's LLM on a real GPU: the llm probe's Llama variants side by side, their spread, cost, roofline.
 
-    PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT"            # within --budget 540 s: the main points
-    PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT2" --only 8b_compiled_b1 8b_spec_k12 1b_compiled_b1 \
-        8b_eager_b1 8b_compiled_b32                                      # a second call: what the budget left
-    PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT" --cpu-smoke  # the same script, tiny presets, CPU
+    PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT" --budget 480      # the points in order, in budget
+    PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT" --only 8b_graph_b1 8b_compiled_b1 --runs 3
+    PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT" --compile-cache /tmp/llama-cc   # warm compiles on a rerun
+    PYTHONUNBUFFERED=1 python3 benchmarks/llama_gpu.py "$OUT" --cpu-smoke       # the same script, tiny presets, CPU
 
 Read-only towards the card: it never changes power limits, clocks, persistence or compute mode.
 
-What it does, in order, each point in its own probe child exactly as ``gpuperfd probe`` runs it
-(``measure_once`` with the child-process executor), so one failure never loses the rest:
+Each point runs in its own probe child as ``gpuperfd probe`` runs it (the child-process executor, its
+busy check and hard timeout), so one failure never loses the rest. The child is built once per point
+and measured ``--runs`` times (a warm session, as a sweep measures its caps: the runs' range is the
+spread of a built model; ``--fresh-children`` gives each run a child of its own, as before, at the
+cost of a build each). The points come in the order that matters (``GPU_POINTS``): the 8B at batch 1
+in each variant first (issue 53's target), then the 1B, the 8B at batch 32 and the speculative point;
+a point that would overrun ``--budget`` is skipped (its cost estimated from the variant, then from its
+own first run), and a point never runs past the budget.
 
-1. a correctness check of the static Llama forward against ``LlamaForCausalLM.generate()`` on the
-   GPU (tiny shape, fp32, CUDA graphs: greedy tokens must match);
-2. the 8B and 1B presets at batch 1 and 32 (``graph``), ``--runs`` separate children each (run-to-run
-   spread), then the ``compiled`` variant, the plain ``generate()`` comparison (``eager``) and the
-   speculative preset (seed 004's draft proposing 12 tokens), while ``--budget`` lasts.
+Per point it prints and keeps: decode tokens/s, ms per token, TTFT, the share of the HBM roofline
+(issue 53's, every parameter read once, and the bytes a step really reads), the run-to-run range,
+J/token, the child's setup seconds (imports excluded: build, capture or compile) and the GPU seconds
+of each run, the child's peak host RSS, and for the speculative point the draft round, the verify step
+and tokens/s at the named acceptance rates. Every result is appended to ``results.jsonl``;
+``summary.json`` and ``table.txt`` (the side-by-side table) are rewritten after each run.
 
-Per point it keeps: TTFT, time per output token, decode tokens/s, the HBM roofline and the share
-reached, J/token, GPU-busy, the child's peak host RSS (``ru_maxrss``), the GPU time of the point (the
-child's wall time), the time to the first result (request to result, child start included), the
-phase breakdown, and for the speculative point the draft round, verify step and tokens/s at the named
-acceptance rates. Every result is appended to ``results.jsonl`` and ``summary.json``/``table.txt`` are
-rewritten after each point, in the directory given as the first argument.
+Before the points: the static forward against ``LlamaForCausalLM.generate()`` on the GPU (tiny shape,
+fp32, batch 1 and 2, CUDA graphs: greedy tokens must match). Right after the 8B batch-1 points, if the
+budget leaves room (``--diagnose``): the 8B decode step's kernels per step and their time (the
+profiler), to say where a step's time goes.
 
 Targets (issue 53): 8B batch-1 decode >= 80 % of the HBM roofline on an H100 (>= 167 tokens/s), runs
 within 2 % of each other.
@@ -50,20 +55,24 @@ from gpuperfd.probe_data.result import ProbeResult  # noqa: E402
 from gpuperfd.probe_data.spec import ProbeSpec, default_timeout  # noqa: E402
 from gpuperfd.probing.executors import ChildProcessExecutor, measure_once  # noqa: E402
 
-#: (name, spec fields, runs multiplier: "runs" = --runs separate children, 1 = once)
+#: (name, spec fields, "runs" = --runs measurements, "once" = one), most important first: issue 53's
+#: target is the 8B at batch 1, so each variant of it comes before anything else.
 GPU_POINTS: list[tuple[str, dict[str, Any], str]] = [
     ("8b_graph_b1", {"preset": "llama-3.1-8b"}, "runs"),
-    ("1b_graph_b1", {"preset": "llama-3.2-1b"}, "runs"),
-    ("8b_graph_b32", {"preset": "llama-3.1-8b", "batch_size": 32}, "runs"),
-    ("1b_graph_b32", {"preset": "llama-3.2-1b", "batch_size": 32}, "runs"),
     ("8b_compiled_b1", {"preset": "llama-3.1-8b", "variant": "compiled"}, "runs"),
+    ("1b_graph_b1", {"preset": "llama-3.2-1b"}, "runs"),
+    ("1b_compiled_b1", {"preset": "llama-3.2-1b", "variant": "compiled"}, "runs"),
+    ("8b_graph_b32", {"preset": "llama-3.1-8b", "batch_size": 32}, "runs"),
     ("8b_spec_k12", {"preset": "llama-3.1-8b-spec", "acceptance_rates": (0.5, 0.6, 0.7, 0.8, 0.9)}, "once"),
-    ("1b_compiled_b1", {"preset": "llama-3.2-1b", "variant": "compiled"}, "once"),
-    ("8b_eager_b1", {"preset": "llama-3.1-8b", "variant": "eager", "repeats": 2, "measure_seconds": 3.0}, "once"),
+    ("1b_graph_b32", {"preset": "llama-3.2-1b", "batch_size": 32}, "once"),
     ("8b_compiled_b32", {"preset": "llama-3.1-8b", "variant": "compiled", "batch_size": 32}, "once"),
+    ("8b_eager_b1", {"preset": "llama-3.1-8b", "variant": "eager", "repeats": 2}, "once"),
 ]
-#: Rough seconds a point costs (child start, build, capture or compile, windows), for the budget.
-COST_SECONDS = {"graph": 30.0, "compiled": 150.0, "eager": 45.0, "speculative": 40.0}
+#: Rough seconds a point's first run costs (child start, build, capture or compile, windows), for the
+#: budget; a further run of a point costs what its last run did (its child is built already).
+COST_SECONDS = {"graph": 25.0, "compiled": 120.0, "eager": 45.0, "speculative": 40.0}
+#: Seconds the 8B decode step's kernel profile (``--diagnose``) costs.
+DIAGNOSE_SECONDS = 40.0
 
 
 def cpu_points() -> list[tuple[str, dict[str, Any], str]]:
@@ -81,15 +90,53 @@ def cpu_points() -> list[tuple[str, dict[str, Any], str]]:
     return out
 
 
-def run_point(spec: ProbeSpec, timeout: float, device: Any) -> tuple[ProbeResult, int | None, float]:
-    """One point in a child (as ``gpuperfd probe``): (result, child's peak host RSS, request-to-result seconds)."""
-    peaks: list[int] = []
-    os.environ.setdefault("GPUPERFD_PROBE_NICE", "0")
-    executor = ChildProcessExecutor(timeout, compile_cache=False, idle_wait_seconds=10.0,
-                                    on_peak=lambda _probe, peak: peaks.append(peak))
-    t0 = time.perf_counter()
-    result = measure_once(executor, device, ProbeRequest.from_spec(spec, timeout), threading.Event())
-    return result, (max(peaks) if peaks else None), time.perf_counter() - t0
+class PointRunner:
+    """The runs of one point: one warm child built once and measured ``runs`` times (a sweep's session),
+    or with ``fresh`` a child per run (``measure_once``, as ``gpuperfd probe`` runs it)."""
+
+    def __init__(self, spec: ProbeSpec, device: Any, fresh: bool, cache_dir: str | None = None) -> None:
+        os.environ.setdefault("GPUPERFD_PROBE_NICE", "0")
+        self.spec, self.device, self.fresh = spec, device, fresh
+        #: torch.compile's and Triton's caches kept here across children (None: every child compiles cold,
+        #: as a daemon's first run does)
+        self.cache_dir = cache_dir
+        self.peaks: list[int] = []
+        self.session: Any = None
+
+    def run(self, timeout: float) -> tuple[ProbeResult, int | None, float]:
+        """One run: (result, the child's peak host RSS so far, request-to-result seconds)."""
+        executor = ChildProcessExecutor(timeout, compile_cache=self.cache_dir is not None, state_dir=self.cache_dir,
+                                        idle_wait_seconds=10.0, on_peak=lambda _probe, peak: self.peaks.append(peak))
+        request = ProbeRequest.from_spec(self.spec, timeout)
+        t0 = time.perf_counter()
+        if self.fresh:
+            result = measure_once(executor, self.device, request, threading.Event())
+        else:
+            if self.session is None:
+                self.session = executor.open(self.device, request, threading.Event())
+            self.session.timeout_seconds = timeout  # this run's share of the budget
+            started = time.time()
+            result = self.session.measure(None)
+            result.started_at = started
+        seconds = time.perf_counter() - t0
+        result.wall_seconds = seconds
+        return result, self._rss(), seconds
+
+    def _rss(self) -> int | None:
+        if not self.peaks and self.session is not None and self.session.child is not None:
+            try:  # the warm child is alive: its peak so far, from /proc
+                with open(f"/proc/{self.session.child.pid}/status") as fh:
+                    for line in fh:
+                        if line.startswith("VmHWM:"):
+                            return int(line.split()[1]) * 1024
+            except (OSError, ValueError, AttributeError):
+                return None
+        return max(self.peaks) if self.peaks else None
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
 
 
 def figures(result: ProbeResult, rss: int | None, first_result: float) -> dict[str, Any]:
@@ -122,16 +169,20 @@ def figures(result: ProbeResult, rss: int | None, first_result: float) -> dict[s
         "avg_power_w": result.average_power_watts,
         "gpu_busy": result.gpu_busy_ratio,
         "window_cv": (statistics.pstdev(windows) / statistics.fmean(windows)) if len(windows) > 1 else None,
+        "variant": result.variant,
         "child_peak_rss_mib": rss / 2**20 if rss else None,
         "gpu_seconds": result.wall_seconds,
         "first_result_seconds": first_result,
-        "setup_seconds": extra.get("setup_seconds"),
+        # a warm session's first run carries the build (child_setup_seconds), its later runs none
+        "setup_seconds": extra["child_setup_seconds"] if "child_setup_seconds" in extra else extra.get("setup_seconds"),
+        "child_start_seconds": extra.get("child_start_seconds"),
         "compile_seconds": extra.get("compile_seconds"),
         "phase_seconds": extra.get("phase_seconds"),
         "peak_gpu_mib": result.peak_memory_bytes / 2**20 if result.peak_memory_bytes else None,
         "cuda_graph": extra.get("cuda_graph"), "torch_compile": extra.get("torch_compile"),
         "compile_error": extra.get("compile_error"), "cuda_graph_error": extra.get("cuda_graph_error"),
-        "decode_sdpa_backend": extra.get("decode_sdpa_backend"),
+        "decode_sdpa_backend": extra.get("decode_sdpa_backend"), "step_forms": extra.get("step_forms"),
+        "gpu_busy_method": extra.get("gpu_busy_method"), "busy_error": extra.get("busy_error"),
         "correctness": (result.correctness or {}).get("status"),
     }
     if spec:
@@ -155,11 +206,11 @@ def spread(runs: list[dict[str, Any]], key: str = "decode_tok_s") -> dict[str, A
 def environment(cpu: bool) -> dict[str, Any]:
     env: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(),
                            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    for module in ("torch", "transformers"):
+    from importlib import metadata
+
+    for module in ("torch", "transformers", "triton"):  # from the installed metadata: no 5 s import each
         try:
-            out = subprocess.run([sys.executable, "-c", f"import {module}; print({module}.__version__)"],
-                                 capture_output=True, text=True, timeout=120)
-            env[module] = out.stdout.strip() or out.stderr.strip()[-200:]
+            env[module] = metadata.version(module)
         except Exception as exc:  # noqa: BLE001
             env[module] = repr(exc)
     if not cpu:
@@ -184,19 +235,23 @@ from gpuperfd.probe_child.workloads.llama_static import StaticLlama
 device = torch.device(sys.argv[1])
 torch.manual_seed(0)
 model = build_llama("llama-tiny", device, torch.float32)
-prompts = torch.randint(0, 512, (2, 32), device=device)
-with torch.inference_mode():
-    ref = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=16, min_new_tokens=16,
-                         do_sample=False, pad_token_id=0)[:, 32:]
-    static = StaticLlama(model, 2, 32, 48)
-    if device.type == "cuda":
-        static.capture()
-    static.seq[:, :32].copy_(prompts)
-    static.run_prefill()
-    for _ in range(15):
-        static.run_decode()
-    ours = static.seq[:, 32:48]
-print(json.dumps({"tokens_match": bool(torch.equal(ours.cpu(), ref.cpu())), "graphs": bool(static.graphs)}))
+out = {}
+for batch in (1, 2):  # batch 1: the decode step's RoPE product and joint K/V cache; 2: the general form
+    prompts = torch.randint(0, 512, (batch, 32), device=device)
+    with torch.inference_mode():
+        ref = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=16,
+                             min_new_tokens=16, do_sample=False, pad_token_id=0)[:, 32:]
+        static = StaticLlama(model, batch, 32, 48)
+        if device.type == "cuda":
+            static.capture()
+        static.seq[:, :32].copy_(prompts)
+        static.run_prefill()
+        for _ in range(15):
+            static.run_decode()
+        ours = static.seq[:, 32:48]
+    out[f"batch_{batch}"] = {"tokens_match": bool(torch.equal(ours.cpu(), ref.cpu())), "graphs": bool(static.graphs)}
+out["tokens_match"] = all(v["tokens_match"] for v in out.values())
+print(json.dumps(out))
 """
 
 
@@ -205,7 +260,7 @@ SIM_POINTS = {"8b_graph_b1": ("llama-3.1-8b", 1), "1b_graph_b1": ("llama-3.2-1b"
 
 
 def simulator_comparison(summary: dict[str, Any]) -> dict[str, Any]:
-    """The simulator's output tokens/s for the same points on the same card model at its default cap,
+    """The simulator's decode tokens/s for the same points on the same card model at its default cap,
     and its ratios (8B vs 1B, batch 32 vs 1) beside the measured ones (issue 53: within 15 %)."""
     try:
         from gpuperfd.device.simulated import GPU_MODELS, compute_operating_point
@@ -219,10 +274,11 @@ def simulator_comparison(summary: dict[str, Any]) -> dict[str, Any]:
             profile = simulated_workload("llm", preset, {"batch_size": batch}).profile
             sim[point] = compute_operating_point(gpu, profile, gpu.default_power_watts).units_per_second
             runs = (summary["points"].get(point) or {}).get("runs") or []
-            values = [r["output_tok_s"] for r in runs if r.get("output_tok_s")]
+            # the simulated rate is the decode's (its time per output token is batch / rate)
+            values = [r["decode_tok_s"] for r in runs if r.get("decode_tok_s")]
             if values:
                 real[point] = statistics.fmean(values)
-        out: dict[str, Any] = {"card": card, "simulated_output_tok_s": sim, "measured_output_tok_s": real,
+        out: dict[str, Any] = {"card": card, "simulated_decode_tok_s": sim, "measured_decode_tok_s": real,
                                "ratios": {}}
         for key, a, b in (("8b_vs_1b_b1", "8b_graph_b1", "1b_graph_b1"), ("8b_vs_1b_b32", "8b_graph_b32", "1b_graph_b32"),
                           ("8b_b32_vs_b1", "8b_graph_b32", "8b_graph_b1"), ("1b_b32_vs_b1", "1b_graph_b32", "1b_graph_b1")):
@@ -252,8 +308,55 @@ def kernels(prof, steps):
         us = getattr(k, "self_device_time_total", None) or getattr(k, "self_cuda_time_total", 0)
         rows.append((k.key[:90], k.count / steps, us / steps))
     rows.sort(key=lambda r: -r[2])
+    # the weight reads (cuBLAS GEMV/GEMM, CUTLASS, split-K reductions) against everything else
+    product = [r for r in rows if any(w in r[0].lower() for w in ("gemv", "gemm", "cutlass", "sm90", "splitk"))]
     return {"kernels_per_step": sum(r[1] for r in rows), "kernel_us_per_step": sum(r[2] for r in rows),
-            "top": [{"name": n, "per_step": c, "us_per_step": u} for n, c, u in rows[:14]]}
+            "product_kernels_per_step": sum(r[1] for r in product),
+            "product_us_per_step": sum(r[2] for r in product),
+            "top": [{"name": n, "per_step": c, "us_per_step": u} for n, c, u in rows[:20]]}
+
+def replay_ms(s, steps=100):
+    for _ in range(10):
+        s.run_decode()
+    s.pos.fill_(128)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        s.run_decode()
+    end.record(); end.synchronize()
+    s.pos.fill_(128)
+    return start.elapsed_time(end) / steps
+
+def products(s):
+    # Each weight matrix kind alone, batch 1, all 32 layers' matrices in turn (distinct memory: one
+    # layer's o_proj, 33 MB, would sit in the 50 MB L2 if read twice), one graph: the bandwidth cuBLAS's
+    # batch-1 product reaches on each shape, the ceiling of the step's weight reads.
+    out = {}
+    kinds = {"qkv": [l.qkv for l in s.layers], "o": [l.o for l in s.layers],
+             "gate_up": [l.gate_up for l in s.layers], "down": [l.down for l in s.layers], "lm_head": [s.lm_head]}
+    for kind, weights in kinds.items():
+        try:
+            xs = [torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
+            ys = [torch.nn.functional.linear(x, w) for x, w in zip(xs, weights)]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for x, w, y in zip(xs, weights, ys):
+                    torch.matmul(x, w.t(), out=y)
+            for _ in range(3):
+                graph.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            reps = 20
+            start.record()
+            for _ in range(reps):
+                graph.replay()
+            end.record(); end.synchronize()
+            ms = start.elapsed_time(end) / reps
+            nbytes = sum(w.numel() * w.element_size() for w in weights)
+            out[kind] = {"shape": list(weights[0].shape), "count": len(weights), "ms_per_step": ms,
+                         "tb_per_s": nbytes / (ms / 1e3) / 1e12}
+        except Exception as exc:
+            out[kind] = {"error": repr(exc)[-300:]}
+    return out
 
 out = {}
 for name in sys.argv[1:]:
@@ -286,6 +389,17 @@ for name in sys.argv[1:]:
                     s.run_decode()
                 torch.cuda.synchronize()
             entry["graph_step"] = kernels(p, 20)
+            entry["products"] = products(s)
+            try:  # the same step with cuBLASLt's heuristics for its products (torch's other BLAS backend)
+                torch.backends.cuda.preferred_blas_library("cublaslt")
+                s.capture()
+                s.run_prefill()
+                entry["graph_decode_ms_cublaslt"] = replay_ms(s)
+                entry["products_cublaslt"] = products(s)
+            except Exception as exc:
+                entry["cublaslt_error"] = repr(exc)[-500:]
+            finally:
+                torch.backends.cuda.preferred_blas_library("cublas")
         del s, model
         torch.cuda.empty_cache()
     except Exception as exc:
@@ -295,58 +409,90 @@ print(json.dumps(out))
 """
 
 
+def point_row(name: str, entry: dict[str, Any]) -> list[Any]:
+    """One line of the side-by-side table: the point's mean over its ok runs."""
+    runs = [r for r in entry.get("runs") or [] if r.get("decode_tok_s") or r.get("output_tok_s")]
+    first = (entry.get("runs") or [{}])[0]
+    s = entry.get("spread") or {}
+
+    def mean(key: str) -> float | None:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.fmean(values) if values else None
+
+    share = mean("issue_roofline_share")
+    bytes_share = mean("roofline_share")
+    gpu = [r.get("gpu_seconds") for r in entry.get("runs") or [] if r.get("gpu_seconds")]
+    spec = first.get("speculative") or {}
+    tok_s = s.get("mean") or mean("output_tok_s")
+    status = entry.get("skipped") and "skipped" or first.get("status")
+    return [name, entry.get("variant"), status, len(runs), tok_s, mean("tpot_ms"), mean("ttft_ms"),
+            share * 100 if share else None, bytes_share * 100 if bytes_share else None, s.get("range_pct"),
+            mean("j_per_token"), first.get("setup_seconds"), first.get("compile_seconds"),
+            "/".join(f"{g:.0f}" for g in gpu) or None,
+            spec.get("break_even_acceptance_rate") if spec else first.get("compile_error") and "compile failed"]
+
+
+TABLE_HEADER = ["point", "variant", "status", "runs", "decode tok/s", "ms/token", "TTFT ms", "% issue roofline",
+                "% bytes read", "range %", "J/token", "setup s", "capture/compile s", "GPU s per run", "note"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", help="directory for results.jsonl, summary.json, table.txt")
-    parser.add_argument("--runs", type=int, default=3, help="separate children per main point (spread)")
-    parser.add_argument("--budget", type=float, default=540.0, help="seconds; points that would overrun are skipped")
-    parser.add_argument("--only", nargs="+", help="point names to run (default: all)")
+    parser.add_argument("--runs", type=int, default=3, help="measurements per main point (the run-to-run range)")
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds; points that would overrun are skipped")
+    parser.add_argument("--only", nargs="+", help="point names to run, in the order given (default: all)")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny presets on the CPU (checks the script)")
-    parser.add_argument("--measure-seconds", type=float, default=1.0, help="window length of the GPU points")
+    parser.add_argument("--measure-seconds", type=float, default=0.5,
+                        help="window length of the GPU points (a window holds at least one request batch)")
+    parser.add_argument("--fresh-children", action="store_true",
+                        help="a new child (and build) for every run instead of one built child per point")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="after the 8B batch-1 points, if the budget allows: the 8B decode step's kernels "
+                             "(profiler, about 40 s)")
+    parser.add_argument("--no-match", action="store_true", help="skip the static-vs-generate() check first")
+    parser.add_argument("--compile-cache", metavar="DIR",
+                        help="keep torch.compile's and Triton's caches in DIR across children and calls (default: "
+                             "none, every compiled point compiles cold, as a daemon's first run does)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     start = time.monotonic()
     cpu = args.cpu_smoke
     points = cpu_points() if cpu else GPU_POINTS
     if args.only:
-        points = [p for p in points if p[0] in args.only]
-    summary: dict[str, Any] = {"environment": environment(cpu), "points": {}, "targets": {}}
+        by_name = {p[0]: p for p in points}
+        unknown = [n for n in args.only if n not in by_name]
+        if unknown:
+            parser.error(f"--only: unknown point(s) {', '.join(unknown)}; use {', '.join(by_name)}")
+        points = [by_name[n] for n in args.only]
+    summary: dict[str, Any] = {"environment": environment(cpu), "points": {}, "targets": {},
+                               "runs_in": "fresh children" if args.fresh_children else "one built child per point",
+                               "budget_seconds": args.budget}
     jsonl = os.path.join(args.out, "results.jsonl")
+
+    def left() -> float:
+        return args.budget - (time.monotonic() - start)
 
     def save() -> None:
         with open(os.path.join(args.out, "summary.json"), "w") as fh:
             json.dump(summary, fh, indent=1, default=str)
-        rows = []
-        for name, entry in summary["points"].items():
-            first = (entry.get("runs") or [{}])[0]
-            s = entry.get("spread") or {}
-            rows.append([name, first.get("status"), first.get("ttft_ms"), first.get("tpot_ms"),
-                         s.get("mean"), s.get("range_pct"), first.get("roofline_tok_s"),
-                         (first.get("roofline_share") or 0) * 100 or None, first.get("j_per_token"),
-                         first.get("child_peak_rss_mib"), first.get("gpu_seconds"), first.get("first_result_seconds")])
-        table = format_table(["point", "status", "TTFT ms", "TPOT ms", "decode tok/s", "range %", "roofline tok/s",
-                              "share %", "J/token", "child RSS MiB", "GPU s", "first result s"], rows)
+        rows = [point_row(name, entry) for name, entry in summary["points"].items()]
         with open(os.path.join(args.out, "table.txt"), "w") as fh:
-            fh.write(table + "\n\n" + json.dumps(summary["targets"], indent=1, default=str) + "\n")
+            fh.write(format_table(TABLE_HEADER, rows) + "\n\n" + json.dumps(summary["targets"], indent=1, default=str)
+                     + "\n")
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        out = subprocess.run([sys.executable, "-c", MATCH_SCRIPT, "cpu" if cpu else "cuda"], capture_output=True,
-                             text=True, timeout=300, env={**os.environ, "PYTHONPATH": root})
-        summary["static_matches_hf"] = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
-    except Exception as exc:  # noqa: BLE001
-        summary["static_matches_hf"] = repr(exc)
-    print("static forward vs generate():", summary["static_matches_hf"], flush=True)
-    save()
-    if not cpu and not args.only:  # where a decode step's time goes: kernels per step, graph replay time
+    if not args.no_match:
         try:
-            out = subprocess.run([sys.executable, "-c", DIAG_SCRIPT, "llama-3.2-1b", "llama-3.1-8b"],
-                                 capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": root})
-            lines = out.stdout.strip().splitlines()
-            summary["decode_step_diagnosis"] = json.loads(lines[-1]) if lines else out.stderr[-3000:]
+            out = subprocess.run([sys.executable, "-c", MATCH_SCRIPT, "cpu" if cpu else "cuda"], capture_output=True,
+                                 text=True, timeout=max(30.0, min(300.0, left())),
+                                 env={**os.environ, "PYTHONPATH": root})
+            summary["static_matches_hf"] = (out.stdout.strip().splitlines()[-1] if out.stdout.strip()
+                                            else out.stderr[-2000:])
         except Exception as exc:  # noqa: BLE001
-            summary["decode_step_diagnosis"] = repr(exc)
-        print("decode step:", json.dumps(summary["decode_step_diagnosis"], default=str)[:1500], flush=True)
+            summary["static_matches_hf"] = repr(exc)
+        print(f"static forward vs generate(): {summary['static_matches_hf']} ({time.monotonic() - start:.0f} s)",
+              flush=True)
         save()
 
     device = None
@@ -357,7 +503,26 @@ def main() -> int:
             device = NvmlBackend().devices()[0]
         except Exception as exc:  # noqa: BLE001 - the points still run, without the idle check
             summary["nvml_error"] = repr(exc)
+    def diagnose() -> None:
+        """Where the 8B's batch-1 decode step's time goes: kernels per step and their time (profiler)."""
+        if DIAGNOSE_SECONDS > left():
+            summary["decode_step_diagnosis"] = f"budget: {left():.0f} s left"
+        else:
+            try:
+                out = subprocess.run([sys.executable, "-c", DIAG_SCRIPT, "llama-3.1-8b"], capture_output=True,
+                                     text=True, timeout=max(20.0, left()), env={**os.environ, "PYTHONPATH": root})
+                lines = out.stdout.strip().splitlines()
+                summary["decode_step_diagnosis"] = json.loads(lines[-1]) if lines else out.stderr[-3000:]
+            except Exception as exc:  # noqa: BLE001
+                summary["decode_step_diagnosis"] = repr(exc)
+        print("decode step:", json.dumps(summary["decode_step_diagnosis"], default=str)[:3000], flush=True)
+        save()
+
+    pending_diagnosis = args.diagnose and not cpu
     for name, fields, runs in points:
+        if pending_diagnosis and not (name.startswith("8b_") and name.endswith("_b1")):
+            pending_diagnosis = False  # right after the 8B batch-1 points: the step issue 53's target is about
+            diagnose()
         try:
             spec = ProbeSpec("llm", **({"measure_seconds": args.measure_seconds} if not cpu else {}), **fields)
         except ValueError as exc:
@@ -368,25 +533,40 @@ def main() -> int:
         cost = COST_SECONDS.get(spec.variant, 40.0) * (0.2 if cpu else 1.0)
         entry: dict[str, Any] = {"spec": spec.params(), "variant": spec.variant, "runs": []}
         summary["points"][name] = entry
-        for index in range(n):
-            if time.monotonic() - start + cost > args.budget:
-                entry.setdefault("skipped", f"budget: {args.budget:.0f} s would be exceeded")
-                break
-            try:
-                left = args.budget - (time.monotonic() - start)  # a point never runs past the budget
-                result, rss, first = run_point(spec, max(60.0, min(default_timeout(spec) + 60, left)), device)
-                with open(jsonl, "a") as fh:
-                    fh.write(json.dumps({"point": name, "run": index, "rss": rss, "result": result.to_dict()},
-                                        default=str) + "\n")
-                row = figures(result, rss, first)
-            except Exception as exc:  # noqa: BLE001 - one failure never loses the rest
-                row = {"status": "harness_error", "error": "".join(traceback.format_exception(exc))[-3000:]}
-            entry["runs"].append(row)
-            entry["spread"] = spread(entry["runs"])
-            print(f"{name} run {index + 1}/{n}: {row.get('status')} decode {row.get('decode_tok_s')} tok/s, "
-                  f"share {row.get('roofline_share')}, TTFT {row.get('ttft_ms')} ms, RSS {row.get('child_peak_rss_mib')} MiB,"
-                  f" GPU {row.get('gpu_seconds')} s {row.get('error') or ''}", flush=True)
-            save()
+        runner = PointRunner(spec, device, args.fresh_children, args.compile_cache)
+        try:
+            for index in range(n):
+                if cost > left():
+                    entry.setdefault("skipped", f"budget: {args.budget:.0f} s would be exceeded (about {cost:.0f} s "
+                                                f"needed, {left():.0f} s left)")
+                    break
+                try:
+                    timeout = max(30.0, min(default_timeout(spec) + 60, left()))  # never past the budget
+                    result, rss, first = runner.run(timeout)
+                    with open(jsonl, "a") as fh:
+                        fh.write(json.dumps({"point": name, "run": index, "rss": rss, "result": result.to_dict()},
+                                            default=str) + "\n")
+                    row = figures(result, rss, first)
+                    cost = first if args.fresh_children or index else max(first - (row.get("setup_seconds") or 0)
+                                                                          - (row.get("child_start_seconds") or 0), 1.0)
+                except Exception as exc:  # noqa: BLE001 - one failure never loses the rest
+                    row = {"status": "harness_error", "error": "".join(traceback.format_exception(exc))[-3000:]}
+                entry["runs"].append(row)
+                entry["spread"] = spread(entry["runs"])
+                share = row.get("issue_roofline_share")
+                tok_s = row.get("decode_tok_s") or row.get("output_tok_s")
+                print(f"{name} run {index + 1}/{n}: {row.get('status')} decode {_num(tok_s)} tok/s"
+                      f" ({_num(row.get('tpot_ms'), 3)} ms/token, {_num(share and share * 100)} % of the roofline),"
+                      f" setup {_num(row.get('setup_seconds'))} s, GPU {_num(row.get('gpu_seconds'))} s,"
+                      f" {left():.0f} s of budget left {row.get('compile_error') or row.get('error') or ''}",
+                      flush=True)
+                save()
+                if not str(row.get("status", "")).startswith("ok"):
+                    break  # a failed point does not fail again n times
+        finally:
+            runner.close()
+    if pending_diagnosis:
+        diagnose()
     # the issue's targets, where measured
     pts = summary["points"]
     for name in ("8b_graph_b1", "8b_compiled_b1"):
@@ -402,7 +582,9 @@ def main() -> int:
                 "range_pct": s["range_pct"], "within_2pct": s["range_pct"] <= 2.0}
     ratio = {}
     for a, b, key in (("8b_graph_b1", "1b_graph_b1", "8b_vs_1b_b1"), ("8b_graph_b32", "1b_graph_b32", "8b_vs_1b_b32"),
-                      ("8b_graph_b32", "8b_graph_b1", "8b_b32_vs_b1"), ("1b_graph_b32", "1b_graph_b1", "1b_b32_vs_b1")):
+                      ("8b_graph_b32", "8b_graph_b1", "8b_b32_vs_b1"), ("1b_graph_b32", "1b_graph_b1", "1b_b32_vs_b1"),
+                      ("8b_compiled_b1", "8b_graph_b1", "8b_compiled_vs_graph_b1"),
+                      ("1b_compiled_b1", "1b_graph_b1", "1b_compiled_vs_graph_b1")):
         sa = ((pts.get(a) or {}).get("spread") or {}).get("mean")
         sb = ((pts.get(b) or {}).get("spread") or {}).get("mean")
         if sa and sb:
@@ -413,6 +595,10 @@ def main() -> int:
     save()
     print(open(os.path.join(args.out, "table.txt")).read(), flush=True)
     return 0
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 if __name__ == "__main__":

@@ -80,16 +80,20 @@ def measure_busy(ctx: ProbeContext, workload: Workload, seconds: float) -> tuple
 def _trace_events(prof: Any) -> list[dict[str, Any]]:
     """The profiler's activities as trace events (name, cat, ts/dur in microseconds), read from its
     kineto results: an LLM pass has ~60,000 kernels, whose chrome-trace export and JSON parse cost
-    ~1 s more than the pass itself (H100). Falls back to the export where torch lacks the API."""
+    ~1 s more than the pass itself (H100). Each event's category is its kineto activity type where torch
+    names it (``activity_type()``, torch 2.12 and later), else read from the fields every torch since
+    2.4 has (:func:`_category`); only a torch with neither falls back to the export."""
     try:
         events = list(prof.kineto_results.events())
+        if events:
+            _category(events[0])  # the fields exist (AttributeError otherwise)
     except AttributeError:
         events = None
     if events is not None:
         # Times from the first event, in integer nanoseconds first: an epoch in microseconds as a float
         # (1.8e15) keeps only quarter-microsecond steps, which dropped sub-microsecond operators.
         base = min((ev.start_ns() for ev in events), default=0)
-        return [{"ph": "X", "name": ev.name(), "cat": ev.activity_type(), "ts": (ev.start_ns() - base) / 1e3,
+        return [{"ph": "X", "name": ev.name(), "cat": _category(ev), "ts": (ev.start_ns() - base) / 1e3,
                  "dur": ev.duration_ns() / 1e3} for ev in events]
     fd, path = tempfile.mkstemp(prefix="gpuperfd-busy-", suffix=".json")
     os.close(fd)
@@ -101,3 +105,37 @@ def _trace_events(prof: Any) -> list[dict[str, Any]]:
         with contextlib.suppress(OSError):
             os.unlink(path)
     return trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+
+
+def _category(ev: Any) -> str:
+    """A kineto event's trace category, as the chrome-trace export writes it.
+
+    torch 2.11's ``_KinetoEvent`` has no ``activity_type()`` (the probe's busy pass failed on an H100
+    with it and fell back to NVML's utilization); it has ``device_type()`` and ``is_user_annotation()``:
+    an activity on the device is a kernel, a copy or a set (by kineto's names ``Memcpy ...`` and
+    ``Memset ...``), or the device side of a ``record_function`` (a user annotation spanning what it
+    enclosed, never counted as busy); on the host, a user annotation or an operator."""
+    kind = getattr(ev, "activity_type", None)
+    if kind is not None:
+        return str(kind())
+    annotation = bool(ev.is_user_annotation())
+    if ev.device_type() != _cpu_device_type():
+        if annotation:
+            return "gpu_user_annotation"
+        name = ev.name()
+        if name.startswith("Memcpy"):
+            return "gpu_memcpy"
+        if name.startswith("Memset"):
+            return "gpu_memset"
+        return "kernel"
+    if annotation:
+        return "user_annotation"
+    if getattr(ev, "is_python_function", None) is not None and ev.is_python_function():
+        return "python_function"
+    return "cpu_op"
+
+
+def _cpu_device_type() -> Any:
+    from torch.autograd import DeviceType
+
+    return DeviceType.CPU

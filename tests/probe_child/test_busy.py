@@ -57,3 +57,110 @@ def test_the_busy_pass_does_not_import_the_compiler_stack() -> None:
             "print(before, 'torch._dynamo' in sys.modules, 'sympy' in sys.modules, ratio is not None)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     assert out.stdout.split()[-4:] == ["False", "False", "False", "True"], out.stdout + out.stderr
+
+
+class _Torch211Event:
+    """A kineto event as torch 2.11 gives it: no ``activity_type()`` (the rest of the real event)."""
+
+    def __init__(self, ev: object) -> None:
+        self._ev = ev
+
+    def __getattr__(self, name: str) -> object:
+        if name == "activity_type":
+            raise AttributeError(name)
+        return getattr(self._ev, name)
+
+
+class _FakeDeviceEvent:
+    """A device-side kineto event with the fields torch 2.11 has (the CPU build records none)."""
+
+    def __init__(self, name: str, start_ns: int, dur_ns: int, annotation: bool = False) -> None:
+        from torch.autograd import DeviceType
+
+        self._name, self._start, self._dur, self._annotation = name, start_ns, dur_ns, annotation
+        self._device = DeviceType.CUDA
+
+    def name(self) -> str:
+        return self._name
+
+    def start_ns(self) -> int:
+        return self._start
+
+    def duration_ns(self) -> int:
+        return self._dur
+
+    def device_type(self) -> object:
+        return self._device
+
+    def is_user_annotation(self) -> bool:
+        return self._annotation
+
+
+class _Results:
+    def __init__(self, events: list[object]) -> None:
+        self._events = events
+
+    def events(self) -> list[object]:
+        return self._events
+
+
+def test_busy_ratio_without_activity_type_as_torch_2_11_gives_it() -> None:
+    """torch 2.11's events lack ``activity_type()`` (the probe fell back to NVML's utilization on an
+    H100): the categories read from device_type() and is_user_annotation() give the same busy ratio
+    and count as the activity types do; the device side of the window's record_function (spanning the
+    whole window) counts as no busy time, kernels and copies do."""
+    prepared = prepare(ProbeSpec("attention", preset="tiny", device="cpu"))
+    clock = prepared.ctx.new_clock()
+    with profile(use_cpu=True, use_kineto=True) as prof:
+        with record_function(busy._BUSY_WINDOW):
+            n, wall = run_loop(prepared.ctx, prepared.workload, clock, 0.2, None)
+    prepared.workload.end(clock, n, wall)
+    real = list(prof.kineto_results.events())
+    if not hasattr(real[0], "activity_type"):
+        pytest.skip("this torch has no activity_type() to compare with")  # the 2.11 path runs anyway below
+    with_types, info = busy.busy_ratio_from_trace(busy._trace_events(prof), "cpu")
+    old = type("Prof", (), {"kineto_results": _Results([_Torch211Event(ev) for ev in real])})()
+    derived, derived_info = busy.busy_ratio_from_trace(busy._trace_events(old), "cpu")
+    assert derived is not None and derived == with_types
+    assert derived_info == info
+    # the device side: the window on the card (an annotation) and two kernels and a copy inside it
+    window = next(ev for ev in real if ev.name() == busy._BUSY_WINDOW)
+    t0, length = window.start_ns(), window.duration_ns()
+    device = [_FakeDeviceEvent(busy._BUSY_WINDOW, t0, length, annotation=True),
+              _FakeDeviceEvent("void gemv_kernel<bf16>", t0, length // 4),
+              _FakeDeviceEvent("Memcpy DtoD (Device -> Device)", t0 + length // 2, length // 4),
+              _FakeDeviceEvent("Memset (Device)", t0 + length // 2, length // 8)]
+    cuda = type("Prof", (), {"kineto_results": _Results([_Torch211Event(window), *device])})()
+    events = busy._trace_events(cuda)
+    assert [e["cat"] for e in events] == ["user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy",
+                                          "gpu_memset"]
+    ratio, cuda_info = busy.busy_ratio_from_trace(events, "cuda")
+    assert ratio == pytest.approx(0.5, abs=1e-3)
+    assert cuda_info["busy_activities"] == 3
+
+
+def test_events_without_the_fields_fall_back_to_the_export() -> None:
+    """A torch whose events have neither activity_type() nor is_user_annotation(): the chrome-trace
+    export (slower, the same answer), not an error that costs the probe its busy figure."""
+    with profile(use_cpu=True, use_kineto=True) as prof:
+        with record_function(busy._BUSY_WINDOW):
+            sum(range(10000))
+            pytest.importorskip("torch").ones(64).sum()
+
+    class Bare:
+        def __init__(self, ev: object) -> None:
+            self._ev = ev
+
+        def __getattr__(self, name: str) -> object:
+            if name in ("activity_type", "is_user_annotation"):
+                raise AttributeError(name)
+            return getattr(self._ev, name)
+
+    class Old:
+        kineto_results = _Results([Bare(ev) for ev in prof.kineto_results.events()])
+
+        def export_chrome_trace(self, path: str) -> None:
+            prof.export_chrome_trace(path)
+
+    ratio, info = busy.busy_ratio_from_trace(busy._trace_events(Old()), "cpu")
+    assert ratio is not None and info["busy_activities"] > 0

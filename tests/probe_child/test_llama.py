@@ -75,6 +75,102 @@ def test_fused_weights_are_the_modules_own_memory(llama: torch.nn.Module) -> Non
     assert count_parameters(llama) == before
 
 
+def _storage_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the distinct storages behind the model's parameters (what its weights occupy)."""
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("form", ["graph", "compiled_form"])
+def test_fused_forward_matches_the_unfused_modules(llama: torch.nn.Module, form: str, batch: int) -> None:
+    """The weights are born fused (Q/K/V one matrix, gate/up one), the HF modules views into them:
+    the static forward's logits equal the unfused modules' own forward, prefill and two decode steps
+    (the second reads the first's cache writes), in both forms of the step: as ``graph`` runs it
+    (residual adds inside the products; at batch 1 RoPE as one product a layer and K and V written
+    with one kernel into a joint cache) and as ``compiled`` traces it (all element-wise, out of place).
+    The model's weights occupy their parameters' bytes once."""
+    B, T = batch, 10
+    first = llama.model.layers[0]
+    born = {p.weight.untyped_storage().data_ptr() for p in (first.self_attn.q_proj, first.self_attn.k_proj,
+                                                             first.self_attn.v_proj)}
+    assert len(born) == 1  # built fused: one matrix before any static forward exists
+    static = StaticLlama(llama, B, T, T + 4, compile_steps=False)
+    if form == "compiled_form":  # the step's code as StaticLlama(compile_steps=True) hands it to torch.compile
+        static.inplace_residual = static.rope_by_product = False
+    assert (static.kv_cache is not None) == (B == 1)  # the joint cache at batch 1
+    size = llama.model.embed_tokens.weight.element_size()
+    assert _storage_bytes(llama) == count_parameters(llama) * size  # nothing held twice
+    for layer, block in zip(static.layers, llama.model.layers):
+        att = block.self_attn
+        assert layer.qkv.data_ptr() == att.q_proj.weight.data_ptr()  # the fused matrix is the modules' memory
+        assert layer.qkv.shape[0] == sum(p.weight.shape[0] for p in (att.q_proj, att.k_proj, att.v_proj))
+        assert layer.gate_up.data_ptr() == block.mlp.gate_proj.weight.data_ptr()
+    prompts = torch.randint(0, llama.config.vocab_size, (B, T))
+    with torch.inference_mode():
+        static.seq[:, :T].copy_(prompts)
+        prefill = static.prefill()
+        decodes = [static.decode(), static.decode()]
+        ref = llama(static.seq[:, :T + 2]).logits
+    assert float((prefill - ref[:, T - 1]).abs().max()) < 1e-4
+    for step, logits in enumerate(decodes):
+        assert float((logits - ref[:, T + step]).abs().max()) < 1e-4, step
+
+
+def test_compiled_steps_take_the_element_wise_form(llama: torch.nn.Module) -> None:
+    """What torch.compile is handed: out-of-place residuals (its batch-1 products become reductions fused
+    with the add) and element-wise RoPE with a cache tensor each (it fuses those itself, and copies a
+    written view back whole); the eager/graph step keeps the fewer-kernel forms."""
+    compiled = StaticLlama(llama, 1, 4, 8, compile_steps=True)
+    assert not compiled.inplace_residual and not compiled.rope_by_product and compiled.kv_cache is None
+    plain = StaticLlama(llama, 1, 4, 8)
+    assert plain.inplace_residual and plain.rope_by_product and plain.kv_cache is not None
+
+
+@pytest.mark.parametrize("batch", [1, 32])
+@pytest.mark.parametrize("form", ["graph", "compiled_form"])
+def test_the_8b_step_reads_nothing_back_to_the_host(form: str, batch: int) -> None:
+    """A decode step must be one CUDA graph replay: nothing in it may wait for the device (``.item()``,
+    a data-dependent shape, a copy to the host), or capture fails and a step costs a round trip. On the
+    meta device every such read raises, so the seed's 8B at its real shapes runs its prefill, decode and
+    verify steps here in seconds, in both forms of the step, all layers, the final norm, the LM head and
+    the argmax, and the tokens land in the device-side buffer."""
+    model = build_llama("llama-3.1-8b", torch.device("meta"), torch.bfloat16)
+    with torch.inference_mode():
+        static = StaticLlama(model, batch, 128, 256, verify_tokens=13)
+        if form == "compiled_form":
+            static.inplace_residual = static.rope_by_product = False
+        assert static.prefill().shape == (batch, 128256)
+        assert static.decode().shape == (batch, 128256)
+        assert static.verify().shape == (batch, 13, 128256)
+        assert static.seq.device.type == "meta" and static.verified.shape == (batch, 13)
+        with pytest.raises(RuntimeError, match="meta"):
+            static.pos.item()  # what a host read would have done inside the step
+
+
+def test_weights_not_born_fused_are_fused_once(llama: torch.nn.Module) -> None:
+    """Weights from elsewhere (a directory, transformers' own init) are concatenated per layer and the
+    modules rebound as views into the result: the same logits, and still no weight held twice."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(3)
+    separate = LlamaForCausalLM(llama.config).eval()
+    q = separate.model.layers[0].self_attn.q_proj.weight
+    k = separate.model.layers[0].self_attn.k_proj.weight
+    assert q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()
+    prompts = torch.randint(0, llama.config.vocab_size, (1, 8))
+    with torch.inference_mode():
+        ref = separate(prompts).logits[:, -1]
+        static = StaticLlama(separate, 1, 8, 12)
+        static.seq[:, :8].copy_(prompts)
+        logits = static.prefill()
+    assert float((logits - ref).abs().max()) < 1e-4
+    block = separate.model.layers[0]
+    fused = static.layers[0].qkv.untyped_storage().data_ptr()
+    assert block.self_attn.k_proj.weight.untyped_storage().data_ptr() == fused
+    assert _storage_bytes(separate) == count_parameters(separate) * 4
+
+
 @pytest.mark.parametrize(("model", "key"), [("llama-3.1-8b", "llama-3.1-8b"), ("llama-3.2-1b", "llama-3.2-1b")])
 def test_shapes_are_seed_004s(model: str, key: str) -> None:
     """Built on the meta device (no memory): the parameter counts of the reference measurement."""
@@ -103,6 +199,27 @@ def test_llama_tiny_measures_prefill_and_decode_apart(variant: str) -> None:
     roofline = result.extra["roofline"]
     assert roofline["hbm_bytes_per_second"] is None and roofline["share"] is None  # a CPU has no HBM row
     assert 0 < roofline["weight_bytes"] < roofline["parameter_bytes"] == result.extra["model_parameters"] * 4
+
+
+def test_a_compile_that_fails_measures_the_graph_forms_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``compiled`` variant whose compile fails (no compiler, a torch that cannot trace the step) is
+    measured with the step as written, in the graph variant's forms (residuals inside the products, RoPE
+    as one product at batch 1), with the reason published; its answers are still checked."""
+
+    def broken(fn: Any, **_kwargs: Any) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            raise RuntimeError("inductor: no working C++ compiler")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    result = _run(preset="llama-tiny", variant="compiled", batch_size=1)
+    assert result.ok, result.error_message
+    assert result.extra["compile_error"] == "RuntimeError: inductor: no working C++ compiler"
+    assert result.extra["torch_compile"] is False
+    assert result.extra["step_forms"] == {"residual_in_product": True, "rope_by_product": True,
+                                          "joint_kv_cache": False}
+    assert result.correctness["status"] == "ok"
+    assert result.throughput["decode_tokens_per_second"] > 0
 
 
 def test_speculative_reports_tokens_per_second_at_the_named_rates() -> None:

@@ -169,6 +169,7 @@ class GraphLlama(_RooflineMixin, GraphLLM):
         s = self.static
         self.compile_error = f"{type(exc).__name__}: {exc}"[:500]
         s.compiled, s._decode_fn, s._verify_fn = False, s.decode, s.verify
+        s.inplace_residual = s.rope_by_product = True  # the graph variant's forms (its cache tensors stay apart)
 
     def _capture(self, compiled: bool) -> None:
         try:
@@ -215,8 +216,13 @@ class GraphLlama(_RooflineMixin, GraphLLM):
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
-        out.update({"model_family": "llama", "kv_heads": self.static.n_kv, "torch_compile": self.static.compiled,
-                    "compile_seconds": self.compile_seconds, "weight_bytes": self.static.weight_bytes()})
+        s = self.static
+        out.update({"model_family": "llama", "kv_heads": s.n_kv, "torch_compile": s.compiled,
+                    "compile_seconds": self.compile_seconds, "weight_bytes": s.weight_bytes(),
+                    # how the step is written (llama_static.StaticLlama): what a decode step's kernels are
+                    "step_forms": {"residual_in_product": s.inplace_residual,
+                                   "rope_by_product": s.rope_by_product and s.batch_size == 1,
+                                   "joint_kv_cache": s.kv_cache is not None}})
         if self.compile_error:
             out["compile_error"] = self.compile_error
         return out

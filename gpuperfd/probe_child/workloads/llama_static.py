@@ -8,11 +8,14 @@ system. This module takes the weights of a ``LlamaForCausalLM`` and runs the sam
 * a static KV cache, ``[batch, kv_heads, max_seq, head_dim]`` a layer, allocated once;
 * the token buffer ``seq`` and the position ``pos`` as device tensors, so a step reads its input and
   writes its greedy output on the device: a step is one ``CUDAGraph.replay()``;
-* fewer, larger kernels: Q, K and V in one matrix product, gate and up in one (the module's own
-  parameters become views into the fused matrices, so no weight is held twice), the residual adds
+* fewer, larger kernels: Q, K and V in one matrix product, gate and up in one (random weights are
+  born fused, ``models.random_llama``; loaded ones are fused once and the module's own parameters
+  become views into the fused matrices, so no weight is held twice), the residual adds
   inside the output and down products (``addmm_`` into the stream), RoPE's cos/sin
   looked up once per step for every layer, ``F.rms_norm``, SDPA over the cache with each key/value
-  head's query heads folded into its query axis (plain multi-head attention, no GQA flag);
+  head's query heads folded into its query axis (plain multi-head attention, no GQA flag); at batch 1
+  a decode step's RoPE is one batched product a layer (its rotation built once a step) and its K and
+  V go into a joint cache with one write (issue 53: the 8B's step was ~16 kernels a layer);
 * one step function for ``n`` new tokens: the prompt (prefill, ``n = T``), one decode token
   (``n = 1``), or a speculative verify of ``k + 1`` proposed tokens, each capturable in its graph.
 
@@ -32,7 +35,14 @@ import torch.nn.functional as F
 
 from gpuperfd.probe_child.workloads.gpt2_static import REPRODUCIBLE_SDPA, _round_up
 
-__all__ = ["StaticLlama", "fuse_rows"]
+__all__ = ["COMPILE_OPTIONS", "StaticLlama", "fuse_rows"]
+
+#: Inductor's options for the ``compiled`` steps (gpt-fast's): with coordinate-descent tuning on,
+#: inductor decomposes a matrix product with one row (a batch-1 decode's every projection and the LM
+#: head) into a Triton reduction it tunes and fuses with its neighbours (the norm before it, the
+#: residual add after it), where cuBLAS's GEMV stops short of the HBM's bandwidth; larger batches keep
+#: cuBLAS. The graphs are our own (``capture``), so inductor's cudagraph trees stay off.
+COMPILE_OPTIONS: dict[str, Any] = {"coordinate_descent_tuning": True, "triton.cudagraphs": False}
 
 
 @dataclass
@@ -46,11 +56,17 @@ class _Layer:
 
 
 def fuse_rows(linears: list[torch.nn.Linear]) -> torch.Tensor:
-    """One matrix holding the rows of ``linears`` (bias-free), their weights rebound as views into it.
+    """One matrix holding the rows of ``linears`` (bias-free).
 
-    The originals are freed as each is rebound, so the peak grows by one layer's matrices only, and
-    the module (its ``generate()``, the answer check's largest weight) reads the same memory.
+    Weights already consecutive rows of one matrix (as :func:`~gpuperfd.probe_child.workloads.models.random_llama`
+    makes them) are returned as that matrix, a view: nothing is copied. Otherwise (weights loaded
+    from a directory) they are concatenated and rebound as views into the result; the originals are
+    freed as each is rebound, so the peak grows by one layer's matrices only, and the module (its
+    ``generate()``, the answer check's largest weight) reads the same memory.
     """
+    adjacent = _adjacent_rows([lin.weight.detach() for lin in linears])
+    if adjacent is not None:
+        return adjacent
     fused = torch.cat([lin.weight.detach() for lin in linears], dim=0)
     start = 0
     for lin in linears:
@@ -58,6 +74,19 @@ def fuse_rows(linears: list[torch.nn.Linear]) -> torch.Tensor:
         lin.weight.data = fused[start:start + rows]
         start += rows
     return fused
+
+
+def _adjacent_rows(weights: list[torch.Tensor]) -> torch.Tensor | None:
+    """The matrix ``weights`` are consecutive row blocks of (a view from the first one's offset), or None."""
+    first = weights[0]
+    cols = first.shape[1]
+    offset = first.storage_offset()
+    for w in weights:
+        if (w.dim() != 2 or w.shape[1] != cols or not w.is_contiguous() or w.storage_offset() != offset
+                or w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()):
+            return None
+        offset += w.numel()
+    return first.as_strided((sum(w.shape[0] for w in weights), cols), (cols, 1))
 
 
 class StaticLlama:
@@ -102,11 +131,33 @@ class StaticLlama:
         self.cos, sin = _rope_tables(model, self.max_seq, self.device, self.dtype)
         half = self.head_dim // 2
         self.signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).contiguous()
+        # RoPE of a batch-1 decode token as one batched product a layer (see _rope_product): the roll as a
+        # permutation matrix; every Q and K head's rotation, rebuilt once per step for all layers; V's
+        # heads the identity (exact), so the product's output holds K and V side by side for the cache.
+        columns = torch.arange(self.head_dim, device=self.device)
+        self._roll = torch.zeros(self.head_dim, self.head_dim, dtype=self.dtype, device=self.device)
+        self._roll[(columns - half) % self.head_dim, columns] = 1
+        heads = self.n_head + 2 * self.n_kv
+        self._rotations = torch.eye(self.head_dim, dtype=self.dtype, device=self.device).repeat(heads, 1, 1)
+        #: A batch-1 decode step's RoPE as one product a layer (as written), or element-wise (3 kernels,
+        #: which torch.compile fuses into one anyway, without reading a rotation matrix).
+        self.rope_by_product = not compile_steps
         # One tensor a layer, not one for all: a step writes into whole tensors, which torch.compile
         # updates in place (a slice of one big cache was copied back whole every step: 2 GB at batch 32).
         shape = (batch_size, self.n_kv, self.max_seq, self.head_dim)
-        self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
-        self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
+        #: At batch 1 as written, a layer's keys and values in one tensor ``[1, 2 Hkv, S, Dh]`` (K's heads,
+        #: then V's), so a decode step writes both with one kernel; ``k_cache``/``v_cache`` are its halves
+        #: (contiguous at batch 1). Otherwise (and under torch.compile, which updates whole tensors in
+        #: place but copies a written view back whole) one tensor each.
+        self.kv_cache: list[torch.Tensor] | None = None
+        if self.rope_by_product and batch_size == 1:
+            joint = (1, 2 * self.n_kv, self.max_seq, self.head_dim)
+            self.kv_cache = [torch.zeros(joint, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
+            self.k_cache = [t[:, :self.n_kv] for t in self.kv_cache]
+            self.v_cache = [t[:, self.n_kv:] for t in self.kv_cache]
+        else:
+            self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
+            self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
         self.seq = torch.zeros(batch_size, self.max_seq, dtype=torch.long, device=self.device)
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
         self.positions = torch.arange(self.max_seq, device=self.device)
@@ -118,9 +169,12 @@ class StaticLlama:
         self.compile_error: str | None = None
         self._decode_fn: Callable[[], torch.Tensor] = self.decode
         self._verify_fn: Callable[[], torch.Tensor] = self.verify
+        #: Residual adds inside the output and down products (``addmm_``: no add kernel) as written; out
+        #: of place under torch.compile, whose batch-1 products become fused reductions (see COMPILE_OPTIONS).
+        self.inplace_residual = not compile_steps
         if compile_steps:
-            self._decode_fn = torch.compile(self.decode, dynamic=False)
-            self._verify_fn = torch.compile(self.verify, dynamic=False)
+            self._decode_fn = torch.compile(self.decode, dynamic=False, fullgraph=True, options=COMPILE_OPTIONS)
+            self._verify_fn = torch.compile(self.verify, dynamic=False, fullgraph=True, options=COMPILE_OPTIONS)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self._graph_logits: dict[str, torch.Tensor] = {}
         self._eager_logits: torch.Tensor | None = None
@@ -176,6 +230,22 @@ class StaticLlama:
         flip lives in ``signed_sin`` (looked up once per step for every layer)."""
         return torch.addcmul(x * cos, x.roll(self.head_dim // 2, dims=-1), signed_sin)
 
+    def _set_rotations(self, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
+        """The rotation of one position as a matrix, ``x @ R = x * cos + roll(x) * signed_sin``
+        (``R = diag(cos) + roll * signed_sin``), copied for every Q and K head: once a step."""
+        rotation = torch.addcmul(torch.diag_embed(cos.reshape(-1)), self._roll, signed_sin.reshape(1, -1))
+        rotated = self._rotations[:self.n_head + self.n_kv]
+        rotated.copy_(rotation.expand_as(rotated))
+
+    def _rope_product(self, qkv: torch.Tensor) -> torch.Tensor:
+        """RoPE of a batch-1 decode token's heads ``[(H + 2 Hkv) * Dh]`` in one batched product
+        (``[heads, 1, Dh] @ [heads, Dh, Dh]``; V's rotation is the identity) instead of three element-wise
+        kernels: a step of the 8B is ~500 kernels, most of them this small, and each costs its launch in
+        the graph as well. The products accumulate in float32 and round once (the element-wise form
+        rounds twice); V comes out exact. Returns ``[1, heads, 1, Dh]``."""
+        heads = self.n_head + 2 * self.n_kv
+        return torch.bmm(qkv.view(heads, 1, self.head_dim), self._rotations).view(1, heads, 1, self.head_dim)
+
     def _forward(self, n: int, logits_all: bool, prefill: bool = False) -> torch.Tensor:
         """``n`` tokens ``seq[:, pos:pos + n]`` at positions ``pos..pos + n - 1`` through every layer
         (their K/V written into the cache, attention over the cache under a causal mask); the
@@ -191,23 +261,40 @@ class StaticLlama:
             mask.masked_fill_(self.positions.view(1, -1) > here.view(-1, 1), float("-inf"))
             mask = mask.view(1, 1, n, self.max_seq)
         q_width = H * Dh
+        by_product = self.rope_by_product and B == 1 and n == 1
+        if by_product:
+            self._set_rotations(cos, sin)
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, (D,), layer.ln1, self.eps)
-            qkv = F.linear(h, layer.qkv).view(B, n, H + 2 * Hkv, Dh).transpose(1, 2)  # [B, heads, n, Dh]
-            qk = self._rope(qkv[:, :H + Hkv], cos, sin)  # Q's and K's heads in one pass
-            q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]
+            fused = F.linear(h, layer.qkv)
+            qkv = fused.view(B, n, H + 2 * Hkv, Dh).transpose(1, 2)  # [B, heads, n, Dh]
+            if by_product:
+                rotated = self._rope_product(fused)
+                q, k, v = rotated[:, :H], rotated[:, H:H + Hkv], rotated[:, H + Hkv:]
+            else:
+                qk = self._rope(qkv[:, :H + Hkv], cos, sin)  # Q's and K's heads in one pass
+                q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]
             k_cache, v_cache = self.k_cache[index], self.v_cache[index]
-            k_cache.index_copy_(2, here, k)
-            v_cache.index_copy_(2, here, v)
+            if by_product and self.kv_cache is not None:
+                self.kv_cache[index].index_copy_(2, here, rotated[:, H:])  # K and V side by side: one write
+            else:
+                k_cache.index_copy_(2, here, k)
+                v_cache.index_copy_(2, here, v)
             if prefill:  # from position 0: the new keys alone, causal (flash; the same bits every time)
                 a = self._attend(q, k, v, None)
             else:
                 a = self._attend_cache(q, k_cache, v_cache, mask)  # [B, H, n, Dh]
-            # residual adds inside the products (beta = 1 into x itself): no separate add kernel
-            x = x.addmm_(a.transpose(1, 2).reshape(B * n, q_width), layer.o.t())
+            a = a.transpose(1, 2).reshape(B * n, q_width)
+            if self.inplace_residual:  # residual adds inside the products (beta = 1 into x): no add kernel
+                x = x.addmm_(a, layer.o.t())
+            else:  # a plain product: inductor turns a batch-1 one into a reduction fused with the add
+                x = x + F.linear(a, layer.o)
             h = F.rms_norm(x, (D,), layer.ln2, self.eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x.addmm_(F.silu(gate) * up, layer.down.t())
+            if self.inplace_residual:
+                x = x.addmm_(F.silu(gate) * up, layer.down.t())
+            else:
+                x = x + F.linear(F.silu(gate) * up, layer.down)
         x = x.view(B, n, D)
         if not logits_all:
             x = x[:, -1:]

@@ -13,7 +13,7 @@ import torch
 
 from gpuperfd.probe_data.spec import GPT2_MODELS, LLAMA_MODELS, VIT_MODELS, ProbeSpec
 
-__all__ = ["build_gpt2", "build_llama", "build_vit", "count_parameters", "llama_config"]
+__all__ = ["build_gpt2", "build_llama", "build_vit", "count_parameters", "llama_config", "random_llama"]
 
 
 def count_parameters(model: torch.nn.Module) -> int:
@@ -81,9 +81,8 @@ def llama_config(model: str) -> Any:
 def build_llama(model: str, device: torch.device, dtype: torch.dtype, weights_path: str | None = None) -> Any:
     """A LlamaForCausalLM of shape ``model`` on ``device`` in ``dtype`` (eval mode, SDPA attention).
 
-    Random weights are created on the device and in ``dtype`` from the start (the default dtype is
-    set while the modules are made): the 8B shape never has a host copy nor a 32 GB float32 stage
-    (seed 004's reference built it in 0.55 s on an H100).
+    Random weights (:func:`random_llama`) are made on the device, in ``dtype``, one tensor at a time:
+    the 8B shape never has a host copy nor a float32 stage, and Q/K/V and gate/up are born fused.
     """
     from transformers import LlamaForCausalLM
 
@@ -92,13 +91,63 @@ def build_llama(model: str, device: torch.device, dtype: torch.dtype, weights_pa
                                                  attn_implementation="sdpa")
         built.to(device)
     else:
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            with torch.device(device):
-                built = LlamaForCausalLM(llama_config(model))
-        finally:
-            torch.set_default_dtype(previous)
-        built.to(dtype=dtype)
+        built = random_llama(llama_config(model), device, dtype)
     built.eval()
+    return built
+
+
+def random_llama(config: Any, device: torch.device, dtype: torch.dtype) -> Any:
+    """A LlamaForCausalLM with random weights, its skeleton made on the meta device (no memory, no
+    init pass: transformers' init of the 8B took seconds of the probe's setup) and each weight then
+    allocated on ``device`` and drawn as transformers draws it (normal, std ``initializer_range``;
+    norms 1). Q/K/V of a layer are one ``[(H + 2 Hkv) Dh, D]`` matrix and gate/up one ``[2 I, D]``,
+    the modules' weights consecutive row views into them, so the static forward multiplies by the
+    fused matrices (:func:`~gpuperfd.probe_child.workloads.llama_static.fuse_rows` finds them) and
+    nothing is held twice; ``generate()`` (the answer check's reference) reads the same memory."""
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        built = LlamaForCausalLM(config)
+    std = float(getattr(config, "initializer_range", 0.02))
+
+    def normal(rows: int, cols: int) -> torch.Tensor:
+        return torch.empty(rows, cols, dtype=dtype, device=device).normal_(0.0, std)
+
+    def bind(module: torch.nn.Module, weight: torch.Tensor) -> None:
+        module.weight = torch.nn.Parameter(weight, requires_grad=False)
+
+    def bind_rows(linears: list[torch.nn.Module]) -> None:
+        fused = normal(sum(lin.weight.shape[0] for lin in linears), linears[0].weight.shape[1])
+        start = 0
+        for lin in linears:
+            rows = lin.weight.shape[0]
+            bind(lin, fused[start:start + rows])
+            start += rows
+
+    def ones(module: torch.nn.Module) -> None:
+        bind(module, torch.ones(module.weight.shape, dtype=dtype, device=device))
+
+    inner = built.model
+    bind(inner.embed_tokens, normal(*inner.embed_tokens.weight.shape))
+    for block in inner.layers:
+        att, mlp = block.self_attn, block.mlp
+        bind_rows([att.q_proj, att.k_proj, att.v_proj])
+        bind(att.o_proj, normal(*att.o_proj.weight.shape))
+        bind_rows([mlp.gate_proj, mlp.up_proj])
+        bind(mlp.down_proj, normal(*mlp.down_proj.weight.shape))
+        ones(block.input_layernorm)
+        ones(block.post_attention_layernorm)
+    ones(inner.norm)
+    if getattr(config, "tie_word_embeddings", False):
+        built.lm_head.weight = inner.embed_tokens.weight
+    else:
+        bind(built.lm_head, normal(*built.lm_head.weight.shape))
+    # the rotary module's inverse frequencies are buffers computed at construction: made again, on the device
+    # (made under the device, not passed it: transformers 5.x's constructor takes no device)
+    with torch.device(device):
+        inner.rotary_emb = type(inner.rotary_emb)(config=config)
+    left = [name for name, t in [*built.named_parameters(), *built.named_buffers()] if t.is_meta]
+    if left and torch.device(device).type != "meta":
+        raise RuntimeError(f"random_llama: tensors left on the meta device (this transformers adds state "
+                           f"the builder does not know): {', '.join(left[:5])}")
     return built
