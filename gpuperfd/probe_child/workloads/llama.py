@@ -296,6 +296,8 @@ class SpeculativeLlama:
         for _ in range(steps):
             t.run_decode()
         end = clock.mark()
+        if self.ctx.is_cuda:  # elapsed_time needs both events completed (the H200 run failed here)
+            torch.cuda.synchronize()
         clock.finalize()
         t.pos.fill_(T)  # back to the round's position
         return clock.seconds(start, end) / steps
