@@ -142,22 +142,7 @@ class StaticLlama:
         #: A batch-1 decode step's RoPE as one product a layer (as written), or element-wise (3 kernels,
         #: which torch.compile fuses into one anyway, without reading a rotation matrix).
         self.rope_by_product = not compile_steps
-        # One tensor a layer, not one for all: a step writes into whole tensors, which torch.compile
-        # updates in place (a slice of one big cache was copied back whole every step: 2 GB at batch 32).
-        shape = (batch_size, self.n_kv, self.max_seq, self.head_dim)
-        #: At batch 1 as written, a layer's keys and values in one tensor ``[1, 2 Hkv, S, Dh]`` (K's heads,
-        #: then V's), so a decode step writes both with one kernel; ``k_cache``/``v_cache`` are its halves
-        #: (contiguous at batch 1). Otherwise (and under torch.compile, which updates whole tensors in
-        #: place but copies a written view back whole) one tensor each.
-        self.kv_cache: list[torch.Tensor] | None = None
-        if self.rope_by_product and batch_size == 1:
-            joint = (1, 2 * self.n_kv, self.max_seq, self.head_dim)
-            self.kv_cache = [torch.zeros(joint, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
-            self.k_cache = [t[:, :self.n_kv] for t in self.kv_cache]
-            self.v_cache = [t[:, self.n_kv:] for t in self.kv_cache]
-        else:
-            self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
-            self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
+        self._make_caches(batch_size)
         self.seq = torch.zeros(batch_size, self.max_seq, dtype=torch.long, device=self.device)
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
         self.positions = torch.arange(self.max_seq, device=self.device)
@@ -179,6 +164,25 @@ class StaticLlama:
         self._graph_logits: dict[str, torch.Tensor] = {}
         self._eager_logits: torch.Tensor | None = None
         self._last = "prefill"
+
+    def _make_caches(self, batch_size: int) -> None:
+        """The KV caches. One tensor a layer, not one for all: a step writes into whole tensors, which
+        torch.compile updates in place (a slice of one big cache was copied back whole every step: 2 GB
+        at batch 32)."""
+        shape = (batch_size, self.n_kv, self.max_seq, self.head_dim)
+        #: At batch 1 as written, a layer's keys and values in one tensor ``[1, 2 Hkv, S, Dh]`` (K's heads,
+        #: then V's), so a decode step writes both with one kernel; ``k_cache``/``v_cache`` are its halves
+        #: (contiguous at batch 1). Otherwise (and under torch.compile, which updates whole tensors in
+        #: place but copies a written view back whole) one tensor each.
+        self.kv_cache: list[torch.Tensor] | None = None
+        if self.rope_by_product and batch_size == 1:
+            joint = (1, 2 * self.n_kv, self.max_seq, self.head_dim)
+            self.kv_cache = [torch.zeros(joint, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
+            self.k_cache = [t[:, :self.n_kv] for t in self.kv_cache]
+            self.v_cache = [t[:, self.n_kv:] for t in self.kv_cache]
+        else:
+            self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
+            self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layer)]
 
     # --- sizes ----------------------------------------------------------------------
 
