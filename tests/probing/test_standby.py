@@ -49,6 +49,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def gone(pid: int, seconds: float = 10.0) -> bool:
+    """True once ``pid`` has ended (within ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
 class Node:
     def __init__(self, tmp_path, limit_bytes: int = 8 << 30) -> None:
         self.clock = Clock()
@@ -141,10 +149,7 @@ def test_the_run_at_the_qualifying_moment_builds_in_a_child_started_before_it(no
     assert n.results[0].extra["child_pid"] == pid  # the run built in the standby child, no spawn of its own
     assert n.standby.taken == 1 and n.slot() is None
     assert n.admission.state().reserved_bytes == 0  # one reservation (the standby's), released once
-    deadline = time.monotonic() + 10
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(pid)  # the round closed it
+    assert gone(pid)  # the round closed it
 
 
 def test_a_gpu_that_turns_busy_ends_its_standby_child_and_reservation(node):
@@ -157,10 +162,7 @@ def test_a_gpu_that_turns_busy_ends_its_standby_child_and_reservation(node):
     n.idle(1)
     assert n.dispatch() == 0
     assert n.slot() is None and n.admission.state().reserved_bytes == 0
-    deadline = time.monotonic() + 10
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(pid)
+    assert gone(pid)
     assert n.runs() == 0
 
 
@@ -180,7 +182,4 @@ def test_a_stopping_service_ends_its_standby_child(node):
     pid = n.wait_ready()
     n.service.stop()
     assert n.slot() is None and n.admission.state().reserved_bytes == 0
-    deadline = time.monotonic() + 10
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(pid)
+    assert gone(pid)

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from gpuperfd.probe_child.workloads.graphed_steps import GraphedSteps
+
 #: Attention kernels whose forward pass gives the same bits for the same inputs. cuDNN's, which
 #: torch prefers on Hopper for the decode step (one query token against a masked cache), does not:
 #: on an H100 two identical decode steps differed in 650k-980k of 6.4M logits
@@ -65,7 +67,7 @@ def _round_up(value: int, multiple: int) -> int:
     return (value + multiple - 1) // multiple * multiple
 
 
-class StaticGPT2:
+class StaticGPT2(GraphedSteps):
     """Greedy generation for a fixed (batch, prompt, output) shape.
 
     Usage: write prompts into ``seq[:, :prompt_tokens]``, call :meth:`prefill`
@@ -261,32 +263,12 @@ class StaticGPT2:
         self.graphs = {"prefill": prefill_graph, "decode": decode_graph, "decode_check": check_graph}
 
     def run_prefill(self) -> None:
-        self._last = "prefill"
-        graph = self.graphs.get("prefill")
-        if graph is not None:
-            graph.replay()
-        else:
-            self._eager_logits = self.prefill()
+        self._step("prefill", self.prefill)
 
     def run_decode(self, reproducible: bool = False) -> None:
         """One decode step; ``reproducible``: with attention kernels that give the same bits for
         the same inputs (the answer check's step; see REPRODUCIBLE_SDPA)."""
-        self._last = "decode_check" if reproducible else "decode"
-        graph = self.graphs.get(self._last)
-        if graph is not None:
-            graph.replay()
-            return
-        self._reproducible = reproducible
-        try:
-            self._eager_logits = self.decode()
-        finally:
-            self._reproducible = False
-
-    def last_logits(self) -> torch.Tensor:
-        """Logits of the last prefill or decode step run (the graph's output buffer when graphed)."""
-        if self.graphs:
-            return self._graph_logits[self._last]
-        return self._eager_logits
+        self._step("decode_check" if reproducible else "decode", self.decode, reproducible)
 
     def generate(self, prompts: torch.Tensor) -> torch.Tensor:
         """Greedy tokens for ``prompts`` [B, T] -> [B, output_tokens] (tests and checks)."""

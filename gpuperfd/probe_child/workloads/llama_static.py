@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from gpuperfd.probe_child.workloads.gpt2_static import REPRODUCIBLE_SDPA, _round_up
+from gpuperfd.probe_child.workloads.graphed_steps import GraphedSteps
 
 __all__ = ["COMPILE_OPTIONS", "StaticLlama", "fuse_rows"]
 
@@ -89,7 +90,7 @@ def _adjacent_rows(weights: list[torch.Tensor]) -> torch.Tensor | None:
     return first.as_strided((sum(w.shape[0] for w in weights), cols), (cols, 1))
 
 
-class StaticLlama:
+class StaticLlama(GraphedSteps):
     """Greedy generation for a fixed (batch, context) shape.
 
     Usage: write prompts into ``seq[:, :T]``; :meth:`run_prefill` (the first token lands in
@@ -369,43 +370,19 @@ class StaticLlama:
         torch.cuda.synchronize(self.device)
         self.graphs, self._graph_logits = graphs, logits
 
-    def _run(self, name: str, eager: Callable[[], torch.Tensor]) -> None:
-        self._last = name
-        graph = self.graphs.get(name)
-        if graph is not None:
-            graph.replay()
-        else:
-            self._eager_logits = eager()
-
     def run_prefill(self) -> None:
-        self._run("prefill", self.prefill)
+        self._step("prefill", self.prefill)
 
     def run_decode(self) -> None:
         """One decode step (the captured graph's ``decode_steps`` steps when graphed)."""
-        self._run("decode", self._decode_fn)
+        self._step("decode", self._decode_fn)
 
     def run_verify(self) -> None:
-        self._run("verify", self._verify_fn)
+        self._step("verify", self._verify_fn)
 
     def run_check_decode(self) -> None:
         """The answer check's decode step: attention kernels that give the same bits for the same inputs."""
-        self._last = "decode_check"
-        graph = self.graphs.get("decode_check")
-        if graph is not None:
-            graph.replay()
-            return
-        self._reproducible = True
-        try:
-            self._eager_logits = self.decode()
-        finally:
-            self._reproducible = False
-
-    def last_logits(self) -> torch.Tensor:
-        """Logits of the last step run (the graph's output buffer when graphed)."""
-        if self.graphs:
-            return self._graph_logits[self._last]
-        assert self._eager_logits is not None
-        return self._eager_logits
+        self._step("decode_check", self.decode, reproducible=True)
 
     def generate(self, prompts: torch.Tensor, output_tokens: int) -> torch.Tensor:
         """Greedy tokens for ``prompts`` [B, T] -> [B, output_tokens] (eager steps; tests and checks)."""
