@@ -32,17 +32,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
-from gpuperfd.probe_child.workloads.graphed_steps import GraphedSteps
+from gpuperfd.probe_child.workloads.graphed_steps import REPRODUCIBLE_SDPA, GraphedSteps
 
-#: Attention kernels whose forward pass gives the same bits for the same inputs. cuDNN's, which
-#: torch prefers on Hopper for the decode step (one query token against a masked cache), does not:
-#: on an H100 two identical decode steps differed in 650k-980k of 6.4M logits
-#: (benchmarks/repeat_diag.py, docs/probes.md), and the answer checks compare bits. Measuring with
-#: them instead cost 23 % of decode throughput there, so the measured decode keeps torch's choice
-#: and only the answer check's decode step (its own graph) uses these.
-REPRODUCIBLE_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 __all__ = ["StaticGPT2"]
 
@@ -235,16 +228,7 @@ class StaticGPT2(GraphedSteps):
         The warm-up runs go on a side stream, as capture requires (cuBLAS handles and
         workspaces are created there, not inside the graph).
         """
-        if self.device.type != "cuda":
-            raise RuntimeError("CUDA graphs need a CUDA device")
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                self.prefill()
-                self.decode()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
+        self._warm_up_for_capture([self.prefill, self.decode], warmup)
         prefill_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(prefill_graph):
             prefill_logits = self.prefill()
@@ -269,6 +253,10 @@ class StaticGPT2(GraphedSteps):
         """One decode step; ``reproducible``: with attention kernels that give the same bits for
         the same inputs (the answer check's step; see REPRODUCIBLE_SDPA)."""
         self._step("decode_check" if reproducible else "decode", self.decode, reproducible)
+
+    def run_check_decode(self) -> None:
+        """The answer check's decode step (attention kernels that repeat their bits)."""
+        self.run_decode(reproducible=True)
 
     def generate(self, prompts: torch.Tensor) -> torch.Tensor:
         """Greedy tokens for ``prompts`` [B, T] -> [B, output_tokens] (tests and checks)."""

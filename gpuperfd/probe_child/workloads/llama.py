@@ -31,6 +31,7 @@ import torch
 from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_child.workloads import data
+from gpuperfd.probe_child.workloads.graphed_steps import sdpa_choice
 from gpuperfd.probe_child.workloads.llama_static import StaticLlama
 from gpuperfd.probe_child.workloads.llm import EagerLLM, GraphLLM, _LLMBase
 from gpuperfd.probe_child.workloads.models import build_llama, count_parameters
@@ -123,21 +124,9 @@ class _RooflineMixin:
 def _decode_sdpa_choice(static: StaticLlama, reproducible: bool = False) -> str | None:
     """The fused SDPA kernel a decode step's shapes select (query heads folded per KV head; private
     torch API, None if unknown); ``reproducible``: the answer check's step."""
-    try:
-        import contextlib
-
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        from gpuperfd.probe_child.workloads.gpt2_static import REPRODUCIBLE_SDPA
-
-        g = static.n_head // static.n_kv
-        q = torch.zeros(static.batch_size, static.n_kv, g, static.head_dim, dtype=static.dtype, device=static.device)
-        mask = torch.zeros(1, 1, 1, static.max_seq, dtype=static.dtype, device=static.device)
-        with sdpa_kernel(REPRODUCIBLE_SDPA) if reproducible else contextlib.nullcontext():
-            choice = torch._fused_sdp_choice(q, static.k_cache[0], static.v_cache[0], mask, 0.0, False)
-        return SDPBackend(choice).name
-    except Exception:  # noqa: BLE001 - informational only
-        return None
+    query = torch.zeros(static.batch_size, static.n_kv, static.n_head // static.n_kv, static.head_dim, dtype=static.dtype,
+                        device=static.device)
+    return sdpa_choice(query, static.k_cache[0], static.v_cache[0], reproducible)
 
 
 def _kv_bytes_per_token(static: StaticLlama) -> float:
@@ -201,15 +190,9 @@ class GraphLlama(_RooflineMixin, GraphLLM):
         """Prefill and one decode step of the window's first request batch (graph replays on CUDA),
         their logits and tokens; the slice is a product with the model's largest weight (the embedding)."""
         s = self.static
-        T = self.T
 
         def output() -> list[torch.Tensor]:
-            with torch.inference_mode():
-                s.seq[:, :T].copy_(self.prompts[0])
-                s.run_prefill()
-                if self.O > 1:
-                    s.run_check_decode()
-                return [s.last_logits().clone(), s.seq[:, T:T + min(self.O, 2)].clone()]
+            return s.check_output(self.prompts[0], self.O)
 
         return correctness.CheckPlan(output, correctness.weight_slice(self.model, self.ctx.dtype),
                                      path="cuda_graph" if s.graphs else "eager")

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gpuperfd.probe_child.workloads.gpt2_static import REPRODUCIBLE_SDPA, _round_up
-from gpuperfd.probe_child.workloads.graphed_steps import GraphedSteps
+from gpuperfd.probe_child.workloads.gpt2_static import _round_up
+from gpuperfd.probe_child.workloads.graphed_steps import REPRODUCIBLE_SDPA, GraphedSteps
 
 __all__ = ["COMPILE_OPTIONS", "StaticLlama", "fuse_rows"]
 
@@ -336,18 +336,8 @@ class StaticLlama(GraphedSteps):
 
         Warm-up runs (and torch.compile's compilation) go on a side stream, as capture requires.
         """
-        if self.device.type != "cuda":
-            raise RuntimeError("CUDA graphs need a CUDA device")
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                self.prefill()
-                self._decode_fn()
-                if self.verify_tokens:
-                    self._verify_fn()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
+        self._warm_up_for_capture([self.prefill, self._decode_fn, *([self._verify_fn] if self.verify_tokens else [])],
+                                  warmup)
         graphs: dict[str, torch.cuda.CUDAGraph] = {}
         logits: dict[str, torch.Tensor] = {}
 

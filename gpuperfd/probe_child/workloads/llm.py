@@ -34,6 +34,7 @@ from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_child.workloads import data
 from gpuperfd.probe_child.workloads.gpt2_static import StaticGPT2
+from gpuperfd.probe_child.workloads.graphed_steps import sdpa_choice
 from gpuperfd.probe_child.workloads.models import build_gpt2, count_parameters
 
 __all__ = ["build", "GraphLLM", "EagerLLM"]
@@ -148,15 +149,9 @@ class GraphLLM(_LLMBase):
         one decode step (both kernels sets, a fraction of one request's cost), their logits and
         tokens; the slice is a product with the model's largest weight."""
         s = self.static
-        T = self.T
 
         def output() -> list[torch.Tensor]:
-            with torch.inference_mode():
-                s.seq[:, :T].copy_(self.prompts[0])
-                s.run_prefill()
-                if self.O > 1:
-                    s.run_decode(reproducible=True)  # the same step with attention that repeats its bits
-                return [s.last_logits().clone(), s.seq[:, T:T + min(self.O, 2)].clone()]
+            return s.check_output(self.prompts[0], self.O)
 
         return correctness.CheckPlan(
             output, correctness.weight_slice(self.model, self.ctx.dtype),
@@ -181,20 +176,8 @@ class GraphLLM(_LLMBase):
 def _sdpa_choice(static: StaticGPT2, reproducible: bool = False) -> str | None:
     """The fused SDPA kernel a decode step's shapes select (private torch API; None if unknown);
     ``reproducible``: the answer check's step (REPRODUCIBLE_SDPA only)."""
-    try:
-        import contextlib
-
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        from gpuperfd.probe_child.workloads.gpt2_static import REPRODUCIBLE_SDPA
-
-        q = torch.zeros(static.batch_size, static.n_head, 1, static.head_dim, dtype=static.dtype, device=static.device)
-        mask = torch.zeros(1, 1, 1, static.max_seq, dtype=static.dtype, device=static.device)
-        with sdpa_kernel(REPRODUCIBLE_SDPA) if reproducible else contextlib.nullcontext():
-            choice = torch._fused_sdp_choice(q, static.k_cache[0], static.v_cache[0], mask, 0.0, False)
-        return SDPBackend(choice).name
-    except Exception:  # noqa: BLE001 - informational only
-        return None
+    query = torch.zeros(static.batch_size, static.n_head, 1, static.head_dim, dtype=static.dtype, device=static.device)
+    return sdpa_choice(query, static.k_cache[0], static.v_cache[0], reproducible)
 
 
 class _FirstTokenStreamer:
