@@ -380,9 +380,9 @@ class ApplyController:
                 self._leave(device, uuid, state, f"the cap reads {enforced:.0f} W, not the applied "
                                                  f"{state.applied_watts:.0f} W, and the journal entry was removed")
             return
-        left_by_sweep = entry.sweep_unrestored
-        if round(enforced) != round(state.applied_watts):
-            whose = self._whose(uuid, enforced, entry)
+        left_by_sweep = False  # a cap a writer of ours left (a sweep that could not put the applied cap back)
+        if round(enforced) != round(state.applied_watts):  # is told by the journal's last pair (_whose), which
+            whose = self._whose(uuid, enforced, entry)      # every writer, in this process or another, writes first
             if whose == "live":
                 log.info("gpu %d: the cap reads %.0f W, set by a writer of ours that runs now; looked at again "
                          "in the next pass", device.index, enforced)
@@ -392,9 +392,6 @@ class ApplyController:
                                                     f"(set by hand)")
                 return
             left_by_sweep = whose == "writer"
-        elif left_by_sweep:
-            self.journal.mark_sweep_unrestored(uuid, left=False)  # nothing was left changed after all
-            left_by_sweep = False
         facts = self._facts(device, uuid, limits, state.operator_watts)
         why = check_applied(self.settings, facts, state.applied_watts, state.applied_at, enforced,
                             sweep_unrestored=left_by_sweep)

@@ -343,3 +343,24 @@ def test_the_operators_own_cap_set_back_by_hand_leaves_apply_mode_without_an_ale
                for r in ("sweep_unrestored", "stopped"))
     assert entry(node, 0) is None and cap(node, 0) == 700.0
     assert any(d["believed"] == "operator" and d["detail"].startswith("reverted") for d in node.journal.decisions())
+
+
+def test_an_unchanged_pass_renders_nothing_and_a_change_renders_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The scrape re-renders the apply registry when its version moves (telemetry/exporter.py): a pass that
+    changes no series (the applied cap held, advise's or a held-back GPU's state unchanged) moves nothing."""
+    node = applied_node(tmp_path, gpus=2)
+    node.controller.tick()  # the realized savings of the points seen: published once
+    before = node.metrics.version()
+    text = node.metrics.registry.get_sample_value
+    shown = text("gpuperf_apply_cap_watts", {"gpu": "0", "uuid": node.devices[0].info().uuid})
+    for _ in range(3):
+        node.controller.tick()
+    assert node.metrics.version() == before
+    assert text("gpuperf_apply_cap_watts", {"gpu": "0", "uuid": node.devices[0].info().uuid}) == shown
+    node.reasons[1] = [drift()]  # a change: GPU 1 rolls back, its series change, the version moves
+    node.controller.tick()
+    moved = node.metrics.version()
+    assert moved > before and node.controller.states[1].reason == "rolled_back"
+    node.controller.tick()
+    assert node.metrics.version() == moved
+
