@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpuperfd.probing.admission import MIB, POLL_SECONDS, RSS_READ_SECONDS, Admission, PeakBook, memory_limit
+from gpuperfd.probing.admission import MIB, POLL_SECONDS, RSS_READ_SECONDS, Admission, PeakBook, Ticket, memory_limit
 
 CHILD = 100 * MIB
 
@@ -89,15 +89,21 @@ def test_a_small_child_does_not_overtake_the_head_of_the_queue() -> None:
     assert got == [1]
 
 
-def test_abort_wakes_waiters() -> None:
-    admission = _admission(1)
-    abort = threading.Event()
+def _one_waiting(admission: Admission, abort: threading.Event) -> tuple[Ticket, list[Ticket], threading.Thread]:
+    """GPU 0's child holds the one child's budget; GPU 1 waits for it on a thread (its answer into the list)."""
     held = admission.acquire(0, CHILD, abort)
-    answers = []
+    answers: list[Ticket] = []
     waiter = threading.Thread(target=lambda: answers.append(admission.acquire(1, CHILD, abort)))
     waiter.start()
     while admission.state().waiting < 1:
         time.sleep(0.005)
+    return held, answers, waiter
+
+
+def test_abort_wakes_waiters() -> None:
+    admission = _admission(1)
+    abort = threading.Event()
+    held, answers, waiter = _one_waiting(admission, abort)
     t0 = time.monotonic()
     abort.set()
     admission.wake()
@@ -147,12 +153,7 @@ def test_waiters_read_the_daemons_rss_at_a_bounded_rate_and_afresh_when_a_child_
     admission = Admission(CHILD, "test limit", PeakBook(CHILD), daemon_rss=lambda: reads.append(1) or 0,
                           headroom_bytes=0, clock=lambda: 0.0)
     abort = threading.Event()
-    held = admission.acquire(0, CHILD, abort)
-    answers = []
-    waiter = threading.Thread(target=lambda: answers.append(admission.acquire(1, CHILD, abort)))
-    waiter.start()
-    while admission.state().waiting < 1:
-        time.sleep(0.005)
+    held, answers, waiter = _one_waiting(admission, abort)
     before = len(reads)
     time.sleep(5 * POLL_SECONDS)  # the waiter looks again at least four times
     assert len(reads) == before  # none of those looks read /proc
