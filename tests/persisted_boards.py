@@ -8,7 +8,12 @@ real daemons mid-sweep or while apply mode holds a cap.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: The operator's caps the boards start at (GPU index -> watts, as the state file keys them).
 ORIGINAL = {"0": 650.0, "1": 640.0}
@@ -39,3 +44,41 @@ def operator_sets(state: Path, gpu: int, watts: float) -> None:
     board = SimulatedBackend(SimulationConfig(gpus=2, seed=1, initial_power_limits={0: 650, 1: 640},
                                               state_file=state / "sim-limits.json"))
     board.devices()[gpu].set_power_limit(watts)
+
+
+#: A daemon in apply mode on the two boards: one llm schedule (a sweep of five caps), apply every second.
+APPLY_CONFIG = """
+log_level: info
+sampler: {{interval_seconds: 0.2}}
+{boards}health: {{interval_seconds: 0.5}}
+probes:
+  read_only: false
+  state_dir: {state}
+  history: {{path: {state}/history.jsonl}}
+  idle_seconds: 0
+  jitter_seconds: 0
+  first_run_delay_seconds: {first_run}
+  simulated_measure_seconds: {measure}
+  schedules:
+    - probe: llm
+      interval_seconds: {interval}
+      caps: [max, current, 500, 400, 300]
+      settle_seconds: 0
+apply: {{mode: {mode}, workload: llm, budget_ratio: 0.1, interval_seconds: 1}}
+"""
+
+
+def apply_config(state: Path, mode: str = "on", first_run: float = 0.1, interval: float = 3600,
+                 measure: float = 0.05) -> str:
+    """The config text of a daemon in apply ``mode`` on the two boards, its state in ``state``."""
+    return APPLY_CONFIG.format(state=state, boards=boards(state), mode=mode, first_run=first_run, interval=interval,
+                               measure=measure)
+
+
+def wait_for(what: Callable[[], T], timeout: float = 30.0, log: Callable[[], str] = lambda: "") -> T:
+    """``what()``'s first true answer, asked every 50 ms; fails with the end of ``log()`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not (got := what()):
+        assert time.monotonic() < deadline, log()[-3000:]
+        time.sleep(0.05)
+    return got

@@ -1,9 +1,12 @@
 """The daemon's side of apply mode: journal the operator's cap, set the recommended one, watch it,
 give it back by itself.
 
-One pass per GPU (:meth:`ApplyController.tick`, every ``apply.interval_seconds`` on its own thread)
-under the GPU's cap lock (:class:`~gpuperfd.probing.sweep.ownership.GpuLock`): a sweep that owns the
-cap now is left alone (it returns to the applied cap itself, :class:`~gpuperfd.probing.sweep.caps.CapGuard`).
+One pass per GPU (:meth:`ApplyController.tick`, every ``apply.interval_seconds`` on its own thread).
+A pass first *looks* without the GPU's cap lock (:class:`~gpuperfd.probing.sweep.ownership.GpuLock`): a
+pass that changes no cap (the applied cap holds, a GPU held back for the same reason) never takes it, so a
+probe round never waits for it. Only a pass with a change due (apply, roll back, leave, restore a dead
+writer's cap) takes the lock and decides again under it, as every writer does. A sweep that owns the cap
+now is left alone (it returns to the applied cap itself, :class:`~gpuperfd.probing.sweep.caps.CapGuard`).
 A GPU without an applied cap is judged by :func:`~gpuperfd.apply.policy.decide`; one with a cap by
 :func:`~gpuperfd.apply.policy.check_applied`, which rolls it back (verdict, drift, a failed probe at the
 applied cap, a loss over budget) or, when someone else changed it, leaves it to them.
@@ -89,6 +92,10 @@ class GpuApply:
     hold: GpuLock | None = field(default=None, repr=False)
 
 
+class _ChangeDue(Exception):
+    """A look (a pass without the cap lock) reached a cap change: the pass takes the lock and decides again."""
+
+
 class ApplyController:
     """Applies, watches and rolls back the recommended cap of each GPU (thread-safe; one pass at a time)."""
 
@@ -117,6 +124,8 @@ class ApplyController:
         self.book = PointBook()
         self.states = {index: GpuApply() for index in self.devices}
         self._pass = threading.Lock()
+        #: True while a pass looks without the cap lock (under ``_pass``): a cap change raises _ChangeDue.
+        self._looking = False
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -198,6 +207,15 @@ class ApplyController:
             return
         state = self.states[device.index]
         lock = self.journal.lock(safe_name(uuid))
+        if lock.owner() is None:  # nobody writes the cap now: look first, lock only for a change
+            try:
+                if self._look(device, uuid, state, lock):
+                    self._publish(device.index, uuid, state)
+                    return
+            except DeviceError as exc:  # a lost or failing GPU: an applied cap stays journaled for the next start
+                log.warning("gpu %d: apply pass: %s", device.index, exc)
+                self._publish(device.index, uuid, state)
+                return
         try:
             lock.acquire()
         except GpuBusy:  # a sweep or a CLI run owns the cap now; the next pass looks again
@@ -218,6 +236,32 @@ class ApplyController:
         finally:
             lock.release()
         self._publish(device.index, uuid, state)
+
+    def _look(self, device: Device, uuid: str, state: GpuApply, lock: GpuLock) -> bool:
+        """The pass without the cap lock, on a copy of the GPU's state: True (the copy kept) when it changes
+        no cap; False when a change is due, or a writer took the cap meanwhile (what was read may be its
+        sweep's): the pass then takes the lock and decides again under it."""
+        look = dataclasses.replace(state)
+        self._looking = True
+        try:
+            if look.applied_watts is not None:
+                self._watch(device, uuid, look)
+            else:
+                self._consider(device, uuid, look)
+        except _ChangeDue:
+            return False
+        finally:
+            self._looking = False
+        if lock.owner() is not None:
+            return False
+        for name in (f.name for f in dataclasses.fields(GpuApply)):
+            setattr(state, name, getattr(look, name))
+        return True
+
+    def _changing(self) -> None:
+        """Called before any cap or journal change: a look stops here (the change needs the cap lock)."""
+        if self._looking:
+            raise _ChangeDue()
 
     def _limits(self, device: Device) -> PowerLimits | None:
         try:
@@ -279,6 +323,7 @@ class ApplyController:
             entry = journal.entry(uuid)
             if entry is None or entry.writer_alive() or is_owned(journal.state_dir, apply_lock_name(name)) is not None:
                 continue
+            self._changing()
             mine = journal is self.journal  # this directory's GPU lock is ours now
             done = restore_pending(journal, [device], only=[uuid], lock=not mine)
             if done:
@@ -317,6 +362,7 @@ class ApplyController:
 
     def _apply(self, device: Device, uuid: str, state: GpuApply, cap: float, limits: PowerLimits, why: str) -> None:
         """Journal the operator's cap, hold the apply lock, set ``cap`` and read it back (or undo it)."""
+        self._changing()
         hold = GpuLock(self.journal.state_dir, apply_lock_name(safe_name(uuid)))
         try:
             hold.acquire()
@@ -380,9 +426,9 @@ class ApplyController:
                 self._leave(device, uuid, state, f"the cap reads {enforced:.0f} W, not the applied "
                                                  f"{state.applied_watts:.0f} W, and the journal entry was removed")
             return
-        left_by_sweep = entry.sweep_unrestored
-        if round(enforced) != round(state.applied_watts):
-            whose = self._whose(uuid, enforced, entry)
+        left_by_sweep = False  # a cap a writer of ours left (a sweep that could not put the applied cap back)
+        if round(enforced) != round(state.applied_watts):  # is told by the journal's last pair (_whose), which
+            whose = self._whose(uuid, enforced, entry)      # every writer, in this process or another, writes first
             if whose == "live":
                 log.info("gpu %d: the cap reads %.0f W, set by a writer of ours that runs now; looked at again "
                          "in the next pass", device.index, enforced)
@@ -392,9 +438,6 @@ class ApplyController:
                                                     f"(set by hand)")
                 return
             left_by_sweep = whose == "writer"
-        elif left_by_sweep:
-            self.journal.mark_sweep_unrestored(uuid, left=False)  # nothing was left changed after all
-            left_by_sweep = False
         facts = self._facts(device, uuid, limits, state.operator_watts)
         why = check_applied(self.settings, facts, state.applied_watts, state.applied_at, enforced,
                             sweep_unrestored=left_by_sweep)
@@ -424,6 +467,7 @@ class ApplyController:
         """Put the operator's cap back by the one rule (:func:`put_back`: only over a cap of ours), read
         it back, clear the journal; False (journal kept) if it does not read back. A cap that is not
         ours is the operator's: it stays and the GPU leaves apply mode (overridden)."""
+        self._changing()
         operator = state.operator_watts
         assert operator is not None
         entry = self.journal.entry(uuid)
@@ -456,6 +500,7 @@ class ApplyController:
     def _reverted(self, device: Device, uuid: str, state: GpuApply, detail: str) -> None:
         """The operator's own cap is back (``apply --revert``, or by hand): apply mode's work is undone by
         the operator, so the GPU leaves apply mode quietly (no override alert, no rollback counted)."""
+        self._changing()
         self.journal.clear(uuid)
         self.journal.believe(uuid, "operator", state.operator_watts or 0.0, f"reverted: {detail}")
         log.warning("gpu %d: %s; this GPU leaves apply mode", device.index, detail)
@@ -466,6 +511,7 @@ class ApplyController:
     def _leave(self, device: Device, uuid: str, state: GpuApply, detail: str) -> None:
         """Someone else set a cap: never fight it. The journal entry goes *without* a restore (a later
         start must not put the old cap over their choice), and the GPU leaves apply mode."""
+        self._changing()
         self.journal.clear(uuid)
         try:
             found = device.power_limits().enforced_watts
@@ -583,8 +629,9 @@ class ApplyController:
 
     def round_ended(self, gpu: int) -> None:
         """The probe service's round listener: a round on ``gpu`` gave its cap lock back. The next pass
-        runs now, while the next round waits for the lock (CAP_LOCK_WAIT_SECONDS); on GPUs swept back
-        to back, a pass every ``interval_seconds`` could miss every gap between their rounds."""
+        runs now; one with a change due takes the lock while the next round waits for it
+        (CAP_LOCK_WAIT_SECONDS); on GPUs swept back to back, a pass every ``interval_seconds`` could miss
+        every gap between their rounds."""
         self._wake.set()
 
     def _run(self) -> None:

@@ -21,15 +21,15 @@ GPU_LABELS = ("gpu", "uuid")
 WORKLOAD_LABELS = ("gpu", "uuid", "probe", "preset")
 
 
-def _changes(method: Callable[..., None]) -> Callable[..., None]:
-    """A setter whose series changed once it returns: the version moves after the change, so a scrape in
-    between never caches the old text under the new version."""
+def _changes(method: Callable[..., bool]) -> Callable[..., None]:
+    """A setter that says whether a series changed: the version moves only then (an unchanged pass renders
+    nothing), and after the change, so a scrape in between never caches the old text under the new version."""
     @functools.wraps(method)
     def wrapper(self: ApplyMetrics, *args: Any, **kwargs: Any) -> None:
-        try:
-            method(self, *args, **kwargs)
-        finally:
-            self._changed()
+        with self._write:
+            changed = method(self, *args, **kwargs)
+            if changed:
+                self._changed()
 
     return wrapper
 
@@ -67,11 +67,17 @@ class ApplyMetrics:
                                      "Measured: 1 - throughput at the applied cap / at the operator's cap.",
                                      WORKLOAD_LABELS, registry=r)
         self._reasons: dict[tuple[str, str], str] = {}
+        #: What each gauge shows now, by (gauge, labels): a setter compares before it writes.
+        self._shown: dict[tuple[Gauge, tuple[str, ...]], float] = {}
+        self._mode: tuple[str, str] | None = None
+        self._declared: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
+        self._write = threading.RLock()  # one setter at a time: compare and write as one step
         self._version = 0
 
     def version(self) -> int:
-        """Changes whenever a series changes, so the scrape path re-renders this registry only then."""
+        """Changes whenever a series changes (and only then), so the scrape path re-renders this registry
+        only then."""
         return self._version
 
     def _changed(self) -> None:
@@ -79,65 +85,86 @@ class ApplyMetrics:
             self._version += 1
 
     @_changes
-    def set_mode(self, mode: str, workload: str) -> None:
+    def set_mode(self, mode: str, workload: str) -> bool:
+        if self._mode == (mode, workload):
+            return False
         self.info.clear()
         self.info.labels(mode, workload).set(1)
+        self._mode = (mode, workload)
+        return True
 
     @_changes
-    def set_state(self, gpu: int, uuid: str, reason: str, advised: float | None) -> None:
+    def set_state(self, gpu: int, uuid: str, reason: str, advised: float | None) -> bool:
         """The GPU's one state series (the old reason's series goes) and its advised cap."""
         key = (str(gpu), uuid)
-        with self._lock:
-            before = self._reasons.get(key)
-            if before is not None and before != reason:
+        before = self._reasons.get(key)
+        changed = before != reason
+        if changed:
+            if before is not None:
                 self.state.remove(*key, before)
             self._reasons[key] = reason
             self.state.labels(*key, reason).set(1)
-        self._set_or_remove(self.advised, key, advised)
+        return self._put(self.advised, key, advised) or changed
 
     @_changes
-    def set_applied(self, gpu: int, uuid: str, cap: float | None, operator: float | None) -> None:
+    def set_applied(self, gpu: int, uuid: str, cap: float | None, operator: float | None) -> bool:
         key = (str(gpu), uuid)
-        self._set_or_remove(self.applied, key, cap)
-        self._set_or_remove(self.operator, key, operator)
+        return self._put(self.applied, key, cap) | self._put(self.operator, key, operator)
 
     @_changes
-    def set_overridden(self, gpu: int, uuid: str, value: bool) -> None:
-        self.overridden.labels(str(gpu), uuid).set(1 if value else 0)
+    def set_overridden(self, gpu: int, uuid: str, value: bool) -> bool:
+        return self._put(self.overridden, (str(gpu), uuid), 1 if value else 0)
 
     @_changes
-    def declare_rollbacks(self, gpu: int, uuid: str) -> None:
+    def declare_rollbacks(self, gpu: int, uuid: str) -> bool:
         """Every rollback reason's counter from 0 for a GPU apply may change, so ``increase()`` has data
         (and a dashboard a zero) before the first rollback; bounded by ROLLBACK_REASONS."""
+        if (str(gpu), uuid) in self._declared:
+            return False
         for reason in ROLLBACK_REASONS:
             self.rollbacks.labels(str(gpu), uuid, reason)
+        self._declared.add((str(gpu), uuid))
+        return True
 
     @_changes
-    def rolled_back(self, gpu: int, uuid: str, reason: str) -> None:
+    def rolled_back(self, gpu: int, uuid: str, reason: str) -> bool:
         self.rollbacks.labels(str(gpu), uuid, reason).inc()
+        return True
 
     @_changes
-    def set_realized(self, gpu: int, uuid: str, probe: str, preset: str, saved: Realized | None) -> None:
+    def set_realized(self, gpu: int, uuid: str, probe: str, preset: str, saved: Realized | None) -> bool:
         key = (str(gpu), uuid, probe, preset)
+        changed = False
         for gauge, value in ((self.power_saved, None if saved is None else saved.power_saved_watts),
                              (self.energy_saving, None if saved is None else saved.energy_saving_ratio),
                              (self.throughput_loss, None if saved is None else saved.throughput_loss_ratio)):
-            self._set_or_remove(gauge, key, value)
+            changed = self._put(gauge, key, value) or changed
+        return changed
 
     @_changes
-    def clear_realized(self, gpu: int, uuid: str) -> None:
+    def clear_realized(self, gpu: int, uuid: str) -> bool:
         """Withdraw a GPU's realized savings (its cap was given back: there is nothing applied to measure)."""
+        changed = False
         for gauge in (self.power_saved, self.energy_saving, self.throughput_loss):
-            for labels in [s.labels for m in gauge.collect() for s in m.samples]:
-                if labels.get("gpu") == str(gpu) and labels.get("uuid") == uuid:
-                    gauge.remove(*(labels[name] for name in WORKLOAD_LABELS))
+            for shown, labels in [k for k in self._shown if k[0] is gauge]:
+                if labels[:2] == (str(gpu), uuid):
+                    changed = self._put(gauge, labels, None) or changed
+        return changed
 
-    @staticmethod
-    def _set_or_remove(gauge: Gauge, key: tuple[str, ...], value: float | None) -> None:
-        if value is not None:
-            gauge.labels(*key).set(value)
-            return
-        try:
-            gauge.remove(*key)
-        except KeyError:
-            pass
+    def _put(self, gauge: Gauge, labels: tuple[str, ...], value: float | None) -> bool:
+        """Show ``value`` (None: no series) in ``gauge``; True if that changed what the registry holds."""
+        key = (gauge, labels)
+        if value is None:
+            if key not in self._shown:
+                return False
+            del self._shown[key]
+            try:
+                gauge.remove(*labels)
+            except KeyError:
+                pass
+            return True
+        if self._shown.get(key) == value:
+            return False
+        gauge.labels(*labels).set(value)
+        self._shown[key] = value
+        return True

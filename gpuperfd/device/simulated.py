@@ -1321,6 +1321,9 @@ class SimulatedBackend(Backend):
     """
 
     name = "simulated"
+    #: The node's interconnect (board kind, links per pair, fabric state, interconnect faults): what the
+    #: simulated node probe (:mod:`gpuperfd.probing.simulated_interconnect`) measures.
+    interconnect: SimulatedTopology
 
     def __init__(
         self,
@@ -1368,7 +1371,6 @@ class SimulatedBackend(Backend):
         for item in config.degrade:
             if item.gpu < len(self._gpus) and (item.pcie_generation or item.pcie_width):
                 self._gpus[item.gpu].inject_pcie_link(item.pcie_generation, item.pcie_width)
-        #: The node's interconnect: board kind, links per pair, fabric state, interconnect faults.
         self.interconnect = SimulatedTopology(board, self._gpus)
         for gpu in self._gpus:
             gpu._topology = self.interconnect

@@ -64,7 +64,7 @@ GLOBAL_SETTINGS: tuple[Threshold, ...] = (
     Threshold("baseline_days", 7.0, "d", "how far back the own-baseline median looks (as the 7-day rules)"),
     Threshold("baseline_min_runs", 3.0, "runs", "ok runs of a key needed before its baseline is used"),
     Threshold("clear_passing_probes", 3.0, "runs", "ok runs that clear a performance reason"),
-    Threshold("topology_interval_seconds", 60.0, "s", "how often the monitor reads the GPU topology (NVLinks per pair)"),
+    Threshold("topology_interval_seconds", 60.0, "s", "how often the sampler reads the GPU topology (NVLinks per pair) for the monitor"),
 )
 
 #: Silent data corruption (issue 31): NVIDIA's RMA process names nvidia-bug-report.sh and the field

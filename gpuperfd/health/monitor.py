@@ -354,7 +354,9 @@ class HealthMonitor:
         self.listeners: list[Callable[[list[Verdict]], None]] = list(listeners)
         #: The node's interconnect as the interconnect checks read it (set by :meth:`interconnect_seen`).
         self.interconnect: dict[str, Any] = {}
-        self._topology_at = -float("inf")
+        #: The number of the sampler's topology reading taken last (the sampler owns the NVML reads).
+        self._topology_taken = 0
+        sampler.want_topology(self.settings["topology_interval_seconds"])
 
     def interconnect_seen(self, result: InterconnectResult | None, topology: Sequence[PeerLink],
                           links_per_gpu: Mapping[int, int]) -> None:
@@ -368,20 +370,21 @@ class HealthMonitor:
         self.interconnect = fresh
 
     def _refresh_topology(self, now: float) -> None:
-        """Read the node's topology again every ``topology_interval_seconds`` (links that trained down
-        raise no event: only a fresh count shows them); a backend that cannot tell is not judged."""
-        if now - self._topology_at < self.settings["topology_interval_seconds"]:
+        """Take the sampler's topology reading when it has a new one (read every
+        ``topology_interval_seconds`` on the sampler's thread: links that trained down raise no event, only
+        a fresh count shows them); a backend that cannot tell is not judged. No NVML call of our own."""
+        reading = self.sampler.topology()
+        if reading is None or reading.number == self._topology_taken:
             return
-        self._topology_at = now
+        self._topology_taken = reading.number
         readings = self.sampler.store.snapshot().readings
         # Each GPU's NVLinks (up or down) from the nvlink collector's last reading: no NVML calls of our own.
         links = {d.index: len(self._points(d.index, readings).get("gpuperf_nvlink_up", []))
                  for d in self.sampler.devices}
-        try:
-            topology = self.sampler.backend.topology()
-        except DeviceError as exc:
-            warn_once(f"the GPU topology could not be read ({exc}): NVLink pair checks are off")
+        if reading.error is not None:
+            warn_once(f"the GPU topology could not be read ({reading.error}): NVLink pair checks are off")
             return
+        topology = list(reading.links)
         self.interconnect_seen(None, topology, links)
 
     # -- gathering ------------------------------------------------------------------------

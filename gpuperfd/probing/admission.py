@@ -41,6 +41,9 @@ DEFAULT_CHILD_BYTES = 2 * GIB
 HEADROOM_BYTES = 256 * MIB
 #: How often a waiter looks at its abort event and deadline when nothing wakes it.
 POLL_SECONDS = 0.25
+#: The daemon's RSS (/proc/self/status) is read at most this often: every waiter wakes each
+#: POLL_SECONDS, and a budget that moves by a few MiB a second needs no fresher figure.
+RSS_READ_SECONDS = 2.0
 
 
 def memory_limit(budget_bytes: int | None, cgroup_limit: Callable[[], int | None] = memory_limit_bytes,
@@ -127,6 +130,9 @@ class Admission:
         self._reserved = self._running = 0
         self._wait_total = 0.0
         self._warned = False
+        #: The daemon's RSS last read, and when (the admission's clock); read again when older than
+        #: RSS_READ_SECONDS, or at once after a child ended (a release) or the limit changed.
+        self._rss: tuple[int | None, float] | None = None
         #: Told the new :class:`AdmissionState` after every change (outside the lock).
         self.listeners: list[Callable[[AdmissionState], None]] = []
 
@@ -136,6 +142,7 @@ class Admission:
         with self._cv:
             if (limit_bytes, source) != (self.limit_bytes, self.source):
                 self.limit_bytes, self.source, self._warned = limit_bytes, source, False
+                self._rss = None
                 self._cv.notify_all()
         self._publish()
 
@@ -153,7 +160,15 @@ class Admission:
         """Memory the children may use together now: limit - daemon RSS - headroom (None: no limit)."""
         if self.limit_bytes is None:
             return None
-        return self.limit_bytes - (self._daemon_rss() or 0) - self.headroom_bytes
+        return self.limit_bytes - (self._rss_bytes() or 0) - self.headroom_bytes
+
+    def _rss_bytes(self) -> int | None:
+        """The daemon's RSS, read from /proc at most every RSS_READ_SECONDS (not at every waiter's wake-up)."""
+        now = self._clock()
+        kept = self._rss
+        if kept is None or now - kept[1] >= RSS_READ_SECONDS or now < kept[1]:
+            kept = self._rss = (self._daemon_rss(), now)
+        return kept[0]
 
     def state(self) -> AdmissionState:
         with self._cv:
@@ -213,6 +228,7 @@ class Admission:
         with self._cv:
             self._reserved -= ticket.bytes
             self._running -= 1
+            self._rss = None  # a decision is due: the waiters' next look reads the RSS afresh
             self._cv.notify_all()
         self._publish()
 
@@ -227,6 +243,9 @@ class Admission:
         self._running += 1
         self._wait_total += waited
         self._warned = False
+        #: The daemon's RSS last read, and when (the admission's clock); read again when older than
+        #: RSS_READ_SECONDS, or at once after a child ended (a release) or the limit changed.
+        self._rss: tuple[int | None, float] | None = None
         if told:
             log.info("gpu %d: host memory for its probe child after %.1f s of waiting", gpu, waited)
         return Ticket(gpu, need, waited)

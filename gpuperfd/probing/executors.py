@@ -166,10 +166,14 @@ def choose_interconnect_executor(config: Config, backend: Backend,
     ``keep_records``: record the workers in the state directory (``gpuperfd check`` never creates it)."""
     limit = {**health_defaults(), **config.health.thresholds}["interconnect_expected_ratio"]
     if not starts_children(config, backend.name):
+        from gpuperfd.device.simulated import SimulatedBackend
         from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
 
-        inner: InterconnectExecutor = SimulatedInterconnectExecutor(getattr(backend, "interconnect"),
-                                                                    seed=config.simulation.seed)
+        if not isinstance(backend, SimulatedBackend):  # the simulated fabric is the simulated node's own
+            raise ValueError(f"probes.executor: {config.probes.executor}: the simulated node probe measures the "
+                             f"simulated node's interconnect (device.backend: simulated); this node's backend is "
+                             f"{backend.name}")
+        inner: InterconnectExecutor = SimulatedInterconnectExecutor(backend.interconnect, seed=config.simulation.seed)
         return RetestingExecutor(inner, slow_pairs_on(backend, limit)), "simulated"
     from gpuperfd.probing.interconnect_runner import ProcessInterconnectExecutor
 

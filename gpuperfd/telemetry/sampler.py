@@ -4,7 +4,9 @@ For each GPU two threads ("lanes") run the collectors: the fast lane reads the
 cheap fields every ``sampler.interval_seconds``; the slow lane reads the energy
 counter (~3 ms on NVML) and PCIe throughput (~21 ms per direction) on their own
 intervals, so a slow or hung call on one GPU delays neither the cheap fields nor
-another GPU. A watcher thread blocks on the backend's XID event set.
+another GPU. A watcher thread blocks on the backend's XID event set. The node's topology (NVLinks
+per GPU pair) is read here too, on its own thread, once a reader asks for it (:meth:`Sampler.want_topology`:
+the health monitor): one owner of the NVML reads, the others take its last reading.
 
 The latest :class:`Reading` of every (GPU, collector) sits in a
 :class:`ReadingStore`; the exporter turns it into metric families at scrape time
@@ -20,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpuperfd.device.base import Backend, Device
+from gpuperfd.device.base import Backend, Device, PeerLink
 from gpuperfd.device.errors import DeviceError, GpuLost, NotSupported
 from gpuperfd.telemetry.collectors.base import Collector, Point
 from gpuperfd.telemetry.collectors.xid import XidCounts
@@ -37,6 +39,16 @@ class Reading:
     error: str | None
     duration_seconds: float
     timestamp: float  # monotonic clock at the end of the read
+
+
+@dataclass(frozen=True)
+class TopologyReading:
+    """The node's last topology read: its pairs, or the error that stopped it (``links`` empty)."""
+
+    links: tuple[PeerLink, ...]
+    error: DeviceError | None
+    #: Counts the reads: a reader takes a reading once (a new one has a higher number).
+    number: int
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,10 @@ class Sampler:
         self._threads: list[threading.Thread] = []
         #: Called with (gpu index, collector name, reading) after every read.
         self.listeners: list[Callable[[int, str, Reading], None]] = list(listeners)
+        #: How often the topology is read (None: nobody asked, it is not read).
+        self.topology_interval_seconds: float | None = None
+        self._topology: TopologyReading | None = None
+        self._topology_lock = threading.Lock()
 
     # -- staleness ---------------------------------------------------------
 
@@ -214,12 +230,52 @@ class Sampler:
                 self.refresh(gpu, collector.name)
 
     def sample_once(self) -> None:
-        """Read every collector of every device once, in this thread (start-up, tests)."""
+        """Read every collector of every device (and the topology, when wanted) once, in this thread
+        (start-up, tests)."""
         for device in self.devices:
             self._identify(device)
             for collector in self.collectors:
                 self.read_one(device, collector)
         self._publish_xid()
+        if self.topology_interval_seconds is not None:
+            self.read_topology()
+
+    # -- the node's topology -------------------------------------------------
+
+    def want_topology(self, interval_seconds: float) -> None:
+        """Read the node's topology every ``interval_seconds`` (the shortest asked for) from now on,
+        on the sampler's topology thread (started with the sampler)."""
+        with self._topology_lock:
+            current = self.topology_interval_seconds
+            self.topology_interval_seconds = interval_seconds if current is None else min(current, interval_seconds)
+
+    def read_topology(self) -> TopologyReading:
+        """Read the node's topology now (``backend.topology()``) and keep it as the last reading."""
+        try:
+            links, error = tuple(self.backend.topology()), None
+        except DeviceError as exc:
+            links, error = (), exc
+        with self._topology_lock:
+            number = 1 if self._topology is None else self._topology.number + 1
+            self._topology = TopologyReading(links, error, number)
+            return self._topology
+
+    def topology(self) -> TopologyReading | None:
+        """The last topology reading (None before the first): no device call."""
+        with self._topology_lock:
+            return self._topology
+
+    def _run_topology(self) -> None:
+        while not self._stop.is_set():
+            interval = self.topology_interval_seconds
+            if interval is None:
+                return
+            if self._stop.wait(interval):
+                return
+            try:
+                self.read_topology()
+            except Exception:  # a bug must not stop the thread
+                log.exception("reading the GPU topology failed")
 
     # -- threads -----------------------------------------------------------
 
@@ -238,6 +294,8 @@ class Sampler:
                     self._threads.append(thread)
         if self.xid_enabled:
             self._threads.append(threading.Thread(target=self._watch_xid, name="xid-watcher", daemon=True))
+        if self.topology_interval_seconds is not None:
+            self._threads.append(threading.Thread(target=self._run_topology, name="sampler-topology", daemon=True))
         for thread in self._threads:
             thread.start()
 

@@ -16,34 +16,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from persisted_boards import ORIGINAL, board_limits, boards, operator_sets
+from persisted_boards import ORIGINAL, apply_config as config, board_limits, operator_sets, wait_for
 
-CONFIG = """
-log_level: info
-sampler: {{interval_seconds: 0.2}}
-{boards}health: {{interval_seconds: 0.5}}
-probes:
-  read_only: false
-  state_dir: {state}
-  history: {{path: {state}/history.jsonl}}
-  idle_seconds: 0
-  jitter_seconds: 0
-  first_run_delay_seconds: {first_run}
-  simulated_measure_seconds: {measure}
-  schedules:
-    - probe: llm
-      interval_seconds: {interval}
-      caps: [max, current, 500, 400, 300]
-      settle_seconds: 0
-apply: {{mode: {mode}, workload: llm, budget_ratio: 0.1, interval_seconds: 1}}
-"""
 HAND = 600.0  # the operator's own cap on GPU 1, set by hand (neither theirs before nor any cap we set)
-
-
-def config(state: Path, mode: str = "on", first_run: float = 0.1, interval: float = 3600,
-           measure: float = 0.05) -> str:
-    return CONFIG.format(state=state, boards=boards(state), mode=mode, first_run=first_run, interval=interval,
-                         measure=measure)
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -51,17 +26,12 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
-def wait_for(what, timeout: float = 30.0, log=lambda: ""):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not (got := what()):
-        assert time.monotonic() < deadline, log()[-3000:]
-        time.sleep(0.05)
-    return got
-
-
 def applied(state: Path) -> dict[str, float] | None:
     now = board_limits(state)
-    entries = [json.loads(p.read_text()) for p in state.glob("*.cap.json")]
+    try:
+        entries = [json.loads(p.read_text()) for p in state.glob("*.cap.json")]
+    except FileNotFoundError:  # a sweep's entry cleared between the listing and the read: not applied yet
+        return None
     ok = len(entries) == 2 and all(e.get("applied_watts") for e in entries)
     return now if ok and all(now[k] == e["applied_watts"] for k, e in
                              zip(sorted(now), sorted(entries, key=lambda e: e["gpu_index"]))) else None

@@ -13,43 +13,19 @@ from pathlib import Path
 
 import requests
 
-from persisted_boards import ORIGINAL, board_limits, boards
+from persisted_boards import ORIGINAL, apply_config as config, board_limits, wait_for
 
-CONFIG = """
-log_level: info
-sampler: {{interval_seconds: 0.2}}
-{boards}health: {{interval_seconds: 0.5}}
-probes:
-  read_only: false
-  state_dir: {state}
-  history: {{path: {state}/history.jsonl}}
-  idle_seconds: 0
-  jitter_seconds: 0
-  first_run_delay_seconds: {first_run}
-  simulated_measure_seconds: 0.05
-  schedules:
-    - probe: llm
-      interval_seconds: 3600
-      caps: [max, current, 500, 400, 300]
-      settle_seconds: 0
-apply: {{mode: {mode}, workload: llm, budget_ratio: 0.1, interval_seconds: 1}}
-"""
 #: GPU 1 reports XID 48 (double-bit ECC error) at start: its verdict, from the daemon's own health monitor.
 XID_ON_GPU_1 = "  xid_events: [{gpu: 1, xid: 48}]\n"
 
 
-def config(state: Path, mode: str = "on", first_run: float = 0.1) -> str:
-    return CONFIG.format(state=state, boards=boards(state), mode=mode, first_run=first_run)
-
-
 def wait_applied(daemon, state: Path, timeout: float = 30.0) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
+    def applied() -> dict[str, float] | None:
         now = board_limits(state)
-        if all(now[k] < ORIGINAL[k] for k in ORIGINAL) and daemon.log().count("applied power cap") >= 2:
-            return now
-        assert time.monotonic() < deadline, f"never applied: {now}\n{daemon.log()[-3000:]}"
-        time.sleep(0.1)
+        return now if all(now[k] < ORIGINAL[k] for k in ORIGINAL) and daemon.log().count("applied power cap") >= 2 \
+            else None
+
+    return wait_for(applied, timeout, lambda: f"never applied: {board_limits(state)}\n{daemon.log()}")
 
 
 def test_sigkill_while_applied_is_undone_by_the_next_start(start_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -90,10 +66,7 @@ def test_sighup_to_mode_off_gives_the_caps_back_and_keeps_running(start_daemon, 
     wait_applied(daemon, state)
     (tmp_path / "gpuperfd.yaml").write_text(config(state, mode="off"))
     daemon.proc.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 15
-    while board_limits(state) != ORIGINAL:
-        assert time.monotonic() < deadline, daemon.log()[-3000:]
-        time.sleep(0.1)
+    wait_for(lambda: board_limits(state) == ORIGINAL, 15, daemon.log)
     assert list(state.glob("*.cap.json")) == [] and "(mode)" in daemon.log()
     assert daemon.proc.poll() is None
     assert daemon.stop(signal.SIGTERM) == 0 and board_limits(state) == ORIGINAL
@@ -113,13 +86,11 @@ def test_apply_revert_from_the_command_line_while_the_daemon_runs(start_daemon, 
     assert board_limits(state) == ORIGINAL and list(state.glob("*.cap.json")) == []
     # The board is shared (issue 51): the running daemon sees the operator's caps back and leaves both GPUs
     # quietly (no override alert for the operator's own revert), and its stop writes nothing over them.
-    deadline = time.monotonic() + 15
-    while True:
+    def reverted() -> list[dict] | None:
         gpus = requests.get(daemon.url + "/api/v1/apply", timeout=5).json()["gpus"]
-        if all(g["detail"].startswith("reverted:") for g in gpus):
-            break
-        assert time.monotonic() < deadline, gpus
-        time.sleep(0.2)
+        return gpus if all(g["detail"].startswith("reverted:") for g in gpus) else None
+
+    gpus = wait_for(reverted, 15, daemon.log)
     assert all(g["reason"] == "rolled_back" and not g["overridden"] and g["applied_watts"] is None for g in gpus)
     assert 'gpuperf_apply_overridden{gpu="0"' in (text := requests.get(daemon.url + "/metrics", timeout=5).text)
     assert all(line.endswith(" 0.0") for line in text.splitlines() if line.startswith("gpuperf_apply_overridden{"))
@@ -131,10 +102,7 @@ def test_a_gpu_whose_real_verdict_is_not_healthy_is_never_applied(start_daemon, 
     state = tmp_path / "state"
     text = config(state).replace("  state_file:", XID_ON_GPU_1 + "  state_file:")
     daemon = start_daemon(config_text=text)
-    deadline = time.monotonic() + 30
-    while board_limits(state)["0"] >= ORIGINAL["0"] or "applied power cap" not in daemon.log():
-        assert time.monotonic() < deadline, daemon.log()[-3000:]
-        time.sleep(0.1)
+    wait_for(lambda: board_limits(state)["0"] < ORIGINAL["0"] and "applied power cap" in daemon.log(), 30, daemon.log)
     time.sleep(2.5)  # two more passes
     gpus = {g["gpu"]: g for g in requests.get(daemon.url + "/api/v1/apply", timeout=5).json()["gpus"]}
     assert gpus[0]["reason"] == "applied"

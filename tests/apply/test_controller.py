@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 from gpuperfd.apply.cli import revert
@@ -343,3 +344,66 @@ def test_the_operators_own_cap_set_back_by_hand_leaves_apply_mode_without_an_ale
                for r in ("sweep_unrestored", "stopped"))
     assert entry(node, 0) is None and cap(node, 0) == 700.0
     assert any(d["believed"] == "operator" and d["detail"].startswith("reverted") for d in node.journal.decisions())
+
+
+def test_an_unchanged_pass_renders_nothing_and_a_change_renders_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The scrape re-renders the apply registry when its version moves (telemetry/exporter.py): a pass that
+    changes no series (the applied cap held, advise's or a held-back GPU's state unchanged) moves nothing."""
+    node = applied_node(tmp_path, gpus=2)
+    node.controller.tick()  # the realized savings of the points seen: published once
+    before = node.metrics.version()
+    text = node.metrics.registry.get_sample_value
+    shown = text("gpuperf_apply_cap_watts", {"gpu": "0", "uuid": node.devices[0].info().uuid})
+    for _ in range(3):
+        node.controller.tick()
+    assert node.metrics.version() == before
+    assert text("gpuperf_apply_cap_watts", {"gpu": "0", "uuid": node.devices[0].info().uuid}) == shown
+    node.reasons[1] = [drift()]  # a change: GPU 1 rolls back, its series change, the version moves
+    node.controller.tick()
+    moved = node.metrics.version()
+    assert moved > before and node.controller.states[1].reason == "rolled_back"
+    node.controller.tick()
+    assert node.metrics.version() == moved
+
+
+def test_a_probe_round_does_not_wait_for_a_pass_that_changes_no_cap(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A pass that only looks (the applied cap holds) takes no cap lock: a round that starts during it
+    runs at once instead of waiting CAP_LOCK_WAIT_SECONDS and giving up with ``busy``."""
+    node = applied_node(tmp_path, gpus=1)
+    applied = node.controller.states[0].applied_watts
+    in_pass, go_on = threading.Event(), threading.Event()
+    verdicts = node.controller.verdicts
+
+    def slow_verdicts():  # type: ignore[no-untyped-def]
+        in_pass.set()  # the pass is under way (it reads the verdict after the cap and the journal)
+        go_on.wait(30)
+        return verdicts()
+
+    node.controller.verdicts = slow_verdicts
+    passing = threading.Thread(target=node.controller.tick)
+    passing.start()
+    try:
+        assert in_pass.wait(10)
+        outcome = node.service.run(SCHEDULE, 0)
+    finally:
+        go_on.set()
+        passing.join(10)
+    assert (outcome.result, outcome.reason) == ("ok", ""), outcome
+    assert node.controller.states[0].reason == "applied" and cap(node, 0) == applied
+
+
+def test_a_pass_with_a_change_due_takes_the_cap_lock_and_waits_for_a_round(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The look hands a change (here a rollback) to a pass under the GPU's cap lock: while a writer holds
+    it, nothing is changed and the state so far stays published; the next pass rolls back."""
+    node = applied_node(tmp_path, gpus=1)
+    node.reasons[0] = [drift()]
+    from gpuperfd.probing.sweep.ownership import safe_name
+    lock = node.journal.lock(safe_name(node.devices[0].info().uuid))
+    lock.acquire()
+    try:
+        node.controller.tick()
+        assert node.controller.states[0].reason == "applied" and entry(node, 0) is not None
+    finally:
+        lock.release()
+    node.controller.tick()
+    assert node.controller.states[0].reason == "rolled_back" and cap(node, 0) == 700.0

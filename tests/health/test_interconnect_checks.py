@@ -83,3 +83,27 @@ def test_one_shot_judge_reads_the_checks_interconnect_run() -> None:
         found = [r for r in verdict.reasons if r.check == "interconnect_below_expected"]
         assert sorted(r.key for r in found) == ["0-1", "1-0"]  # both directions of the pair
         assert {(r.severity, r.action) for r in found} == {("degraded", "check_hardware")}
+
+
+def test_the_monitor_takes_the_samplers_topology_reading_and_calls_no_nvml_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """One NVML owner for topology reads: the sampler reads the pairs (its own thread in the daemon, here
+    ``sample_once``); the monitor's evaluation takes its last reading and makes no topology call."""
+    import threading
+
+    node = Node(tmp_path, gpus=4, topology="hgx")
+    callers: list[str] = []
+    real = node.backend.topology
+
+    def topology():  # type: ignore[no-untyped-def]
+        callers.append(threading.current_thread().name)
+        return real()
+
+    node.backend.topology = topology  # type: ignore[method-assign]
+    node.sampler.sample_once()  # the sampler's read
+    assert callers and node.sampler.topology() is not None
+    callers.clear()
+    evaluating = threading.Thread(target=node.monitor.evaluate_once, name="health-monitor")
+    evaluating.start()
+    evaluating.join(30)
+    assert callers == []  # no topology call from the monitor's thread
+    assert node.monitor.interconnect["links"], node.monitor.interconnect  # it judges the sampler's pairs

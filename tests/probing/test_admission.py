@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpuperfd.probing.admission import MIB, Admission, PeakBook, memory_limit
+from gpuperfd.probing.admission import MIB, POLL_SECONDS, RSS_READ_SECONDS, Admission, PeakBook, Ticket, memory_limit
 
 CHILD = 100 * MIB
 
@@ -89,15 +89,21 @@ def test_a_small_child_does_not_overtake_the_head_of_the_queue() -> None:
     assert got == [1]
 
 
-def test_abort_wakes_waiters() -> None:
-    admission = _admission(1)
-    abort = threading.Event()
+def _one_waiting(admission: Admission, abort: threading.Event) -> tuple[Ticket, list[Ticket], threading.Thread]:
+    """GPU 0's child holds the one child's budget; GPU 1 waits for it on a thread (its answer into the list)."""
     held = admission.acquire(0, CHILD, abort)
-    answers = []
+    answers: list[Ticket] = []
     waiter = threading.Thread(target=lambda: answers.append(admission.acquire(1, CHILD, abort)))
     waiter.start()
     while admission.state().waiting < 1:
         time.sleep(0.005)
+    return held, answers, waiter
+
+
+def test_abort_wakes_waiters() -> None:
+    admission = _admission(1)
+    abort = threading.Event()
+    held, answers, waiter = _one_waiting(admission, abort)
     t0 = time.monotonic()
     abort.set()
     admission.wake()
@@ -132,11 +138,29 @@ def test_no_limit_admits_everyone() -> None:
 
 
 def test_budget_is_limit_less_daemon_and_headroom() -> None:
-    rss = [30 * MIB]
-    admission = Admission(1000 * MIB, "x", daemon_rss=lambda: rss[0], headroom_bytes=100 * MIB)
+    rss, now = [30 * MIB], [0.0]
+    admission = Admission(1000 * MIB, "x", daemon_rss=lambda: rss[0], headroom_bytes=100 * MIB, clock=lambda: now[0])
     assert admission.budget_bytes() == 870 * MIB
     rss[0] = 50 * MIB
+    now[0] += RSS_READ_SECONDS  # the daemon's RSS is read again once the last reading is that old
     assert admission.budget_bytes() == 850 * MIB
+
+
+def test_waiters_read_the_daemons_rss_at_a_bounded_rate_and_afresh_when_a_child_ends() -> None:
+    """A waiter wakes every POLL_SECONDS; the budget's /proc read is kept RSS_READ_SECONDS (here the clock
+    stands still), and a release (the decision the waiters wait for) reads it afresh."""
+    reads = []
+    admission = Admission(CHILD, "test limit", PeakBook(CHILD), daemon_rss=lambda: reads.append(1) or 0,
+                          headroom_bytes=0, clock=lambda: 0.0)
+    abort = threading.Event()
+    held, answers, waiter = _one_waiting(admission, abort)
+    before = len(reads)
+    time.sleep(5 * POLL_SECONDS)  # the waiter looks again at least four times
+    assert len(reads) == before  # none of those looks read /proc
+    admission.release(held)
+    waiter.join(2)
+    assert answers and answers[0].granted and before < len(reads) <= before + 2  # the release and its publication
+    admission.release(answers[0])
 
 
 def test_limit_is_the_smaller_of_cgroup_and_budget() -> None:

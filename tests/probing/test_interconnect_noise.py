@@ -239,3 +239,35 @@ def test_at_smaller_copies_the_real_node_scatters_and_only_the_retest_keeps_it_h
             again = rounds[(i + 1) % len(rounds)]
             kept = {p: max(v, again[p]) for p, v in first.items()}
             assert _judged(kept, topology, links) == [], (setting, i)
+
+
+def test_the_simulated_node_probe_takes_its_fabric_from_the_simulated_backend_alone(tmp_path: Path) -> None:
+    """The simulated interconnect executor is handed the simulated backend's declared ``interconnect``
+    (a typed attribute, issue 54); another backend, whatever attributes it carries, gets a clear refusal
+    naming the setting, not a fabric found by ``getattr``."""
+    from gpuperfd.device.base import Backend
+
+    simulated = SimulatedBackend(_config(tmp_path).simulation)
+
+    class OtherNode(Backend):  # e.g. NVML with probes.executor: simulated
+        name = "nvml"
+        interconnect = simulated.interconnect  # an attribute the type does not declare
+
+        def devices(self):  # type: ignore[no-untyped-def]
+            return simulated.devices()
+
+        def driver_version(self) -> str:
+            return "580"
+
+        def wait_xid_events(self, timeout_seconds: float):  # type: ignore[no-untyped-def]
+            return []
+
+    config = _config(tmp_path)
+    config = config.model_copy(update={"probes": config.probes.model_copy(update={"executor": "simulated"})})
+    try:
+        choose_interconnect_executor(config, OtherNode())
+    except ValueError as exc:
+        assert "probes.executor: simulated" in str(exc) and "nvml" in str(exc)
+    else:
+        raise AssertionError("a non-simulated backend was handed to the simulated node probe")
+    assert choose_interconnect_executor(config, simulated)[1] == "simulated"

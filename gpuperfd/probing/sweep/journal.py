@@ -195,15 +195,20 @@ class CapJournal:
                 log.warning("replacing unreadable journal entry %s", path)
         if self.registry is not None:
             register_state_dir(self.registry, self.state_dir)
+        self._write(path, record, make_dir=True)
+        return record
+
+    def _write(self, path: Path, record: CapRecord, make_dir: bool = False) -> None:
+        """Make ``record`` the entry at ``path``, durably; JournalWriteError (one clear line) if it cannot."""
         try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
+            if make_dir:
+                self.state_dir.mkdir(parents=True, exist_ok=True)
             replace_file(path, json.dumps(asdict(record)).encode(), 0o600)
         except OSError as exc:
             raise JournalWriteError(
                 exc.errno, f"cannot write the power-cap journal in {self.state_dir} ({exc.strerror or exc}); "
                 "the cap was not changed"
             ) from None
-        return record
 
     def intend(self, uuid: str, from_watts: float, to_watts: float) -> CapRecord | None:
         """Journal, before it is made, a write of ours: ``to_watts`` over ``from_watts`` (durable).
@@ -218,13 +223,7 @@ class CapJournal:
             return None
         pid, start = own_identity()
         entry = replace(entry, last_from=float(from_watts), last_to=float(to_watts), pid=pid, pid_start=start)
-        try:
-            replace_file(path, json.dumps(asdict(entry)).encode(), 0o600)
-        except OSError as exc:
-            raise JournalWriteError(
-                exc.errno, f"cannot write the power-cap journal in {self.state_dir} ({exc.strerror or exc}); "
-                "the cap was not changed"
-            ) from None
+        self._write(path, entry)
         return entry
 
     def believe(self, uuid: str, whose: str, watts: float, detail: str) -> None:

@@ -61,6 +61,14 @@ class GpuLock:
     def held(self) -> bool:
         return self._fd is not None
 
+    def owner(self) -> int | None:
+        """Without taking it: the owner pid (0: unknown) if a live process (this one included) holds this
+        lock or its node-wide one, else None."""
+        held = is_owned(self.path.parent, self.name)
+        if held is None and self._node is not None:
+            held = self._node.owner()
+        return held
+
     def owner_pid(self) -> int:
         """The pid the current (or last) owner wrote; 0 when unknown."""
         try:
