@@ -57,7 +57,7 @@ GROUPS: list[tuple[str, str]] = [
     ("gpuperfd: config", "import gpuperfd.config"),
     ("gpuperfd: device, telemetry", "import gpuperfd.device.base, gpuperfd.telemetry.exporter, gpuperfd.telemetry.sampler"),
     ("gpuperfd: web", "import gpuperfd.web.server, gpuperfd.web.security"),
-    ("gpuperfd: probing, probe_data", "import gpuperfd.probing.service, gpuperfd.probing.scheduling"),
+    ("gpuperfd: probing, probe_data", "import gpuperfd.probing.scheduling.service, gpuperfd.probing.scheduling.scheduler"),
     ("gpuperfd: health", "import gpuperfd.health.monitor"),
     ("gpuperfd: daemon and the rest", "import gpuperfd.daemon"),
 ]

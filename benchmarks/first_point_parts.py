@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.exit == "os_exit":
             os._exit(0)
         return 0
-    from gpuperfd.probing.compile_cache import compile_cache_env
+    from gpuperfd.probing.child.compile_cache import compile_cache_env
 
     runs = []
     with tempfile.TemporaryDirectory() as state:

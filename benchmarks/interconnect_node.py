@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuperfd.device.nvml import NvmlBackend  # noqa: E402
 from gpuperfd.probe_data.interconnect import InterconnectRequest, InterconnectResult  # noqa: E402
-from gpuperfd.probing.interconnect_runner import ProcessInterconnectExecutor  # noqa: E402
+from gpuperfd.probing.interconnect.runner import ProcessInterconnectExecutor  # noqa: E402
 
 GB = 1e9
 REFERENCE = {"copy_gbps": (375.0, 380.0), "busbw_gbps": {256 << 20: 271.0, 1 << 30: 316.0}}

@@ -264,7 +264,7 @@ def simulator_comparison(summary: dict[str, Any]) -> dict[str, Any]:
     and its ratios (8B vs 1B, batch 32 vs 1) beside the measured ones (issue 53: within 15 %)."""
     try:
         from gpuperfd.device.simulated import GPU_MODELS, compute_operating_point
-        from gpuperfd.probing.simulated_workload import simulated_workload
+        from gpuperfd.probing.simulated.workload import simulated_workload
 
         name = str(summary["environment"].get("nvidia_smi", ""))
         card = "H200" if "H200" in name else "H100"

@@ -36,7 +36,7 @@ def main() -> int:
     parser.add_argument("--state-dir", default=None, help="the daemon's state directory (its compile cache); default: a new one")
     parser.add_argument("--standby", choices=["off", "on", "both"], default="both",
                         help="start the run's child before the qualifying moment, as the daemon's dispatcher does "
-                             "when the GPU will qualify within a child's start (probing/standby.py); both: each run twice")
+                             "when the GPU will qualify within a child's start (probing/child/standby.py); both: each run twice")
     parser.add_argument("--json", default=None)
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="check the script without a GPU: simulated GPUs, probe children on the CPU, tiny presets")

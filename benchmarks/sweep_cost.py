@@ -126,7 +126,7 @@ def _window_rate(window: Any) -> float | None:
 def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: list[float], state: Path,
           holder: dict | None = None) -> dict:
     from gpuperfd.probing.executors import PerPointExecutor, measure_once, open_session
-    from gpuperfd.probing.schedule_request import request_from_schedule
+    from gpuperfd.probing.scheduling.schedule_request import request_from_schedule
     from gpuperfd.probing.sweep.journal import CapJournal
     from gpuperfd.probe_data.recommend import rate_noise
     from gpuperfd.probing.sweep.sweeper import run_sweep
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
 def _merge_cache(source: Path, state: Path) -> None:
     import shutil
 
-    from gpuperfd.probing.compile_cache import COMPILE_CACHE_DIR
+    from gpuperfd.probing.child.compile_cache import COMPILE_CACHE_DIR
 
     src = source / COMPILE_CACHE_DIR
     if src.is_dir():

@@ -4,7 +4,7 @@ Exit codes (also in docs/operations.md):
   0 success; 1 runtime failure; 2 invalid configuration or usage;
   3 no usable GPU backend (e.g. no NVIDIA driver); 4 cannot listen on the address.
 ``gpuperfd check`` has its own: 0 healthy, 10 degraded, 11 unhealthy, 12 could not check
-(no driver included), 2 usage (gpuperfd/probing/check_cli.py).
+(no driver included), 2 usage (gpuperfd/probing/check/cli.py).
 """
 
 from __future__ import annotations
@@ -121,8 +121,8 @@ def _add_collectors(subparsers: Any) -> None:
 
 #: The module whose ``register`` adds each command's parser, in the order ``--help`` lists them.
 COMMAND_MODULES: dict[str, str] = {
-    "check": "gpuperfd.probing.check_cli",
-    "probe": "gpuperfd.probing.probe_cli",
+    "check": "gpuperfd.probing.check.cli",
+    "probe": "gpuperfd.probing.cli",
     "sweep": "gpuperfd.probing.sweep.cli",
     "restore-caps": "gpuperfd.probing.sweep.cli",
     "apply": "gpuperfd.apply.cli",

@@ -41,15 +41,15 @@ from gpuperfd.device.factory import open_backend, selected_devices
 from gpuperfd.health.monitor import HealthMonitor
 from gpuperfd.health.verdict import node_verdict_json
 from gpuperfd.probing.history import HistoryWriter
-from gpuperfd.probing.idle import IdleTracker
-from gpuperfd.probing.admission import Admission, memory_limit
+from gpuperfd.probing.gates.idle import IdleTracker
+from gpuperfd.probing.gates.admission import Admission, memory_limit
 from gpuperfd.probing.metrics import ProbeMetrics, ResultAgeCollector
 from gpuperfd.probe_data.interconnect import InterconnectResult
-from gpuperfd.probing.interconnect_metrics import InterconnectMetrics, result_publisher
-from gpuperfd.probing.interconnect_service import InterconnectService
-from gpuperfd.probing.scheduling import ProbeScheduler
-from gpuperfd.probing.service import ProbeService
-from gpuperfd.probing.standby import StandbyChildren
+from gpuperfd.probing.interconnect.metrics import InterconnectMetrics, result_publisher
+from gpuperfd.probing.interconnect.service import InterconnectService
+from gpuperfd.probing.scheduling.scheduler import ProbeScheduler
+from gpuperfd.probing.scheduling.service import ProbeService
+from gpuperfd.probing.child.standby import StandbyChildren
 from gpuperfd.probing.sweep.journal import CapJournal, journals_for, restore_all
 from gpuperfd.system import sdnotify
 from gpuperfd.system.memory import release_free_memory
@@ -202,7 +202,7 @@ def build_probe_service(
 def standby_children(executor: Executor, admission: Admission | None) -> StandbyChildren | None:
     """Children started before their GPU qualifies, where probes run in children (issue 50: the spawn
     and imports, most of a probe's time from the qualifying moment, are then paid before it)."""
-    from gpuperfd.probing.child_session import ChildProcessExecutor
+    from gpuperfd.probing.child.session import ChildProcessExecutor
 
     if not isinstance(executor, ChildProcessExecutor):
         return None
@@ -357,7 +357,7 @@ class Daemon:
 
     def end_leftover_children(self) -> list[int]:
         """End probe children a SIGKILLed earlier instance left running (before any probe)."""
-        from gpuperfd.probing.runner import end_leftover_children
+        from gpuperfd.probing.child.runner import end_leftover_children
 
         return end_leftover_children(self.config.probes.state_dir)
 

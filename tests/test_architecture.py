@@ -57,6 +57,80 @@ def test_top_level_holds_only_entry_points() -> None:
     assert top == ["cli.py", "console.py", "daemon.py"], top
 
 
+
+# --- layout by stage (issue 54) ---------------------------------------------------------------------
+
+#: The most modules probing/ may hold at its top: the rest belongs in its stages' folders.
+MAX_PROBING_TOP = 15
+#: Test folders that test something of the repository outside the package (tests/deploy/: deploy/).
+OUTSIDE_PACKAGE = ("deploy",)
+
+
+def _prefix_families(root: Path) -> list[str]:
+    """Every folder under ``root`` holding three or more modules of one prefix (the part of the name before
+    the first underscore; a module named the prefix alone counts too): a family of names wants a folder."""
+    found = []
+    for folder in sorted({root, *(p for p in root.rglob("*") if p.is_dir() and p.name != "__pycache__")}):
+        families: dict[str, list[str]] = {}
+        for module in folder.glob("*.py"):
+            if not module.stem.startswith("__"):
+                families.setdefault(module.stem.split("_")[0], []).append(module.stem)
+        found += [f"{folder.relative_to(root.parent)}/: {sorted(names)}"
+                  for prefix, names in sorted(families.items()) if len(names) >= 3]
+    return found
+
+
+def _top_modules(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("*.py") if p.name != "__init__.py")
+
+
+def _unmirrored_tests(tests: Path, package: Path, outside: tuple[str, ...] = OUTSIDE_PACKAGE) -> list[str]:
+    """Every test module in a folder that is not a folder of the package (tests/X/Y/ for gpuperfd/X/Y/)."""
+    bad = []
+    for test in sorted(tests.rglob("test_*.py")):
+        folder = test.parent.relative_to(tests)
+        if folder.parts and not (package / folder).is_dir() and folder.parts[0] not in outside:
+            bad.append(str(test.relative_to(tests.parent)))
+    return bad
+
+
+def test_no_folder_holds_three_modules_of_one_prefix() -> None:
+    families = _prefix_families(PACKAGE)
+    assert not families, "a family of names wants a folder of its own:\n" + "\n".join(families)
+
+
+def test_probing_keeps_at_most_15_modules_at_its_top() -> None:
+    top = _top_modules(PACKAGE / "probing")
+    assert len(top) <= MAX_PROBING_TOP, f"probing/ holds {len(top)} modules at its top: {top}"
+
+
+def test_tests_mirror_the_package() -> None:
+    bad = _unmirrored_tests(ROOT / "tests", PACKAGE)
+    assert not bad, "tests in a folder the package does not have:\n" + "\n".join(bad)
+
+
+def test_the_layout_checks_see_violations(tmp_path: Path) -> None:
+    """The three checks themselves, on a tree that breaks each: probing/'s flat layout before issue 54."""
+    package, tests = tmp_path / "gpuperfd", tmp_path / "tests"
+    (package / "probing" / "sweep").mkdir(parents=True)
+    (tests / "probing" / "check").mkdir(parents=True)
+    (tests / "deploy").mkdir()
+    for name in ("__init__", "check", "check_cli", "check_interconnect", "checkpoint", "simulated_probe",
+                 "simulated_workload", *(f"m{i}" for i in range(10))):
+        (package / "probing" / f"{name}.py").write_text("")
+    for name in ("sweep_a", "sweep_b", "caps"):
+        (package / "probing" / "sweep" / f"{name}.py").write_text("")
+    for test in ("probing/check/test_check.py", "probing/test_sweep.py", "deploy/test_rules.py", "test_cli.py"):
+        (tests / test).write_text("")
+    # checkpoint is not of the check family (its prefix is checkpoint); two simulated_* are not three
+    assert _prefix_families(package) == ["gpuperfd/probing/: ['check', 'check_cli', 'check_interconnect']"]
+    assert len(_top_modules(package / "probing")) == 16 > MAX_PROBING_TOP
+    assert _unmirrored_tests(tests, package) == ["tests/probing/check/test_check.py"]
+    (package / "probing" / "sweep" / "sweep_c.py").write_text("")
+    (package / "probing" / "check").mkdir()
+    assert _prefix_families(package)[1] == "gpuperfd/probing/sweep/: ['sweep_a', 'sweep_b', 'sweep_c']"
+    assert _unmirrored_tests(tests, package) == []
+
 # --- import direction -----------------------------------------------------------------------------
 
 
@@ -156,7 +230,7 @@ def test_top_takes_only_the_gpus_parser_from_probing() -> None:
     """top/ reads the daemon over HTTP: of the probing flow it imports check_cli's --gpus parser, nothing else."""
     used = {module for path in _modules_under("top") for _, module, _ in _imports(path)
             if module.startswith("gpuperfd.probing")}
-    assert used <= {"gpuperfd.probing.check_cli", "gpuperfd.probing.check_cli.gpu_list"}, used
+    assert used <= {"gpuperfd.probing.check.cli", "gpuperfd.probing.check.cli.gpu_list"}, used
 
 
 def test_nothing_outside_the_child_package_imports_it() -> None:
@@ -173,7 +247,7 @@ def test_nothing_outside_the_child_package_imports_it() -> None:
 
 
 def test_the_parent_names_the_child_module_only() -> None:
-    from gpuperfd.probing.runner import CHILD_MODULE
+    from gpuperfd.probing.child.runner import CHILD_MODULE
 
     assert CHILD_MODULE == "gpuperfd.probe_child.child"
     assert (PACKAGE / "probe_child" / "child.py").is_file()
@@ -192,8 +266,8 @@ def test_nothing_imports_the_entry_points() -> None:
 FLOWS = {"telemetry": ("telemetry", "web"), "probing": ("probing", "probe_child", "probe_data")}
 #: The modules of one flow that import the other; the tree's paragraph names each, and only these.
 MEETING_PLACES = {
-    "probing/idle.py",  # the busy check reads the sampler's Readings
-    "probing/check.py",  # `gpuperfd check` reads each GPU once through the collectors and a Sampler
+    "probing/gates/idle.py",  # the busy check reads the sampler's Readings
+    "probing/check/flow.py",  # `gpuperfd check` reads each GPU once through the collectors and a Sampler
     "web/landing.py",  # the landing page shows probe results and the recommendation (probe_data)
     "web/status.py",  # /api/v1/gpus (gpuperfd top): the same, and a sweep in progress (probe_data)
 }
@@ -239,9 +313,9 @@ def test_harness_and_workloads_do_not_import_each_other() -> None:
 def test_the_import_check_sees_violations(tmp_path: Path) -> None:
     """The checker itself: a function-level import and a relative import are both seen."""
     module = tmp_path / "example.py"
-    module.write_text("def f():\n    from gpuperfd.probing import runner\n\nfrom ..telemetry import sampler\n")
+    module.write_text("def f():\n    from gpuperfd.probing import observer\n\nfrom ..telemetry import sampler\n")
     bad = _outside(_imports(module, "gpuperfd.probe_data"), ("gpuperfd.probe_data",))
-    assert [m for _, m in bad] == ["gpuperfd.probing", "gpuperfd.probing.runner",
+    assert [m for _, m in bad] == ["gpuperfd.probing", "gpuperfd.probing.observer",
                                    "gpuperfd.telemetry", "gpuperfd.telemetry.sampler"], bad
 
 

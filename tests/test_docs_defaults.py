@@ -12,8 +12,8 @@ import yaml
 
 from gpuperfd.config import DEFAULT_CONFIG_PATH, Config, ProbesConfig, config_from_mapping
 from gpuperfd.device.roofline import CARDS
-from gpuperfd.probing.child_session import IDLE_WAIT_SECONDS
-from gpuperfd.probing.idle import DEFAULT_IDLE_THRESHOLD
+from gpuperfd.probing.child.session import IDLE_WAIT_SECONDS
+from gpuperfd.probing.gates.idle import DEFAULT_IDLE_THRESHOLD
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,8 +90,8 @@ def test_the_simulator_table_is_what_the_simulator_gives(row: str) -> None:
     from gpuperfd.config import SimulationConfig
     from gpuperfd.device.simulated import SimulatedBackend
     from gpuperfd.probe_data.request import ProbeRequest
-    from gpuperfd.probing.simulated_probe import simulated_executor
-    from gpuperfd.probing.simulated_workload import simulated_workload
+    from gpuperfd.probing.simulated.probe import simulated_executor
+    from gpuperfd.probing.simulated.workload import simulated_workload
 
     line = next(line for line in (ROOT / "docs/simulator.md").read_text(encoding="utf-8").splitlines()
                 if line.startswith(f"| {row}"))

@@ -70,7 +70,7 @@ def test_case7_a_reload_that_changes_nothing_keeps_every_next_run_time():
 
     from gpuperfd.config import ProbesConfig, ScheduleConfig
     from gpuperfd.probing.metrics import ProbeMetrics
-    from gpuperfd.probing.scheduling import ProbeScheduler
+    from gpuperfd.probing.scheduling.scheduler import ProbeScheduler
 
     class Service:
         metrics = ProbeMetrics(CollectorRegistry())

@@ -4,7 +4,7 @@ Why: a simulated probe's figures must follow the work it does (issue 43). A step
 clock is ``max(FLOPs / compute, bytes / bandwidth) + kernels * launch``: the bound unit of the
 roofline plus a fixed cost per kernel (launch and tail, which dominates small batches). How busy
 each unit is over that time drives the step's dynamic power. The simulated executor
-(``probing/simulated_workload.py``) compares a request's step with its probe's default preset's
+(``probing/simulated/workload.py``) compares a request's step with its probe's default preset's
 on the same card and scales the calibrated profile by the ratio, so the default presets keep the
 real cards' figures (``reference_figures.py``) exactly and the cap physics of ``simulated.py``
 applies on top.
@@ -40,7 +40,7 @@ _H100_FLOPS = {"bfloat16": 989.4e12, "float16": 989.4e12, "float32": 66.9e12}
 #: One row per simulated GPU model (device/simulated.py GPU_MODELS keys); datasheet peaks (SXM parts).
 #: The H100's per-kernel cost is fitted to real points (4x H100 SXM, driver 580.159.04, 2026-11-27,
 #: benchmarks/simulator_shape_points.sh): gpt2 and gpt2-xl at batch 1 and 32, ViT-B/16 at 1 and 128 land
-#: within 7 % of the measured rates relative to the default presets (tests/probing/test_simulated_workload_fit.py);
+#: within 7 % of the measured rates relative to the default presets (tests/probing/simulated/test_simulated_workload_fit.py);
 #: 4 us made batch-1 points 14-53 % slow. The H200 shares the H100's SMs, so its kernel cost too.
 CARDS: dict[str, CardRoofline] = {
     "H100": CardRoofline(peak_flops=_H100_FLOPS, memory_bytes_per_second=3.35e12, kernel_seconds=2.5e-6),

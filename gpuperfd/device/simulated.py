@@ -1322,7 +1322,7 @@ class SimulatedBackend(Backend):
 
     name = "simulated"
     #: The node's interconnect (board kind, links per pair, fabric state, interconnect faults): what the
-    #: simulated node probe (:mod:`gpuperfd.probing.simulated_interconnect`) measures.
+    #: simulated node probe (:mod:`gpuperfd.probing.interconnect.simulated`) measures.
     interconnect: SimulatedTopology
 
     def __init__(

@@ -21,7 +21,7 @@ from gpuperfd.device.simulated import (
 )
 from gpuperfd.probe_data.spec import DEFAULT_PRESET
 from gpuperfd.probing.metrics import WORK_UNIT, cap_label
-from gpuperfd.probing.simulated_probe import SIMULATED_PROFILE
+from gpuperfd.probing.simulated.probe import SIMULATED_PROFILE
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ DEFAULT_CAPS: tuple[int, ...] = tuple(range(700, 199, -50))
 #: The recommendation's slowdown budget (gpuperf:power_cap_max_slowdown_ratio, probes.max_slowdown).
 MAX_SLOWDOWN = 0.10
 DAY_SECONDS = 86400
-#: Relative noise of simulated probe throughput (probing.simulated_probe.simulated_executor's default).
+#: Relative noise of simulated probe throughput (probing.simulated.probe.simulated_executor's default).
 PROBE_NOISE = 0.004
 
 #: The defects, by name, as simulation.degrade settings.

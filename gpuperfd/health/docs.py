@@ -229,7 +229,7 @@ def _interconnect_section() -> list[str]:
            "  held to the reference alone. The series `gpuperf_interconnect_peer_copy_expected_bytes_per_second`",
            "  carries the figure the verdict used, so the `GpuInterconnectBelowExpected` alert judges alike;",
            "- a pair below `interconnect_expected_ratio` of its figure is measured again, alone, in a fresh run,",
-           "  up to twice (`probing/interconnect_executor.py:RetestingExecutor`); each pair keeps its faster run",
+           "  up to twice (`probing/interconnect/executor.py:RetestingExecutor`); each pair keeps its faster run",
            "  (other work only slows a copy down), so only a slowness that reproduces is judged; a retest that",
            "  could not finish leaves its pairs *unconfirmed* (not judged, listed in the result's `extra`);",
            "- a run with any other compute process on a GPU of the set at any look (every 0.1 s, and once more",

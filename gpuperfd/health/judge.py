@@ -1,6 +1,6 @@
 """Judge ``gpuperfd check``'s one-shot inputs: passive readings plus the short probe's result.
 
-Pure: the one-shot flow (:mod:`gpuperfd.probing.check`) gathers each GPU's
+Pure: the one-shot flow (:mod:`gpuperfd.probing.check.flow`) gathers each GPU's
 :class:`~gpuperfd.health.evaluate.GpuInputs` from one synchronous sampler read
 (:func:`gpuperfd.health.monitor.snapshot_inputs`), adds the check probe's run and the
 expected figures, and this module runs the same evaluators the daemon runs (every row of

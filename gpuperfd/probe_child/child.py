@@ -1,5 +1,5 @@
 """The probe child's entry point: ``python -m gpuperfd.probe_child.child --fd N --spec JSON ...``
-(started by :class:`gpuperfd.probing.runner.ProbeChild`, by module name).
+(started by :class:`gpuperfd.probing.child.runner.ProbeChild`, by module name).
 
 Kept free of top-level torch imports on purpose: it must start (and die with its
 parent) before anything heavy loads.

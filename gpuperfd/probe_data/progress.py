@@ -1,6 +1,6 @@
 """A sweep in progress, as plain data: which GPU, which probe, which cap, point k of n.
 
-The daemon's sweep observer (:class:`gpuperfd.probing.service.ServiceObserver`) keeps one per GPU
+The daemon's sweep observer (:class:`gpuperfd.probing.scheduling.service.ServiceObserver`) keeps one per GPU
 while a sweep holds a cap it set; the landing page and ``GET /api/v1/gpus`` (what ``gpuperfd top``
 reads) show it. Here, not in ``probing/``, because ``web/`` may not import the probing side.
 """

@@ -1,6 +1,6 @@
 """The work one step of a probe does: FLOPs, bytes moved, kernels, and the memory it holds.
 
-Why: the simulated GPU (``probing/simulated_workload.py`` over ``device/roofline.py``) turns this
+Why: the simulated GPU (``probing/simulated/workload.py`` over ``device/roofline.py``) turns this
 into time, power and peak memory, so its figures follow the workload's shape (model size, batch,
 prompt and output length, sequence length, head groups, image size, dtype) instead of one flat line
 per probe. The arithmetic reads the model shapes from ``spec.py`` (the same tables the child builds

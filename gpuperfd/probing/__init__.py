@@ -1,5 +1,9 @@
-"""Probing flow, daemon side: schedules, idle gating, the probe service, executors (child process or
-simulated), power-cap sweeps (``sweep/``), the probe series and the history file.
+"""Probing flow, parent side (the daemon or a CLI), one folder per stage of a probe's walk:
+``scheduling/`` (when a result is due, the round, the probe service), ``gates/`` (idle, admission),
+``sweep/`` (the one owned sweep and the caps' safety), ``executors.py`` (the one choice of where a
+probe runs: ``child/`` a probe child process, or ``simulated/``), ``observer.py``, ``metrics.py`` and
+``history.py`` (where a result goes); ``interconnect/`` (the node probe) and ``check/`` (``gpuperfd
+check``) are flows of their own; ``cli.py`` is ``gpuperfd probe``.
 
 Nothing here imports torch: the workloads run in a child process (:mod:`gpuperfd.probe_child`).
 """

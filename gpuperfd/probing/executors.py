@@ -6,8 +6,8 @@ one point per cap and closes it. Between the schedules of one round on a GPU the
 handed over explicitly (:func:`open_session`: the previous session's ``hand_over()`` becomes the next
 ``open``'s ``carried``), so one child serves every probe of the round.
 
-The two executors live beside what they drive: the child process (:mod:`.child_session`, torch in a
-child) and the simulator's physics (:mod:`.simulated_probe`); this module only chooses between them.
+The two executors live beside what they drive: the child process (:mod:`~gpuperfd.probing.child.session`, torch in a
+child) and the simulator's physics (:mod:`~gpuperfd.probing.simulated.probe`); this module only chooses between them.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from gpuperfd.health.interconnect import interconnect_inputs, read_topology, slo
 from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
-from gpuperfd.probing.interconnect_executor import InterconnectExecutor, RetestingExecutor, SlowPairs
-from gpuperfd.probing.child_session import ChildProcessExecutor, PeakCallback, child_process_executor
-from gpuperfd.probing.simulated_probe import (
+from gpuperfd.probing.interconnect.executor import InterconnectExecutor, RetestingExecutor, SlowPairs
+from gpuperfd.probing.child.session import ChildProcessExecutor, PeakCallback, child_process_executor
+from gpuperfd.probing.simulated.probe import (
     SIMULATED_PROFILE,
     SimulatedExecutor,
     simulated_executor,
@@ -35,7 +35,7 @@ from gpuperfd.probing.simulated_probe import (
 )
 
 if TYPE_CHECKING:
-    from gpuperfd.probing.runner import ProbeChild, ProgressCallback
+    from gpuperfd.probing.child.runner import ProbeChild, ProgressCallback
 
 __all__ = ["Executor", "choose_interconnect_executor", "Session", "PeakCallback", "PerPointExecutor", "open_session", "measure_once",
            "choose_executor", "starts_children", "ChildProcessExecutor", "child_process_executor",
@@ -138,7 +138,7 @@ def measure_once(executor: Executor, device: Device | None, request: ProbeReques
 
 def starts_children(config: Config, backend_name: str) -> bool:
     """Whether :func:`choose_executor` picks the child executor: only then do probes need host
-    memory admitted (:mod:`gpuperfd.probing.admission`); the simulator runs in this process."""
+    memory admitted (:mod:`gpuperfd.probing.gates.admission`); the simulator runs in this process."""
     kind = config.probes.executor
     return not (kind == "simulated" or (kind == "auto" and backend_name == "simulated"))
 
@@ -148,7 +148,7 @@ def choose_executor(config: Config, backend_name: str, on_peak: PeakCallback | N
 
     ``probes.executor``: ``simulated`` (the simulator's physics, in this process), ``child`` (torch in
     a child process), or ``auto``: simulated on the simulated backend, a child otherwise. ``on_peak``:
-    told each child's peak host RSS (the admission's :class:`~gpuperfd.probing.admission.PeakBook`).
+    told each child's peak host RSS (the admission's :class:`~gpuperfd.probing.gates.admission.PeakBook`).
     """
     if not starts_children(config, backend_name):
         return simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed)
@@ -167,7 +167,7 @@ def choose_interconnect_executor(config: Config, backend: Backend,
     limit = {**health_defaults(), **config.health.thresholds}["interconnect_expected_ratio"]
     if not starts_children(config, backend.name):
         from gpuperfd.device.simulated import SimulatedBackend
-        from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
+        from gpuperfd.probing.interconnect.simulated import SimulatedInterconnectExecutor
 
         if not isinstance(backend, SimulatedBackend):  # the simulated fabric is the simulated node's own
             raise ValueError(f"probes.executor: {config.probes.executor}: the simulated node probe measures the "
@@ -175,7 +175,7 @@ def choose_interconnect_executor(config: Config, backend: Backend,
                              f"{backend.name}")
         inner: InterconnectExecutor = SimulatedInterconnectExecutor(backend.interconnect, seed=config.simulation.seed)
         return RetestingExecutor(inner, slow_pairs_on(backend, limit)), "simulated"
-    from gpuperfd.probing.interconnect_runner import ProcessInterconnectExecutor
+    from gpuperfd.probing.interconnect.runner import ProcessInterconnectExecutor
 
     kind = config.probes.torch_device
     inner = ProcessInterconnectExecutor(kind, idle_utilization_threshold=config.probes.idle_utilization_threshold,

@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from gpuperfd.device.base import GpuInfo
 
 if TYPE_CHECKING:
-    from gpuperfd.probing.admission import AdmissionState
+    from gpuperfd.probing.gates.admission import AdmissionState
 
 RUN_LABELS = ("gpu", "uuid", "probe", "preset")
 CAP_LABELS = (*RUN_LABELS, "power_cap")
@@ -150,7 +150,7 @@ class ProbeMetrics:
             self._version += 1
 
     def set_admission(self, state: AdmissionState) -> None:
-        """The host-memory admission's state (:class:`~gpuperfd.probing.admission.Admission`'s listener)."""
+        """The host-memory admission's state (:class:`~gpuperfd.probing.gates.admission.Admission`'s listener)."""
         with self._lock:
             if self._waited is None:  # the first state: the series join the registry
                 self._waited = 0.0

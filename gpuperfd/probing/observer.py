@@ -1,11 +1,11 @@
 """What a sweep tells the rest of the parent while it runs: one small named interface.
 
 A result's way from the child to ``/metrics`` reads in one place: the child answers
-:class:`~gpuperfd.probing.runner.ProbeChild` in JSON, the session hands the decoded
+:class:`~gpuperfd.probing.child.runner.ProbeChild` in JSON, the session hands the decoded
 :class:`~gpuperfd.probe_data.result.ProbeResult` to the sweep loop
 (:func:`~gpuperfd.probing.sweep.sweeper.run_sweep`), the loop tells its
 :class:`SweepObserver` each cap it sets (``on_cap``), when our load runs (``on_measuring``) and each point it measured
-(``on_point``), and the daemon's observer (:class:`gpuperfd.probing.service.ServiceObserver`)
+(``on_point``), and the daemon's observer (:class:`gpuperfd.probing.scheduling.service.ServiceObserver`)
 publishes it to the probe series, the history file and the landing page's latest points;
 the CLI's observer draws the progress bar and writes run records. :class:`Observers` fans one
 sweep out to several observers.

@@ -2,7 +2,7 @@
 
 Why: every probe child costs about 1.6 GiB of host memory; a container whose cgroup limit
 is sized for one child is OOM-killed when several GPUs probe at once. The admission of probe
-children (:mod:`gpuperfd.probing.admission`) sizes itself from :func:`memory_limit_bytes`.
+children (:mod:`gpuperfd.probing.gates.admission`) sizes itself from :func:`memory_limit_bytes`.
 
 cgroup v2: the process's cgroup from ``/proc/self/cgroup`` (``0::/path``), its ``memory.max``
 and its ancestors' (the smallest wins; ``max`` is no limit). cgroup v1: the memory

@@ -16,9 +16,9 @@ from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.health.verdict import Reason, Verdict
 from gpuperfd.probing.executors import simulated_executor
 from gpuperfd.probing.history import HistoryWriter
-from gpuperfd.probing.idle import IdleTracker
+from gpuperfd.probing.gates.idle import IdleTracker
 from gpuperfd.probing.metrics import ProbeMetrics
-from gpuperfd.probing.service import ProbeService
+from gpuperfd.probing.scheduling.service import ProbeService
 from gpuperfd.probing.sweep.journal import CapJournal
 from gpuperfd.telemetry.collectors.base import Point
 from gpuperfd.telemetry.sampler import Reading

@@ -1,6 +1,6 @@
 """Apply mode in real daemon processes on simulated GPUs whose limits persist in a state file (as a real
 board keeps its limit): SIGKILL while applied, SIGTERM, SIGHUP to mode off, and `gpuperfd apply
---revert` each end with the operator's caps back, as they do for sweeps (tests/probing/test_crash_restore.py)."""
+--revert` each end with the operator's caps back, as they do for sweeps (tests/probing/sweep/test_crash_restore.py)."""
 
 from __future__ import annotations
 

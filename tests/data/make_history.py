@@ -26,9 +26,9 @@ from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig  # no
 from gpuperfd.device.simulated import SimulatedBackend  # noqa: E402
 from gpuperfd.probing.executors import simulated_executor  # noqa: E402
 from gpuperfd.probing.history import HistoryWriter  # noqa: E402
-from gpuperfd.probing.idle import IdleTracker  # noqa: E402
+from gpuperfd.probing.gates.idle import IdleTracker  # noqa: E402
 from gpuperfd.probing.metrics import ProbeMetrics  # noqa: E402
-from gpuperfd.probing.service import ProbeService  # noqa: E402
+from gpuperfd.probing.scheduling.service import ProbeService  # noqa: E402
 from gpuperfd.telemetry.collectors.base import Point  # noqa: E402
 from gpuperfd.telemetry.sampler import Reading  # noqa: E402
 

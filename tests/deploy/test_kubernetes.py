@@ -519,7 +519,7 @@ OPERATIONS = ROOT / "docs" / "operations.md"
 
 def _children_at_once(limit: float, gpus: int, daemon: float) -> int:
     """What the daemon's admission lets run at once under a memory limit, before any measurement."""
-    from gpuperfd.probing.admission import DEFAULT_CHILD_BYTES, HEADROOM_BYTES
+    from gpuperfd.probing.gates.admission import DEFAULT_CHILD_BYTES, HEADROOM_BYTES
 
     budget = limit - daemon - HEADROOM_BYTES
     return int(min(gpus, max(0, budget // DEFAULT_CHILD_BYTES)))

@@ -54,7 +54,7 @@ def test_sampler_lanes_and_xid_watcher(fake: FakeNvml) -> None:
 
 
 def test_check_passive_read_and_gate(fake: FakeNvml, tmp_path: Path) -> None:
-    from gpuperfd.probing.check import CheckRequest, run_check
+    from gpuperfd.probing.check.flow import CheckRequest, run_check
 
     config = Config(probes=ProbesConfig(state_dir=tmp_path / "state"))
     outcome = run_check(config, CheckRequest(quick=True, timeout_seconds=20), opener=lambda c: NvmlBackend())
@@ -68,9 +68,9 @@ def test_probe_service_beside_the_sampler(fake: FakeNvml, tmp_path: Path) -> Non
     from prometheus_client import CollectorRegistry
 
     from gpuperfd.probing.executors import PerPointExecutor
-    from gpuperfd.probing.idle import IdleTracker
+    from gpuperfd.probing.gates.idle import IdleTracker
     from gpuperfd.probing.metrics import ProbeMetrics
-    from gpuperfd.probing.service import ProbeService
+    from gpuperfd.probing.scheduling.service import ProbeService
 
     backend = NvmlBackend()
     sampler = start_sampler(backend)

@@ -10,7 +10,7 @@ import pytest
 from gpuperfd.config import FaultConfig, InterconnectFaultConfig
 from gpuperfd.health.interconnect import read_topology
 from gpuperfd.probe_data.interconnect import InterconnectRequest
-from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
+from gpuperfd.probing.interconnect.simulated import SimulatedInterconnectExecutor
 from gpuperfd.health.checks import CHECKS
 from gpuperfd.health.monitor import HealthMonitor
 from gpuperfd.health.store import HealthStore, SavedState

@@ -7,7 +7,7 @@ import threading
 from gpuperfd.config import InterconnectFaultConfig
 from gpuperfd.health.interconnect import findings, read_topology
 from gpuperfd.probe_data.interconnect import InterconnectRequest
-from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
+from gpuperfd.probing.interconnect.simulated import SimulatedInterconnectExecutor
 
 from simnode import Node
 

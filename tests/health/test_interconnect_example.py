@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from gpuperfd.config import config_from_mapping
 from gpuperfd.probe_data.interconnect import InterconnectRequest
-from gpuperfd.probing.interconnect_metrics import InterconnectMetrics, result_publisher
-from gpuperfd.probing.simulated_interconnect import SimulatedInterconnectExecutor
+from gpuperfd.probing.interconnect.metrics import InterconnectMetrics, result_publisher
+from gpuperfd.probing.interconnect.simulated import SimulatedInterconnectExecutor
 
 from simnode import Node
 

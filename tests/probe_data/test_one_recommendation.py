@@ -21,9 +21,9 @@ from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probe_data.recommend import SweepPoint
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.history import HistoryWriter
-from gpuperfd.probing.idle import IdleTracker
+from gpuperfd.probing.gates.idle import IdleTracker
 from gpuperfd.probing.metrics import ProbeMetrics
-from gpuperfd.probing.service import ProbeService, ServiceObserver
+from gpuperfd.probing.scheduling.service import ProbeService, ServiceObserver
 from gpuperfd.top.frame import render
 from gpuperfd.web.landing import _probe_row
 from gpuperfd.web.status import probe_summary

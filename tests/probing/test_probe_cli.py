@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuperfd.probing import probe_cli as cli
+from gpuperfd.probing import cli
 from gpuperfd.probe_data.record import CSV_COLUMNS, build_record, record_row
 from gpuperfd.probe_data.result import ProbeResult
 

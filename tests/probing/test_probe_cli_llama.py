@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuperfd.probing import probe_cli as cli
+from gpuperfd.probing import cli
 
 FAST = ["--repeats", "2", "--measure-seconds", "0.1", "--no-progress"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuperfd.probing.idle import not_idle_text
+from gpuperfd.probing.gates.idle import not_idle_text
 from gpuperfd.probe_data.recommend import Recommendation, comparison_words, read_only_note
 
 

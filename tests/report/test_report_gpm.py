@@ -8,9 +8,9 @@ from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probing.executors import simulated_executor
 from gpuperfd.probing.history import HistoryWriter
-from gpuperfd.probing.idle import IdleTracker
+from gpuperfd.probing.gates.idle import IdleTracker
 from gpuperfd.probing.metrics import ProbeMetrics
-from gpuperfd.probing.service import ProbeService
+from gpuperfd.probing.scheduling.service import ProbeService
 from gpuperfd.report.aggregate import build_report, point_rows
 from gpuperfd.report.html import render_html
 from gpuperfd.report.records import load_history

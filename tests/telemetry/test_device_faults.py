@@ -512,7 +512,7 @@ def probe_runs(text: str) -> dict[tuple[str, str, str], float]:
 def test_probe_oom_crash_cuda_error_and_hang_fail_cleanly_and_the_next_probe_runs(start_daemon, tmp_path, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.setenv("GPUPERFD_TEST_FAULTS", "1")  # the schedules' inject_fault needs the test-only switch
-    import gpuperfd.probing.runner  # noqa: F401  (the probe package must import for this test)
+    import gpuperfd.probing.child.runner  # noqa: F401  (the probe package must import for this test)
 
     daemon = start_daemon(config_text=PROBE_CONFIG.format(state=tmp_path / "state", timeout=PROBE_TIMEOUT))
     conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=10)
@@ -569,9 +569,9 @@ def test_scheduled_probe_on_a_lost_gpu_is_counted_not_raised(tmp_path):
 
     from gpuperfd.config import ProbesConfig, ScheduleConfig
     from gpuperfd.probing.executors import simulated_executor
-    from gpuperfd.probing.idle import IdleTracker
+    from gpuperfd.probing.gates.idle import IdleTracker
     from gpuperfd.probing.metrics import ProbeMetrics
-    from gpuperfd.probing.service import ProbeService
+    from gpuperfd.probing.scheduling.service import ProbeService
     from gpuperfd.telemetry.collectors.base import Point
     from gpuperfd.telemetry.sampler import Reading
 

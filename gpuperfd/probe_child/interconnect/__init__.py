@@ -1,2 +1,2 @@
 """The interconnect probe's workers (issue 44): one process per GPU of the set, started by
-``probing/interconnect_runner.py`` by module name (``python -m gpuperfd.probe_child.interconnect.worker``)."""
+``probing/interconnect/runner.py`` by module name (``python -m gpuperfd.probe_child.interconnect.worker``)."""

@@ -1,6 +1,6 @@
 """One rank of the interconnect probe: ``python -m gpuperfd.probe_child.interconnect.worker ...``.
 
-Started once per GPU of the set by :mod:`gpuperfd.probing.interconnect_runner` (never imported by
+Started once per GPU of the set by :mod:`gpuperfd.probing.interconnect.runner` (never imported by
 the parent). Every rank joins one ``torch.distributed`` group (NCCL on ``cuda:<gpu>``, gloo on a
 CPU; env rendezvous on 127.0.0.1), then:
 

@@ -32,7 +32,7 @@ from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.spec import PROBES, check_options
 from gpuperfd.probing.executors import choose_executor
-from gpuperfd.probing.idle import busy_reason
+from gpuperfd.probing.gates.idle import busy_reason
 from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapJournal, journals_for
 from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, PlannedProbe, SweepRequest, run_owned_sweep

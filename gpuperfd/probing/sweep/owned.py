@@ -29,7 +29,7 @@ from gpuperfd.probe_data.recommend import SweepPoint
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.executors import Executor, open_session
-from gpuperfd.probing.idle import BusyReason
+from gpuperfd.probing.gates.idle import BusyReason
 from gpuperfd.probing.observer import SweepObserver
 from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.journal import CapChangedByOther, CapJournal, restore_pending
@@ -72,7 +72,7 @@ class SweepRequest:
     """What one owned sweep runs: the planned probes over ``caps``, one after another.
 
     ``probes`` is iterated lazily, one at a time, only once the GPU is owned: the daemon's round
-    (:class:`gpuperfd.probing.service.ProbeService`) yields the schedules that join it while it
+    (:class:`gpuperfd.probing.scheduling.service.ProbeService`) yields the schedules that join it while it
     runs. ``caps`` None: each planned probe's own ``caps``.
     """
 

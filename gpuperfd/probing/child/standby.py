@@ -1,0 +1,188 @@
+"""Probe children started before their GPU qualifies, so that the qualifying moment starts at the build.
+
+From the moment a GPU qualifies to the published result, a probe's time went mostly to the CPU: the
+child's spawn and its imports of torch and the model code (13 of 19 s for llm on a lent H200,
+``benchmarks/qualify_to_result.py``), none of it on the GPU. So when a due result's GPU will qualify
+within about that time (idle, nearly ``idle_seconds`` long), its child is started now: it only
+imports (no CUDA call before its build, so a user's job that arrives loses nothing and is not seen by
+it), its host memory is reserved with the admission like any child's, and the run that starts when
+the GPU qualifies builds in it (:meth:`ChildProcessExecutor.open` takes it as the carried child). A
+GPU that turns busy, a result no longer due, a shutdown: the child ends and its reservation goes.
+
+One slot per GPU. Its reservation is the round's: a round on a GPU whose slot holds one reserves
+nothing more, and :meth:`StandbyChildren.round_ended` ends the slot once its child was taken.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpuperfd.device.base import Device
+
+if TYPE_CHECKING:
+    from gpuperfd.probe_data.request import ProbeRequest
+    from gpuperfd.probing.gates.admission import Admission, Ticket
+    from gpuperfd.probing.child.runner import ProbeChild
+
+log = logging.getLogger(__name__)
+
+__all__ = ["StandbyChildren", "DEFAULT_READY_SECONDS", "LEAD_MARGIN_SECONDS"]
+
+#: How long a child takes to be ready (spawn and imports) before one was measured here: a lent H200's
+#: llm child took 11-13 s (qualify_to_result.py), a 2-core VM's tiny CPU child 8 s.
+DEFAULT_READY_SECONDS = 15.0
+#: Started this much earlier than the last child took, so that it is ready at the qualifying moment.
+LEAD_MARGIN_SECONDS = 5.0
+
+
+@dataclass
+class _Slot:
+    """One GPU's standby child: starting (its thread), ready, or taken by a round."""
+
+    child: ProbeChild
+    ticket: Ticket | None
+    started: float
+    thread: threading.Thread | None = None
+    failed: bool = False
+    taken: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+    #: Set when the slot ends: its thread, the child's parent thread, may end then (see :meth:`_start`).
+    ended: threading.Event = field(default_factory=threading.Event)
+
+
+class StandbyChildren:
+    """At most one child per GPU started ahead of its qualifying moment; thread-safe.
+
+    ``make_child(device, request)``: a new, not yet started probe child for ``request`` on ``device``'s
+    GPU that watches no GPU yet (a user's job may be on it while the child imports).
+    """
+
+    def __init__(self, make_child: Callable[[Device, ProbeRequest], ProbeChild], timeout_seconds: float,
+                 admission: Admission | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.make_child = make_child
+        self.timeout_seconds = timeout_seconds
+        self.admission = admission
+        self.clock = clock
+        self._slots: dict[int, _Slot] = {}
+        self._lock = threading.Lock()
+        #: Seconds the last standby child of each probe took to be ready.
+        self._ready_seconds: dict[str, float] = {}
+        #: Children started and taken by a round (tests, the landing page's words).
+        self.started = 0
+        self.taken = 0
+
+    def lead_seconds(self, probe: str) -> float:
+        """How long before its GPU qualifies a child of ``probe`` is started."""
+        return self._ready_seconds.get(probe, DEFAULT_READY_SECONDS) + LEAD_MARGIN_SECONDS
+
+    def holds(self, gpu: int) -> bool:
+        """True if ``gpu`` has a standby child (starting, ready or taken by the round now running)."""
+        with self._lock:
+            return gpu in self._slots
+
+    def reserved(self, gpu: int) -> bool:
+        """True if ``gpu``'s standby child holds a host-memory reservation (the round then needs none)."""
+        with self._lock:
+            slot = self._slots.get(gpu)
+            return slot is not None and slot.ticket is not None
+
+    def ensure(self, device: Device, request: ProbeRequest, need_bytes: int, abort: threading.Event) -> bool:
+        """A child for ``device``'s GPU started now (in a thread) unless one is there; False when the
+        admission has no room for it at once (a standby child never waits for memory: a round may need it)."""
+        gpu = device.index
+        with self._lock:
+            if gpu in self._slots:
+                return True
+        ticket = None
+        if self.admission is not None:
+            ticket = self.admission.try_acquire(gpu, need_bytes)
+            if not ticket.granted:
+                return False
+        slot = _Slot(self.make_child(device, request), ticket, self.clock())
+        slot.thread = threading.Thread(target=self._start, args=(gpu, slot), name=f"probe-standby-gpu{gpu}",
+                                       daemon=True)
+        with self._lock:
+            if gpu in self._slots or abort.is_set():  # raced with another ensure, or stopping
+                self._release(slot)
+                return gpu in self._slots
+            self._slots[gpu] = slot
+            self.started += 1
+        log.info("gpu %d: %s's child starts now (imports on the CPU) so that it is ready when the GPU qualifies",
+                 gpu, request.probe)
+        slot.thread.start()
+        return True
+
+    def _start(self, gpu: int, slot: _Slot) -> None:
+        t0 = self.clock()
+        try:
+            failed = slot.child.start(time.monotonic() + self.timeout_seconds, defer_build=True)
+        except Exception:  # noqa: BLE001 - a standby that cannot start is no standby; the round starts one
+            log.exception("gpu %d: standby child could not start", gpu)
+            failed = True
+        if failed is not None:
+            slot.failed = True
+            message = getattr(failed, "error_message", "") or "see the log"
+            log.info("gpu %d: standby child not ready (%s); the run starts its own", gpu, message)
+        else:
+            self._ready_seconds[slot.child.spec.probe] = self.clock() - t0
+        slot.done.set()
+        if slot.failed:
+            self.drop(gpu, "its start failed", only=slot)
+        # The child dies with the thread that spawned it (PR_SET_PDEATHSIG follows the parent thread,
+        # not the process): this thread lives until the slot ends.
+        slot.ended.wait()
+
+    def take(self, gpu: int, device: Device) -> ProbeChild | None:
+        """The GPU's standby child for the round starting now (waits while it still imports), watching
+        ``device`` from now on; None if there is none or it could not start. Its reservation stays
+        the slot's until :meth:`round_ended`."""
+        with self._lock:
+            slot = self._slots.get(gpu)
+            if slot is None or slot.taken:
+                return None
+            slot.taken = True
+        slot.done.wait(self.timeout_seconds)
+        if slot.failed or not slot.child.alive:
+            return None
+        child = slot.child
+        child.device, child.own = device, {os.getpid()}
+        with self._lock:
+            self.taken += 1
+        return child
+
+    def round_ended(self, gpu: int) -> None:
+        """The round on ``gpu`` ended: a slot whose child it took is gone (the round closed the child)."""
+        with self._lock:
+            slot = self._slots.get(gpu)
+            if slot is None or not slot.taken:
+                return
+            del self._slots[gpu]
+        self._release(slot, close=False)
+
+    def drop(self, gpu: int, why: str, only: _Slot | None = None) -> None:
+        """End ``gpu``'s standby child (not one a round took) and its reservation."""
+        with self._lock:
+            slot = self._slots.get(gpu)
+            if slot is None or slot.taken or (only is not None and slot is not only):
+                return
+            del self._slots[gpu]
+        log.info("gpu %d: standby child ended: %s", gpu, why)
+        self._release(slot)
+
+    def drop_all(self, why: str) -> None:
+        for gpu in list(self._slots):
+            self.drop(gpu, why)
+
+    def _release(self, slot: _Slot, close: bool = True) -> None:
+        if close:
+            slot.child.close()
+        slot.ended.set()
+        if slot.ticket is not None and self.admission is not None:
+            self.admission.release(slot.ticket)
+            slot.ticket = None

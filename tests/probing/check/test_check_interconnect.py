@@ -1,0 +1,106 @@
+"""``gpuperfd check``'s interconnect step: with two or more GPUs free it runs (here the real gloo
+workers against simulated GPUs) inside the check's time bound, its result under ``interconnect``, and
+a wrong sum makes every GPU of the set unhealthy."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from gpuperfd.config import config_from_mapping
+from gpuperfd.device.simulated import SimulatedBackend
+from gpuperfd.probing.check.flow import CheckRequest, run_check
+from gpuperfd.probing.check.cli import render_table
+from gpuperfd.probing.interconnect.runner import ProcessInterconnectExecutor
+
+
+def _check(tmp_path: Path, gpus: int = 2, timeout: float = 30, quick: bool = False, fault=None, busy=None):
+    config = config_from_mapping({"device": {"backend": "simulated"}, "simulation": {"gpus": gpus, "seed": 1},
+                                  "probes": {"state_dir": str(tmp_path / "state")}})
+    backend = SimulatedBackend(config.simulation)
+    if busy is not None:
+        backend.devices()[busy].add_foreign_process(999_997, 1 << 30)
+    executor = ProcessInterconnectExecutor("cpu", idle_wait_seconds=0, inject_fault=fault)
+    t0 = time.monotonic()
+    outcome = run_check(config, CheckRequest(timeout_seconds=timeout, quick=quick), opener=lambda _c: backend,
+                        interconnect=(executor, "cpu"))
+    return outcome, time.monotonic() - t0, executor
+
+
+def test_two_idle_gpus_get_an_interconnect_probe_in_the_json_within_the_bound(tmp_path: Path) -> None:
+    outcome, took, _ = _check(tmp_path, timeout=30)
+    ic = json.loads(json.dumps(outcome.summary()))["interconnect"]  # as the check's --json prints it
+    assert ic["status"] == "ok" and ic["gpus"] == [0, 1], ic
+    assert [(c["src"], c["dst"]) for c in ic["copies"]] == [(0, 1), (1, 0)]
+    assert all(a["sum_ok"] for a in ic["allreduce"]) and len(ic["allreduce"]) == 2
+    assert ic["energy_joules"] is not None and ic["energy_joules"] > 0  # the simulated GPUs' counters
+    assert {v.state for v in outcome.verdicts} == {"healthy"}
+    assert took < 30 and outcome.phases["total"] < 30
+    line = render_table(outcome.verdicts, "node", outcome.summary()).splitlines()[-2]
+    assert line.startswith("interconnect GPUs 0,1: ok, slowest copy") and "sums ok" in line
+
+
+def test_a_wrong_sum_makes_every_gpu_of_the_set_unhealthy(tmp_path: Path) -> None:
+    outcome, _, _ = _check(tmp_path, fault=(1, "wrong_sum"))
+    assert outcome.summary()["interconnect"]["failure_reason"] == "wrong_result"
+    for verdict in outcome.verdicts:
+        assert verdict.state == "unhealthy"
+        reason = next(r for r in verdict.reasons if r.check == "probe_wrong_result")
+        assert "all-reduce sum" in reason.message
+
+
+def test_a_hanging_rank_is_ended_within_the_checks_timeout(tmp_path: Path) -> None:
+    outcome, took, executor = _check(tmp_path, timeout=14, fault=(0, "hang"))
+    ic = outcome.summary()["interconnect"]
+    assert (ic["status"], ic["failure_reason"]) == ("failed", "timeout")
+    assert took < 14 + 1
+    assert executor.last_pids and all(not Path(f"/proc/{pid}").exists() for pid in executor.last_pids)
+
+
+def test_too_little_time_left_says_so_and_starts_nothing(tmp_path: Path) -> None:
+    outcome, took, executor = _check(tmp_path, timeout=6)
+    assert "not run" in outcome.summary()["interconnect"]["not_run"]
+    assert "interconnect: not run" in render_table(outcome.verdicts, "node", outcome.summary())
+    assert executor.last_pids == [] and took < 6 + 1
+
+
+def test_one_free_gpu_or_quick_runs_no_interconnect_probe(tmp_path: Path) -> None:
+    outcome, _, _ = _check(tmp_path, gpus=2, busy=1)
+    assert outcome.probed == [0] and "interconnect" not in outcome.summary()
+    outcome, _, _ = _check(tmp_path, gpus=3, quick=True)
+    assert "interconnect" not in outcome.summary()
+
+
+def test_the_checks_own_executor_choice_runs_workers_and_creates_no_state_directory(tmp_path: Path) -> None:
+    from gpuperfd.probing.check.interconnect import run_interconnect
+
+    config = config_from_mapping({"device": {"backend": "simulated"}, "simulation": {"gpus": 2, "seed": 1},
+                                  "probes": {"executor": "child", "torch_device": "cpu",
+                                             "state_dir": str(tmp_path / "state")}})
+    backend = SimulatedBackend(config.simulation)
+    result = run_interconnect(config, backend, backend.devices(), time.monotonic() + 30)
+    assert result["status"] == "ok" and result["backend"] == "gloo"
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_pair_at_half_bandwidth_is_judged_in_the_check(tmp_path: Path) -> None:
+    """The simulated node's pair 0-1 copies at half speed with every link up (no event): the check's
+    interconnect step measures it and both GPUs come out degraded, named and with the action."""
+    config = config_from_mapping({
+        "device": {"backend": "simulated"},
+        "simulation": {"gpus": 2, "seed": 1, "interconnect_faults": [{"kind": "half_bandwidth", "gpu": 0, "peer": 1}]},
+        "probes": {"state_dir": str(tmp_path / "state")}})
+    backend = SimulatedBackend(config.simulation)
+    outcome = run_check(config, CheckRequest(timeout_seconds=30), opener=lambda _c: backend)
+    assert outcome.summary()["interconnect"]["backend"] == "simulated"
+    for verdict in outcome.verdicts:
+        assert verdict.state == "degraded", verdict
+        assert any(r.check == "interconnect_below_expected" for r in verdict.reasons), verdict.reasons
+
+
+def test_a_cpu_run_of_the_workers_is_not_judged_against_the_links(tmp_path: Path) -> None:
+    """The gloo workers on the CPU copy host memory: their GB/s are never compared with NVLink's."""
+    outcome, _, _ = _check(tmp_path)
+    assert outcome.summary()["interconnect"]["backend"] == "gloo"
+    assert not any(r.check == "interconnect_below_expected" for v in outcome.verdicts for r in v.reasons)

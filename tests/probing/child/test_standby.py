@@ -1,0 +1,185 @@
+"""Issue 50, "fit the gaps": a due result's child is started before its GPU qualifies, so the run that
+starts at the qualifying moment builds in a child that has done its imports (on a lent H200 the spawn
+and imports were 13 of llm's 19 s from the qualifying moment to the result).
+
+Real probe children on the CPU (tiny preset), the real probe service, scheduler and admission, a
+simulated GPU; the idle tracker's clock is the test's, so "idle for 45 s" takes no 45 s."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
+from gpuperfd.device.simulated import SimulatedBackend
+from gpuperfd.probing.gates.admission import Admission
+from gpuperfd.probing.child.session import ChildProcessExecutor
+from gpuperfd.probing.gates.idle import IdleTracker
+from gpuperfd.probing.metrics import ProbeMetrics
+from gpuperfd.probing.scheduling.scheduler import ProbeScheduler
+from gpuperfd.probing.scheduling.service import ProbeService
+from gpuperfd.probing.child.standby import StandbyChildren
+from gpuperfd.telemetry.collectors.base import Point
+from gpuperfd.telemetry.sampler import Reading
+
+LLM = ScheduleConfig(probe="llm", preset="tiny", interval_seconds=3600, settle_seconds=0, options={"repeats": 1})
+JOB = "0-llm-gpu0"
+IDLE_SECONDS = 60.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def reading(clock: Clock, utilization: float) -> Reading:
+    return Reading((Point("gpuperf_gpu_utilization_ratio", utilization),), True, None, 0, clock.now)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def gone(pid: int, seconds: float = 10.0) -> bool:
+    """True once ``pid`` has ended (within ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+class Node:
+    def __init__(self, tmp_path, limit_bytes: int = 8 << 30) -> None:
+        self.clock = Clock()
+        self.backend = SimulatedBackend(SimulationConfig(gpus=1, seed=5))
+        self.devices = self.backend.devices()
+        self.registry = CollectorRegistry()
+        self.tracker = IdleTracker(0.05, clock=self.clock)
+        self.busy()  # a user's job holds the GPU when the result falls due
+        self.config = ProbesConfig(jitter_seconds=0, first_run_delay_seconds=3600, idle_seconds=IDLE_SECONDS,
+                                   state_dir=tmp_path / "state", history={"path": None}, schedules=[LLM],
+                                   timeout_seconds=300, memory_budget=limit_bytes)
+        self.admission = Admission(limit_bytes, "test budget")
+        self.executor = ChildProcessExecutor(300, torch_device="cpu", state_dir=tmp_path / "state",
+                                             compile_cache=False, on_peak=self.admission.peaks.record)
+        self.standby = StandbyChildren(self.executor.new_child, 300, self.admission, clock=self.clock)
+        self.executor.standby = self.standby
+        self.service = ProbeService(self.config, self.devices, self.executor, ProbeMetrics(self.registry),
+                                    self.tracker, admission=self.admission, standby=self.standby)
+        self.scheduler = ProbeScheduler(self.service, [0], recheck_seconds=0.0)
+        self.scheduler.scheduler.start(paused=True)
+        self.scheduler.apply(self.config)
+        self.results = []
+        self.service.point_listeners.append(lambda gpu, probe, preset, point: self.results.append(point.result))
+
+    def busy(self) -> None:
+        self.tracker.observe(0, "utilization", reading(self.clock, 0.9))
+
+    def idle(self, seconds: float) -> None:
+        """The GPU reads idle for ``seconds`` more (a reading each second, as the sampler's)."""
+        for _ in range(int(seconds)):
+            self.clock.now += 1.0
+            self.tracker.observe(0, "utilization", reading(self.clock, 0.0))
+
+    def fire(self) -> None:
+        job = self.scheduler.scheduler.get_job(JOB)
+        job.func(*job.args, **job.kwargs)
+
+    def dispatch(self) -> int:
+        started = self.scheduler.dispatch_once()
+        deadline = time.monotonic() + 120
+        while self.scheduler._running and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return started
+
+    def slot(self):
+        return self.standby._slots.get(0)
+
+    def wait_ready(self) -> int:
+        slot = self.slot()
+        assert slot is not None
+        assert slot.done.wait(120), "the standby child never became ready"
+        assert not slot.failed and slot.child.alive
+        return slot.child.pid
+
+    def runs(self, result="ok", reason=""):
+        info = self.devices[0].info()
+        return self.registry.get_sample_value("gpuperf_probe_runs_total", {
+            "gpu": "0", "uuid": info.uuid, "probe": "llm", "preset": "tiny", "result": result, "reason": reason}) or 0
+
+
+@pytest.fixture
+def node(tmp_path):
+    made = []
+
+    def make(**kwargs):
+        made.append(Node(tmp_path, **kwargs))
+        return made[-1]
+
+    yield make
+    for n in made:
+        n.scheduler.stop()
+        n.service.stop()
+
+
+def test_the_run_at_the_qualifying_moment_builds_in_a_child_started_before_it(node):
+    n = node()
+    n.fire()  # due; the GPU is busy: skipped, stays due
+    assert n.runs("skipped", "not_idle") + n.runs("skipped", "busy") == 1
+    n.idle(1)
+    assert n.dispatch() == 0 and n.slot() is None  # busy a second ago: no child for it
+    n.idle(IDLE_SECONDS - 25)  # idle 35 s, qualifies at 60 s: within a child's lead (15 + 5 s)? not yet
+    assert n.dispatch() == 0 and n.slot() is None
+    n.idle(10)  # idle 45 s: the child starts now, 15 s before the GPU qualifies
+    assert n.dispatch() == 0
+    pid = n.wait_ready()
+    assert n.admission.state().reserved_bytes > 0  # its host memory is reserved like any child's
+    n.idle(IDLE_SECONDS - 45)  # qualifies now
+    assert n.dispatch() == 1
+    assert n.runs() == 1 and len(n.results) == 1
+    assert n.results[0].extra["child_pid"] == pid  # the run built in the standby child, no spawn of its own
+    assert n.standby.taken == 1 and n.slot() is None
+    assert n.admission.state().reserved_bytes == 0  # one reservation (the standby's), released once
+    assert gone(pid)  # the round closed it
+
+
+def test_a_gpu_that_turns_busy_ends_its_standby_child_and_reservation(node):
+    n = node()
+    n.fire()
+    n.idle(45)
+    n.dispatch()
+    pid = n.wait_ready()
+    n.busy()  # a user's job came back before the GPU qualified
+    n.idle(1)
+    assert n.dispatch() == 0
+    assert n.slot() is None and n.admission.state().reserved_bytes == 0
+    assert gone(pid)
+    assert n.runs() == 0
+
+
+def test_no_standby_child_without_room_in_the_host_memory_budget(node):
+    n = node(limit_bytes=64 << 20)  # far below a child's expected peak
+    n.fire()
+    n.idle(45)
+    n.dispatch()
+    assert n.slot() is None and n.standby.started == 0
+
+
+def test_a_stopping_service_ends_its_standby_child(node):
+    n = node()
+    n.fire()
+    n.idle(45)
+    n.dispatch()
+    pid = n.wait_ready()
+    n.service.stop()
+    assert n.slot() is None and n.admission.state().reserved_bytes == 0
+    assert gone(pid)
