@@ -43,7 +43,10 @@ def test_ctrl_c_in_a_40_by_12_terminal(tmp_path) -> None:
     env.update(TERM="xterm", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "gpuperfd", "top", "--simulate", "2", "--interval", "0.2"],
                             stdin=child_fd, stdout=child_fd, stderr=child_fd, env=env, cwd=tmp_path,
-                            start_new_session=True)
+                            start_new_session=True,
+                            # as a terminal's foreground job has it: a runner started in the background
+                            # (`cmd &`) ignores SIGINT, and an ignored disposition survives exec
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(child_fd)
     try:
         shown = read_until(main_fd, lambda d: d.count(b"\x1b[H") >= 3, 30).decode(errors="replace")
