@@ -58,8 +58,10 @@ from gpuperfd.probing.executors import ChildProcessExecutor, measure_once  # noq
 #: (name, spec fields, "runs" = --runs measurements, "once" = one), most important first: issue 53's
 #: target is the 8B at batch 1, so each variant of it comes before anything else.
 GPU_POINTS: list[tuple[str, dict[str, Any], str]] = [
+    ("8b_fused_b1", {"preset": "llama-3.1-8b", "variant": "fused"}, "runs"),
     ("8b_graph_b1", {"preset": "llama-3.1-8b"}, "runs"),
     ("8b_compiled_b1", {"preset": "llama-3.1-8b", "variant": "compiled"}, "runs"),
+    ("1b_fused_b1", {"preset": "llama-3.2-1b", "variant": "fused"}, "runs"),
     ("1b_graph_b1", {"preset": "llama-3.2-1b"}, "runs"),
     ("1b_compiled_b1", {"preset": "llama-3.2-1b", "variant": "compiled"}, "runs"),
     ("8b_graph_b32", {"preset": "llama-3.1-8b", "batch_size": 32}, "runs"),
@@ -70,7 +72,7 @@ GPU_POINTS: list[tuple[str, dict[str, Any], str]] = [
 ]
 #: Rough seconds a point's first run costs (child start, build, capture or compile, windows), for the
 #: budget; a further run of a point costs what its last run did (its child is built already).
-COST_SECONDS = {"graph": 25.0, "compiled": 120.0, "eager": 45.0, "speculative": 40.0}
+COST_SECONDS = {"graph": 25.0, "fused": 30.0, "compiled": 120.0, "eager": 45.0, "speculative": 40.0}
 #: Seconds the 8B decode step's kernel profile (``--diagnose``) costs.
 DIAGNOSE_SECONDS = 40.0
 
@@ -569,7 +571,7 @@ def main() -> int:
         diagnose()
     # the issue's targets, where measured
     pts = summary["points"]
-    for name in ("8b_graph_b1", "8b_compiled_b1"):
+    for name in ("8b_fused_b1", "8b_graph_b1", "8b_compiled_b1"):
         s = (pts.get(name) or {}).get("spread") or {}
         first = ((pts.get(name) or {}).get("runs") or [{}])[0]
         if s.get("n"):
@@ -584,6 +586,8 @@ def main() -> int:
     for a, b, key in (("8b_graph_b1", "1b_graph_b1", "8b_vs_1b_b1"), ("8b_graph_b32", "1b_graph_b32", "8b_vs_1b_b32"),
                       ("8b_graph_b32", "8b_graph_b1", "8b_b32_vs_b1"), ("1b_graph_b32", "1b_graph_b1", "1b_b32_vs_b1"),
                       ("8b_compiled_b1", "8b_graph_b1", "8b_compiled_vs_graph_b1"),
+                      ("8b_fused_b1", "8b_graph_b1", "8b_fused_vs_graph_b1"),
+                      ("1b_fused_b1", "1b_graph_b1", "1b_fused_vs_graph_b1"),
                       ("1b_compiled_b1", "1b_graph_b1", "1b_compiled_vs_graph_b1")):
         sa = ((pts.get(a) or {}).get("spread") or {}).get("mean")
         sb = ((pts.get(b) or {}).get("spread") or {}).get("mean")

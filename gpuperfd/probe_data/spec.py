@@ -60,7 +60,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # graph: own static-KV-cache GPT-2 forward, decode step captured in a CUDA graph.
     # eager: Hugging Face generate() in eager mode (the seeds' method), for comparison.
     # compiled, speculative: the Llama family only (LLAMA_VARIANTS); GPT-2 runs GPT2_VARIANTS.
-    "llm": ("graph", "eager", "compiled", "speculative"),
+    "llm": ("graph", "eager", "compiled", "fused", "speculative"),
     # compiled: our fused forward (vit_fused) + torch.compile + one CUDA graph per batch;
     # fused: the fused forward in a CUDA graph, no compiler; eager: the Hugging Face module.
     "vit": ("compiled", "fused", "eager"),
@@ -73,9 +73,11 @@ GPT2_VARIANTS: tuple[str, ...] = ("graph", "eager")
 
 #: Variants of the llm probe on a Llama model (the first is the presets'): ``graph`` our static-cache
 #: forward with the decode step in a CUDA graph; ``compiled`` the same forward through torch.compile
-#: (element-wise chains fused) and then captured; ``eager`` Hugging Face generate(); ``speculative`` a
-#: draft proposing ``speculative_tokens`` tokens and the target verifying them (both graphed).
-LLAMA_VARIANTS: tuple[str, ...] = ("graph", "compiled", "eager", "speculative")
+#: (element-wise chains fused) and then captured; ``fused`` the batch-1 decode step as five Triton kernels
+#: a layer (norm, RoPE, SwiGLU and residuals inside the products: ``llama_fused``), captured; ``eager``
+#: Hugging Face generate(); ``speculative`` a draft proposing ``speculative_tokens`` tokens and the
+#: target verifying them (both graphed).
+LLAMA_VARIANTS: tuple[str, ...] = ("graph", "compiled", "fused", "eager", "speculative")
 #: Speculative decoding: proposed tokens per round (k) between these bounds, and the acceptance rates
 #: whose tokens/s are reported when none are named (random weights accept nothing meaningful).
 SPECULATIVE_TOKENS_RANGE = (1, 64)

@@ -8,6 +8,10 @@ Variants (``spec.LLAMA_VARIANTS``):
 * ``compiled``: the same step functions through ``torch.compile`` (norms, RoPE, SwiGLU and residuals
   fused), then captured; a compile failure falls back to ``graph``'s functions, recorded in
   ``extra.compile_error``;
+* ``fused``: ``graph`` with the batch-1 decode step as five Triton kernels a layer
+  (:class:`~gpuperfd.probe_child.workloads.llama_fused.FusedDecode`: norm, RoPE, SwiGLU and the residual
+  adds inside the products, captured); where it cannot run (a CPU, no Triton, batch > 1) ``graph``'s
+  step, the reason in ``extra.fused_error``;
 * ``eager``: Hugging Face ``generate()`` (dynamic cache): how a plain transformers user runs it;
 * ``speculative``: a draft (``draft_model``) proposes ``speculative_tokens`` (k) tokens, one graph of
   k decode steps; the target verifies k + 1 tokens in one step (one graph). With random weights the
@@ -32,6 +36,7 @@ from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_child.workloads import data
 from gpuperfd.probe_child.workloads.graphed_steps import sdpa_choice
+from gpuperfd.probe_child.workloads.llama_fused import fused_unavailable
 from gpuperfd.probe_child.workloads.llama_static import StaticLlama
 from gpuperfd.probe_child.workloads.llm import EagerLLM, GraphLLM, _LLMBase
 from gpuperfd.probe_child.workloads.models import build_llama, count_parameters
@@ -142,9 +147,13 @@ class GraphLlama(_RooflineMixin, GraphLLM):
         self.compile_error: str | None = None
         self.compile_seconds = 0.0
         compiled = spec.variant == "compiled"
+        #: Why the ``fused`` variant's decode ran as ``graph``'s (no CUDA card, no Triton, batch > 1), or None.
+        self.fused_error = fused_unavailable(ctx.device, spec.batch_size) if spec.variant == "fused" else None
+        fused = spec.variant == "fused" and self.fused_error is None
         with torch.inference_mode():
             self.static = StaticLlama(model, spec.batch_size, spec.prompt_tokens,
-                                      spec.prompt_tokens + spec.output_tokens, compile_steps=compiled)
+                                      spec.prompt_tokens + spec.output_tokens, compile_steps=compiled,
+                                      fused_decode=fused)
             t0 = time.perf_counter()
             if ctx.is_cuda:
                 self._capture(compiled)
@@ -205,9 +214,12 @@ class GraphLlama(_RooflineMixin, GraphLLM):
                     # how the step is written (llama_static.StaticLlama): what a decode step's kernels are
                     "step_forms": {"residual_in_product": s.inplace_residual,
                                    "rope_by_product": s.rope_by_product and s.batch_size == 1,
-                                   "joint_kv_cache": s.kv_cache is not None}})
+                                   "joint_kv_cache": s.kv_cache is not None,
+                                   "fused_decode_kernels": s.fused is not None}})
         if self.compile_error:
             out["compile_error"] = self.compile_error
+        if self.fused_error:
+            out["fused_error"] = self.fused_error
         return out
 
     def _roofline_inputs(self) -> tuple[int, float]:
@@ -248,9 +260,12 @@ class SpeculativeLlama:
                                           target.config.vocab_size, ctx.device, spec.seed)
         self.graph_error: str | None = None
         self.marks: list[tuple[int, int, int]] = []
+        #: Both models' batch-1 decode steps as the ``fused`` variant's Triton kernels where they can run.
+        self.fused = fused_unavailable(ctx.device, spec.batch_size) is None
         with torch.inference_mode():
-            self.target = StaticLlama(target, spec.batch_size, spec.prompt_tokens, context, verify_tokens=self.k + 1)
-            self.draft = StaticLlama(draft, spec.batch_size, spec.prompt_tokens, context)
+            self.target = StaticLlama(target, spec.batch_size, spec.prompt_tokens, context, verify_tokens=self.k + 1,
+                                      fused_decode=self.fused)
+            self.draft = StaticLlama(draft, spec.batch_size, spec.prompt_tokens, context, fused_decode=self.fused)
             if ctx.is_cuda:
                 try:
                     self.target.capture()
@@ -370,7 +385,7 @@ class SpeculativeLlama:
             "draft_parameters": sum(p.numel() for p in self.draft_model.parameters()),
             "kv_cache": "static", "cuda_graph": bool(self.target.graphs), "speculative_tokens": self.k,
             "acceptance_rates": list(self.rates), "acceptance_note": RANDOM_WEIGHTS_NOTE,
-            "target_decode_step_seconds": self.target_decode_seconds,
+            "target_decode_step_seconds": self.target_decode_seconds, "fused_decode_kernels": self.fused,
         }
         if self.graph_error:
             out["cuda_graph_error"] = self.graph_error

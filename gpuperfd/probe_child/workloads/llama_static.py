@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from gpuperfd.probe_child.workloads.gpt2_static import _round_up
 from gpuperfd.probe_child.workloads.graphed_steps import REPRODUCIBLE_SDPA, GraphedSteps
+from gpuperfd.probe_child.workloads.llama_fused import FusedDecode
 
 __all__ = ["COMPILE_OPTIONS", "StaticLlama", "fuse_rows"]
 
@@ -100,7 +101,7 @@ class StaticLlama(GraphedSteps):
     """
 
     def __init__(self, model: torch.nn.Module, batch_size: int, prompt_tokens: int, max_context: int,
-                 verify_tokens: int = 0, compile_steps: bool = False) -> None:
+                 verify_tokens: int = 0, compile_steps: bool = False, fused_decode: bool = False) -> None:
         cfg = model.config
         if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
             raise ValueError("StaticLlama supports bias-free Llama projections only")
@@ -165,6 +166,12 @@ class StaticLlama(GraphedSteps):
         self._graph_logits: dict[str, torch.Tensor] = {}
         self._eager_logits: torch.Tensor | None = None
         self._last = "prefill"
+        #: The batch-1 decode step as Triton kernels (``llama_fused``; the ``fused`` variant), or None.
+        self.fused: FusedDecode | None = None
+        if fused_decode:
+            if compile_steps:
+                raise ValueError("variant: fused and compiled decode steps are exclusive")
+            self.fused = FusedDecode(self)
 
     def _make_caches(self, batch_size: int) -> None:
         """The KV caches. One tensor a layer, not one for all: a step writes into whole tensors, which
@@ -315,7 +322,10 @@ class StaticLlama(GraphedSteps):
         return logits
 
     def decode(self) -> torch.Tensor:
-        """One token for every sequence: reads ``seq[:, pos]``, writes ``seq[:, pos + 1]``, pos += 1."""
+        """One token for every sequence: reads ``seq[:, pos]``, writes ``seq[:, pos + 1]``, pos += 1
+        (the fused variant's kernels where set: its bits repeat, so the answer check's step is it too)."""
+        if self.fused is not None:
+            return self.fused.decode()
         logits = self._forward(1, logits_all=False)[:, 0]
         self.seq.index_copy_(1, self.pos + 1, logits.argmax(dim=-1).view(-1, 1))
         self.pos.add_(1)
