@@ -79,7 +79,7 @@ def sweep_products(s: StaticLlama, configs: list[GemvConfig]) -> dict[str, Any]:
 
         ms = timed_graph(cublas)
         entry["cublas_tb_s"] = nbytes / ms / 1e9
-        default = gemv_config(rows, weights[0].shape[1], bool(mode.get("swiglu")))
+        default = gemv_config(rows, weights[0].shape[1])
         for cfg in [default, *[c for c in configs if c != default]]:
             def ours(cfg: GemvConfig = cfg) -> None:
                 for x, w, y in zip(xs, weights, ys):

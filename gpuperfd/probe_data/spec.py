@@ -73,7 +73,7 @@ GPT2_VARIANTS: tuple[str, ...] = ("graph", "eager")
 
 #: Variants of the llm probe on a Llama model (the first is the presets'): ``graph`` our static-cache
 #: forward with the decode step in a CUDA graph; ``compiled`` the same forward through torch.compile
-#: (element-wise chains fused) and then captured; ``fused`` the batch-1 decode step as five Triton kernels
+#: (element-wise chains fused) and then captured; ``fused`` the batch-1 decode step as six Triton kernels
 #: a layer (norm, RoPE, SwiGLU and residuals inside the products: ``llama_fused``), captured; ``eager``
 #: Hugging Face generate(); ``speculative`` a draft proposing ``speculative_tokens`` tokens and the
 #: target verifying them (both graphed).

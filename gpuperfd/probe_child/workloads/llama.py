@@ -8,7 +8,7 @@ Variants (``spec.LLAMA_VARIANTS``):
 * ``compiled``: the same step functions through ``torch.compile`` (norms, RoPE, SwiGLU and residuals
   fused), then captured; a compile failure falls back to ``graph``'s functions, recorded in
   ``extra.compile_error``;
-* ``fused``: ``graph`` with the batch-1 decode step as five Triton kernels a layer
+* ``fused``: ``graph`` with the batch-1 decode step as six Triton kernels a layer
   (:class:`~gpuperfd.probe_child.workloads.llama_fused.FusedDecode`: norm, RoPE, SwiGLU and the residual
   adds inside the products, captured); where it cannot run (a CPU, no Triton, batch > 1) ``graph``'s
   step, the reason in ``extra.fused_error``;

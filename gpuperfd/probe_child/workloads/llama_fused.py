@@ -1,4 +1,4 @@
-"""The ``fused`` variant's batch-1 decode step: :class:`StaticLlama`'s weights, caches and buffers, five
+"""The ``fused`` variant's batch-1 decode step: :class:`StaticLlama`'s weights, caches and buffers, six
 Triton kernels a layer (``llama_kernels``) instead of ~16 PyTorch kernels, captured in a CUDA graph.
 
 Why a variant of its own: it is the decode a hand-tuned serving stack runs (norms, RoPE, SwiGLU and the
@@ -52,6 +52,11 @@ class FusedDecode:
         self.attn = buffer(s.n_head * s.head_dim)
         self.act = buffer(s.layers[0].down.shape[1])
         self.logits = buffer(1, s.lm_head.shape[0])
+        from gpuperfd.probe_child.workloads.llama_kernels import attention_splits
+
+        splits = attention_splits(s.max_seq)
+        self.partials = torch.zeros(s.n_head, splits, s.head_dim, dtype=torch.float32, device=s.device)
+        self.stats = torch.zeros(s.n_head, splits, 2, dtype=torch.float32, device=s.device)
 
     def decode(self) -> torch.Tensor:
         from gpuperfd.probe_child.workloads.llama_kernels import gemv, rope_attend
@@ -62,7 +67,7 @@ class FusedDecode:
         for index, layer in enumerate(s.layers):
             gemv(layer.qkv, x, self.qkv, norm=layer.ln1, eps=s.eps)
             rope_attend(self.qkv, s.cos, s.signed_sin, s.pos, s.k_cache[index], s.v_cache[index], self.attn,
-                        s.n_head, s.n_kv)
+                        s.n_head, s.n_kv, self.partials, self.stats)
             gemv(layer.o, self.attn, x, residual=x)
             gemv(layer.gate_up, x, self.act, norm=layer.ln2, eps=s.eps, swiglu=True)
             gemv(layer.down, self.act, x, residual=x)

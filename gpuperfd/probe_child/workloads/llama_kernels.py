@@ -1,4 +1,4 @@
-"""Triton kernels for a batch-1 Llama decode step: five kernels a layer, each reading its weights once.
+"""Triton kernels for a batch-1 Llama decode step: six kernels a layer, each reading its weights once.
 
 Why (issue 53): at batch 1 a decode step is bound by the HBM, and on an H200 the ``graph`` variant's
 step reached 64 % of its bound: cuBLAS's GEMV streamed the small products (Q/K/V, O) at 56-66 % of the
@@ -9,7 +9,8 @@ reductions) took 1.3 of its 5.3 ms. Here a layer is:
    program reads the whole 8-16 KB input from L2 anyway, sums its squares on the way and scales its
    dot products by the reciprocal root at the end, so the norm costs no kernel and no pass);
 2. :func:`rope_attend`: RoPE of the new query and key, the new key and value into the cache, and
-   attention of each query head over the cache (online softmax), one program a query head;
+   attention of each query head over the cache, split over the sequence, then the splits combined
+   (two kernels);
 3. :func:`gemv` with ``residual``: the output product added into the residual stream in place;
 4. :func:`gemv` with ``norm`` and ``swiglu``: gate and up of RMSNorm(x), ``silu(gate) * up`` in the
    epilogue (each program reads a block of gate rows and the same block of up rows);
@@ -28,7 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["GemvConfig", "gemv", "gemv_config", "rope_attend"]
+__all__ = ["ATTENTION_CHUNK", "GemvConfig", "attention_splits", "gemv", "gemv_config", "rope_attend"]
+
+#: Cache positions one attention program takes (see :func:`rope_attend`).
+ATTENTION_CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -41,12 +45,13 @@ class GemvConfig:
     num_stages: int
 
 
-def gemv_config(rows: int, cols: int, swiglu: bool = False) -> GemvConfig:
-    """The tile for a ``rows x cols`` product (see docs/benchmarks.md, issue 53's third pass, for the
-    measured sweep this follows): enough programs to keep every SM streaming (several per SM), small
-    row blocks for narrow products, and a long column step so each load is a wide vector."""
-    block_n = 8 if rows * (2 if swiglu else 1) <= 16384 else 16
-    return GemvConfig(block_n=block_n, block_k=512, num_warps=4, num_stages=4)
+def gemv_config(rows: int, cols: int) -> GemvConfig:
+    """The tile for a ``rows x cols`` product, from the sweep on an H100 (docs/benchmarks.md, issue 53's
+    third pass; ``benchmarks/llama_kernels_gpu.py``): 4 rows a program (thousands of programs, several
+    streaming on every SM), 512 columns a step, 3 stages; 8 warps where a product has no more rows than
+    columns (O, down: fewer programs, so each keeps more loads in flight), else 4. This was the best
+    or within 1 % of it on every shape of the 8B and the 1B but the 8B's O (2.33 against 2.34 TB/s)."""
+    return GemvConfig(block_n=4, block_k=512, num_warps=8 if rows <= cols else 4, num_stages=3)
 
 
 @triton.jit
@@ -113,7 +118,7 @@ def gemv(weight: torch.Tensor, x: torch.Tensor, out: torch.Tensor, *, norm: torc
     if weight.stride(1) != 1 or x.numel() != cols or out.numel() != rows:
         raise ValueError(f"gemv: weight {tuple(weight.shape)} (row-major), x of {x.numel()} and out of "
                          f"{out.numel()} elements do not fit")
-    cfg = config or gemv_config(rows, cols, swiglu)
+    cfg = config or gemv_config(rows, cols)
     grid = (triton.cdiv(rows, cfg.block_n),)
     _gemv_kernel[grid](weight, x, out, norm if norm is not None else x, residual if residual is not None else out,
                        rows, weight.stride(0), rows, eps, K=cols,
@@ -124,10 +129,12 @@ def gemv(weight: torch.Tensor, x: torch.Tensor, out: torch.Tensor, *, norm: torc
 
 
 @triton.jit
-def _rope_attend_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, out_ptr,
-                        k_head_stride, k_seq_stride, v_head_stride, v_seq_stride, scale, MAX_SEQ: tl.constexpr,
-                        N_HEAD: tl.constexpr, N_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+def _rope_attend_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, part_ptr, stat_ptr,
+                        k_head_stride, k_seq_stride, v_head_stride, v_seq_stride, scale,
+                        N_HEAD: tl.constexpr, N_KV: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr,
+                        SPLITS: tl.constexpr):
     head = tl.program_id(0)
+    split = tl.program_id(1)
     kv = head // (N_HEAD // N_KV)
     pos = tl.load(pos_ptr)
     d = tl.arange(0, HEAD_DIM)
@@ -144,44 +151,70 @@ def _rope_attend_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, out_pt
     v_new = tl.load(qkv_ptr + (N_HEAD + N_KV + kv) * HEAD_DIM + d)
     k_head = k_ptr + kv * k_head_stride
     v_head = v_ptr + kv * v_head_stride
-    writer = head % (N_HEAD // N_KV) == 0  # one query head of the group writes the cache
+    start = split * CHUNK
+    owner = (pos >= start) & (pos < start + CHUNK)  # this split holds the new token
+    writer = owner & (head % (N_HEAD // N_KV) == 0)  # one query head of the group writes the cache
     tl.store(k_head + pos * k_seq_stride + d, k_new, mask=(d < HEAD_DIM) & writer)
     tl.store(v_head + pos * v_seq_stride + d, v_new.to(v_ptr.dtype.element_ty), mask=(d < HEAD_DIM) & writer)
-    # The new token from registers (another program may not have written it yet), then the cache
-    # before it, block by block (online softmax).
-    best = tl.sum(q * k_new.to(tl.float32), axis=0) * scale
-    total = tl.full((), 1.0, tl.float32)
-    acc = v_new.to(tl.float32)
-    for start in range(0, MAX_SEQ, BLOCK_S):  # a fixed trip count (the graph's), blocks past pos skipped
-        if start < pos:
-            s = start + tl.arange(0, BLOCK_S)
-            live = s < pos
-            keys = tl.load(k_head + s[:, None] * k_seq_stride + d[None, :], mask=live[:, None], other=0.0)
-            scores = tl.sum(keys.to(tl.float32) * q[None, :], axis=1) * scale
-            scores = tl.where(live, scores, float("-inf"))
-            top = tl.maximum(best, tl.max(scores, axis=0))
-            shrink = tl.exp(best - top)
-            weights = tl.exp(scores - top)
-            values = tl.load(v_head + s[:, None] * v_seq_stride + d[None, :], mask=live[:, None], other=0.0)
-            acc = acc * shrink + tl.sum(weights[:, None] * values.to(tl.float32), axis=0)
-            total = total * shrink + tl.sum(weights, axis=0)
-            best = top
-    tl.store(out_ptr + head * HEAD_DIM + d, (acc / total).to(out_ptr.dtype.element_ty))
+    # The cached positions of this split before pos, and the new token from registers (its cache row
+    # may not be written yet when another program reads).
+    s = start + tl.arange(0, CHUNK)
+    live = s < pos
+    keys = tl.load(k_head + s[:, None] * k_seq_stride + d[None, :], mask=live[:, None], other=0.0)
+    scores = tl.where(live, tl.sum(keys.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
+    new_score = tl.where(owner, tl.sum(q * k_new.to(tl.float32), axis=0) * scale, float("-inf"))
+    top = tl.maximum(tl.max(scores, axis=0), new_score)
+    top = tl.where(top == float("-inf"), 0.0, top)  # an empty split: weights 0, not NaN
+    weights = tl.exp(scores - top)
+    new_weight = tl.exp(new_score - top)
+    values = tl.load(v_head + s[:, None] * v_seq_stride + d[None, :], mask=live[:, None], other=0.0)
+    acc = tl.sum(weights[:, None] * values.to(tl.float32), axis=0) + new_weight * v_new.to(tl.float32)
+    slot = head * SPLITS + split
+    tl.store(part_ptr + slot * HEAD_DIM + d, acc)
+    tl.store(stat_ptr + slot * 2, top)
+    tl.store(stat_ptr + slot * 2 + 1, tl.sum(weights, axis=0) + new_weight)
+
+
+@triton.jit
+def _combine_kernel(part_ptr, stat_ptr, out_ptr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):
+    head = tl.program_id(0)
+    slots = head * SPLITS + tl.arange(0, SPLITS)
+    tops = tl.load(stat_ptr + slots * 2)
+    totals = tl.load(stat_ptr + slots * 2 + 1)
+    scale = tl.exp(tops - tl.max(tops, axis=0)) * (totals > 0)
+    d = tl.arange(0, HEAD_DIM)
+    parts = tl.load(part_ptr + slots[:, None] * HEAD_DIM + d[None, :])
+    out = tl.sum(scale[:, None] * parts, axis=0) / tl.sum(scale * totals, axis=0)
+    tl.store(out_ptr + head * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty))
+
+
+def attention_splits(max_seq: int, chunk: int = ATTENTION_CHUNK) -> int:
+    """Programs a query head's attention is split into (a power of two covering ``max_seq``)."""
+    return triton.next_power_of_2(triton.cdiv(max_seq, chunk))
 
 
 def rope_attend(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, pos: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, n_head: int, n_kv: int,
-                block_s: int = 64) -> torch.Tensor:
+                partials: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
     """One decode token's attention: ``qkv`` ``[(H + 2 Hkv) * Dh]`` (a Q/K/V product's output), RoPE
     from ``cos``/``signed_sin`` ``[S, Dh]`` (sin with its first half negated: rotate_half's sign) at
     position ``pos`` (a one-element device tensor: the graph reads it), its key and value written into
     ``k_cache``/``v_cache`` ``[1, Hkv, S, Dh]`` at ``pos``, and each query head's attention over positions
-    ``0..pos`` into ``out`` ``[H * Dh]``."""
+    ``0..pos`` into ``out`` ``[H * Dh]``.
+
+    Split over the sequence (flash-decoding): ``H x splits`` programs each take ``ATTENTION_CHUNK``
+    positions (a program a head, walking the cache alone, took 12.8 us a layer of the 8B on an H100),
+    leaving a partial sum in ``partials`` ``[H, splits, Dh]`` and its max and total in ``stats``
+    ``[H, splits, 2]`` (float32, :func:`attention_splits`); a second kernel combines them."""
     head_dim = cos.shape[-1]
+    splits = attention_splits(k_cache.shape[2])
     if k_cache.shape[0] != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("rope_attend: caches must be [1, Hkv, S, Dh] with contiguous heads")
-    _rope_attend_kernel[(n_head,)](qkv, cos, signed_sin, pos, k_cache, v_cache, out,
-                                   k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
-                                   head_dim ** -0.5, MAX_SEQ=k_cache.shape[2], N_HEAD=n_head, N_KV=n_kv, HEAD_DIM=head_dim, BLOCK_S=block_s,
-                                   num_warps=4)
+    if partials.numel() < n_head * splits * head_dim or stats.numel() < n_head * splits * 2:
+        raise ValueError(f"rope_attend: partials/stats hold fewer than {n_head} x {splits} splits")
+    _rope_attend_kernel[(n_head, splits)](
+        qkv, cos, signed_sin, pos, k_cache, v_cache, partials, stats,
+        k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2), head_dim ** -0.5,
+        N_HEAD=n_head, N_KV=n_kv, HEAD_DIM=head_dim, CHUNK=ATTENTION_CHUNK, SPLITS=splits, num_warps=4)
+    _combine_kernel[(n_head,)](partials, stats, out, HEAD_DIM=head_dim, SPLITS=splits, num_warps=4)
     return out
