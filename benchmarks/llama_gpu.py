@@ -233,7 +233,7 @@ def environment(cpu: bool) -> dict[str, Any]:
 MATCH_SCRIPT = r"""
 import json, sys, torch
 from gpuperfd.probe_child.workloads.models import build_llama
-from gpuperfd.probe_child.workloads.llama_static import StaticLlama
+from gpuperfd.probe_child.workloads.llama.static import StaticLlama
 device = torch.device(sys.argv[1])
 torch.manual_seed(0)
 model = build_llama("llama-tiny", device, torch.float32)
@@ -298,7 +298,7 @@ def simulator_comparison(summary: dict[str, Any]) -> dict[str, Any]:
 DIAG_SCRIPT = r"""
 import json, sys, torch
 from gpuperfd.probe_child.workloads.models import build_llama
-from gpuperfd.probe_child.workloads.llama_static import StaticLlama
+from gpuperfd.probe_child.workloads.llama.static import StaticLlama
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 

@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from gpuperfd.device.roofline import hbm_bandwidth  # noqa: E402
-from gpuperfd.probe_child.workloads.llama_kernels import GemvConfig, gemv, gemv_config  # noqa: E402
-from gpuperfd.probe_child.workloads.llama_static import StaticLlama  # noqa: E402
+from gpuperfd.probe_child.workloads.llama.kernels import GemvConfig, gemv, gemv_config  # noqa: E402
+from gpuperfd.probe_child.workloads.llama.static import StaticLlama  # noqa: E402
 from gpuperfd.probe_child.workloads.models import build_llama  # noqa: E402
 
 CONFIGS = [*(GemvConfig(n, k, w, 3) for n, k, w in itertools.product((4, 8, 16), (256, 512), (4, 8))),

@@ -103,7 +103,7 @@ def llm_cost(model: str, batch: int, prompt: int, output: int, n_groups: int, dt
     return WorkCost(dtype, decode, float(batch), MemoryBytes(weights, activations, kv_cache=kv), prefill)
 
 
-#: Kernels per Llama layer of our static decode step (``llama_static``): norm, fused QKV, RoPE on Q and K,
+#: Kernels per Llama layer of our static decode step (``llama.static``): norm, fused QKV, RoPE on Q and K,
 #: two cache writes, attention, output projection, residual, norm, fused gate/up, SiLU, product, down, residual.
 LLAMA_KERNELS_PER_LAYER = 20
 
@@ -134,7 +134,7 @@ def llama_shape(model: str) -> LlamaShape:
 
 def llama_cost(model: str, batch: int, prompt: int, output: int, dtype: str, verify_tokens: int = 0) -> WorkCost:
     """Prefill and one decode step of a Llama model (static KV cache of the whole context, read whole by
-    each step under a mask, as ``llama_static`` does); ``verify_tokens`` widens the cache for a
+    each step under a mask, as ``llama.static`` does); ``verify_tokens`` widens the cache for a
     speculative round. Batch-1 decode reads every weight once per token: memory-bound."""
     shape = llama_shape(model)
     size = ELEMENT_BYTES[dtype]

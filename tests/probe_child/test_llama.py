@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpuperfd.probe_child import harness  # noqa: E402
-from gpuperfd.probe_child.workloads import llama as llama_workload  # noqa: E402
-from gpuperfd.probe_child.workloads.llama_static import StaticLlama  # noqa: E402
+from gpuperfd.probe_child.workloads.llama import probe as llama_workload  # noqa: E402
+from gpuperfd.probe_child.workloads.llama.static import StaticLlama  # noqa: E402
 from gpuperfd.probe_child.workloads.models import build_llama, count_parameters  # noqa: E402
 from gpuperfd.probe_data.speculative import expected_tokens  # noqa: E402
 from gpuperfd.probe_data.spec import ProbeSpec  # noqa: E402
@@ -217,7 +217,7 @@ def test_a_compile_that_fails_measures_the_graph_forms_and_says_why(monkeypatch:
     assert result.extra["compile_error"] == "RuntimeError: inductor: no working C++ compiler"
     assert result.extra["torch_compile"] is False
     assert result.extra["step_forms"] == {"residual_in_product": True, "rope_by_product": True,
-                                          "joint_kv_cache": False}
+                                          "joint_kv_cache": False, "fused_decode_kernels": False}
     assert result.correctness["status"] == "ok"
     assert result.throughput["decode_tokens_per_second"] > 0
 

@@ -26,8 +26,8 @@ def test_both_and_all_expand_per_model_family() -> None:
     assert [s.variant for s in cli.build_specs(parse(["llm", "--preset", "tiny", "--variant", "all"]))] == [
         "graph", "eager"]  # compiled and speculative are the Llama family's
     llama = cli.build_specs(parse(["llm", "--preset", "llama-tiny", "--variant", "all", "--speculative-tokens", "3"]))
-    assert [s.variant for s in llama] == ["graph", "eager", "compiled", "speculative"]
-    assert [s.speculative_tokens for s in llama] == [None, None, None, 3]
+    assert [s.variant for s in llama] == ["graph", "eager", "compiled", "fused", "speculative"]
+    assert [s.speculative_tokens for s in llama] == [None, None, None, None, 3]
 
 
 def test_speculative_options_reach_the_speculative_points_only() -> None:

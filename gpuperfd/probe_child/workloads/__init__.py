@@ -27,7 +27,7 @@ WORKLOAD_MODULES: dict[str, str] = {
 
 #: The llm probe's Llama family builds here (it extends the GPT-2 module's workloads, so the GPT-2
 #: module never imports it back).
-LLAMA_MODULE = "gpuperfd.probe_child.workloads.llama"
+LLAMA_MODULE = "gpuperfd.probe_child.workloads.llama.probe"
 
 #: Probe name -> modules its build imports that touch no GPU (transformers' model code): what a
 #: child told to wait for its build imports beforehand (:func:`preload`).

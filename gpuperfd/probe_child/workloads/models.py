@@ -102,7 +102,7 @@ def random_llama(config: Any, device: torch.device, dtype: torch.dtype) -> Any:
     allocated on ``device`` and drawn as transformers draws it (normal, std ``initializer_range``;
     norms 1). Q/K/V of a layer are one ``[(H + 2 Hkv) Dh, D]`` matrix and gate/up one ``[2 I, D]``,
     the modules' weights consecutive row views into them, so the static forward multiplies by the
-    fused matrices (:func:`~gpuperfd.probe_child.workloads.llama_static.fuse_rows` finds them) and
+    fused matrices (:func:`~gpuperfd.probe_child.workloads.llama.static.fuse_rows` finds them) and
     nothing is held twice; ``generate()`` (the answer check's reference) reads the same memory."""
     from transformers import LlamaForCausalLM
 

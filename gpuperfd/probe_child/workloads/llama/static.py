@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from gpuperfd.probe_child.workloads.gpt2_static import _round_up
 from gpuperfd.probe_child.workloads.graphed_steps import REPRODUCIBLE_SDPA, GraphedSteps
-from gpuperfd.probe_child.workloads.llama_fused import FusedDecode
+from gpuperfd.probe_child.workloads.llama.fused import FusedDecode
 
 __all__ = ["COMPILE_OPTIONS", "StaticLlama", "fuse_rows"]
 
@@ -166,7 +166,7 @@ class StaticLlama(GraphedSteps):
         self._graph_logits: dict[str, torch.Tensor] = {}
         self._eager_logits: torch.Tensor | None = None
         self._last = "prefill"
-        #: The batch-1 decode step as Triton kernels (``llama_fused``; the ``fused`` variant), or None.
+        #: The batch-1 decode step as Triton kernels (``llama.fused``; the ``fused`` variant), or None.
         self.fused: FusedDecode | None = None
         if fused_decode:
             if compile_steps:

@@ -3,13 +3,13 @@ beside the figure, and speculative decoding measured where random weights cannot
 
 Variants (``spec.LLAMA_VARIANTS``):
 
-* ``graph``: :class:`~gpuperfd.probe_child.workloads.llama_static.StaticLlama`, static KV cache,
+* ``graph``: :class:`~gpuperfd.probe_child.workloads.llama.static.StaticLlama`, static KV cache,
   prefill and each decode step one CUDA graph replay (on a CPU the same code, eagerly);
 * ``compiled``: the same step functions through ``torch.compile`` (norms, RoPE, SwiGLU and residuals
   fused), then captured; a compile failure falls back to ``graph``'s functions, recorded in
   ``extra.compile_error``;
 * ``fused``: ``graph`` with the batch-1 decode step as six Triton kernels a layer
-  (:class:`~gpuperfd.probe_child.workloads.llama_fused.FusedDecode`: norm, RoPE, SwiGLU and the residual
+  (:class:`~gpuperfd.probe_child.workloads.llama.fused.FusedDecode`: norm, RoPE, SwiGLU and the residual
   adds inside the products, captured); where it cannot run (a CPU, no Triton, batch > 1) ``graph``'s
   step, the reason in ``extra.fused_error``;
 * ``eager``: Hugging Face ``generate()`` (dynamic cache): how a plain transformers user runs it;
@@ -36,8 +36,8 @@ from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_child.workloads import data
 from gpuperfd.probe_child.workloads.graphed_steps import sdpa_choice
-from gpuperfd.probe_child.workloads.llama_fused import fused_unavailable
-from gpuperfd.probe_child.workloads.llama_static import StaticLlama
+from gpuperfd.probe_child.workloads.llama.fused import fused_unavailable
+from gpuperfd.probe_child.workloads.llama.static import StaticLlama
 from gpuperfd.probe_child.workloads.llm import EagerLLM, GraphLLM, _LLMBase
 from gpuperfd.probe_child.workloads.models import build_llama, count_parameters
 from gpuperfd.probe_data.result import NO_ROOM
@@ -211,7 +211,7 @@ class GraphLlama(_RooflineMixin, GraphLLM):
         s = self.static
         out.update({"model_family": "llama", "kv_heads": s.n_kv, "torch_compile": s.compiled,
                     "compile_seconds": self.compile_seconds, "weight_bytes": s.weight_bytes(),
-                    # how the step is written (llama_static.StaticLlama): what a decode step's kernels are
+                    # how the step is written (llama.static.StaticLlama): what a decode step's kernels are
                     "step_forms": {"residual_in_product": s.inplace_residual,
                                    "rope_by_product": s.rope_by_product and s.batch_size == 1,
                                    "joint_kv_cache": s.kv_cache is not None,

@@ -1,5 +1,5 @@
 """The ``fused`` variant's batch-1 decode step: :class:`StaticLlama`'s weights, caches and buffers, six
-Triton kernels a layer (``llama_kernels``) instead of ~16 PyTorch kernels, captured in a CUDA graph.
+Triton kernels a layer (``llama.kernels``) instead of ~16 PyTorch kernels, captured in a CUDA graph.
 
 Why a variant of its own: it is the decode a hand-tuned serving stack runs (norms, RoPE, SwiGLU and the
 residual adds inside the products), beside ``graph`` (PyTorch's kernels, cuBLAS's GEMV) and
@@ -9,14 +9,36 @@ Prefill and a speculative verify (many tokens at once, compute-bound) stay ``Sta
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from gpuperfd.probe_child.workloads.llama_static import StaticLlama
+__all__ = ["DecodeState", "FusedDecode", "fused_unavailable"]
 
-__all__ = ["FusedDecode", "fused_unavailable"]
+
+class DecodeState(Protocol):
+    """What the fused step reads and writes of a ``StaticLlama`` (its weights, caches, token buffer and
+    position); a protocol, so ``static`` can build a :class:`FusedDecode` without an import circle."""
+
+    batch_size: int
+    device: torch.device
+    dtype: torch.dtype
+    d_model: int
+    n_head: int
+    n_kv: int
+    head_dim: int
+    eps: float
+    max_seq: int
+    layers: list[Any]  # each with ln1, qkv, o, ln2, gate_up, down
+    embed: torch.Tensor
+    norm: torch.Tensor
+    lm_head: torch.Tensor
+    cos: torch.Tensor
+    signed_sin: torch.Tensor
+    k_cache: list[torch.Tensor]
+    v_cache: list[torch.Tensor]
+    seq: torch.Tensor
+    pos: torch.Tensor
 
 
 def fused_unavailable(device: torch.device, batch_size: int) -> str | None:
@@ -37,7 +59,7 @@ class FusedDecode:
     pos += 1 (as ``StaticLlama.decode``), with its activations in buffers allocated once (a graph replays
     them). Its bits repeat for the same inputs (no split-K, no atomics), so the answer check uses it too."""
 
-    def __init__(self, static: StaticLlama) -> None:
+    def __init__(self, static: DecodeState) -> None:
         if static.batch_size != 1:
             raise ValueError(f"batch_size: the fused decode runs batch 1 only, got {static.batch_size}")
         self.static = static
@@ -52,14 +74,14 @@ class FusedDecode:
         self.attn = buffer(s.n_head * s.head_dim)
         self.act = buffer(s.layers[0].down.shape[1])
         self.logits = buffer(1, s.lm_head.shape[0])
-        from gpuperfd.probe_child.workloads.llama_kernels import attention_splits
+        from gpuperfd.probe_child.workloads.llama.kernels import attention_splits
 
         splits = attention_splits(s.max_seq)
         self.partials = torch.zeros(s.n_head, splits, s.head_dim, dtype=torch.float32, device=s.device)
         self.stats = torch.zeros(s.n_head, splits, 2, dtype=torch.float32, device=s.device)
 
     def decode(self) -> torch.Tensor:
-        from gpuperfd.probe_child.workloads.llama_kernels import gemv, rope_attend
+        from gpuperfd.probe_child.workloads.llama.kernels import gemv, rope_attend
 
         s = self.static
         x = self.x.view(-1)

@@ -1,0 +1,145 @@
+"""The ``fused`` variant's Triton kernels, run in Triton's interpreter on a CPU: each kernel against
+PyTorch's math, and the whole fused decode step against ``StaticLlama``'s and ``LlamaForCausalLM``'s
+greedy tokens, across the attention's splits; its bits repeat; bad shapes are refused by name.
+
+Not collected by itself: ``test_llama_kernels.py`` runs it in a process started with
+``TRITON_INTERPRET=1`` (Triton reads it when it is imported, before any kernel is decorated)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from gpuperfd.probe_child.workloads.llama import kernels as llama_kernels  # noqa: E402
+from gpuperfd.probe_child.workloads.llama.fused import FusedDecode  # noqa: E402
+from gpuperfd.probe_child.workloads.llama.static import StaticLlama  # noqa: E402
+from gpuperfd.probe_child.workloads.models import build_llama  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def kernels() -> ModuleType:
+    import os
+
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run through test_llama_kernels.py (Triton's interpreter)"
+    return llama_kernels
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean() + eps) * weight
+
+
+@pytest.mark.parametrize("rows,cols", [(24, 64), (13, 700), (130, 1024)])  # ragged rows; cols not a tile multiple
+def test_gemv_modes_match_pytorch(kernels: ModuleType, rows: int, cols: int) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(2 * rows, cols)
+    x, gamma = torch.randn(cols), torch.rand(cols) + 0.5
+    w64, x64, g64 = w.double(), x.double(), gamma.double()  # references in float64: the kernel's float32 error alone
+
+    def close(got: torch.Tensor, expected: torch.Tensor, atol: float = 2e-4) -> None:
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=atol)
+
+    close(kernels.gemv(w[:rows], x, torch.empty(rows)), w64[:rows] @ x64)
+    h64 = rms_norm(x64, g64, 1e-6)
+    close(kernels.gemv(w[:rows], x, torch.empty(rows), norm=gamma, eps=1e-6), w64[:rows] @ h64)
+    stream = torch.randn(rows)
+    expected = stream.double() + w64[:rows] @ x64
+    kernels.gemv(w[:rows], x, stream, residual=stream)  # in place, as the decode step adds into its stream
+    close(stream, expected)
+    swiglu = kernels.gemv(w, x, torch.empty(rows), norm=gamma, eps=1e-6, swiglu=True)
+    close(swiglu, F.silu(w64[:rows] @ h64) * (w64[rows:] @ h64), atol=2e-3)  # a product of two sums of ~30
+
+
+def test_gemv_refuses_shapes_that_do_not_fit(kernels: ModuleType) -> None:
+    w = torch.randn(8, 32)
+    with pytest.raises(ValueError, match=r"gemv: weight \(8, 32\).*x of 31"):
+        kernels.gemv(w, torch.randn(31), torch.empty(8))
+    with pytest.raises(ValueError, match="out of 7"):
+        kernels.gemv(w, torch.randn(32), torch.empty(7))
+    with pytest.raises(ValueError, match="row-major"):
+        kernels.gemv(w.t(), torch.randn(8), torch.empty(32))
+
+
+def test_tiles_follow_the_sweep(kernels: ModuleType) -> None:
+    """8 warps where a product has no more rows than columns (O, down), 4 elsewhere (docs/benchmarks.md)."""
+    assert kernels.gemv_config(4096, 4096).num_warps == kernels.gemv_config(4096, 14336).num_warps == 8
+    assert kernels.gemv_config(6144, 4096).num_warps == kernels.gemv_config(128256, 4096).num_warps == 4
+
+
+@pytest.fixture()
+def model() -> torch.nn.Module:
+    torch.manual_seed(3)
+    built = build_llama("llama-tiny", torch.device("cpu"), torch.float32)
+    with torch.no_grad():  # larger weights than the init, so greedy tokens change step to step
+        for p in built.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+    return built
+
+
+def _decode_pair(static: StaticLlama, fused: FusedDecode) -> tuple[torch.Tensor, torch.Tensor]:
+    """StaticLlama's decode step and the fused one from the same state; the state left is the fused one's,
+    and it must equal the other's (cache rows, next token, position)."""
+    saved = (static.pos.clone(), static.seq.clone(), [c.clone() for c in static.k_cache + static.v_cache])
+    reference = static._forward(1, logits_all=False)[:, 0].clone()
+    static.seq.index_copy_(1, static.pos + 1, reference.argmax(dim=-1).view(-1, 1))
+    after = (static.seq.clone(), [c.clone() for c in static.k_cache + static.v_cache])
+    static.pos.copy_(saved[0])
+    static.seq.copy_(saved[1])
+    for cache, old in zip(static.k_cache + static.v_cache, saved[2]):
+        cache.copy_(old)
+    logits = fused.decode().clone()
+    assert int(static.pos) == int(saved[0]) + 1
+    assert torch.equal(static.seq, after[0])
+    for cache, expected in zip(static.k_cache + static.v_cache, after[1]):
+        torch.testing.assert_close(cache, expected, rtol=1e-5, atol=1e-5)
+    return reference, logits
+
+
+@pytest.mark.parametrize("prompt", [5, 62])  # one split; then a decode that crosses into the second of four
+def test_fused_decode_is_the_static_forwards_step(kernels: ModuleType, model: torch.nn.Module, prompt: int) -> None:
+    with torch.inference_mode():
+        static = StaticLlama(model, 1, prompt, prompt + (20 if prompt < 10 else 140), fused_decode=True)
+        assert static.fused is not None and kernels.attention_splits(static.max_seq) == (1 if prompt < 10 else 4)
+        prompts = torch.randint(0, model.config.vocab_size, (1, prompt))
+        static.seq[:, :prompt].copy_(prompts)
+        static.prefill()
+        static.fused = None  # StaticLlama's own step for the reference
+        tokens = set()
+        for _ in range(4):
+            reference, logits = _decode_pair(static, FusedDecode(static))
+            torch.testing.assert_close(logits, reference, rtol=1e-5, atol=1e-5)
+            tokens.add(int(static.seq[0, int(static.pos)]))
+        assert len(tokens) > 1
+
+
+def test_fused_greedy_tokens_are_llama_for_causal_lms(kernels: ModuleType, model: torch.nn.Module) -> None:
+    T, O = 9, 6
+    prompts = torch.randint(0, model.config.vocab_size, (1, T))
+    with torch.inference_mode():
+        expected = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=O,
+                                  min_new_tokens=O, do_sample=False, pad_token_id=0)[:, T:]
+        static = StaticLlama(model, 1, T, T + O, fused_decode=True)
+        assert torch.equal(static.generate(prompts, O), expected)
+
+
+def test_fused_decode_repeats_its_bits_in_bfloat16(kernels: ModuleType) -> None:
+    """The answer check compares bits: the same state gives the same logits (no split-K, no atomics)."""
+    torch.manual_seed(4)
+    model = build_llama("llama-tiny", torch.device("cpu"), torch.bfloat16)
+    with torch.inference_mode():
+        static = StaticLlama(model, 1, 70, 90, fused_decode=True)
+        static.seq[:, :70].random_(0, model.config.vocab_size)
+        static.prefill()
+        runs = []
+        for _ in range(2):
+            static.pos.fill_(70)
+            runs.append(static.decode().clone())
+        assert torch.equal(runs[0], runs[1])
+        static.fused = None
+        static.pos.fill_(70)
+        reference = static.decode()
+        assert float((runs[0].float() - reference.float()).abs().max()) <= 4 * 2.0 ** -8 * float(reference.abs().max())  # bf16 ulps
