@@ -238,12 +238,17 @@ device = torch.device(sys.argv[1])
 torch.manual_seed(0)
 model = build_llama("llama-tiny", device, torch.float32)
 out = {}
-for batch in (1, 2):  # batch 1: the decode step's RoPE product and joint K/V cache; 2: the general form
-    prompts = torch.randint(0, 512, (batch, 32), device=device)
+# batch 1: the decode step's RoPE product and joint K/V cache; 2: the general form; "fused": the fused
+# variant's Triton decode step (a CUDA card only)
+for batch in (1, 2, "fused"):
+    fused = batch == "fused"
+    if fused and device.type != "cuda":
+        continue
+    prompts = torch.randint(0, 512, (1 if fused else batch, 32), device=device)
     with torch.inference_mode():
         ref = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=16,
                              min_new_tokens=16, do_sample=False, pad_token_id=0)[:, 32:]
-        static = StaticLlama(model, batch, 32, 48)
+        static = StaticLlama(model, prompts.shape[0], 32, 48, fused_decode=fused)
         if device.type == "cuda":
             static.capture()
         static.seq[:, :32].copy_(prompts)
@@ -257,7 +262,7 @@ print(json.dumps(out))
 """
 
 
-SIM_POINTS = {"8b_graph_b1": ("llama-3.1-8b", 1), "1b_graph_b1": ("llama-3.2-1b", 1),
+SIM_POINTS = {"8b_fused_b1": ("llama-3.1-8b", 1), "1b_fused_b1": ("llama-3.2-1b", 1),
               "8b_graph_b32": ("llama-3.1-8b", 32), "1b_graph_b32": ("llama-3.2-1b", 32)}
 
 
@@ -282,8 +287,9 @@ def simulator_comparison(summary: dict[str, Any]) -> dict[str, Any]:
                 real[point] = statistics.fmean(values)
         out: dict[str, Any] = {"card": card, "simulated_decode_tok_s": sim, "measured_decode_tok_s": real,
                                "ratios": {}}
-        for key, a, b in (("8b_vs_1b_b1", "8b_graph_b1", "1b_graph_b1"), ("8b_vs_1b_b32", "8b_graph_b32", "1b_graph_b32"),
-                          ("8b_b32_vs_b1", "8b_graph_b32", "8b_graph_b1"), ("1b_b32_vs_b1", "1b_graph_b32", "1b_graph_b1")):
+        # batch 1 in the presets' variant (fused), batch 32 in graph (what fused runs at batch > 1)
+        for key, a, b in (("8b_vs_1b_b1", "8b_fused_b1", "1b_fused_b1"), ("8b_vs_1b_b32", "8b_graph_b32", "1b_graph_b32"),
+                          ("8b_b32_vs_b1", "8b_graph_b32", "8b_fused_b1"), ("1b_b32_vs_b1", "1b_graph_b32", "1b_fused_b1")):
             entry: dict[str, Any] = {"simulated": sim[a] / sim[b]}
             if a in real and b in real:
                 entry["measured"] = real[a] / real[b]

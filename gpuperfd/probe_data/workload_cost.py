@@ -106,6 +106,9 @@ def llm_cost(model: str, batch: int, prompt: int, output: int, n_groups: int, dt
 #: Kernels per Llama layer of our static decode step (``llama.static``): norm, fused QKV, RoPE on Q and K,
 #: two cache writes, attention, output projection, residual, norm, fused gate/up, SiLU, product, down, residual.
 LLAMA_KERNELS_PER_LAYER = 20
+#: Kernels per layer of the presets' batch-1 decode step (the ``fused`` variant, ``llama.fused``): Q/K/V
+#: with the norm, attention and its combine, O with the residual, gate/up with the norm and SwiGLU, down.
+LLAMA_FUSED_KERNELS_PER_LAYER = 6
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,9 @@ def llama_cost(model: str, batch: int, prompt: int, output: int, dtype: str, ver
     weights = shape.total_params * size
     read = shape.matmul_params * size  # the embedding is a gather of B rows
     kernels = layers * LLAMA_KERNELS_PER_LAYER + 6
+    decode_kernels = layers * LLAMA_FUSED_KERNELS_PER_LAYER + 6 if batch == 1 else kernels
     decode = Phase(flops=2 * batch * shape.matmul_params + 4 * batch * layers * context * d,
-                   bytes_moved=read + kv + batch * (layers * 12 * d + vocab) * size, kernels=kernels)
+                   bytes_moved=read + kv + batch * (layers * 12 * d + vocab) * size, kernels=decode_kernels)
     prefill = Phase(flops=2 * batch * prompt * (shape.matmul_params - vocab * d) + 2 * batch * vocab * d
                     + 4 * batch * layers * prompt * context * d,
                     bytes_moved=read + kv + batch * prompt * layers * 16 * d * size, kernels=kernels)
