@@ -59,14 +59,14 @@ from gpuperfd.probing.executors import ChildProcessExecutor, measure_once  # noq
 #: target is the 8B at batch 1, so each variant of it comes before anything else.
 GPU_POINTS: list[tuple[str, dict[str, Any], str]] = [
     ("8b_fused_b1", {"preset": "llama-3.1-8b", "variant": "fused"}, "runs"),
-    ("8b_graph_b1", {"preset": "llama-3.1-8b"}, "runs"),
+    ("8b_graph_b1", {"preset": "llama-3.1-8b", "variant": "graph"}, "runs"),
     ("8b_compiled_b1", {"preset": "llama-3.1-8b", "variant": "compiled"}, "runs"),
     ("1b_fused_b1", {"preset": "llama-3.2-1b", "variant": "fused"}, "runs"),
-    ("1b_graph_b1", {"preset": "llama-3.2-1b"}, "runs"),
+    ("1b_graph_b1", {"preset": "llama-3.2-1b", "variant": "graph"}, "runs"),
     ("1b_compiled_b1", {"preset": "llama-3.2-1b", "variant": "compiled"}, "runs"),
-    ("8b_graph_b32", {"preset": "llama-3.1-8b", "batch_size": 32}, "runs"),
+    ("8b_graph_b32", {"preset": "llama-3.1-8b", "variant": "graph", "batch_size": 32}, "runs"),
     ("8b_spec_k12", {"preset": "llama-3.1-8b-spec", "acceptance_rates": (0.5, 0.6, 0.7, 0.8, 0.9)}, "once"),
-    ("1b_graph_b32", {"preset": "llama-3.2-1b", "batch_size": 32}, "once"),
+    ("1b_graph_b32", {"preset": "llama-3.2-1b", "variant": "graph", "batch_size": 32}, "once"),
     ("8b_compiled_b32", {"preset": "llama-3.1-8b", "variant": "compiled", "batch_size": 32}, "once"),
     ("8b_eager_b1", {"preset": "llama-3.1-8b", "variant": "eager", "repeats": 2}, "once"),
 ]
