@@ -129,8 +129,9 @@ def seed004_html(report: Report, curve_img: str = "") -> str:
                      f"{escape(spec['note'])}.</li>")
     return f"""<section id="seed004">
 <h2>LLM: seed 004's table (Llama family)</h2>
-<p class="muted">One row per configuration, variants as the seed's frameworks (graph: static cache and CUDA graphs;
-compiled: the same under torch.compile; eager: Hugging Face generate(); speculative: a draft and the target's verify).
+<p class="muted">One row per configuration, variants as the seed's frameworks (fused: the batch-1 decode step as
+Triton kernels in a CUDA graph; graph: static cache and CUDA graphs; compiled: the same under torch.compile; eager: Hugging
+Face generate(); speculative: a draft and the target's verify).
 The HBM roofline is the card's datasheet bandwidth over the bytes one decode step reads (every weight once, and
 the live KV cache); "of roofline" is the decode rate's share of it.</p>
 <table><thead><tr>{''.join(f'<th>{escape(h)}</th>' for h in head)}</tr></thead>
