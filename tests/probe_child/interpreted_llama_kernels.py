@@ -69,6 +69,42 @@ def test_tiles_follow_the_sweep(kernels: ModuleType) -> None:
     assert kernels.gemv_config(6144, 4096).num_warps == kernels.gemv_config(128256, 4096).num_warps == 4
 
 
+@pytest.mark.parametrize("pos,far", [(70, False), (63, False), (64, False), (70, True)])
+def test_rope_attend_is_sdpa_over_the_cache(kernels: ModuleType, pos: int, far: bool) -> None:
+    """Split attention against SDPA over positions 0..pos: splits past pos (2 of 4 here) weigh nothing, a
+    boundary at 64 loses no position, and scores far below 0 (``far``: every score -1600, which underflows
+    exp() against an empty split's 0) still give the softmax's average, not NaN."""
+    torch.manual_seed(1)
+    H, Hkv, Dh, S = 4, 2, 16, 256
+    qkv = torch.randn((H + 2 * Hkv) * Dh)
+    k_cache, v_cache = torch.randn(1, Hkv, S, Dh), torch.randn(1, Hkv, S, Dh)
+    angles = torch.rand(S, Dh // 2) * 3
+    if far:  # every key, the new one too, against every query: -20 x 20 x 16 / 4 = -1600
+        qkv[:H * Dh], qkv[H * Dh:(H + Hkv) * Dh] = 20.0, -20.0
+        k_cache.fill_(-20.0)
+        angles.zero_()  # no rotation: the scores stay what they were made to be
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)
+    signed_sin = torch.cat([-sin[:, :Dh // 2], sin[:, Dh // 2:]], dim=-1)
+    splits = kernels.attention_splits(S)
+    out = torch.empty(H * Dh)
+    kernels.rope_attend(qkv, cos, signed_sin, torch.tensor([pos]), k_cache, v_cache, out, H, Hkv,
+                        torch.empty(H, splits, Dh), torch.empty(H, splits, 2))
+
+    def rope(x: torch.Tensor) -> torch.Tensor:  # transformers' x * cos + rotate_half(x) * sin
+        return x * cos[pos] + torch.cat([-x[..., Dh // 2:], x[..., :Dh // 2]], dim=-1) * sin[pos]
+
+    heads = qkv.view(H + 2 * Hkv, Dh)
+    q, k_new, v_new = rope(heads[:H]), rope(heads[H:H + Hkv]), heads[H + Hkv:]
+    torch.testing.assert_close(k_cache[0, :, pos], k_new)  # the new key and value are in the cache
+    torch.testing.assert_close(v_cache[0, :, pos], v_new)
+    keys = k_cache[0, :, :pos + 1].repeat_interleave(H // Hkv, dim=0)
+    values = v_cache[0, :, :pos + 1].repeat_interleave(H // Hkv, dim=0)
+    expected = F.scaled_dot_product_attention(q[:, None], keys, values)[:, 0]
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.view(H, Dh), expected, rtol=1e-4, atol=1e-5)
+
+
 @pytest.fixture()
 def model() -> torch.nn.Module:
     torch.manual_seed(3)

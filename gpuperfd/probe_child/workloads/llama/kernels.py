@@ -163,10 +163,10 @@ def _rope_attend_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, part_p
     keys = tl.load(k_head + s[:, None] * k_seq_stride + d[None, :], mask=live[:, None], other=0.0)
     scores = tl.where(live, tl.sum(keys.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
     new_score = tl.where(owner, tl.sum(q * k_new.to(tl.float32), axis=0) * scale, float("-inf"))
-    top = tl.maximum(tl.max(scores, axis=0), new_score)
-    top = tl.where(top == float("-inf"), 0.0, top)  # an empty split: weights 0, not NaN
-    weights = tl.exp(scores - top)
-    new_weight = tl.exp(new_score - top)
+    top = tl.maximum(tl.max(scores, axis=0), new_score)  # -inf for a split past pos: the combine weighs it 0
+    shift = tl.where(top == float("-inf"), 0.0, top)  # ... and its own weights are 0, not NaN
+    weights = tl.exp(scores - shift)
+    new_weight = tl.exp(new_score - shift)
     values = tl.load(v_head + s[:, None] * v_seq_stride + d[None, :], mask=live[:, None], other=0.0)
     acc = tl.sum(weights[:, None] * values.to(tl.float32), axis=0) + new_weight * v_new.to(tl.float32)
     slot = head * SPLITS + split
@@ -181,7 +181,7 @@ def _combine_kernel(part_ptr, stat_ptr, out_ptr, HEAD_DIM: tl.constexpr, SPLITS:
     slots = head * SPLITS + tl.arange(0, SPLITS)
     tops = tl.load(stat_ptr + slots * 2)
     totals = tl.load(stat_ptr + slots * 2 + 1)
-    scale = tl.exp(tops - tl.max(tops, axis=0)) * (totals > 0)
+    scale = tl.exp(tops - tl.max(tops, axis=0))  # the split holding pos is never empty: the max is finite
     d = tl.arange(0, HEAD_DIM)
     parts = tl.load(part_ptr + slots[:, None] * HEAD_DIM + d[None, :])
     out = tl.sum(scale[:, None] * parts, axis=0) / tl.sum(scale * totals, axis=0)
