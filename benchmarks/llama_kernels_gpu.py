@@ -35,6 +35,12 @@ from gpuperfd.probe_child.workloads.llama.kernels import GemvConfig, gemv, gemv_
 from gpuperfd.probe_child.workloads.llama.static import StaticLlama  # noqa: E402
 from gpuperfd.probe_child.workloads.models import build_llama  # noqa: E402
 
+#: ``--tiles deep``: more bytes in flight a program (longer steps, more stages, more warps) and thinner row
+#: blocks, for a card whose HBM outruns the H100's (the H200's 4.8 TB/s).
+DEEP = [GemvConfig(n, k, w, s) for n, k, w, s in (
+    (2, 512, 4, 3), (2, 1024, 8, 3), (2, 2048, 8, 3), (4, 512, 4, 4), (4, 512, 4, 5), (4, 512, 8, 4),
+    (4, 1024, 4, 3), (4, 1024, 8, 3), (4, 1024, 8, 4), (4, 2048, 8, 3), (4, 256, 4, 5), (8, 256, 4, 4),
+    (8, 512, 4, 4), (8, 512, 8, 4), (8, 1024, 8, 4), (16, 512, 8, 4))]
 CONFIGS = [*(GemvConfig(n, k, w, 3) for n, k, w in itertools.product((4, 8, 16), (256, 512), (4, 8))),
            GemvConfig(8, 1024, 8, 3), GemvConfig(16, 1024, 8, 3), GemvConfig(8, 512, 4, 2), GemvConfig(8, 512, 4, 5)]
 
@@ -79,7 +85,7 @@ def sweep_products(s: StaticLlama, configs: list[GemvConfig]) -> dict[str, Any]:
 
         ms = timed_graph(cublas)
         entry["cublas_tb_s"] = nbytes / ms / 1e9
-        default = gemv_config(rows, weights[0].shape[1])
+        default = gemv_config(rows, weights[0].shape[1], hbm_bandwidth(torch.cuda.get_device_name()))
         for cfg in [default, *[c for c in configs if c != default]]:
             def ours(cfg: GemvConfig = cfg) -> None:
                 for x, w, y in zip(xs, weights, ys):
@@ -172,6 +178,8 @@ def main() -> int:
     parser.add_argument("out")
     parser.add_argument("--models", nargs="+", default=["llama-3.1-8b", "llama-3.2-1b"])
     parser.add_argument("--quick", action="store_true", help="the default tiles only (no sweep)")
+    parser.add_argument("--tiles", choices=("h100", "deep"), default="h100",
+                        help="the tiles to sweep: the H100 sweep's set, or deeper ones for a faster HBM")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -183,7 +191,7 @@ def main() -> int:
         print(name, flush=True)
         t0 = time.monotonic()
         try:
-            result[name] = model_entry(name, [] if args.quick else CONFIGS)
+            result[name] = model_entry(name, [] if args.quick else DEEP if args.tiles == "deep" else CONFIGS)
         except Exception as exc:  # noqa: BLE001 - the next model still runs
             import traceback
 

@@ -32,24 +32,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean() + eps) * weight
 
 
+@pytest.mark.parametrize("deep", [False, True], ids=["h100_tiles", "h200_tiles"])
 @pytest.mark.parametrize("rows,cols", [(24, 64), (13, 700), (130, 1024)])  # ragged rows; cols not a tile multiple
-def test_gemv_modes_match_pytorch(kernels: ModuleType, rows: int, cols: int) -> None:
+def test_gemv_modes_match_pytorch(kernels: ModuleType, rows: int, cols: int, deep: bool) -> None:
     torch.manual_seed(0)
     w = torch.randn(2 * rows, cols)
     x, gamma = torch.randn(cols), torch.rand(cols) + 0.5
     w64, x64, g64 = w.double(), x.double(), gamma.double()  # references in float64: the kernel's float32 error alone
 
+    def tile(n: int) -> object:
+        return kernels.gemv_config(n, cols, 4.8e12 if deep else None)
+
     def close(got: torch.Tensor, expected: torch.Tensor, atol: float = 2e-4) -> None:
         torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=atol)
 
-    close(kernels.gemv(w[:rows], x, torch.empty(rows)), w64[:rows] @ x64)
+    close(kernels.gemv(w[:rows], x, torch.empty(rows), config=tile(rows)), w64[:rows] @ x64)
     h64 = rms_norm(x64, g64, 1e-6)
-    close(kernels.gemv(w[:rows], x, torch.empty(rows), norm=gamma, eps=1e-6), w64[:rows] @ h64)
+    close(kernels.gemv(w[:rows], x, torch.empty(rows), norm=gamma, eps=1e-6, config=tile(rows)), w64[:rows] @ h64)
     stream = torch.randn(rows)
     expected = stream.double() + w64[:rows] @ x64
-    kernels.gemv(w[:rows], x, stream, residual=stream)  # in place, as the decode step adds into its stream
+    kernels.gemv(w[:rows], x, stream, residual=stream, config=tile(rows))  # in place, as the decode step adds into its stream
     close(stream, expected)
-    swiglu = kernels.gemv(w, x, torch.empty(rows), norm=gamma, eps=1e-6, swiglu=True)
+    swiglu = kernels.gemv(w, x, torch.empty(rows), norm=gamma, eps=1e-6, swiglu=True, config=tile(rows))
     close(swiglu, F.silu(w64[:rows] @ h64) * (w64[rows:] @ h64), atol=2e-3)  # a product of two sums of ~30
 
 
@@ -63,10 +67,16 @@ def test_gemv_refuses_shapes_that_do_not_fit(kernels: ModuleType) -> None:
         kernels.gemv(w.t(), torch.randn(8), torch.empty(32))
 
 
-def test_tiles_follow_the_sweep(kernels: ModuleType) -> None:
-    """8 warps where a product has no more rows than columns (O, down), 4 elsewhere (docs/benchmarks.md)."""
-    assert kernels.gemv_config(4096, 4096).num_warps == kernels.gemv_config(4096, 14336).num_warps == 8
-    assert kernels.gemv_config(6144, 4096).num_warps == kernels.gemv_config(128256, 4096).num_warps == 4
+def test_tiles_follow_the_sweeps(kernels: ModuleType) -> None:
+    """The H100's (and an unknown card's): 8 warps where a product has no more rows than columns (O, down),
+    4 elsewhere; the H200's deeper steps but for down (docs/benchmarks.md)."""
+    h100, h200 = 3.35e12, 4.8e12
+    for bandwidth in (None, h100):
+        assert kernels.gemv_config(4096, 4096, bandwidth).num_warps == kernels.gemv_config(4096, 14336, bandwidth).num_warps == 8
+        assert kernels.gemv_config(6144, 4096, bandwidth) == kernels.GemvConfig(4, 512, 4, 3)
+    assert kernels.gemv_config(6144, 4096, h200) == kernels.gemv_config(128256, 4096, h200) == kernels.GemvConfig(2, 2048, 8, 3)
+    assert kernels.gemv_config(4096, 4096, h200) == kernels.GemvConfig(4, 2048, 8, 3)
+    assert kernels.gemv_config(4096, 14336, h200) == kernels.gemv_config(4096, 14336, h100)
 
 
 @pytest.mark.parametrize("pos,far", [(70, False), (63, False), (64, False), (70, True)])

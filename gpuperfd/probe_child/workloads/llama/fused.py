@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["DecodeState", "FusedDecode", "fused_unavailable"]
+__all__ = ["DecodeState", "FusedDecode", "fused_unavailable", "product_tiles"]
 
 
 class DecodeState(Protocol):
@@ -77,23 +77,36 @@ class FusedDecode:
         from gpuperfd.probe_child.workloads.llama.kernels import attention_splits
 
         splits = attention_splits(s.max_seq)
+        self.tiles = product_tiles(s)
         self.partials = torch.zeros(s.n_head, splits, s.head_dim, dtype=torch.float32, device=s.device)
         self.stats = torch.zeros(s.n_head, splits, 2, dtype=torch.float32, device=s.device)
 
     def decode(self) -> torch.Tensor:
         from gpuperfd.probe_child.workloads.llama.kernels import gemv, rope_attend
 
-        s = self.static
+        s, tiles = self.static, self.tiles
         x = self.x.view(-1)
         torch.index_select(s.embed, 0, s.seq[0].index_select(0, s.pos), out=self.x)
         for index, layer in enumerate(s.layers):
-            gemv(layer.qkv, x, self.qkv, norm=layer.ln1, eps=s.eps)
+            gemv(layer.qkv, x, self.qkv, norm=layer.ln1, eps=s.eps, config=tiles["qkv"])
             rope_attend(self.qkv, s.cos, s.signed_sin, s.pos, s.k_cache[index], s.v_cache[index], self.attn,
                         s.n_head, s.n_kv, self.partials, self.stats)
-            gemv(layer.o, self.attn, x, residual=x)
-            gemv(layer.gate_up, x, self.act, norm=layer.ln2, eps=s.eps, swiglu=True)
-            gemv(layer.down, self.act, x, residual=x)
-        gemv(s.lm_head, x, self.logits.view(-1), norm=s.norm, eps=s.eps)
+            gemv(layer.o, self.attn, x, residual=x, config=tiles["o"])
+            gemv(layer.gate_up, x, self.act, norm=layer.ln2, eps=s.eps, swiglu=True, config=tiles["gate_up"])
+            gemv(layer.down, self.act, x, residual=x, config=tiles["down"])
+        gemv(s.lm_head, x, self.logits.view(-1), norm=s.norm, eps=s.eps, config=tiles["lm_head"])
         s.seq.index_copy_(1, s.pos + 1, self.logits.argmax(dim=-1).view(1, 1))
         s.pos.add_(1)
         return self.logits
+
+
+def product_tiles(static: DecodeState) -> dict[str, Any]:
+    """Each product's tile for this card (``kernels.gemv_config``: deeper tiles where the HBM is faster)."""
+    from gpuperfd.device.roofline import hbm_bandwidth
+    from gpuperfd.probe_child.workloads.llama.kernels import gemv_config
+
+    bandwidth = hbm_bandwidth(torch.cuda.get_device_name(static.device)) if static.device.type == "cuda" else None
+    layer = static.layers[0]
+    shapes = {"qkv": layer.qkv.shape, "o": layer.o.shape, "gate_up": (layer.gate_up.shape[0] // 2, layer.gate_up.shape[1]),
+              "down": layer.down.shape, "lm_head": static.lm_head.shape}
+    return {name: gemv_config(rows, cols, bandwidth) for name, (rows, cols) in shapes.items()}

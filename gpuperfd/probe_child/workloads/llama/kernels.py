@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ATTENTION_CHUNK", "GemvConfig", "attention_splits", "gemv", "gemv_config", "rope_attend"]
+__all__ = ["ATTENTION_CHUNK", "DEEP_TILES_FROM", "GemvConfig", "attention_splits", "gemv", "gemv_config", "rope_attend"]
 
 #: Cache positions one attention program takes (see :func:`rope_attend`).
 ATTENTION_CHUNK = 64
@@ -45,12 +45,24 @@ class GemvConfig:
     num_stages: int
 
 
-def gemv_config(rows: int, cols: int) -> GemvConfig:
-    """The tile for a ``rows x cols`` product, from the sweep on an H100 (docs/benchmarks.md, issue 53's
-    third pass; ``benchmarks/llama_kernels_gpu.py``): 4 rows a program (thousands of programs, several
-    streaming on every SM), 512 columns a step, 3 stages; 8 warps where a product has no more rows than
-    columns (O, down: fewer programs, so each keeps more loads in flight), else 4. This was the best
-    or within 1 % of it on every shape of the 8B and the 1B but the 8B's O (2.33 against 2.34 TB/s)."""
+#: HBM bandwidth (bytes/s) from which a card gets the deep tiles (the H200's 4.8 TB/s; the H100's 3.35 keeps
+#: the first sweep's).
+DEEP_TILES_FROM = 4.0e12
+
+
+def gemv_config(rows: int, cols: int, hbm_bytes_per_second: float | None = None) -> GemvConfig:
+    """The tile for a ``rows x cols`` product, from the sweeps (docs/benchmarks.md, issue 53's third pass;
+    ``benchmarks/llama_kernels_gpu.py``).
+
+    On an H100 (and any card below :data:`DEEP_TILES_FROM`): 4 rows a program (thousands of programs,
+    several streaming on every SM), 512 columns a step, 3 stages; 8 warps where a product has no more rows
+    than columns (O, down), else 4: the best or within 1 % of it on every shape of the 8B and the 1B but
+    the 8B's O (2.33 against 2.34 TB/s). On an H200 a program must keep more bytes in flight: 2048
+    columns a step with 8 warps, 2 rows a program where rows outnumber columns (Q/K/V 3.56 against 3.27
+    TB/s, gate/up 4.25 against 4.00, LM head 4.47 against 4.27), 4 for a square one (O 3.19 against
+    2.82); the down product (rows < columns) keeps the H100's tile, still its best (3.90)."""
+    if hbm_bytes_per_second is not None and hbm_bytes_per_second >= DEEP_TILES_FROM and rows >= cols:
+        return GemvConfig(block_n=2 if rows > cols else 4, block_k=2048, num_warps=8, num_stages=3)
     return GemvConfig(block_n=4, block_k=512, num_warps=8 if rows <= cols else 4, num_stages=3)
 
 
