@@ -33,7 +33,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("deep", [False, True], ids=["h100_tiles", "h200_tiles"])
-@pytest.mark.parametrize("rows,cols", [(24, 64), (13, 700), (130, 1024)])  # ragged rows; cols not a tile multiple
+@pytest.mark.parametrize("rows,cols", [(24, 64), (13, 700), (130, 1024), (131, 100), (64, 64)])  # ragged; cols not a tile multiple
 def test_gemv_modes_match_pytorch(kernels: ModuleType, rows: int, cols: int, deep: bool) -> None:
     torch.manual_seed(0)
     w = torch.randn(2 * rows, cols)
