@@ -54,3 +54,34 @@ def test_the_fused_variant_on_a_cpu_measures_graphs_step_and_says_why() -> None:
     assert result.extra["fused_error"] == "the fused decode's Triton kernels need a CUDA device"
     assert result.extra["step_forms"]["fused_decode_kernels"] is False
     assert result.throughput["decode_tokens_per_second"] > 0
+
+
+def test_a_fused_step_triton_cannot_launch_measures_graphs_step_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton failing for real (its kernels launched on this GPU-less machine, outside the interpreter):
+    the point measures ``graph``'s step, its answers checked, Triton's error published as the reason."""
+    from gpuperfd.probe_child import harness
+    from gpuperfd.probe_child.workloads.llama import probe
+    from gpuperfd.probe_data.spec import ProbeSpec
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(probe, "fused_unavailable", lambda device, batch: None)  # as if on a CUDA card
+    result = harness.execute(ProbeSpec("llm", preset="llama-tiny", variant="fused", batch_size=1, repeats=2,
+                                       measure_seconds=0.05, busy_profile_seconds=0.0))
+    assert result.status == "ok", result.error_message
+    assert result.correctness["status"] == "ok"
+    assert result.extra["fused_error"] and "CUDA device" not in result.extra["fused_error"]
+    assert result.extra["step_forms"]["fused_decode_kernels"] is False
+
+
+def test_a_speculative_point_whose_fused_steps_fail_runs_graphs_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuperfd.probe_child import harness
+    from gpuperfd.probe_child.workloads.llama import probe
+    from gpuperfd.probe_data.spec import ProbeSpec
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(probe, "fused_unavailable", lambda device, batch: None)
+    result = harness.execute(ProbeSpec("llm", preset="llama-tiny-spec", batch_size=1, repeats=2,
+                                       measure_seconds=0.05, busy_profile_seconds=0.0))
+    assert result.status == "ok", result.error_message
+    assert result.extra["fused_error"] and result.extra["fused_decode_kernels"] is False
+    assert result.extra["speculative"]["at_rates"]

@@ -10,8 +10,8 @@ Variants (``spec.LLAMA_VARIANTS``):
   ``extra.compile_error``;
 * ``fused``: ``graph`` with the batch-1 decode step as six Triton kernels a layer
   (:class:`~gpuperfd.probe_child.workloads.llama.fused.FusedDecode`: norm, RoPE, SwiGLU and the residual
-  adds inside the products, captured); where it cannot run (a CPU, no Triton, batch > 1) ``graph``'s
-  step, the reason in ``extra.fused_error``;
+  adds inside the products, captured); where it cannot run (a CPU, no Triton, batch > 1, a Triton that
+  fails on the first step: :func:`fused_step_error`) ``graph``'s step, the reason in ``extra.fused_error``;
 * ``eager``: Hugging Face ``generate()`` (dynamic cache): how a plain transformers user runs it;
 * ``speculative``: a draft (``draft_model``) proposes ``speculative_tokens`` (k) tokens, one graph of
   k decode steps; the target verifies k + 1 tokens in one step (one graph). With random weights the
@@ -107,6 +107,20 @@ def roofline_figures(gpu_name: str | None, weight_bytes: int, kv_bytes_per_token
     return out
 
 
+def fused_step_error(static: StaticLlama, ctx: ProbeContext) -> str | None:
+    """A prefill and one fused decode step before capture; the error where Triton cannot build or launch
+    the kernels here (a compiler or driver it does not support), else None. The caller then measures
+    ``graph``'s step with that reason published (as a failed compile falls back), never a failed probe."""
+    try:
+        static.prefill()
+        static.decode()
+        if ctx.is_cuda:
+            torch.cuda.synchronize(ctx.device)
+    except Exception as exc:  # noqa: BLE001 - recorded by the caller, then graph's step is measured
+        return f"{type(exc).__name__}: {exc}"[:500]
+    return None
+
+
 class _RooflineMixin:
     """Publishes the roofline beside the measured decode (``annotate``, after the windows are pooled)."""
 
@@ -155,6 +169,8 @@ class GraphLlama(_RooflineMixin, GraphLLM):
                                       spec.prompt_tokens + spec.output_tokens, compile_steps=compiled,
                                       fused_decode=fused)
             t0 = time.perf_counter()
+            if fused:
+                self._try_fused()
             if ctx.is_cuda:
                 self._capture(compiled)
             elif compiled:
@@ -162,6 +178,12 @@ class GraphLlama(_RooflineMixin, GraphLLM):
             self.compile_seconds = time.perf_counter() - t0
         self.decode_sdpa_backend = _decode_sdpa_choice(self.static)
         self.check_sdpa_backend = _decode_sdpa_choice(self.static, reproducible=True)
+
+    def _try_fused(self) -> None:
+        error = fused_step_error(self.static, self.ctx)
+        if error:
+            self.fused_error = error
+            self.static.fused = None
 
     def _uncompile(self, exc: BaseException) -> None:
         s = self.static
@@ -266,6 +288,13 @@ class SpeculativeLlama:
             self.target = StaticLlama(target, spec.batch_size, spec.prompt_tokens, context, verify_tokens=self.k + 1,
                                       fused_decode=self.fused)
             self.draft = StaticLlama(draft, spec.batch_size, spec.prompt_tokens, context, fused_decode=self.fused)
+            #: Why the decode steps are graph's although they could be fused here (Triton failed), or None.
+            self.fused_error = None
+            if self.fused:
+                self.fused_error = fused_step_error(self.target, ctx) or fused_step_error(self.draft, ctx)
+                if self.fused_error:
+                    self.fused = False
+                    self.target.fused = self.draft.fused = None
             if ctx.is_cuda:
                 try:
                     self.target.capture()
@@ -389,6 +418,8 @@ class SpeculativeLlama:
         }
         if self.graph_error:
             out["cuda_graph_error"] = self.graph_error
+        if self.fused_error:
+            out["fused_error"] = self.fused_error
         return out
 
 
