@@ -166,8 +166,10 @@ def _rope_attend_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, part_p
     start = split * CHUNK
     owner = (pos >= start) & (pos < start + CHUNK)  # this split holds the new token
     writer = owner & (head % (N_HEAD // N_KV) == 0)  # one query head of the group writes the cache
-    tl.store(k_head + pos * k_seq_stride + d, k_new, mask=(d < HEAD_DIM) & writer)
-    tl.store(v_head + pos * v_seq_stride + d, v_new.to(v_ptr.dtype.element_ty), mask=(d < HEAD_DIM) & writer)
+    writes = tl.where(writer, d < HEAD_DIM, d < 0)  # a mask of the head's shape (Triton 3.9's interpreter
+    # refuses a scalar and-ed into a store's mask)
+    tl.store(k_head + pos * k_seq_stride + d, k_new, mask=writes)
+    tl.store(v_head + pos * v_seq_stride + d, v_new.to(v_ptr.dtype.element_ty), mask=writes)
     # The cached positions of this split before pos, and the new token from registers (its cache row
     # may not be written yet when another program reads).
     s = start + tl.arange(0, CHUNK)
