@@ -54,10 +54,15 @@ def timed_graph(body: Any, reps: int = 20) -> float:
         body()
     for _ in range(3):
         graph.replay()
+    return event_ms(graph.replay, reps)
+
+
+def event_ms(step: Any, reps: int) -> float:
+    """Milliseconds of one ``step()`` on the card, the mean of ``reps`` timed by CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):
-        graph.replay()
+        step()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / reps
@@ -111,14 +116,9 @@ def decode_ms(s: StaticLlama, pos: int, steps: int = 100) -> float:
     for _ in range(5):
         s.run_decode()
     s.pos.fill_(pos)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        s.run_decode()
-    end.record()
-    end.synchronize()
+    ms = event_ms(s.run_decode, steps)
     s.pos.fill_(pos)
-    return start.elapsed_time(end) / steps
+    return ms
 
 
 def profile_step(s: StaticLlama, steps: int = 10) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["GraphedSteps", "REPRODUCIBLE_SDPA", "sdpa_choice"]
+__all__ = ["GraphedSteps", "REPRODUCIBLE_SDPA", "failure_text", "sdpa_choice"]
 
 #: Attention kernels whose forward pass gives the same bits for the same inputs. cuDNN's, which
 #: torch prefers on Hopper for the decode step (one query token against a masked cache), does not:
@@ -19,6 +19,12 @@ __all__ = ["GraphedSteps", "REPRODUCIBLE_SDPA", "sdpa_choice"]
 #: them instead cost 23 % of decode throughput there, so the measured decode keeps torch's choice
 #: and only the answer check's decode step (its own graph) uses these.
 REPRODUCIBLE_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def failure_text(exc: BaseException) -> str:
+    """A fallback's reason as a result publishes it (``extra.cuda_graph_error``, ``compile_error``,
+    ``fused_error``): the exception's type and message, at most 500 characters."""
+    return f"{type(exc).__name__}: {exc}"[:500]
 
 
 def sdpa_choice(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, reproducible: bool = False) -> str | None:

@@ -34,7 +34,7 @@ from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_child.workloads import data
 from gpuperfd.probe_child.workloads.gpt2_static import StaticGPT2
-from gpuperfd.probe_child.workloads.graphed_steps import sdpa_choice
+from gpuperfd.probe_child.workloads.graphed_steps import failure_text, sdpa_choice
 from gpuperfd.probe_child.workloads.models import build_gpt2, count_parameters
 
 __all__ = ["build", "GraphLLM", "EagerLLM"]
@@ -121,7 +121,7 @@ class GraphLLM(_LLMBase):
                     # the point then measures the same forward launched eagerly.
                     torch.cuda.synchronize()
                     self.static.graphs = {}
-                    self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
+                    self.graph_error = failure_text(exc)
         self.decode_sdpa_backend = _sdpa_choice(self.static)
         self.check_sdpa_backend = _sdpa_choice(self.static, reproducible=True)
 

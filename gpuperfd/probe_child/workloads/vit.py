@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from gpuperfd.probe_child.workloads.graphed_steps import failure_text
 from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_data.spec import ProbeSpec
@@ -91,7 +92,7 @@ class ViTWorkload:
                         # then runs without a graph.
                         torch.cuda.synchronize()
                         self.graph = None
-                        self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
+                        self.graph_error = failure_text(exc)
                 elif self.compiled:
                     self._forward()  # compile now, not in the warmup
             self.compile_seconds = time.perf_counter() - t_compile

@@ -35,7 +35,7 @@ import torch
 from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_child.workloads import data
-from gpuperfd.probe_child.workloads.graphed_steps import sdpa_choice
+from gpuperfd.probe_child.workloads.graphed_steps import failure_text, sdpa_choice
 from gpuperfd.probe_child.workloads.llama.fused import fused_unavailable
 from gpuperfd.probe_child.workloads.llama.static import StaticLlama
 from gpuperfd.probe_child.workloads.llm import EagerLLM, GraphLLM, _LLMBase
@@ -117,7 +117,7 @@ def fused_step_error(static: StaticLlama, ctx: ProbeContext) -> str | None:
         if ctx.is_cuda:
             torch.cuda.synchronize(ctx.device)
     except Exception as exc:  # noqa: BLE001 - recorded by the caller, then graph's step is measured
-        return f"{type(exc).__name__}: {exc}"[:500]
+        return failure_text(exc)
     return None
 
 
@@ -187,7 +187,7 @@ class GraphLlama(_RooflineMixin, GraphLLM):
 
     def _uncompile(self, exc: BaseException) -> None:
         s = self.static
-        self.compile_error = f"{type(exc).__name__}: {exc}"[:500]
+        self.compile_error = failure_text(exc)
         s.compiled, s._decode_fn, s._verify_fn = False, s.decode, s.verify
         s.inplace_residual = s.rope_by_product = True  # the graph variant's forms (its cache tensors stay apart)
 
@@ -199,7 +199,7 @@ class GraphLlama(_RooflineMixin, GraphLLM):
             torch.cuda.synchronize()
             self.static.graphs = {}
             if not compiled:
-                self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
+                self.graph_error = failure_text(exc)
                 return
             self._uncompile(exc)
         try:
@@ -207,7 +207,7 @@ class GraphLlama(_RooflineMixin, GraphLLM):
         except RuntimeError as exc:
             torch.cuda.synchronize()
             self.static.graphs = {}
-            self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
+            self.graph_error = failure_text(exc)
 
     def _compile_on_cpu(self) -> None:
         s = self.static
@@ -302,7 +302,7 @@ class SpeculativeLlama:
                 except RuntimeError as exc:
                     torch.cuda.synchronize()
                     self.target.graphs, self.draft.graphs = {}, {}
-                    self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
+                    self.graph_error = failure_text(exc)
             self._start_round(self.prompts[0])
             self.target_decode_seconds = self._time_target_decode()
 
