@@ -31,7 +31,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", type=int, default=0)
     parser.add_argument("--probes", default="llm,vit,attention,train")
-    parser.add_argument("--repeats", type=int, default=1, help="measured windows per point (the daemon's default is 5)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="measured windows per point (0: the probe's default, the daemon's: 5 of 1.5 s)")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--state-dir", default=None, help="the daemon's state directory (its compile cache); default: a new one")
     parser.add_argument("--standby", choices=["off", "on", "both"], default="both",
@@ -67,7 +68,8 @@ def main() -> int:
         rows = []
         for probe in args.probes.split(","):
             schedule = ScheduleConfig(probe=probe, interval_seconds=86400, settle_seconds=0.0 if args.cpu_smoke else 5.0,
-                                      preset="tiny" if args.cpu_smoke else None, options={"repeats": args.repeats})
+                                      preset="tiny" if args.cpu_smoke else None,
+                                      options={"repeats": args.repeats} if args.repeats > 0 else {})
             modes = {"off": [False], "on": [True], "both": [False, True]}[args.standby]
             for run, standby in ((r, m) for r in range(1, args.runs + 1) for m in modes):
                 if standby:  # the child imports before the qualifying moment; the clock starts when it is ready
@@ -94,14 +96,18 @@ def main() -> int:
                 point = float(result.wall_seconds or 0.0)  # the parent's whole point, start included
                 measured = float(result.measured_seconds or 0.0)
                 cpu = start + prepare + imports  # spawn and imports: the child makes no CUDA call before its build
+                phases = {k: round(float(v), 3) for k, v in (extra.get("phase_seconds") or {}).items()}
+                checks = (result.correctness or {}).get("seconds")
                 row = {"probe": probe, "run": run, "standby": standby, "total_seconds": total, "cpu_only_seconds": cpu,
+                       "phase_seconds": phases, "correctness_seconds": checks,
+                       "settle_seconds": extra.get("settle_seconds"), "warmup_seconds": extra.get("warmup_seconds"),
                        "gpu_seconds": max(0.0, total - cpu), "child_start_seconds": start,
                        "child_prepare_seconds": prepare, "setup_gpu_seconds": setup, "point_seconds": point,
                        "measured_seconds": measured, "measured_share": measured / total if total else None}
                 rows.append(row)
                 print(f"{probe:9s} run {run} standby {'on ' if standby else 'off'}: total {total:6.1f} s | CPU only (spawn, imports) {cpu:5.1f} | "
                       f"GPU held {row['gpu_seconds']:5.1f} (start {start:.1f}, prepare {prepare:.1f}, build "
-                      f"{setup:.1f}) | measured {measured:4.1f} ({100 * (row['measured_share'] or 0):.0f} %)")
+                      f"{setup:.1f}) | measured {measured:4.1f} ({100 * (row['measured_share'] or 0):.0f} %) | phases {phases}")
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     finally:

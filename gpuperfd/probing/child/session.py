@@ -21,6 +21,7 @@ from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probing.child.compile_cache import compile_cache_env
+from gpuperfd.probing.child.standby import GaveWay
 from gpuperfd.probing.gates.idle import DEFAULT_IDLE_THRESHOLD, busy_reason, gave_way
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class WarmChildSession:
                  idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD,
                  env: dict[str, str] | None = None, on_peak: PeakCallback | None = None,
                  carried: ProbeChild | None = None, on_progress: ProgressCallback | None = None,
-                 idle_wait_seconds: float = IDLE_WAIT_SECONDS) -> None:
+                 idle_wait_seconds: float = IDLE_WAIT_SECONDS, gave_way: str | None = None) -> None:
         self.spec = spec
         #: Told the child's progress messages (``gpuperfd probe``'s bar); None: nobody listens.
         self.on_progress = on_progress
@@ -74,6 +75,10 @@ class WarmChildSession:
         #: Seconds :meth:`prepare` took (the child's imports, before the GPU was taken); reported once.
         self.prepare_seconds = 0.0
         self._build_failure: ProbeResult | None = None
+        #: Set when a user's job took the GPU before this session's child reached it (``gave_way``: while
+        #: the round waited for its standby child; or while :meth:`prepare`'s child imported): every
+        #: point gives way at once (skipped, preempted) and no other child is started.
+        self._gave_way: ProbeResult | None = None if gave_way is None else self._preempted(gave_way)
 
     def prepare(self) -> None:
         """Before the sweep takes the GPU (no cap changed, nothing on the GPU): a child that has
@@ -81,24 +86,28 @@ class WarmChildSession:
         old workload it drops) and waits for its build. The first point then starts at the build:
         the imports (3-5 s on an H100 node) are not time the GPU is out of service. A child that
         fails here is closed and the first point starts one as before, reporting the failure."""
+        if self._gave_way is not None:
+            return
         t0 = time.monotonic()
         deadline = t0 + self.timeout_seconds
         child, self.carried = self.carried, None
         if child is not None and child.alive:
             child.should_abort, child.on_progress = self.abort.is_set, self.on_progress
-            failed = child.preload(self.spec, deadline)
+            # a standby child started for this very probe has imported its code already
+            failed = None if _preloaded_for(child, self.spec) else child.preload(self.spec, deadline)
         else:
             if child is not None:
                 child.close()
             child = self._child((os.getpid(),))
             failed = child.start(deadline, defer_build=True)
         if failed is not None:
-            if not self.abort.is_set():  # stopping: the sweep ends before its first point, nothing to say
-                # A user's job that arrived meanwhile is news, not a warning: the first point gives way too.
-                (log.info if failed.preempted else log.warning)(
-                    "probe %s: the child could not be prepared (%s); the first point starts one",
-                    self.spec.probe, failed.error_message)
             child.close()
+            if failed.preempted:  # a user's job came while the child imported: give way, start no other
+                log.info("probe %s: %s", self.spec.probe, failed.error_message)
+                self._gave_way = failed
+            elif not self.abort.is_set():  # stopping: the sweep ends before its first point, nothing to say
+                log.warning("probe %s: the child could not be prepared (%s); the first point starts one",
+                            self.spec.probe, failed.error_message)
             return
         self.child = child
         self.prepare_seconds = time.monotonic() - t0
@@ -106,6 +115,8 @@ class WarmChildSession:
     def measure(self, cap_watts: float | None) -> ProbeResult:
         t0 = time.monotonic()
         deadline = t0 + self.timeout_seconds  # the hard limit of one point, a (re)build included
+        if self._gave_way is not None:
+            return _copy_failure(self._gave_way, self._gave_way.error_message or "probe gave way")
         if self._build_failure is not None:
             return _copy_failure(self._build_failure, f"not run: the probe could not be built: "
                                  f"{self._build_failure.error_message}")
@@ -172,6 +183,10 @@ class WarmChildSession:
         self.child = child
         return self._built(child.rebuild(self.spec, deadline))
 
+    def _preempted(self, message: str) -> ProbeResult:
+        return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "", "preempted",
+                                   message, status="skipped", device=self.spec.device, started_at=time.time())
+
     def _busy(self, own: tuple[int, ...]) -> ProbeResult | None:
         """When the idle check is on and the GPU is not free before a build: a user's job arrived
         since the gate, so the point gives way (skipped, preempted; :func:`~gpuperfd.probing.gates.idle.gave_way`)."""
@@ -206,6 +221,11 @@ class WarmChildSession:
         if self.carried is not None:
             self.carried.close()
             self.carried = None
+
+
+def _preloaded_for(child: ProbeChild, spec: ProbeSpec) -> bool:
+    """Whether ``child`` imported ``spec``'s code and built nothing since (a standby child started for it)."""
+    return not child.built and child.spec.to_dict() == spec.to_dict()
 
 
 def _copy_failure(failure: ProbeResult, message: str) -> ProbeResult:
@@ -272,13 +292,15 @@ class ChildProcessExecutor:
         (its :meth:`WarmChildSession.hand_over`), in which this probe is built instead of a new child;
         the first session of a round takes the GPU's standby child, if one was started.
         ``device`` None: no GPU to watch (a CPU probe, ``gpuperfd probe --no-idle-check``)."""
+        gave_way = None
         if carried is None and device is not None and self.standby is not None:
-            carried = self.standby.take(device.index, device)
+            taken = self.standby.take(device.index, device)
+            gave_way, carried = (taken.message, None) if isinstance(taken, GaveWay) else (None, taken)
         return WarmChildSession(self.spec(device, request), device, abort,
                                 request.timeout_seconds or self.timeout_seconds, request.settle_seconds,
                                 self.state_dir, idle_utilization_threshold=self.idle_utilization_threshold,
                                 env=self.child_env(), on_peak=self.on_peak, carried=carried, on_progress=on_progress,
-                                idle_wait_seconds=self.idle_wait_seconds)
+                                idle_wait_seconds=self.idle_wait_seconds, gave_way=gave_way)
 
 
 def child_process_executor(

@@ -11,6 +11,12 @@ GPU that turns busy, a result no longer due, a shutdown: the child ends and its 
 
 One slot per GPU. Its reservation is the round's: a round on a GPU whose slot holds one reserves
 nothing more, and :meth:`StandbyChildren.round_ended` ends the slot once its child was taken.
+
+Ending a slot never waits: the dispatcher calls :meth:`StandbyChildren.drop` on its every pass, and a
+child still importing reads no ``stop`` (on a lent H200 the dispatcher once waited 15 s for one, so
+no standby was started again when the job that ended it went, and the next run started its own
+child 16.6 s from the result). The slot's own thread ends the child (at once, if it is still
+importing) and gives its reservation back; a new slot for the GPU can start meanwhile.
 """
 
 from __future__ import annotations
@@ -32,13 +38,30 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StandbyChildren", "DEFAULT_READY_SECONDS", "LEAD_MARGIN_SECONDS"]
+__all__ = ["StandbyChildren", "GaveWay", "DEFAULT_READY_SECONDS", "LEAD_MARGIN_SECONDS"]
 
 #: How long a child takes to be ready (spawn and imports) before one was measured here: a lent H200's
 #: llm child took 11-13 s (qualify_to_result.py), a 2-core VM's tiny CPU child 8 s.
 DEFAULT_READY_SECONDS = 15.0
 #: Started this much earlier than the last child took, so that it is ready at the qualifying moment.
 LEAD_MARGIN_SECONDS = 5.0
+
+
+#: How often a round waiting for its standby child's imports looks for a user's job on the GPU.
+TAKE_WATCH_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class GaveWay:
+    """A user's job appeared on the GPU while the round waited for its standby child's imports: the
+    round gives way at once (nothing of ours is on the GPU) and starts no other child."""
+
+    pids: tuple[int, ...]
+
+    @property
+    def message(self) -> str:
+        return (f"another compute process appeared on the GPU (pid {', '.join(map(str, self.pids))}) "
+                "before the probe's child reached it; probe gave way")
 
 
 @dataclass
@@ -52,8 +75,12 @@ class _Slot:
     failed: bool = False
     taken: bool = False
     done: threading.Event = field(default_factory=threading.Event)
-    #: Set when the slot ends: its thread, the child's parent thread, may end then (see :meth:`_start`).
+    #: Set when the slot is dropped: a child still importing is ended at once (its ``should_abort``).
+    cancel: threading.Event = field(default_factory=threading.Event)
+    #: Set when the slot ends: its thread, the child's parent thread, then ends the child (unless a
+    #: round took it: the round closes it) and gives the reservation back (see :meth:`_start`).
     ended: threading.Event = field(default_factory=threading.Event)
+    close_child: bool = True
 
 
 class StandbyChildren:
@@ -105,11 +132,12 @@ class StandbyChildren:
             if not ticket.granted:
                 return False
         slot = _Slot(self.make_child(device, request), ticket, self.clock())
+        slot.child.should_abort = slot.cancel.is_set
         slot.thread = threading.Thread(target=self._start, args=(gpu, slot), name=f"probe-standby-gpu{gpu}",
                                        daemon=True)
         with self._lock:
             if gpu in self._slots or abort.is_set():  # raced with another ensure, or stopping
-                self._release(slot)
+                self._release_now(slot)
                 return gpu in self._slots
             self._slots[gpu] = slot
             self.started += 1
@@ -127,62 +155,94 @@ class StandbyChildren:
             failed = True
         if failed is not None:
             slot.failed = True
-            message = getattr(failed, "error_message", "") or "see the log"
-            log.info("gpu %d: standby child not ready (%s); the run starts its own", gpu, message)
+            if not slot.cancel.is_set():  # a dropped slot's child was ended on purpose: nothing to say
+                message = getattr(failed, "error_message", "") or "see the log"
+                log.info("gpu %d: standby child not ready (%s); the run starts its own", gpu, message)
         else:
             self._ready_seconds[slot.child.spec.probe] = self.clock() - t0
         slot.done.set()
         if slot.failed:
-            self.drop(gpu, "its start failed", only=slot)
+            self.drop(gpu, "its start failed", only=slot, quiet=True)
         # The child dies with the thread that spawned it (PR_SET_PDEATHSIG follows the parent thread,
-        # not the process): this thread lives until the slot ends.
+        # not the process): this thread lives until the slot ends, then ends what the slot held.
         slot.ended.wait()
+        self._release_now(slot)
 
-    def take(self, gpu: int, device: Device) -> ProbeChild | None:
-        """The GPU's standby child for the round starting now (waits while it still imports), watching
-        ``device`` from now on; None if there is none or it could not start. Its reservation stays
-        the slot's until :meth:`round_ended`."""
+    def take(self, gpu: int, device: Device) -> ProbeChild | GaveWay | None:
+        """The GPU's standby child for the round starting now, watching ``device`` from now on; None if
+        there is none or it could not start. While it still imports the round waits, watching the GPU:
+        a user's job arriving meanwhile ends it (:class:`GaveWay`: the round gives way at once). Its
+        reservation stays the slot's until :meth:`round_ended`."""
         with self._lock:
             slot = self._slots.get(gpu)
             if slot is None or slot.taken:
                 return None
             slot.taken = True
-        slot.done.wait(self.timeout_seconds)
+        deadline = time.monotonic() + self.timeout_seconds
+        own = {os.getpid(), slot.child.pid or 0}
+        while not slot.done.wait(TAKE_WATCH_SECONDS) and time.monotonic() < deadline:
+            foreign = _foreign_pids(device, own)
+            if foreign:
+                slot.cancel.set()  # the import is ended at once; round_ended gives the reservation back
+                return GaveWay(tuple(foreign))
         if slot.failed or not slot.child.alive:
             return None
         child = slot.child
         child.device, child.own = device, {os.getpid()}
+        child.should_abort = None  # the round's session sets its own
         with self._lock:
             self.taken += 1
         return child
 
     def round_ended(self, gpu: int) -> None:
-        """The round on ``gpu`` ended: a slot whose child it took is gone (the round closed the child)."""
+        """The round on ``gpu`` ended: a slot whose child it took is gone (the round closed the child;
+        one it gave way before taking is ended by the slot's thread)."""
         with self._lock:
             slot = self._slots.get(gpu)
             if slot is None or not slot.taken:
                 return
             del self._slots[gpu]
-        self._release(slot, close=False)
+        slot.close_child = slot.cancel.is_set()
+        slot.ended.set()
 
-    def drop(self, gpu: int, why: str, only: _Slot | None = None) -> None:
-        """End ``gpu``'s standby child (not one a round took) and its reservation."""
+    def drop(self, gpu: int, why: str, only: _Slot | None = None, quiet: bool = False) -> None:
+        """End ``gpu``'s standby child (not one a round took) and its reservation, without waiting:
+        the slot's thread ends the child (at once while it imports) and gives the reservation back."""
         with self._lock:
             slot = self._slots.get(gpu)
             if slot is None or slot.taken or (only is not None and slot is not only):
                 return
             del self._slots[gpu]
-        log.info("gpu %d: standby child ended: %s", gpu, why)
-        self._release(slot)
+        if not quiet:
+            log.info("gpu %d: standby child ended: %s", gpu, why)
+        slot.cancel.set()
+        slot.ended.set()
 
-    def drop_all(self, why: str) -> None:
+    def drop_all(self, why: str, wait_seconds: float = 5.0) -> None:
+        """End every standby child not taken (a stop); waits up to ``wait_seconds`` for them to be gone."""
+        with self._lock:
+            slots = [slot for slot in self._slots.values() if not slot.taken]
         for gpu in list(self._slots):
             self.drop(gpu, why)
+        deadline = time.monotonic() + wait_seconds
+        for slot in slots:
+            if slot.thread is not None:
+                slot.thread.join(max(0.0, deadline - time.monotonic()))
 
-    def _release(self, slot: _Slot, close: bool = True) -> None:
-        if close:
+    def _release_now(self, slot: _Slot) -> None:
+        """End what ``slot`` holds: its child (unless a round took and closed it) and its reservation."""
+        if slot.close_child:
             slot.child.close()
-        slot.ended.set()
         if slot.ticket is not None and self.admission is not None:
             self.admission.release(slot.ticket)
             slot.ticket = None
+
+
+def _foreign_pids(device: Device, own: set[int]) -> list[int]:
+    """Compute processes on ``device`` that are not ours (none when the driver cannot tell)."""
+    from gpuperfd.device.errors import DeviceError
+
+    try:
+        return sorted(p.pid for p in device.compute_processes() if p.pid not in own)
+    except DeviceError:
+        return []

@@ -70,8 +70,10 @@ def _trigger(schedule: ScheduleConfig, jitter: float) -> IntervalTrigger | CronT
 #: waits for the result to fall due, so an idle fleet still probes once an interval.
 EARLY_SHARE = 0.1
 
-#: A GPU seen busy this recently is busy now (the sampler reads once a second): no standby child there.
-STANDBY_BUSY_SECONDS = 3.0
+#: A GPU seen busy this recently is busy now: no standby child there. One sampler period (1 s): a job
+#: that ended is out of NVML's process list 0.1 s after its end (benchmarks/job_tail.py), and every
+#: second the child waits is a second of a short gap lost; a utilization dip costs a spawn, no GPU time.
+STANDBY_BUSY_SECONDS = 1.0
 
 #: Outcomes that complete a due result (a failed run is a result too: its alerts say so; retrying it
 #: at every gap would hammer a broken GPU). Anything else (skipped, preempted, aborted) leaves it due.

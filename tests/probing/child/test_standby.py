@@ -57,6 +57,14 @@ def gone(pid: int, seconds: float = 10.0) -> bool:
     return not alive(pid)
 
 
+def released(n: Node, seconds: float = 5.0) -> bool:
+    """True once no host memory is reserved (a slot's thread gives its reservation back as it ends)."""
+    deadline = time.monotonic() + seconds
+    while n.admission.state().reserved_bytes and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return n.admission.state().reserved_bytes == 0
+
+
 class Node:
     def __init__(self, tmp_path, limit_bytes: int = 8 << 30) -> None:
         self.clock = Clock()
@@ -148,7 +156,7 @@ def test_the_run_at_the_qualifying_moment_builds_in_a_child_started_before_it(no
     assert n.runs() == 1 and len(n.results) == 1
     assert n.results[0].extra["child_pid"] == pid  # the run built in the standby child, no spawn of its own
     assert n.standby.taken == 1 and n.slot() is None
-    assert n.admission.state().reserved_bytes == 0  # one reservation (the standby's), released once
+    assert released(n)  # one reservation (the standby's), released once
     assert gone(pid)  # the round closed it
 
 
@@ -159,11 +167,74 @@ def test_a_gpu_that_turns_busy_ends_its_standby_child_and_reservation(node):
     n.dispatch()
     pid = n.wait_ready()
     n.busy()  # a user's job came back before the GPU qualified
-    n.idle(1)
     assert n.dispatch() == 0
-    assert n.slot() is None and n.admission.state().reserved_bytes == 0
+    assert n.slot() is None
+    assert released(n)
     assert gone(pid)
     assert n.runs() == 0
+
+
+def test_a_job_that_ends_a_child_still_importing_never_holds_the_dispatcher_and_the_child_starts_again(node):
+    """On a lent H200 the dispatcher's pass that ended an importing standby child waited for the child to
+    finish its imports (it reads no ``stop`` before) up to 15 s: no standby was started again when the
+    job ended, and the next run started its own child 16.6 s from its result."""
+    n = node()
+    n.fire()
+    n.idle(45)
+    n.dispatch()
+    first = n.slot()
+    assert first is not None and not first.done.is_set()  # still importing torch
+    n.busy()
+    t0 = time.monotonic()
+    assert n.scheduler.dispatch_once() == 0
+    assert time.monotonic() - t0 < 0.5  # the pass did not wait for the child (old code: its imports' rest)
+    assert n.slot() is None
+    assert first.done.wait(10) and first.failed  # ended mid-import, at once
+    assert released(n)
+    n.idle(40)  # the job ended: a pass starts a child again once the GPU will qualify within its lead
+    n.scheduler.dispatch_once()
+    again = n.slot()
+    assert again is not None and again is not first
+    pid = n.wait_ready()
+    n.idle(IDLE_SECONDS - 40)
+    assert n.dispatch() == 1 and n.runs() == 1
+    assert n.results[0].extra["child_pid"] == pid
+
+
+def test_a_round_gives_way_at_once_to_a_job_that_arrives_while_its_child_imports(node, monkeypatch):
+    """Nothing of ours is on the GPU yet: the round ends (skipped, preempted) within a watch or two and
+    starts no other child (old code: it waited for the imports, then 5 s of busy checks, and the
+    first point could start a second child)."""
+    from gpuperfd.probing.child.runner import ProbeChild
+
+    starts = []
+    real_start = ProbeChild.start
+
+    def counted(self, *args, **kwargs):
+        starts.append(self.spec.probe)
+        return real_start(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProbeChild, "start", counted)
+    n = node()
+    n.fire()
+    n.idle(45)
+    n.dispatch()
+    slot = n.slot()
+    n.idle(IDLE_SECONDS)  # qualifies while the standby child still imports
+    assert not slot.done.is_set()
+    assert n.scheduler.dispatch_once() == 1
+    time.sleep(0.3)  # the round waits in take() for the imports
+    assert not slot.done.is_set(), "the child finished importing first: this machine is too fast for the case"
+    n.devices[0].add_foreign_process(424242, 1 << 30)
+    t0 = time.monotonic()
+    while n.scheduler._running and time.monotonic() - t0 < 30:
+        time.sleep(0.01)
+    gave_way = time.monotonic() - t0
+    assert n.runs("skipped", "preempted") == 1 and n.runs() == 0
+    assert gave_way < 1.0, gave_way
+    assert starts == ["llm"]  # the standby child only: no other child was started for the round
+    assert slot.done.wait(10) and gone(slot.child.pid or 0)
+    assert released(n)
 
 
 def test_no_standby_child_without_room_in_the_host_memory_budget(node):
@@ -181,5 +252,5 @@ def test_a_stopping_service_ends_its_standby_child(node):
     n.dispatch()
     pid = n.wait_ready()
     n.service.stop()
-    assert n.slot() is None and n.admission.state().reserved_bytes == 0
+    assert n.slot() is None and n.admission.state().reserved_bytes == 0  # stop waits for its children
     assert gone(pid)
