@@ -201,10 +201,14 @@ def build_probe_service(
 
 def standby_children(executor: Executor, admission: Admission | None) -> StandbyChildren | None:
     """Children started before their GPU qualifies, where probes run in children (issue 50: the spawn
-    and imports, most of a probe's time from the qualifying moment, are then paid before it)."""
+    and imports, most of a probe's time from the qualifying moment, are then paid before it), and where
+    the simulator charges a child's imports (issue 60: it saves them as the real one does)."""
     from gpuperfd.probing.child.session import ChildProcessExecutor
+    from gpuperfd.probing.simulated.probe import SimulatedExecutor
 
-    if not isinstance(executor, ChildProcessExecutor):
+    if isinstance(executor, SimulatedExecutor) and executor.cost_scale <= 0:
+        return None  # nothing to save
+    if not isinstance(executor, (ChildProcessExecutor, SimulatedExecutor)):
         return None
     executor.standby = StandbyChildren(executor.new_child, executor.timeout_seconds, admission)
     return executor.standby

@@ -151,7 +151,8 @@ def choose_executor(config: Config, backend_name: str, on_peak: PeakCallback | N
     told each child's peak host RSS (the admission's :class:`~gpuperfd.probing.gates.admission.PeakBook`).
     """
     if not starts_children(config, backend_name):
-        return simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed)
+        return simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed,
+                                  cost_scale=config.simulation.cost_scale_for(config.probes.simulated_measure_seconds))
     return child_process_executor(config.probes.timeout_seconds, config.probes.torch_device,
                                   state_dir=config.probes.state_dir,
                                   idle_utilization_threshold=config.probes.idle_utilization_threshold,

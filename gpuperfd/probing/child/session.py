@@ -21,7 +21,7 @@ from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probing.child.compile_cache import compile_cache_env
-from gpuperfd.probing.child.standby import GaveWay
+from gpuperfd.probing.child.standby import take_standby
 from gpuperfd.probing.gates.idle import DEFAULT_IDLE_THRESHOLD, busy_reason, gave_way
 
 if TYPE_CHECKING:
@@ -294,8 +294,7 @@ class ChildProcessExecutor:
         ``device`` None: no GPU to watch (a CPU probe, ``gpuperfd probe --no-idle-check``)."""
         gave_way = None
         if carried is None and device is not None and self.standby is not None:
-            taken = self.standby.take(device.index, device)
-            gave_way, carried = (taken.message, None) if isinstance(taken, GaveWay) else (None, taken)
+            carried, gave_way = take_standby(self.standby, device)
         return WarmChildSession(self.spec(device, request), device, abort,
                                 request.timeout_seconds or self.timeout_seconds, request.settle_seconds,
                                 self.state_dir, idle_utilization_threshold=self.idle_utilization_threshold,

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StandbyChildren", "GaveWay", "DEFAULT_READY_SECONDS", "LEAD_MARGIN_SECONDS"]
+__all__ = ["StandbyChildren", "GaveWay", "take_standby", "DEFAULT_READY_SECONDS", "LEAD_MARGIN_SECONDS"]
 
 #: How long a child takes to be ready (spawn and imports) before one was measured here: a lent H200's
 #: llm child took 11-13 s (qualify_to_result.py), a 2-core VM's tiny CPU child 8 s.
@@ -91,8 +91,11 @@ class StandbyChildren:
     """
 
     def __init__(self, make_child: Callable[[Device, ProbeRequest], ProbeChild], timeout_seconds: float,
-                 admission: Admission | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 admission: Admission | None = None, clock: Callable[[], float] = time.monotonic,
+                 ready_seconds: float = DEFAULT_READY_SECONDS, lead_margin_seconds: float = LEAD_MARGIN_SECONDS) -> None:
         self.make_child = make_child
+        #: A child's time to be ready before one was measured, and how much earlier than that it starts.
+        self.default_ready_seconds, self.lead_margin_seconds = ready_seconds, lead_margin_seconds
         self.timeout_seconds = timeout_seconds
         self.admission = admission
         self.clock = clock
@@ -106,7 +109,7 @@ class StandbyChildren:
 
     def lead_seconds(self, probe: str) -> float:
         """How long before its GPU qualifies a child of ``probe`` is started."""
-        return self._ready_seconds.get(probe, DEFAULT_READY_SECONDS) + LEAD_MARGIN_SECONDS
+        return self._ready_seconds.get(probe, self.default_ready_seconds) + self.lead_margin_seconds
 
     def holds(self, gpu: int) -> bool:
         """True if ``gpu`` has a standby child (starting, ready or taken by the round now running)."""
@@ -236,6 +239,12 @@ class StandbyChildren:
         if slot.ticket is not None and self.admission is not None:
             self.admission.release(slot.ticket)
             slot.ticket = None
+
+
+def take_standby(standby: StandbyChildren, device: Device) -> tuple[ProbeChild | None, str | None]:
+    """(the GPU's standby child for the round's first session, or None; why the round gives way, or None)."""
+    taken = standby.take(device.index, device)
+    return (None, taken.message) if isinstance(taken, GaveWay) else (taken, None)
 
 
 def _foreign_pids(device: Device, own: set[int]) -> list[int]:

@@ -195,6 +195,7 @@ def busy_after_own_run(
     since_own_run: float,
     grace_seconds: float,
     abort: threading.Event,
+    wait: bool = True,
 ) -> BusyReason | None:
     """:func:`busy_reason`, except for the tail of our own run that ended ``since_own_run`` seconds ago.
 
@@ -202,15 +203,16 @@ def busy_after_own_run(
     our probe's child exits still reads ~100 %: on an H200 the next scheduled probe was skipped as
     busy 1 ms after the previous one ended. Within ``grace_seconds`` of our own run a utilization
     reading is taken again once the grace is over (OWN_TAIL if ``abort`` cuts that wait short);
-    foreign processes are never waited for.
+    foreign processes are never waited for. ``wait`` False: OWN_TAIL at once instead of the wait (the
+    gap dispatcher, one thread for every GPU, looks again at its next pass).
     """
     reason = busy_reason(device, utilization_threshold, own_pids)
     if reason is None or reason.kind is not BusyKind.UTILIZATION:
         return reason
-    wait = grace_seconds - since_own_run
-    if wait <= 0:
+    left = grace_seconds - since_own_run
+    if left <= 0:
         return reason
-    if abort.wait(wait):
+    if not wait or abort.wait(left):
         return BusyReason(BusyKind.OWN_TAIL, f"{reason.message}, within {grace_seconds:.0f} s of our own run")
     return busy_reason(device, utilization_threshold, own_pids)
 

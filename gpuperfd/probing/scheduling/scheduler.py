@@ -85,8 +85,11 @@ class ProbeScheduler:
 
     def __init__(self, service: ProbeService, gpus: list[int], interconnect: InterconnectService | None = None,
                  tick_seconds: float = 0.5, clock: Callable[[], float] | None = None,
-                 rng: random.Random | None = None, recheck_seconds: float = 2.0) -> None:
+                 rng: random.Random | None = None, recheck_seconds: float = 2.0,
+                 standby_busy_seconds: float = STANDBY_BUSY_SECONDS) -> None:
         self.service = service
+        #: A GPU seen busy this recently gets no standby child (STANDBY_BUSY_SECONDS; tests scale it).
+        self.standby_busy_seconds = standby_busy_seconds
         self.gpus = gpus
         #: How often the dispatcher looks for a due result whose GPU qualifies, seconds.
         self.tick_seconds = tick_seconds
@@ -401,8 +404,10 @@ class ProbeScheduler:
                 continue
             if not self._budget_allows(entry) or now < self._refused_until.get(gpu, -1.0):
                 continue
-            if self.service.refusal(self.service.devices[gpu], gpu) is not None:
-                self._refused_until[gpu] = now + self.recheck_seconds
+            refused = self.service.refusal(self.service.devices[gpu], gpu, wait=False)
+            if refused is not None:
+                if refused[0] != "own_tail":  # our own run's tail passes by itself: look again next pass
+                    self._refused_until[gpu] = now + self.recheck_seconds
                 continue
             if not self._claim_gpu(gpu):
                 continue
@@ -424,20 +429,38 @@ class ProbeScheduler:
         for entry in self.due.ordered():
             if entry.schedule.probe != INTERCONNECT:
                 first.setdefault(entry.gpu, entry)
+        soon = self._falling_due_soon(standby.lead_seconds)
         idle_seconds = self.service.config.idle_seconds
         for gpu in self.gpus:
             with self._running_lock:
                 if gpu in self._running:
                     continue
             entry = first.get(gpu)
+            schedule = entry.schedule if entry is not None else soon.get(gpu)
             idle = tracker.idle_for(gpu)
-            why = ("no result due" if entry is None else "the GPU is busy" if idle < STANDBY_BUSY_SECONDS
+            why = ("no result due" if schedule is None else "the GPU is busy" if idle < self.standby_busy_seconds
                    else "the gate refused the GPU" if now < self._refused_until.get(gpu, -1.0)
-                   else "the GPU-time share is spent" if not self._budget_allows(entry) else None)
+                   else "the GPU-time share is spent" if entry is not None and not self._budget_allows(entry)
+                   else None)
             if why is not None:
                 standby.drop(gpu, why)
-            elif entry is not None and idle >= idle_seconds - standby.lead_seconds(entry.schedule.probe):
-                self.service.stand_by(gpu, entry.schedule)
+            elif schedule is not None and idle >= idle_seconds - standby.lead_seconds(schedule.probe):
+                self.service.stand_by(gpu, schedule)
+
+    def _falling_due_soon(self, lead_seconds: Callable[[str], float]) -> dict[int, ScheduleConfig]:
+        """Per GPU, a schedule whose result falls due within a standby child's lead: on a GPU idle all
+        along the run starts when it falls due, so its child starts that much before (issue 60)."""
+        wall = time.time()
+        soon: dict[int, ScheduleConfig] = {}
+        for job in self.scheduler.get_jobs():
+            if len(job.args) < 3 or getattr(job, "next_run_time", None) is None:
+                continue
+            schedule, group = job.args[0], list(job.args[1])
+            if schedule.probe == INTERCONNECT or job.next_run_time.timestamp() - wall > lead_seconds(schedule.probe):
+                continue
+            for gpu in group:
+                soon.setdefault(gpu, schedule)
+        return soon
 
     def _take_early_gaps(self, moments: dict[int, float | None], now: float) -> None:
         """Interval results within EARLY_SHARE of their interval of falling due, on a GPU whose gap opened

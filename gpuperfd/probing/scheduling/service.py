@@ -33,7 +33,7 @@ from gpuperfd.probing.gates.admission import Admission, Ticket, memory_limit
 from gpuperfd.probing.executors import Executor
 from gpuperfd.probing.scheduling.gpu_time import GpuTimeLedger
 from gpuperfd.probing.history import HistoryWriter
-from gpuperfd.probing.gates.idle import (BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason,
+from gpuperfd.probing.gates.idle import (BusyKind, BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason,
                                    not_idle_text, pod_reason)
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
 from gpuperfd.probing.scheduling.rounds import GpuRounds, RoundSource, Turn
@@ -350,9 +350,12 @@ class ProbeService:
             return self._skip_claimed(info, schedule, source, *refused)
         return None
 
-    def refusal(self, device: Device, gpu: int) -> tuple[str, str] | None:
+    def refusal(self, device: Device, gpu: int, wait: bool = True) -> tuple[str, str] | None:
         """(reason, detail) why ``gpu`` must not be probed now (lost, allocated, MIG, not idle long
-        enough, busy), or None: the one gate of a round and of the interconnect probe's every GPU."""
+        enough, busy), or None: the one gate of a round and of the interconnect probe's every GPU.
+        ``wait`` False: never sleep for our own run's utilization tail (reason ``own_tail`` at once):
+        the gap dispatcher asks for every GPU on one thread, and a wait for one GPU held all the others
+        (seen in the busy-fleet test: every GPU's gap went unseen for the grace)."""
         try:
             device.info()  # a lost GPU is skipped with its reason, not raised into the scheduler
         except DeviceError as exc:
@@ -366,9 +369,9 @@ class ProbeService:
         idle_for = self.tracker.idle_for(gpu)
         if idle_for < self.config.idle_seconds and self.tracker.handed_since(gpu) is None:
             return "not_idle", not_idle_text(idle_for, self.config.idle_seconds)
-        reason = self._busy_reason(device, gpu)
+        reason = self._busy_reason(device, gpu, wait)
         if reason is not None:
-            return "busy", str(reason)
+            return ("own_tail" if reason.kind is BusyKind.OWN_TAIL and not wait else "busy"), str(reason)
         return None
 
     def _skip_claimed(self, info: GpuInfo, schedule: ScheduleConfig, source: RoundSource | None, reason: str,
@@ -445,11 +448,11 @@ class ProbeService:
         reason = pod_reason(device, state, self.config.ours)
         return None if reason is None else str(reason)
 
-    def _busy_reason(self, device: Device, gpu: int) -> BusyReason | None:
+    def _busy_reason(self, device: Device, gpu: int, wait: bool = True) -> BusyReason | None:
         """The one busy check, with the grace for our own run's utilization tail on this GPU."""
         since = time.monotonic() - self._own_load_ended.get(gpu, -math.inf)
         return busy_after_own_run(device, self.config.idle_utilization_threshold, (os.getpid(),), since,
-                                  OWN_LOAD_GRACE_SECONDS, self.abort)
+                                  OWN_LOAD_GRACE_SECONDS, self.abort, wait=wait)
 
     def _info(self, device: Device) -> GpuInfo:
         """The GPU's identity, or the last one read while it answered (for labels of a lost GPU)."""

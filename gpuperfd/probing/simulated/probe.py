@@ -31,11 +31,15 @@ from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.settle import wait_steady
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, GPT2_MODELS, PRESETS
 from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY
+from gpuperfd.probing.child.standby import take_standby
+from gpuperfd.probing.simulated.child import SimulatedChild, pass_time
+from gpuperfd.probing.simulated.costs import ChildCosts, costs_for
 from gpuperfd.probing.simulated.workload import SimulatedWorkload, simulated_workload
 
 if TYPE_CHECKING:  # the simulator's module is imported when a simulated point runs, not with the daemon
     from gpuperfd.device.simulated import SimulatedGpu, WorkloadProfile
     from gpuperfd.probing.child.runner import ProbeChild, ProgressCallback
+    from gpuperfd.probing.child.standby import StandbyChildren
 
 #: The simulator profile of each probe's default preset ("probe/preset").
 SIMULATED_PROFILE = {probe: f"{probe}/{preset}" for probe, preset in DEFAULT_PRESET.items()}
@@ -202,27 +206,49 @@ class _Window:
 
 
 class SimulatedExecutor:
-    """Run a probe on a SimulatedGpu: load it for ``measure_seconds`` and read its physics."""
+    """Run a probe on a SimulatedGpu: load it for ``measure_seconds`` and read its physics.
+
+    ``cost_scale``: the real child's costs it charges (:mod:`~gpuperfd.probing.simulated.costs`; 1: as
+    measured on an H200, 0: none): the imports before the first point (nothing on the GPU; a ready
+    standby child, :meth:`new_child`, saves them), the build and each point's overheads on the GPU."""
 
     def __init__(self, measure_seconds: float, seed: int | None = None, noise: float = 0.004,
-                 watch_interval: float = 0.1) -> None:
+                 watch_interval: float = 0.1, cost_scale: float = 0.0) -> None:
         self.measure_seconds = measure_seconds
         self.noise = noise
         self.watch_interval = watch_interval
+        self.cost_scale = cost_scale
+        #: Children started before their GPU qualifies (the daemon's; None: none are).
+        self.standby: StandbyChildren | None = None
+        #: How long a standby child may take to be ready.
+        self.timeout_seconds = 600.0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
 
+    def costs(self, probe: str) -> ChildCosts:
+        return costs_for(probe, self.cost_scale)
+
+    def new_child(self, device: Device, request: ProbeRequest) -> SimulatedChild:
+        """A standby child for ``request``: its imports' time, paid before the GPU qualifies."""
+        return SimulatedChild(device, request, self.costs(request.probe).imports)
+
     def open(self, device: Device, request: ProbeRequest, abort: threading.Event,
-             carried: ProbeChild | None = None, on_progress: ProgressCallback | None = None) -> SimulatedSession:
-        """A sweep's session; a carried child (none comes from a simulated session) is closed: the
-        simulator runs in this process."""
-        if carried is not None:
+             carried: ProbeChild | SimulatedChild | None = None,
+             on_progress: ProgressCallback | None = None) -> SimulatedSession:
+        """A sweep's session. A ready simulated child (the GPU's standby child, or the round's previous
+        session's) has paid the imports; any other carried child is closed (the simulator measures here)."""
+        gave_way = None
+        if carried is None and device is not None and self.standby is not None:
+            carried, gave_way = take_standby(self.standby, device)
+        ready = isinstance(carried, SimulatedChild) and carried.ready and carried.alive
+        if carried is not None and not ready:
             carried.close()
-        return SimulatedSession(self, device, request, abort, on_progress)
+        return SimulatedSession(self, device, request, abort, on_progress, imported=ready, gave_way=gave_way)
 
     def measure(self, device: Device, request: ProbeRequest, abort: threading.Event,
-                settle_seconds: float) -> ProbeResult:
-        """One point at the cap set now: load, settle (at most ``settle_seconds``), measured window."""
+                settle_seconds: float, hold_seconds: float = 0.0) -> ProbeResult:
+        """One point at the cap set now: load (``hold_seconds`` of build and overheads), settle (at most
+        ``settle_seconds``), measured window."""
         from gpuperfd.device.simulated import SimulatedGpu
 
         if not isinstance(device, SimulatedGpu):
@@ -235,7 +261,7 @@ class SimulatedExecutor:
                                        started_at=time.time(), wall_seconds=0.0, gpu_name=info.name,
                                        compute_capability=info.compute_capability, gpu_uuid=info.uuid,
                                        params=dict(request.options))
-        window = self._load(device, work.profile, abort, settle_seconds)
+        window = self._load(device, work.profile, abort, settle_seconds, hold_seconds)
         if window.why is not None:  # a user's job is a preemption (skipped), a shutdown an abort
             status, reason = ("aborted", "aborted") if abort.is_set() else ("skipped", "preempted")
             return ProbeResult.failure(request.probe, "simulated", preset, reason, window.why, status=status,
@@ -244,14 +270,19 @@ class SimulatedExecutor:
         return self._result(device, request, preset, work, window)
 
     def _load(self, device: SimulatedGpu, profile: WorkloadProfile, abort: threading.Event,
-              settle_seconds: float) -> _Window:
-        """Load the GPU, settle, then watch a measured window; like the child runner, a process of
-        someone else's appearing mid-probe ends it and gives the GPU back at once."""
+              settle_seconds: float, hold_seconds: float = 0.0) -> _Window:
+        """Load the GPU, hold it (build, overheads), settle, then watch a measured window; like the child
+        runner, a process of someone else's appearing mid-probe ends it and gives the GPU back at once."""
         own = os.getpid()
         window = _Window()
         device.begin_load(profile, pid=own)
         window.gpm = _window_gpm(device)
+        wall_start = time.monotonic()
         try:
+            if hold_seconds > 0:
+                window.why = pass_time(hold_seconds, lambda: _gave_way(device, abort, own))
+                if window.why is not None:
+                    return window
             if settle_seconds > 0:
                 def sample(seconds: float) -> tuple[float | None, float | None]:
                     abort.wait(seconds)
@@ -265,15 +296,15 @@ class SimulatedExecutor:
             while window.why is None and (left := deadline - time.monotonic()) > 0:
                 if abort.wait(min(left, self.watch_interval)):
                     window.why = "aborted by shutdown"
-                elif foreign := [p.pid for p in device.compute_processes() if p.pid != own]:
-                    window.why = f"compute process {foreign[0]} appeared on the GPU; probe gave way"
+                elif (why := _gave_way(device, abort, own)) is not None:
+                    window.why = why
                 else:
                     watch.sample()
             window.energy = device.energy_joules() - energy_start
             watch.sample()  # what the GPU shows at the end of the loaded window
         finally:
             device.end_load()
-        window.measured = time.monotonic() - wall_start
+            window.measured = time.monotonic() - wall_start
         return window
 
     def _noisy(self, value: float, sigma: float) -> float:
@@ -327,33 +358,58 @@ class SimulatedExecutor:
 class SimulatedSession:
     """A warm sweep on the simulator: the same protocol as the child's (results cross as JSON),
     settle by measurement under load, one point per ``measure``. A request with a ``repeats`` option
-    measures that many windows, pooled as the child pools its repeats (``gpuperfd probe --simulate``)."""
+    measures that many windows, pooled as the child pools its repeats (``gpuperfd probe --simulate``).
+
+    It charges what the real child costs (the executor's ``cost_scale``): the imports in :meth:`prepare`
+    (or before the first point) unless a ready child was carried in, watching the GPU meanwhile (a user's
+    job makes every point give way at once: nothing of ours was on the GPU); the build at the first
+    point and the overheads at every point, on the GPU."""
 
     def __init__(self, executor: SimulatedExecutor, device: Device, request: ProbeRequest,
-                 abort: threading.Event, on_progress: ProgressCallback | None = None) -> None:
+                 abort: threading.Event, on_progress: ProgressCallback | None = None, imported: bool = False,
+                 gave_way: str | None = None) -> None:
         self.executor, self.device, self.request, self.abort = executor, device, request, abort
         self.on_progress = on_progress
+        self.costs = executor.costs(request.probe)
+        #: Whether the imports are paid (a ready child was carried in, or :meth:`prepare` paid them).
+        self.imported = imported or self.costs.imports <= 0
+        #: Why every point gives way (a user's job came before the GPU was ours); None: it did not.
+        self.gave_way = gave_way
         #: Points measured (the simulator builds nothing: this stands for the child's reuse).
         self.points = 0
 
     def prepare(self) -> None:
-        pass  # nothing to import: the simulator runs in this process
+        """The imports' time, on the CPU, before the sweep takes the GPU; a job arriving meanwhile ends it."""
+        if self.imported or self.gave_way is not None:
+            return
+        own = os.getpid()
+        self.gave_way = pass_time(self.costs.imports, lambda: _gave_way(self.device, self.abort, own))
+        self.imported = self.gave_way is None
 
     def measure(self, cap_watts: float | None) -> ProbeResult:
-        if "repeats" in self.request.options:
+        self.prepare()
+        if self.gave_way is not None:
+            result = _not_run(self.device, self.request, self.gave_way, self.abort)
+        elif "repeats" in self.request.options:
             result = self._repeated(int(self.request.options["repeats"]))
         else:
-            result = self.executor.measure(self.device, self.request, self.abort, self.request.settle_seconds)
+            result = self.executor.measure(self.device, self.request, self.abort, self.request.settle_seconds,
+                                           self._hold())
         result.extra.update({"warm": True, "point_index": self.points})
         self.points += 1
         return ProbeResult.from_dict(wire.decode(wire.encode("result", result.to_dict()))[1])
+
+    def _hold(self) -> float:
+        """This point's time on the GPU besides settle and windows: the build at the first, overheads always."""
+        return self.costs.overhead + (self.costs.build if self.points == 0 else 0.0)
 
     def _repeated(self, repeats: int) -> ProbeResult:
         """``repeats`` windows (settled before the first) as one point; the first failed window is the point's."""
         windows: list[ProbeResult] = []
         for number in range(1, repeats + 1):
             settle = self.request.settle_seconds if number == 1 else 0.0
-            window = self.executor.measure(self.device, self.request, self.abort, settle)
+            hold = self._hold() if number == 1 else 0.0
+            window = self.executor.measure(self.device, self.request, self.abort, settle, hold)
             if not window.ok:
                 return window
             windows.append(window)
@@ -361,9 +417,13 @@ class SimulatedSession:
                 self.on_progress({"phase": "measure", "repeat": number, "repeats": repeats})
         return _pool(windows)
 
-    def hand_over(self) -> ProbeChild | None:
-        """No child to hand to the round's next session."""
-        return None
+    def hand_over(self) -> SimulatedChild | None:
+        """The round's next session builds in the same (simulated) child: its imports are paid."""
+        if not self.imported or self.gave_way is not None:
+            return None
+        child = SimulatedChild(self.device, self.request, 0.0)
+        child.ready = True
+        return child
 
     def close(self) -> None:
         pass
@@ -408,7 +468,23 @@ def _pool(windows: list[ProbeResult]) -> ProbeResult:
     )
 
 
+def _gave_way(device: Device, abort: threading.Event, own: int) -> str | None:
+    """Why a probe on ``device`` stops now (a shutdown, a user's process on the GPU), or None."""
+    if abort.is_set():
+        return "aborted by shutdown"
+    foreign = [p.pid for p in device.compute_processes() if p.pid != own]
+    return f"compute process {foreign[0]} appeared on the GPU; probe gave way" if foreign else None
+
+
+def _not_run(device: Device, request: ProbeRequest, why: str, abort: threading.Event) -> ProbeResult:
+    """A point that gave way (or was aborted) before anything of it reached the GPU."""
+    status, reason = ("aborted", "aborted") if abort.is_set() else ("skipped", "preempted")
+    return ProbeResult.failure(request.probe, "simulated", request.preset or DEFAULT_PRESET[request.probe], reason,
+                               why, status=status, device=f"sim:{device.index}", started_at=time.time(),
+                               wall_seconds=0.0)
+
+
 def simulated_executor(measure_seconds: float, seed: int | None = None, noise: float = 0.004,
-                       watch_interval: float = 0.1) -> SimulatedExecutor:
+                       watch_interval: float = 0.1, cost_scale: float = 0.0) -> SimulatedExecutor:
     """The simulator's executor (see :class:`SimulatedExecutor`)."""
-    return SimulatedExecutor(measure_seconds, seed, noise, watch_interval)
+    return SimulatedExecutor(measure_seconds, seed, noise, watch_interval, cost_scale)

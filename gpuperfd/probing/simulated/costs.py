@@ -1,0 +1,67 @@
+"""What a real probe costs besides its measured windows, as the simulator charges it (issue 60).
+
+A real probe's time from its GPU's qualifying moment to the result went mostly to things the old
+simulator charged nothing for: the child's spawn and imports (CPU only, before any CUDA call), the
+build (CUDA context, model, compile, CUDA graphs: on the GPU) and each point's own overheads (warm-up,
+answer checks, the GPU-busy pass: on the GPU). A simulated fleet that skips them reaches gaps a real
+one cannot. So each probe's costs are kept here as data, with the measurement they come from, and
+the simulated executor charges them (scaled with the test's time, ``scale``): the imports in the
+session's preparation or in a standby child (which saves them, as the real one does), the build on
+the GPU at the first point, the overheads on the GPU at every point. The settle is the simulator's
+physics (power and clocks ramp under the load) and the window is ``probes.simulated_measure_seconds``.
+
+Source of every row: a lent NVIDIA H200 (driver 580.159.04, torch 2.11.0+cu130), the probes' default
+presets and windows, read-only. ``imports``: the child's spawn and imports with no standby child
+(benchmarks/results/i50/h200x2/q2r.json, 2026-11-28, the median of two runs: llm 13.4 s, vit 15.4 s
+with the compile cache warm, attention 3.7 s, train 12.3 s). ``build`` and ``overhead``: the same
+probes run in a ready standby child, the compile cache warm (benchmarks/results/i60/h200-diag/
+q2r_default.json, 2026-11-29, second runs): build = the child's setup (context, model, compile);
+overhead = the point's wall less build, settle and windows (warm-up, answer checks, busy pass, hand-offs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ChildCosts", "MEASURED_COSTS", "COSTS_SOURCE", "REAL_WINDOW_SECONDS", "costs_for", "NO_COSTS"]
+
+COSTS_SOURCE = ("lent NVIDIA H200, driver 580.159.04, torch 2.11.0+cu130: benchmarks/results/i50/h200x2/q2r.json "
+                "(imports) and benchmarks/results/i60/h200-diag/q2r_default.json (build, overhead)")
+
+#: The measured windows of a real point at the probes' defaults on that H200 (2.0-2.7 s): the simulated
+#: window (``probes.simulated_measure_seconds``, 3 s by default) compressed below this compresses the
+#: costs alike (:func:`gpuperfd.config.SimulationConfig.cost_scale_for`).
+REAL_WINDOW_SECONDS = 3.0
+
+
+@dataclass(frozen=True)
+class ChildCosts:
+    """Seconds a real probe spends outside its windows and settle."""
+
+    #: The child's spawn and imports of torch and the model code: CPU only, nothing on the GPU.
+    imports: float
+    #: The build at the first point: CUDA context, model, compile (cache warm), CUDA graphs. On the GPU.
+    build: float
+    #: Each point's own time on the GPU besides settle and windows: warm-up, answer checks, busy pass.
+    overhead: float
+
+    def scaled(self, scale: float) -> ChildCosts:
+        return ChildCosts(self.imports * scale, self.build * scale, self.overhead * scale)
+
+
+NO_COSTS = ChildCosts(0.0, 0.0, 0.0)
+
+#: Per probe (default preset); a preset without a row of its own is charged its probe's.
+MEASURED_COSTS: dict[str, ChildCosts] = {
+    "llm": ChildCosts(imports=13.4, build=0.9, overhead=3.4),
+    "vit": ChildCosts(imports=15.4, build=7.3, overhead=1.0),
+    "attention": ChildCosts(imports=3.7, build=0.2, overhead=3.3),
+    "train": ChildCosts(imports=12.3, build=0.2, overhead=2.5),
+}
+
+
+def costs_for(probe: str, scale: float) -> ChildCosts:
+    """``probe``'s measured costs at ``scale`` (0: none; a probe with no row costs nothing)."""
+    if scale <= 0:
+        return NO_COSTS
+    return MEASURED_COSTS.get(probe, NO_COSTS).scaled(scale)
