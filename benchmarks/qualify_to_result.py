@@ -38,6 +38,8 @@ def main() -> int:
     parser.add_argument("--standby", choices=["off", "on", "both"], default="both",
                         help="start the run's child before the qualifying moment, as the daemon's dispatcher does "
                              "when the GPU will qualify within a child's start (probing/child/standby.py); both: each run twice")
+    parser.add_argument("--busy-profile-seconds", type=float, default=None,
+                        help="the probes' busy pass length (default: the preset's)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="check the script without a GPU: simulated GPUs, probe children on the CPU, tiny presets")
@@ -69,7 +71,9 @@ def main() -> int:
         for probe in args.probes.split(","):
             schedule = ScheduleConfig(probe=probe, interval_seconds=86400, settle_seconds=0.0 if args.cpu_smoke else 5.0,
                                       preset="tiny" if args.cpu_smoke else None,
-                                      options={"repeats": args.repeats} if args.repeats > 0 else {})
+                                      options={**({"repeats": args.repeats} if args.repeats > 0 else {}),
+                                               **({"busy_profile_seconds": args.busy_profile_seconds}
+                                                  if args.busy_profile_seconds is not None else {})})
             modes = {"off": [False], "on": [True], "both": [False, True]}[args.standby]
             for run, standby in ((r, m) for r in range(1, args.runs + 1) for m in modes):
                 if standby:  # the child imports before the qualifying moment; the clock starts when it is ready
@@ -98,7 +102,7 @@ def main() -> int:
                 cpu = start + prepare + imports  # spawn and imports: the child makes no CUDA call before its build
                 phases = {k: round(float(v), 3) for k, v in (extra.get("phase_seconds") or {}).items()}
                 checks = (result.correctness or {}).get("seconds")
-                row = {"probe": probe, "run": run, "standby": standby, "total_seconds": total, "cpu_only_seconds": cpu,
+                row = {"probe": probe, "run": run, "standby": standby, "busy_profile_seconds": args.busy_profile_seconds, "total_seconds": total, "cpu_only_seconds": cpu,
                        "phase_seconds": phases, "correctness_seconds": checks,
                        "settle_seconds": extra.get("settle_seconds"), "warmup_seconds": extra.get("warmup_seconds"),
                        "gpu_seconds": max(0.0, total - cpu), "child_start_seconds": start,

@@ -378,7 +378,7 @@ class Daemon:
                 landing_page(
                     self.sampler, self.backend.name, telemetry_path, self.probes.latest(), self.config.probes.max_slowdown,
                     self.health.verdicts() if self.health is not None else None, self.probes.sweeps(),
-                    self.scheduler.coverage(),
+                    self.scheduler.coverage(), self.scheduler.gap_states(),
                 ),
                 "text/html; charset=utf-8",
             ),
@@ -398,7 +398,7 @@ class Daemon:
                           self.probes.latest(), self.health.verdicts() if self.health is not None else None,
                           self.probes.sweeps(), self.config.probes.max_slowdown,
                           coverage=self.scheduler.coverage(),
-                          applied={s["gpu"]: s for s in self.apply.status()})
+                          applied={s["gpu"]: s for s in self.apply.status()}, gaps=self.scheduler.gap_states())
         return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
 
     def _free_api(self, handler: object) -> Response:

@@ -169,6 +169,10 @@ def gpu_block(gpu: dict[str, Any], width: int) -> list[Line]:
         if cover.get("age_seconds") is None:  # scheduled, no result yet
             lines += flow([(f"{cover['probe']}/{cover['preset']}: no result yet"
                             + (", due (waiting for a gap)" if cover.get("due") else ""), "yellow")], width, 2)
+    gaps = gpu.get("gaps")
+    if gaps and gaps.get("words"):
+        lines += flow([(gaps["words"], "yellow" if gaps.get("state") in ("no_gap", "gaps_too_short") else "dim")],
+                      width, 2)
     if sweep is not None:
         lines += flow([(f"sweep in progress: {sweep['probe']}/{sweep['preset']} at {sweep['cap_watts']:.0f} W, "
                         f"point {sweep['point']} of {sweep['points']}", "magenta")], width, 2)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import html
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import gpuperfd
 from gpuperfd.health.verdict import Verdict
@@ -27,7 +28,7 @@ from gpuperfd.probe_data.progress import SweepProgress
 from gpuperfd.probe_data.recommend import (Recommendation, SweepPoint, comparison_words, recommend_latest,
                                           watts_saved_while_busy, work_rate)
 from gpuperfd.telemetry.sampler import Sampler, lost_gpus
-from gpuperfd.web.status import age_words
+from gpuperfd.web.status import age_words, gap_words
 
 #: (gpu index, probe, preset) -> latest ok point per cap (ProbeService.latest()).
 Latest = Mapping[tuple[int, str, str], Sequence[SweepPoint]]
@@ -202,7 +203,8 @@ def _sweep_banner(sweeps: Mapping[int, SweepProgress]) -> str:
 
 
 def _gpu_section(gpu: int, name: str, latest: Latest, max_slowdown: float,
-                 coverage: Mapping[tuple[int, str, str], bool] | None = None) -> str:
+                 coverage: Mapping[tuple[int, str, str], bool] | None = None,
+                 gaps: Mapping[str, Any] | None = None) -> str:
     coverage = coverage or {}
     rows = [
         _probe_row(probe, preset, points, max_slowdown, coverage.get((gpu, probe, preset)))
@@ -217,6 +219,9 @@ def _gpu_section(gpu: int, name: str, latest: Latest, max_slowdown: float,
                      if index == gpu and due and (probe, preset) not in measured)
     pending = (f'<p class="due" id="due-{gpu}">No result yet, due (waiting for the GPU to be free): '
                f"{_e(', '.join(waiting))}</p>") if waiting else ""
+    if gaps:
+        pending += f'<p class="due" id="gaps-{gpu}">{_e(gap_words(gaps))}</p>'
+
     if not rows:
         return (f'<section class="gpu" id="gpu-{gpu}">{head}{pending}'
                 '<p class="muted">No probe results yet.</p></section>')
@@ -238,13 +243,15 @@ def landing_page(
     verdicts: Sequence[Verdict] | None = None,
     sweeps: Mapping[int, SweepProgress] | None = None,
     coverage: Mapping[tuple[int, str, str], bool] | None = None,
+    gaps: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> bytes:
     """The page's HTML. ``latest`` is ``ProbeService.latest()``; None or empty: telemetry only.
 
     ``verdicts`` is ``HealthMonitor.verdicts()``; None (health off): the health column shows "-".
     ``sweeps`` is ``ProbeService.sweeps()``: a GPU whose cap a sweep holds now is marked in its row
     (cap, point k of n) and above the table. ``coverage`` is ``ProbeScheduler.coverage()``: each result's
-    age says whether it is due, and a due probe with no result yet is named.
+    age says whether it is due, and a due probe with no result yet is named. ``gaps`` is
+    ``ProbeScheduler.gap_states()``: a GPU with a result due says why it waits (no gap, gaps too short).
     """
     sweeps = sweeps or {}
     by_gpu = {v.gpu: v for v in verdicts or () if v.gpu is not None}
@@ -275,7 +282,8 @@ def landing_page(
                 f'<tr class="gpu-row missing"><td>-</td><td>?</td><td><code>{_e(verdict.uuid)}</code></td>'
                 f'<td class="lost">missing</td><td class="num">-</td><td class="num">-</td>{_health_cell(verdict)}<td>-</td></tr>'
             )
-    sections = "".join(_gpu_section(gpu, names[gpu], latest, max_slowdown, coverage) for gpu in sorted(identities))
+    sections = "".join(_gpu_section(gpu, names[gpu], latest, max_slowdown, coverage, (gaps or {}).get(gpu))
+                       for gpu in sorted(identities))
     key = (f'<p class="key">Charts: <i style="background:{RATE_COLOR}"></i>throughput '
            f'<i style="background:{ENERGY_COLOR}"></i>energy per unit (each on its own scale) '
            f'<i style="background:{REC_COLOR}"></i>recommended cap: the lowest energy per unit within '

@@ -101,19 +101,41 @@ def coverage_entries(gpu: int, summaries: Sequence[dict[str, Any]],
              "due": (coverage or {}).get((gpu, probe, preset))} for probe, preset in keys]
 
 
+def _seconds_list(values: Sequence[float]) -> str:
+    return ", ".join(f"{v:.0f}" for v in values) + " s"
+
+
+def gap_words(state: Mapping[str, Any]) -> str:
+    """One line on why a GPU's due results wait (``ProbeScheduler.gap_states()``): "no gap" and "gaps too
+    short" are different answers for an operator (the first: the GPU is never free; the second: the jobs
+    leave gaps the probes cannot use, see probes.idle_seconds and docs/probes.md, "Coverage")."""
+    due = ", ".join(state.get("due") or ())
+    gaps, needs = state.get("last_gaps_seconds") or [], state.get("needs_seconds")
+    need = f"; a result needs ~{needs:.0f} s free (idle_seconds and the probe's own time)" if needs else ""
+    words = {
+        "running": "a probe of ours runs on it now",
+        "gap_open": f"the GPU is free (for {state.get('free_seconds', 0):.0f} s): it qualifies once idle_seconds pass",
+        "no_gap": "no gap: the GPU has not been free since the daemon started (or for its last 5 jobs)",
+        "gaps_too_short": f"gaps too short: the last ones lasted {_seconds_list(gaps)}{need}",
+    }.get(str(state.get("state")), f"waiting for a gap (the last ones lasted {_seconds_list(gaps)}){need}")
+    return f"due: {due}; {words}"
+
+
 def gpu_status(snap: StoreSnapshot, interval_seconds: float, backend: str,
                latest: Mapping[tuple[int, str, str], Sequence[SweepPoint]] | None = None,
                verdicts: Sequence[Verdict] | None = None, sweeps: Mapping[int, SweepProgress] | None = None,
                max_slowdown: float = 0.10, source: str = "daemon",
                coverage: Mapping[tuple[int, str, str], bool] | None = None,
-               applied: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+               applied: Mapping[int, Mapping[str, Any]] | None = None,
+               gaps: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The whole answer: ``{"schema", "source", "backend", "time", "gpus": [...]}``, GPUs by index.
 
     ``verdicts`` None (health off, or a local read): each GPU's ``health`` is null. ``coverage``: the
     scheduler's due flag per (gpu, probe, preset) (each GPU's ``coverage`` list, with each result's age). ``applied``: apply
     mode's state per GPU (``ApplyController.status()``); a GPU whose cap apply mode holds says so
     (``apply``: the applied and the operator's cap), null otherwise: a cap that reads 300 W with no word
-    of who set it misled.
+    of who set it misled. ``gaps``: ``ProbeScheduler.gap_states()``: a GPU with a result due says why it
+    waits (``gaps``, with ``words``), null otherwise.
     """
     now = time.time()
     by_gpu = {v.gpu: v for v in verdicts or () if v.gpu is not None}
@@ -140,5 +162,7 @@ def gpu_status(snap: StoreSnapshot, interval_seconds: float, backend: str,
         held = (applied or {}).get(gpu) or {}
         entry["apply"] = ({"applied_watts": held["applied_watts"], "operator_watts": held.get("operator_watts")}
                           if held.get("applied_watts") is not None else None)
+        waiting = (gaps or {}).get(gpu)
+        entry["gaps"] = {**waiting, "words": gap_words(waiting)} if waiting else None
         gpus.append(entry)
     return {"schema": SCHEMA, "source": source, "backend": backend, "time": now, "gpus": gpus}

@@ -303,10 +303,16 @@ def _hang_bounded(config: Config, passive_seconds: float) -> Config:
 
 
 def _probe_config(config: Config, seconds: float) -> Config:
+    """The check's probes: bounded by its budget, a short simulated window, and (unless the config sets
+    ``simulation.cost_scale``) no simulated child costs: the check's short window is not time compressed
+    for a scheduling test, and its verdict reads the physics, not the probe's wall time."""
     probes = config.probes.model_copy(update={
         "timeout_seconds": max(1.0, min(seconds, 7200.0)),
         "simulated_measure_seconds": SIMULATED_MEASURE_SECONDS})
-    return config.model_copy(update={"probes": probes})
+    simulation = config.simulation
+    if simulation.cost_scale is None:
+        simulation = simulation.model_copy(update={"cost_scale": 0.0})
+    return config.model_copy(update={"probes": probes, "simulation": simulation})
 
 
 def check_executor(config: Config, backend_name: str) -> Executor:

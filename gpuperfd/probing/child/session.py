@@ -176,7 +176,10 @@ class WarmChildSession:
     def _rebuild(self, child: ProbeChild, deadline: float) -> ProbeResult | None:
         """This probe built in a live child: the previous probe's (the GPU stayed ours, the child
         on it) or one :meth:`prepare` started."""
-        if (busy := self._busy((os.getpid(), child.pid or 0))) is not None:
+        # The GPU passed the gate (a standby child) or was ours all along (the round's previous probe's
+        # child): only a job's process can have come since. Its utilization is our own load's tail, which
+        # NVML averages over up to a second: waiting for it cost each later probe of a round ~1-2 s on an H200.
+        if (busy := self._busy((os.getpid(), child.pid or 0), processes_only=True)) is not None:
             child.close()
             return busy
         child.should_abort, child.on_progress = self.abort.is_set, self.on_progress
@@ -187,12 +190,16 @@ class WarmChildSession:
         return ProbeResult.failure(self.spec.probe, self.spec.variant or "", self.spec.preset or "", "preempted",
                                    message, status="skipped", device=self.spec.device, started_at=time.time())
 
-    def _busy(self, own: tuple[int, ...]) -> ProbeResult | None:
+    def _busy(self, own: tuple[int, ...], processes_only: bool = False) -> ProbeResult | None:
         """When the idle check is on and the GPU is not free before a build: a user's job arrived
-        since the gate, so the point gives way (skipped, preempted; :func:`~gpuperfd.probing.gates.idle.gave_way`)."""
+        since the gate, so the point gives way (skipped, preempted; :func:`~gpuperfd.probing.gates.idle.gave_way`).
+        ``processes_only``: a foreign process, read once (no utilization: ours)."""
         if not self.check_idle or self.device is None:
             return None
-        busy = busy_reason(self.device, self.idle_utilization_threshold, own, wait_seconds=self.idle_wait_seconds)
+        if processes_only:  # a utilization ratio never exceeds 2: only processes (or an unreadable GPU) count
+            busy = busy_reason(self.device, 2.0, own)
+        else:
+            busy = busy_reason(self.device, self.idle_utilization_threshold, own, wait_seconds=self.idle_wait_seconds)
         if busy is None:
             return None
         status, reason = gave_way(busy)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -26,6 +27,12 @@ from gpuperfd.telemetry.sampler import Reading
 
 #: ``probes.idle_utilization_threshold``'s default: the one threshold, where a caller has no config.
 DEFAULT_IDLE_THRESHOLD: float = ProbesConfig.model_fields["idle_utilization_threshold"].default
+
+
+#: A free stretch shorter than this between two busy readings is the sampler's rhythm, not a gap.
+GAP_MIN_SECONDS = 2.5
+#: How many of each GPU's last gaps are kept.
+GAPS_KEPT = 5
 
 
 class IdleTracker:
@@ -47,6 +54,9 @@ class IdleTracker:
         self._start = clock()
         #: GPUs the scheduler handed over as free (Slurm's epilog, POST /api/v1/free): when, on ``clock``.
         self._handed: dict[int, float] = {}
+        #: Each GPU's last free stretches (seconds, oldest first) that a user's job ended: what an operator
+        #: reads to tell "no gap" from "gaps too short" (issue 60).
+        self._gaps: dict[int, deque[float]] = {}
 
     def observe(self, gpu: int, collector: str, reading: Reading) -> None:
         """Sampler listener: a busy reading moves the GPU's busy mark to now."""
@@ -61,6 +71,9 @@ class IdleTracker:
                 values.get("gpuperf_compute_processes", 0.0) > 0
             )
             if busy:
+                free = reading.timestamp - self._busy_until.get(gpu, self._start)
+                if free >= GAP_MIN_SECONDS:  # more than a sampler period or two since the last busy reading
+                    self._gaps.setdefault(gpu, deque(maxlen=GAPS_KEPT)).append(free)
                 self._busy_until[gpu] = reading.timestamp
                 handed = self._handed.get(gpu)
                 # A job's last readings can trail its end (NVML averages utilization): busy readings
@@ -87,6 +100,11 @@ class IdleTracker:
         """When the scheduler handed ``gpu`` over as free (on ``clock``), if not seen busy since; else None."""
         with self._lock:
             return self._handed.get(gpu)
+
+    def recent_gaps(self, gpu: int) -> list[float]:
+        """The GPU's last free stretches that ended (seconds, oldest first; at most GAPS_KEPT)."""
+        with self._lock:
+            return list(self._gaps.get(gpu, ()))
 
     def idle_for(self, gpu: int) -> float:
         """Seconds since the GPU was last seen busy (since start if never); 0 if never sampled."""

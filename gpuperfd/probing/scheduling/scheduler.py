@@ -32,6 +32,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Collection
+from typing import Any
 from datetime import datetime, timedelta, timezone
 
 from apscheduler.events import (
@@ -109,6 +110,13 @@ class ProbeScheduler:
         #: The qualifying moment (on ``clock``) of the run now holding each GPU: the start of the
         #: qualified-to-result time its results are published with.
         self._qualified: dict[int, float] = {}
+        #: When the turn of the probe now running on each GPU began: the qualifying moment for a round's
+        #: first probe, the previous probe's result for the next (what a probe's own cost is measured from).
+        self._turn_began: dict[int, float] = {}
+        #: The probes of the run now holding each GPU whose first result is published (timed once a run).
+        self._timed: dict[int, set[str]] = {}
+        #: Each probe's last time from its turn on the GPU to its result: what a gap must hold past idle_seconds.
+        self._cost: dict[str, float] = {}
         #: Seconds each (job, gpu)'s last round took: what the GPU-time share must still hold.
         self._took: dict[tuple[str, int], float] = {}
         self._stop = threading.Event()
@@ -121,6 +129,8 @@ class ProbeScheduler:
         self._due_flags: dict[tuple[int, str, str], bool] = {}
         if hasattr(service, "outcome_listeners"):
             service.outcome_listeners.append(self._on_outcome)
+        if hasattr(service, "point_listeners"):
+            service.point_listeners.append(self._on_point)
         #: Runs ``probe: interconnect`` schedules (one job per schedule: the set at once); None: not built.
         self.interconnect = interconnect
         self.scheduler = BackgroundScheduler(
@@ -242,6 +252,8 @@ class ProbeScheduler:
         with self._running_lock:
             self._running.discard(gpu)
         self._qualified.pop(gpu, None)
+        self._turn_began.pop(gpu, None)
+        self._timed.pop(gpu, None)
 
     def _budget_allows(self, entry: Due) -> bool:
         ledger = getattr(self.service, "gpu_time", None)
@@ -295,6 +307,35 @@ class ProbeScheduler:
             self.dispatch_once()
         except Exception:  # noqa: BLE001 - the loop's next pass tries again
             log.exception("probe dispatch after a hand-off failed")
+
+    def gap_states(self) -> dict[int, dict[str, Any]]:
+        """Per GPU with a result due: why it is waiting, so an operator can tell "no gap" from "gaps too
+        short" (landing page, ``/api/v1/gpus``, ``gpuperfd top``). ``state``: ``running`` (a run of ours
+        holds it), ``gap_open`` (free now), ``no_gap`` (no free stretch seen since the daemon started, or
+        none kept), ``gaps_too_short`` (every recent one shorter than ``needs_seconds``: idle_seconds and
+        the due probes' last cost from their turn to their result), else ``waiting``."""
+        tracker = getattr(self.service, "tracker", None)
+        config = self.service.config
+        if tracker is None or config is None:
+            return {}
+        due: dict[int, list[str]] = {}
+        for entry in self.due.ordered():
+            if entry.schedule.probe != INTERCONNECT:
+                due.setdefault(entry.gpu, []).append(entry.schedule.probe)
+        states: dict[int, dict[str, Any]] = {}
+        for gpu, probes in due.items():
+            gaps = [round(g, 1) for g in tracker.recent_gaps(gpu)]
+            costs = [self._cost[p] for p in probes if p in self._cost]
+            needs = config.idle_seconds + max(costs) if costs else None
+            free = tracker.idle_for(gpu)
+            with self._running_lock:
+                running = gpu in self._running
+            state = ("running" if running else "gap_open" if free >= self.standby_busy_seconds
+                     else "no_gap" if not gaps
+                     else "gaps_too_short" if needs is not None and max(gaps) < needs else "waiting")
+            states[gpu] = {"state": state, "due": sorted(set(probes)), "free_seconds": round(free, 1),
+                           "last_gaps_seconds": gaps, "needs_seconds": None if needs is None else round(needs, 1)}
+        return states
 
     def coverage(self) -> dict[tuple[int, str, str], bool]:
         """Whether each scheduled (gpu, probe, preset)'s result is due now (a copy)."""
@@ -356,9 +397,6 @@ class ProbeScheduler:
             entry = self.due.done(key, gpu)
             self._took[(key, gpu)] = sum(p.result.wall_seconds or 0.0 for p in outcome.points)
             self._publish_due(entry or Due(key, schedule, gpu, [gpu], 0.0), False)
-            qualified = self._qualified.get(gpu)
-            if outcome.result == "ok" and qualified is not None:
-                self.service.metrics.qualified_to_result_seconds(schedule.probe, self.clock() - qualified)
             if schedule.interval_seconds is not None:  # due again an interval after this result
                 job = self.scheduler.get_job(key)
                 if job is not None:
@@ -371,6 +409,22 @@ class ProbeScheduler:
             entry = Due(key, schedule, gpu, group, time.time(), self._window_end(schedule))
             if self.due.fall_due(entry):
                 self._publish_due(entry, True)
+
+    def _on_point(self, gpu: int, probe: str, preset: str, point: Any) -> None:
+        """A point was published: the first ok one of each probe in a run is its result, timed from the GPU's
+        qualifying moment (``gpuperf_probe_qualified_to_result_seconds``) and from its turn in the round
+        (the qualifying moment, or the round's previous result: the probe's own cost, in the log)."""
+        qualified = self._qualified.get(gpu)
+        if qualified is None or not point.result.ok or probe in self._timed.setdefault(gpu, set()):
+            return
+        self._timed[gpu].add(probe)
+        now = self.clock()
+        turn = self._turn_began.get(gpu, qualified)
+        self._turn_began[gpu] = now  # the round's next probe's turn begins with this result
+        self._cost[probe] = now - turn
+        self.service.metrics.qualified_to_result_seconds(probe, now - qualified)
+        log.info("gpu %d: %s result published %.1f s after the GPU qualified (%.1f s after its turn in the round "
+                 "began)", gpu, probe, now - qualified, now - turn)
 
     def dispatch_once(self) -> int:
         """One look: close expired cron windows, count free GPU time, and start the due results whose GPU

@@ -188,7 +188,7 @@ def test_a_gpu_the_gate_refused_is_asked_again_only_after_the_recheck(node):
     n = node(recheck=3600.0)
     asked = []
     real = n.service.refusal
-    n.service.refusal = lambda device, gpu: asked.append(gpu) or real(device, gpu)
+    n.service.refusal = lambda device, gpu, wait=True: asked.append(gpu) or real(device, gpu, wait)
     n.device.add_foreign_process(pid=999_999, memory_bytes=1 << 30)
     n.fire()  # its own gate refuses it (counted skipped, as before)
     asked.clear()

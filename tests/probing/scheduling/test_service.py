@@ -219,8 +219,8 @@ def test_a_pod_allocated_the_gpu_between_points_ends_the_round_as_preempted(tmp_
     service.allocations = watcher.state
     inner = service.executor.measure
 
-    def measure_then_allocate(device, sched, abort, settle):
-        result = inner(device, sched, abort, settle)
+    def measure_then_allocate(device, sched, abort, settle, hold=0.0):
+        result = inner(device, sched, abort, settle, hold)
         watcher.apply(_pods(("ml", "trainer-0", "nvidia.com/gpu", device.info().uuid)))
         return result
 
