@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 
 from gpuperfd.apply.controller import ApplyController
+from gpuperfd.apply.holds import NoSuchGpu, ReleaseError
 from gpuperfd.apply.metrics import ApplyMetrics
 from gpuperfd.apply.policy import ApplySettings
 from gpuperfd.attribution.allocations import PodResourcesWatcher, kubelet_required
@@ -290,6 +291,10 @@ def build_web_server(web: WebConfig, routes: dict[str, Route], watcher: WebConfi
     return server
 
 
+def _json(status: int, body: object) -> Response:
+    return Response(status, (json.dumps(body) + "\n").encode(), "application/json")
+
+
 class Daemon:
     """One running gpuperfd: start(), then wait() until a signal, then stop().
 
@@ -342,7 +347,7 @@ class Daemon:
                                        (self.apply.metrics.registry, self.apply.metrics.version)
                                        if self.apply.metrics is not None else None)
         self.web = build_web_server(config.web, self._routes(), self.web_config, auth_registry,
-                                    {"/api/v1/free": self._free_api})
+                                    {"/api/v1/free": self._free_api, "/api/v1/apply/release": self._release_api})
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
 
     def restore_caps(self) -> list[str]:
@@ -401,9 +406,8 @@ class Daemon:
         """POST /api/v1/free[?gpus=0,1]: the scheduler (Slurm's epilog, deploy/slurm/) hands GPUs it just freed
         to the probes, which then need not wait out probes.idle_seconds (every other check stands). A write:
         refused unless basic auth is on (web.config_file), and then behind it like every request."""
-        if self.web_config is None or not self.web_config.current().auth_required:
-            body = {"error": "handing GPUs over needs basic auth: set web.config_file with basic_auth_users"}
-            return Response(403, (json.dumps(body) + "\n").encode(), "application/json")
+        if (refused := self._write_refused("handing GPUs over")) is not None:
+            return refused
         query = parse_qs(urlsplit(getattr(handler, "path", "")).query)
         words = ",".join(query.get("gpus", [])).replace(" ", "")
         try:
@@ -414,6 +418,27 @@ class Daemon:
         handed = self.scheduler.hand_off(gpus)
         log.info("GPU(s) %s handed over as free by the scheduler", handed or "none of this node's")
         return Response(200, (json.dumps({"handed_over": handed}) + "\n").encode(), "application/json")
+
+    def _write_refused(self, what: str) -> Response | None:
+        """A write (POST) is refused (403) unless basic auth is on (web.config_file); then it passes the
+        same gate as every request. None: allowed."""
+        if self.web_config is not None and self.web_config.current().auth_required:
+            return None
+        return _json(403, {"error": f"{what} needs basic auth: set web.config_file with basic_auth_users"})
+
+    def _release_api(self, handler: object) -> Response:
+        """POST /api/v1/apply/release?gpu=N: the operator gives GPU N, whose cap they set by hand, back to
+        apply mode (docs/apply.md; the same as ``gpuperfd apply --release N``). A write: basic auth only."""
+        if (refused := self._write_refused("giving a GPU back to apply mode")) is not None:
+            return refused
+        words = parse_qs(urlsplit(getattr(handler, "path", "")).query).get("gpu", [])
+        if len(words) != 1 or not words[0].strip().isdigit():
+            return _json(400, {"error": f"gpu: one GPU index (e.g. gpu=1), got {','.join(words) or 'none'!r}"})
+        try:
+            hold = self.apply.release(int(words[0]))
+        except ReleaseError as exc:
+            return _json(404 if isinstance(exc, NoSuchGpu) else 409, {"error": str(exc)})
+        return _json(200, {"released": int(words[0]), "operator_watts": hold.watts, "held_since": hold.since})
 
     def _apply_api(self, _handler: object) -> Response:
         """Apply mode per GPU: the cap held or advised and why, every rollback in words (docs/apply.md)."""
