@@ -86,22 +86,24 @@ def _read(path: Path) -> OperatorHold | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        log.warning("%s: unreadable operator hold (%s)", path, exc.strerror or exc)
-        return None
+        return _unreadable(path, exc.strerror or str(exc))
     try:
         raw = os.read(fd, MAX_HOLD_BYTES + 1)
-    finally:
-        os.close(fd)
-    try:
         if len(raw) > MAX_HOLD_BYTES:
             raise ValueError("too large")
         data = json.loads(raw)
         return OperatorHold(str(data["uuid"]), int(data["gpu_index"]), float(data["watts"]), float(data["since"]),
                             str(data.get("detail", "")))
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        # kept as a hold all the same: an unreadable word of the operator's must not free the GPU
-        log.warning("%s: unreadable operator hold (%s); the GPU stays held", path, type(exc).__name__)
-        return OperatorHold(path.name[: -len(SUFFIX)], -1, 0.0, 0.0, "unreadable hold file")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        return _unreadable(path, type(exc).__name__)
+    finally:
+        os.close(fd)
+
+
+def _unreadable(path: Path, why: str) -> OperatorHold:
+    """A hold file that cannot be read still holds its GPU: an unreadable word of the operator's frees nothing."""
+    log.warning("%s: unreadable operator hold (%s); the GPU stays held until given back", path, why)
+    return OperatorHold(path.name[: -len(SUFFIX)], -1, 0.0, 0.0, f"unreadable hold file {path}")
 
 
 def hold_of(state_dirs: Iterable[Path], uuid: str) -> OperatorHold | None:
