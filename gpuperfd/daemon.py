@@ -292,7 +292,8 @@ def build_web_server(web: WebConfig, routes: dict[str, Route], watcher: WebConfi
 
 
 def _json(status: int, body: object) -> Response:
-    return Response(status, (json.dumps(body) + "\n").encode(), "application/json")
+    """A JSON answer of the API (values JSON cannot hold, such as a path, as their text)."""
+    return Response(status, (json.dumps(body, default=str) + "\n").encode(), "application/json")
 
 
 class Daemon:
@@ -389,9 +390,9 @@ class Daemon:
         """Every GPU's verdict and the node's (its worst GPU's); same gate (TLS, auth) as /metrics."""
         if self.health is None:
             body = {"error": "health verdicts are off (health.enabled: false)"}
-            return Response(404, (json.dumps(body) + "\n").encode(), "application/json")
+            return _json(404, body)
         body = node_verdict_json(self.health.verdicts(), self.health.node)
-        return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
+        return _json(200, body)
 
     def _gpus_api(self, _handler: object) -> Response:
         """Each GPU's state now (web/status.py; what ``gpuperfd top`` draws); same gate as /metrics."""
@@ -400,7 +401,7 @@ class Daemon:
                           self.probes.sweeps(), self.config.probes.max_slowdown,
                           coverage=self.scheduler.coverage(),
                           applied={s["gpu"]: s for s in self.apply.status()})
-        return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
+        return _json(200, body)
 
     def _free_api(self, handler: object) -> Response:
         """POST /api/v1/free[?gpus=0,1]: the scheduler (Slurm's epilog, deploy/slurm/) hands GPUs it just freed
@@ -414,10 +415,10 @@ class Daemon:
             gpus = [int(word) for word in words.split(",") if word] if words else [d.index for d in self.devices]
         except ValueError:
             body = {"error": f"gpus: GPU indices separated by commas (e.g. gpus=0,1), got {words!r}"}
-            return Response(400, (json.dumps(body) + "\n").encode(), "application/json")
+            return _json(400, body)
         handed = self.scheduler.hand_off(gpus)
         log.info("GPU(s) %s handed over as free by the scheduler", handed or "none of this node's")
-        return Response(200, (json.dumps({"handed_over": handed}) + "\n").encode(), "application/json")
+        return _json(200, {"handed_over": handed})
 
     def _write_refused(self, what: str) -> Response | None:
         """A write (POST) is refused (403) unless basic auth is on (web.config_file); then it passes the
@@ -445,13 +446,13 @@ class Daemon:
         settings = self.apply.settings
         body = {"mode": settings.mode, "workload": settings.probe + (f"/{settings.preset}" if settings.preset else ""),
                 "budget_ratio": settings.budget_ratio, "gpus": self.apply.status()}
-        return Response(200, (json.dumps(body) + "\n").encode(), "application/json")
+        return _json(200, body)
 
     def _healthz(self, _handler: object) -> Response:
         lost_now = self.sampler.lost()  # one store snapshot, not one per GPU: /healthz is served on the loop
         lost = [d.index for d in self.devices if d.index in lost_now]
         body = {"status": "ok", "gpus": len(self.devices), "gpus_lost": lost}
-        return Response(200, (json.dumps(body) + "\n").encode(), "application/json")
+        return _json(200, body)
 
     @property
     def port(self) -> int:
