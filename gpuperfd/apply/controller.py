@@ -317,12 +317,13 @@ class ApplyController:
                 log.warning("gpu %d: given back by the operator: apply mode may set its cap again", index)
                 state.held_since, state.out, state.overridden = None, False, False
             return False
-        detail = (f"the operator's {hold.watts:.0f} W since {hold.since_text()}: held until given back "
-                  f"(gpuperfd apply --release {index}, or POST /api/v1/apply/release?gpu={index})")
+        overridden = hold.kind == "overridden"  # else the operator's own cap set back: quiet, as when it left
+        detail = (f"{'' if overridden else 'reverted: '}the operator's {hold.watts:.0f} W since {hold.since_text()}: "
+                  f"held until given back (gpuperfd apply --release {index}, or POST /api/v1/apply/release?gpu={index})")
         if state.held_since != hold.since:
             log.warning("gpu %d: %s; apply mode leaves this GPU", index, detail)
-        state.held_since, state.out, state.overridden = hold.since, True, True
-        state.reason, state.detail, state.advised_watts = "overridden", detail, None
+        state.held_since, state.out, state.overridden = hold.since, True, overridden
+        state.reason, state.detail, state.advised_watts = "overridden" if overridden else "rolled_back", detail, None
         return True
 
     def _hold_dirs(self) -> list[Path]:
@@ -330,8 +331,9 @@ class ApplyController:
         return [self.journal.state_dir, *(journal.state_dir for journal in self._journals())]
 
     def _hold(self, device: Device, uuid: str, state: GpuApply, watts: float, detail: str) -> None:
-        """Keep the operator's cap (holds.py) so that no restart or reload applies over it."""
-        hold = OperatorHold(uuid, device.index, watts, self.clock(), detail)
+        """Keep the operator's cap (holds.py) so that no restart or reload applies over it; ``detail``
+        starts with its kind (``overridden:`` or ``reverted:``)."""
+        hold = OperatorHold(uuid, device.index, watts, self.clock(), detail, detail.split(":", 1)[0])
         write_hold(self.journal.state_dir, hold)
         state.held_since = hold.since
 

@@ -45,6 +45,9 @@ class OperatorHold:
     #: Wall-clock seconds when apply mode found the operator's cap.
     since: float
     detail: str = ""
+    #: ``overridden`` (a cap of their own: the override alert stands) or ``reverted`` (their own cap set
+    #: back by hand: the GPU stays out quietly, as at the moment it left).
+    kind: str = "overridden"
 
     def since_text(self) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
@@ -93,7 +96,7 @@ def _read(path: Path) -> OperatorHold | None:
             raise ValueError("too large")
         data = json.loads(raw)
         return OperatorHold(str(data["uuid"]), int(data["gpu_index"]), float(data["watts"]), float(data["since"]),
-                            str(data.get("detail", "")))
+                            str(data.get("detail", "")), str(data.get("kind", "overridden")))
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         return _unreadable(path, type(exc).__name__)
     finally:

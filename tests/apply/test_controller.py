@@ -453,3 +453,27 @@ def test_an_operators_cap_holds_across_a_restart_until_given_back(tmp_path) -> N
     node.controller.tick()
     assert state.reason == "applied" and cap(node, 0) == state.applied_watts < 650.0
     assert state.held_since is None and not state.overridden
+
+
+def test_the_operators_own_cap_set_back_by_hand_is_held_quietly_across_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 61: the operator's own cap set back by hand is their word too (kept until given back), and
+    stays as quiet as when the GPU left (no override alert) in this process and the next."""
+    from gpuperfd.apply.holds import holds_in
+
+    node = applied_node(tmp_path)
+    node.devices[0].set_power_limit(700.0)  # the operator's own cap, by hand
+    for _ in range(2):
+        node.controller.tick()
+    state, uuid = node.controller.states[0], node.devices[0].info().uuid
+    assert state.reason == "rolled_back" and state.detail.startswith("reverted:") and not state.overridden
+    assert [h.kind for h in holds_in([node.journal.state_dir])] == ["reverted"]
+    node.controller.stop()
+    restarted(node)
+    node.sweep()
+    node.controller.tick()
+    state = node.controller.states[0]
+    assert state.reason == "rolled_back" and "held until given back" in state.detail and cap(node, 0) == 700.0
+    assert node.sample("gpuperf_apply_overridden", gpu="0", uuid=uuid) == 0
+    node.controller.release(0)
+    node.controller.tick()
+    assert state.reason == "applied" and cap(node, 0) < 700.0
