@@ -120,12 +120,9 @@ def cmd_release(config: Any, state_dirs: list[Any], gpu: int) -> int:
 
     try:
         hold = with_devices(config, lambda devices: release_hold(state_dirs, devices, gpu))
-    except ReleaseError as exc:
+    except (ReleaseError, DeviceError) as exc:
         print(f"gpuperfd: apply --release: {exc}", file=sys.stderr)
-        return 2
-    except DeviceError as exc:
-        print(f"gpuperfd: {exc}", file=sys.stderr)
-        return 3
+        return 2 if isinstance(exc, ReleaseError) else 3
     print(f"gpu {gpu}: given back to apply mode (the operator's {hold.watts:.0f} W held since {hold.since_text()}); "
           f"a running daemon in apply mode may set its cap at its next pass")
     return 0
