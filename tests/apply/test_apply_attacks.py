@@ -274,7 +274,7 @@ def test_a_killed_sweeps_cap_is_put_back_by_the_running_daemon_at_its_next_pass(
     sweep.kill()
     sweep.wait()
     wait_for(lambda: board_limits(state)["1"] == ORIGINAL["1"], timeout=10, log=daemon.log)
-    assert "died with its cap journaled in" in daemon.log()
+    wait_for(lambda: "died with its cap journaled in" in daemon.log(), timeout=10, log=daemon.log)  # logged after
     assert not list(other.glob("*.cap.json")) and gpu_state(daemon, 1)["reason"] == "no_recommendation"
     assert daemon.stop(signal.SIGTERM) == 0 and board_limits(state) == ORIGINAL
 
