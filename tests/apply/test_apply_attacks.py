@@ -345,7 +345,7 @@ def test_an_operators_hand_set_cap_holds_across_a_restart_until_given_back(start
     assert board_limits(state)["1"] == HAND and "gpu 1: applied power cap" not in second.log()
     assert held["held_by_operator_since"] and "held until given back" in held["detail"] and held["overridden"]
     status = cli("apply", "--status", cwd=tmp_path)
-    assert status.returncode == 0 and f"gpu 1 " in status.stdout and "held by the operator at 600 W since" in status.stdout
+    assert status.returncode == 0 and "gpu 1 " in status.stdout and "held by the operator at 600 W since" in status.stdout
     # bad input, each named
     for args, words in ((["--release", "7"], "GPU 7 does not exist on this node (its GPUs: 0, 1)"),
                         (["--release", "0"], "GPU 0 is not held by an operator")):
