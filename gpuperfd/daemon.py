@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 
 from gpuperfd.apply.controller import ApplyController
+from gpuperfd.apply.holds import NoSuchGpu, ReleaseError
 from gpuperfd.apply.metrics import ApplyMetrics
 from gpuperfd.apply.policy import ApplySettings
 from gpuperfd.attribution.allocations import PodResourcesWatcher, kubelet_required
@@ -294,6 +295,11 @@ def build_web_server(web: WebConfig, routes: dict[str, Route], watcher: WebConfi
     return server
 
 
+def _json(status: int, body: object) -> Response:
+    """A JSON answer of the API (values JSON cannot hold, such as a path, as their text)."""
+    return Response(status, (json.dumps(body, default=str) + "\n").encode(), "application/json")
+
+
 class Daemon:
     """One running gpuperfd: start(), then wait() until a signal, then stop().
 
@@ -346,7 +352,7 @@ class Daemon:
                                        (self.apply.metrics.registry, self.apply.metrics.version)
                                        if self.apply.metrics is not None else None)
         self.web = build_web_server(config.web, self._routes(), self.web_config, auth_registry,
-                                    {"/api/v1/free": self._free_api})
+                                    {"/api/v1/free": self._free_api, "/api/v1/apply/release": self._release_api})
         self._watchdog = sdnotify.WatchdogPinger(self.sampler.healthy)
 
     def restore_caps(self) -> list[str]:
@@ -388,9 +394,9 @@ class Daemon:
         """Every GPU's verdict and the node's (its worst GPU's); same gate (TLS, auth) as /metrics."""
         if self.health is None:
             body = {"error": "health verdicts are off (health.enabled: false)"}
-            return Response(404, (json.dumps(body) + "\n").encode(), "application/json")
+            return _json(404, body)
         body = node_verdict_json(self.health.verdicts(), self.health.node)
-        return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
+        return _json(200, body)
 
     def _gpus_api(self, _handler: object) -> Response:
         """Each GPU's state now (web/status.py; what ``gpuperfd top`` draws); same gate as /metrics."""
@@ -399,38 +405,58 @@ class Daemon:
                           self.probes.sweeps(), self.config.probes.max_slowdown,
                           coverage=self.scheduler.coverage(),
                           applied={s["gpu"]: s for s in self.apply.status()}, gaps=self.scheduler.gap_states())
-        return Response(200, (json.dumps(body, default=str) + "\n").encode(), "application/json")
+        return _json(200, body)
 
     def _free_api(self, handler: object) -> Response:
         """POST /api/v1/free[?gpus=0,1]: the scheduler (Slurm's epilog, deploy/slurm/) hands GPUs it just freed
         to the probes, which then need not wait out probes.idle_seconds (every other check stands). A write:
         refused unless basic auth is on (web.config_file), and then behind it like every request."""
-        if self.web_config is None or not self.web_config.current().auth_required:
-            body = {"error": "handing GPUs over needs basic auth: set web.config_file with basic_auth_users"}
-            return Response(403, (json.dumps(body) + "\n").encode(), "application/json")
+        if (refused := self._write_refused("handing GPUs over")) is not None:
+            return refused
         query = parse_qs(urlsplit(getattr(handler, "path", "")).query)
         words = ",".join(query.get("gpus", [])).replace(" ", "")
         try:
             gpus = [int(word) for word in words.split(",") if word] if words else [d.index for d in self.devices]
         except ValueError:
             body = {"error": f"gpus: GPU indices separated by commas (e.g. gpus=0,1), got {words!r}"}
-            return Response(400, (json.dumps(body) + "\n").encode(), "application/json")
+            return _json(400, body)
         handed = self.scheduler.hand_off(gpus)
         log.info("GPU(s) %s handed over as free by the scheduler", handed or "none of this node's")
-        return Response(200, (json.dumps({"handed_over": handed}) + "\n").encode(), "application/json")
+        return _json(200, {"handed_over": handed})
+
+    def _write_refused(self, what: str) -> Response | None:
+        """A write (POST) is refused (403) unless basic auth is on (web.config_file); then it passes the
+        same gate as every request. None: allowed."""
+        if self.web_config is not None and self.web_config.current().auth_required:
+            return None
+        return _json(403, {"error": f"{what} needs basic auth: set web.config_file with basic_auth_users"})
+
+    def _release_api(self, handler: object) -> Response:
+        """POST /api/v1/apply/release?gpu=N: the operator gives GPU N, whose cap they set by hand, back to
+        apply mode (docs/apply.md; the same as ``gpuperfd apply --release N``). A write: basic auth only."""
+        if (refused := self._write_refused("giving a GPU back to apply mode")) is not None:
+            return refused
+        words = parse_qs(urlsplit(getattr(handler, "path", "")).query).get("gpu", [])
+        if len(words) != 1 or not words[0].strip().isdigit():
+            return _json(400, {"error": f"gpu: one GPU index (e.g. gpu=1), got {','.join(words) or 'none'!r}"})
+        try:
+            hold = self.apply.release(int(words[0]))
+        except ReleaseError as exc:
+            return _json(404 if isinstance(exc, NoSuchGpu) else 409, {"error": str(exc)})
+        return _json(200, {"released": int(words[0]), "operator_watts": hold.watts, "held_since": hold.since})
 
     def _apply_api(self, _handler: object) -> Response:
         """Apply mode per GPU: the cap held or advised and why, every rollback in words (docs/apply.md)."""
         settings = self.apply.settings
         body = {"mode": settings.mode, "workload": settings.probe + (f"/{settings.preset}" if settings.preset else ""),
                 "budget_ratio": settings.budget_ratio, "gpus": self.apply.status()}
-        return Response(200, (json.dumps(body) + "\n").encode(), "application/json")
+        return _json(200, body)
 
     def _healthz(self, _handler: object) -> Response:
         lost_now = self.sampler.lost()  # one store snapshot, not one per GPU: /healthz is served on the loop
         lost = [d.index for d in self.devices if d.index in lost_now]
         body = {"status": "ok", "gpus": len(self.devices), "gpus_lost": lost}
-        return Response(200, (json.dumps(body) + "\n").encode(), "application/json")
+        return _json(200, body)
 
     @property
     def port(self) -> int:

@@ -1,5 +1,5 @@
-"""``gpuperfd apply --status`` and ``gpuperfd apply --revert``: what apply mode holds, and every
-operator's cap back by hand.
+"""``gpuperfd apply --status``, ``--revert`` and ``--release GPU``: what apply mode holds, every
+operator's cap back by hand, and a GPU an operator took from apply mode given back to it.
 
 Both read the cap journal (every state directory this node used, as ``restore-caps`` does).
 ``--revert`` is the emergency command (:mod:`gpuperfd.apply.emergency`, the same as ``restore-caps``):
@@ -7,6 +7,10 @@ every entry of ours (apply mode's and a sweep's) is put back under its GPU's cap
 writes only over a cap we set, read back, and only then cleared; the output says what each board reads
 afterwards. A running daemon never races it (it needs the same lock for its pass) and, finding its
 entry gone and the operator's cap back, leaves the GPU quietly.
+
+``--release GPU`` ends an operator's hold (:mod:`gpuperfd.apply.holds`): a GPU whose cap an operator set
+by hand stays out of apply mode, across restarts and reloads, until this (or the daemon's
+``POST /api/v1/apply/release?gpu=N``) gives it back; a running daemon takes it at its next pass.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpuperfd.apply.emergency import Restored, restore_everything, state_dir_problem
+from gpuperfd.apply.holds import OperatorHold, ReleaseError, holds_in, release_hold
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probing.sweep.journal import CapJournal, CapRecord, journals_for
@@ -47,6 +52,8 @@ def register(subparsers: Any) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--status", action="store_true", help="list the applied caps the journal holds")
     what.add_argument("--revert", action="store_true", help="restore every operator cap apply mode replaced")
+    what.add_argument("--release", type=int, metavar="GPU",
+                      help="give GPU (an index) back to apply mode after an operator set its cap by hand")
     parser.add_argument("--config", metavar="FILE")
     parser.add_argument("--state-dir", metavar="DIR")
     parser.add_argument("--simulate", type=int, metavar="N")
@@ -54,8 +61,8 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    """--status: 0. --revert: 0 when every cap of ours is back (or there was none), 1 otherwise, 2 when
-    the state directory is missing or unreadable, 3 when the GPUs cannot be opened."""
+    """--status: 0. --release: :func:`cmd_release`. --revert: 0 when every cap of ours is back (or there was
+    none), 1 otherwise, 2 when the state directory is missing or unreadable, 3 when the GPUs cannot be opened."""
     from gpuperfd.config import config_with_flags
     from gpuperfd.device.factory import with_devices
 
@@ -65,18 +72,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
         print(f"gpuperfd: apply: {problem}", file=sys.stderr)
         return 2
     journals = journals_for(config)
-    entries = applied_entries(journals)
     if args.status:
-        print(f"apply mode: {config.apply.mode} (workload {config.apply.workload or '-'}, "
-              f"budget {100 * config.apply.budget_ratio:.1f}%)")
-        for journal, entry in entries:
-            held = is_owned(journal.state_dir, apply_lock_name(safe_name(entry.uuid)))
-            who = f"held by pid {held}" if held is not None else "no daemon holds it: restored at the next start"
-            print(f"gpu {entry.gpu_index} {entry.uuid}: {entry.applied_watts:.0f} W applied, operator's "
-                  f"{entry.original_watts:.0f} W journaled ({who})")
-        if not entries:
-            print("no applied cap")
+        print_status(config, journals)
         return 0
+    if args.release is not None:
+        return cmd_release(config, [journal.state_dir for journal in journals], args.release)
     if not any(journal.entries() for journal in journals):
         searched = ", ".join(str(j.state_dir) for j in journals)
         print(f"gpuperfd: apply: nothing to revert (no power-cap journal entry in {searched})")
@@ -89,3 +89,40 @@ def cmd_apply(args: argparse.Namespace) -> int:
     for result in results:
         print(result.words, file=sys.stdout if result.ok else sys.stderr)
     return 0 if all(r.ok for r in results) else 1
+
+
+def print_status(config: Any, journals: Sequence[CapJournal]) -> None:
+    """The applied caps the journal holds (and which daemon holds them), then the GPUs operators hold."""
+    print(f"apply mode: {config.apply.mode} (workload {config.apply.workload or '-'}, "
+          f"budget {100 * config.apply.budget_ratio:.1f}%)")
+    entries = applied_entries(journals)
+    for journal, entry in entries:
+        held = is_owned(journal.state_dir, apply_lock_name(safe_name(entry.uuid)))
+        who = f"held by pid {held}" if held is not None else "no daemon holds it: restored at the next start"
+        print(f"gpu {entry.gpu_index} {entry.uuid}: {entry.applied_watts:.0f} W applied, operator's "
+              f"{entry.original_watts:.0f} W journaled ({who})")
+    if not entries:
+        print("no applied cap")
+    for hold in holds_in(journal.state_dir for journal in journals):
+        print(hold_line(hold))
+
+
+def hold_line(hold: OperatorHold) -> str:
+    """One operator's hold in words: the GPU, the operator's cap, since when, and how to give it back."""
+    return (f"gpu {hold.gpu_index} {hold.uuid}: held by the operator at {hold.watts:.0f} W since {hold.since_text()}; "
+            f"apply mode leaves it until given back (gpuperfd apply --release {hold.gpu_index})")
+
+
+def cmd_release(config: Any, state_dirs: list[Any], gpu: int) -> int:
+    """0: the GPU's hold is gone (a running daemon takes the GPU at its next pass); 2: no such GPU or
+    no operator holds it (named); 3: the GPUs cannot be opened."""
+    from gpuperfd.device.factory import with_devices
+
+    try:
+        hold = with_devices(config, lambda devices: release_hold(state_dirs, devices, gpu))
+    except (ReleaseError, DeviceError) as exc:
+        print(f"gpuperfd: apply --release: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ReleaseError) else 3
+    print(f"gpu {gpu}: given back to apply mode (the operator's {hold.watts:.0f} W held since {hold.since_text()}); "
+          f"a running daemon in apply mode may set its cap at its next pass")
+    return 0

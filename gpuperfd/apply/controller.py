@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from gpuperfd.apply.holds import OperatorHold, hold_of, release_hold, write_hold
 from gpuperfd.apply.metrics import ApplyMetrics
 from gpuperfd.apply.policy import (ApplySettings, GpuFacts, check_applied, decide, in_canary, realized)
 from gpuperfd.device.base import Device, PowerLimits
@@ -89,6 +92,9 @@ class GpuApply:
     #: Rolled back or overridden: this GPU stays out of apply mode (its reason kept) until the mode,
     #: the workload or the canary changes, or the daemon restarts; no flapping between caps.
     out: bool = False
+    #: The operator's hold on this GPU (holds.py): when it began; None while no operator holds it.
+    #: A hold outlives restarts and reloads; only the operator's release ends it.
+    held_since: float | None = None
     hold: GpuLock | None = field(default=None, repr=False)
 
 
@@ -272,6 +278,8 @@ class ApplyController:
             return None
 
     def _consider(self, device: Device, uuid: str, state: GpuApply) -> None:
+        if self.settings.mode in ("canary", "on") and self._held_by_operator(device.index, uuid, state):
+            return
         if state.out:
             return
         limits = self._limits(device)
@@ -299,6 +307,42 @@ class ApplyController:
         if (state.reason, state.detail) != (decision.reason, decision.detail) and decision.reason != "off":
             log.info("gpu %d: apply %s: %s", device.index, decision.reason, decision.detail or "-")
         state.reason, state.detail = decision.reason, decision.detail
+
+    def _held_by_operator(self, index: int, uuid: str, state: GpuApply) -> bool:
+        """True while an operator holds the GPU (holds.py: their cap, kept across restarts and reloads);
+        a hold given back (``apply --release``) lets the GPU into apply mode again at once."""
+        hold = hold_of(self._hold_dirs(), uuid)
+        if hold is None:
+            if state.held_since is not None:
+                log.warning("gpu %d: given back by the operator: apply mode may set its cap again", index)
+                state.held_since, state.out, state.overridden = None, False, False
+            return False
+        overridden = hold.kind == "overridden"  # else the operator's own cap set back: quiet, as when it left
+        detail = (f"{'' if overridden else 'reverted: '}the operator's {hold.watts:.0f} W since {hold.since_text()}: "
+                  f"held until given back (gpuperfd apply --release {index}, or POST /api/v1/apply/release?gpu={index})")
+        if state.held_since != hold.since:
+            log.warning("gpu %d: %s; apply mode leaves this GPU", index, detail)
+        state.held_since, state.out, state.overridden = hold.since, True, overridden
+        state.reason, state.detail, state.advised_watts = "overridden" if overridden else "rolled_back", detail, None
+        return True
+
+    def _hold_dirs(self) -> list[Path]:
+        """Where operator holds are kept: this state directory, then every other one of the node's registry."""
+        return [self.journal.state_dir, *(journal.state_dir for journal in self._journals())]
+
+    def _hold(self, device: Device, uuid: str, state: GpuApply, watts: float, detail: str) -> None:
+        """Keep the operator's cap (holds.py) so that no restart or reload applies over it; ``detail``
+        starts with its kind (``overridden:`` or ``reverted:``)."""
+        hold = OperatorHold(uuid, device.index, watts, self.clock(), detail, detail.split(":", 1)[0])
+        write_hold(self.journal.state_dir, hold)
+        state.held_since = hold.since
+
+    def release(self, index: int) -> OperatorHold:
+        """Give GPU ``index`` back to apply mode (the API's release; the command removes the same hold).
+        ReleaseError naming what was wrong: no such GPU on this node, or no operator holds it."""
+        hold = release_hold(self._hold_dirs(), list(self.devices.values()), index)
+        self._wake.set()  # the next pass takes the GPU now, not in interval_seconds
+        return hold
 
     def _busy_at_write(self, device: Device) -> str | None:
         """Why a user's job holds the GPU now (read live, under the GPU's lock), unless allow_busy."""
@@ -359,6 +403,15 @@ class ApplyController:
                 return "live"
             return "writer"
         return "operator"
+
+    def _a_writer_may_have_left(self, uuid: str, watts: float, entry: CapRecord) -> bool:
+        """Whether another process of ours (a CLI sweep, in this or another state directory) journaled a
+        write of ``watts`` last: the operator's own cap on the board may then be its leftover, not a
+        word of the operator's to keep (a hold is written only where nothing of ours could have set it)."""
+        if entry.pid != os.getpid() and round(watts) in entry.ours():
+            return True
+        others = (journal.entry(uuid) for journal in self._journals())
+        return any(other is not None and round(watts) in other.ours() for other in others)
 
     def _apply(self, device: Device, uuid: str, state: GpuApply, cap: float, limits: PowerLimits, why: str) -> None:
         """Journal the operator's cap, hold the apply lock, set ``cap`` and read it back (or undo it)."""
@@ -435,7 +488,8 @@ class ApplyController:
                 return
             if whose == "revert":
                 self._reverted(device, uuid, state, f"the cap reads the operator's {enforced:.0f} W again "
-                                                    f"(set by hand)")
+                                                    f"(set by hand)", held=not self._a_writer_may_have_left(
+                                                        uuid, enforced, entry))
                 return
             left_by_sweep = whose == "writer"
         facts = self._facts(device, uuid, limits, state.operator_watts)
@@ -497,14 +551,19 @@ class ApplyController:
         self._cap_changed(device.index)
         return True
 
-    def _reverted(self, device: Device, uuid: str, state: GpuApply, detail: str) -> None:
+    def _reverted(self, device: Device, uuid: str, state: GpuApply, detail: str, held: bool = False) -> None:
         """The operator's own cap is back (``apply --revert``, or by hand): apply mode's work is undone by
-        the operator, so the GPU leaves apply mode quietly (no override alert, no rollback counted)."""
+        the operator, so the GPU leaves apply mode quietly (no override alert, no rollback counted).
+        ``held`` (set by hand): the operator's word, kept until they give the GPU back (holds.py)."""
         self._changing()
+        operator = state.operator_watts or 0.0
         self.journal.clear(uuid)
-        self.journal.believe(uuid, "operator", state.operator_watts or 0.0, f"reverted: {detail}")
-        log.warning("gpu %d: %s; this GPU leaves apply mode", device.index, detail)
+        self.journal.believe(uuid, "operator", operator, f"reverted: {detail}")
+        log.warning("gpu %d: %s; this GPU leaves apply mode%s", device.index, detail,
+                    f" until the operator gives it back (gpuperfd apply --release {device.index})" if held else "")
         self._release(device.index, uuid, state)
+        if held:
+            self._hold(device, uuid, state, operator, f"reverted: {detail}")
         state.out, state.reason, state.detail = True, "rolled_back", f"reverted: {detail}"
         self._cap_changed(device.index)
 
@@ -518,9 +577,10 @@ class ApplyController:
         except DeviceError:
             found = 0.0
         self.journal.believe(uuid, "operator", found, f"overridden: {detail}")
-        log.warning("gpu %d: %s; someone else changed the cap: leaving it, this GPU leaves apply mode", device.index,
-                    detail)
+        log.warning("gpu %d: %s; someone else changed the cap: leaving it, this GPU leaves apply mode until the "
+                    "operator gives it back (gpuperfd apply --release %d)", device.index, detail, device.index)
         self._release(device.index, uuid, state)
+        self._hold(device, uuid, state, found, f"overridden: {detail}")
         state.overridden, state.out, state.reason, state.detail = True, True, "overridden", detail
 
     def _release(self, index: int, uuid: str, state: GpuApply) -> None:
@@ -618,7 +678,8 @@ class ApplyController:
     def status(self) -> list[dict[str, object]]:
         """Each GPU's apply state, for logs and the landing page."""
         return [{"gpu": index, "reason": s.reason, "detail": s.detail, "applied_watts": s.applied_watts,
-                 "advised_watts": s.advised_watts, "operator_watts": s.operator_watts, "overridden": s.overridden}
+                 "advised_watts": s.advised_watts, "operator_watts": s.operator_watts, "overridden": s.overridden,
+                 "held_by_operator_since": s.held_since}
                 for index, s in sorted(self.states.items())]
 
     def start(self, interval_seconds: float) -> None:

@@ -53,7 +53,8 @@ class ApplyMetrics:
                               "The operator's own cap, journaled before the applied one and restored on rollback, watts.",
                               GPU_LABELS, registry=r)
         self.overridden = Gauge("gpuperf_apply_overridden",
-                                "1 when someone else changed a cap apply had set: the GPU left apply mode, their cap stands.",
+                                "1 when someone else changed a cap apply had set: the GPU left apply mode, their cap stands "
+                                "until the operator gives the GPU back (gpuperfd apply --release).",
                                 GPU_LABELS, registry=r)
         self.rollbacks = Counter("gpuperf_apply_rollbacks", "Applied caps given back to the operator's cap, by reason.",
                                  (*GPU_LABELS, "reason"), registry=r)

@@ -194,7 +194,7 @@ CHECKS: tuple[Check, ...] = (
           Threshold("probe_failures", 3.0, "runs", "consecutive failed or timed-out runs that fire")),
     Check("probe_wrong_result", "failure_reason", "probe runs (status failed, failure_reason wrong_result)",
           "unhealthy", "contact_support", "reset_and_probe", _SDC_ACTION,
-          "{probe}/{preset} at {cap} W computed wrong numbers ({failed_checks}): drain the GPU, collect "
+          "{probe}/{preset}{at_cap} computed wrong numbers ({failed_checks}): drain the GPU, collect "
           "nvidia-bug-report.sh, run the field diagnostic (dcgmi diag -r 3); replace the GPU if it fails",
           field="wrong_result"),
     Check("probe_answers_differ_from_peers", "peer_fingerprint",
@@ -233,6 +233,13 @@ ACTIVE_CHECKS: tuple[Check, ...] = (
           "{probe}/{preset}: {ratio:.0%} of the expected energy per {unit} of an {model} at {power_limit:.0f} W",
           Threshold("expected_energy_ratio", 1.15, "ratio", "energy per unit above this share of the expected fires"),
           field="energy_per_unit_joules", bad="above"),
+    Check("interconnect_wrong_unattributed", "failure_reason",
+          "the check's interconnect probe (failure_reason wrong_result) beside each GPU's own probe", "unknown", "none",
+          "condition", "this command: a wrong sum is charged to the GPU whose own probe gave wrong answers "
+          "(health/interconnect.py); with none named, no GPU is condemned on another's fault",
+          "{probe}/{preset}: wrong answers across GPUs {set} ({failed_checks}) that no GPU's own probe explains: "
+          "not charged to this GPU; measure again (gpuperfd check, then each GPU alone: gpuperfd check --gpus N)",
+          field="wrong_result_unattributed"),
     Check("check_not_probed", "not_probed", "the GPU lock, the busy check, MIG mode, --quick", "info", "none",
           "condition", "this command: a GPU it could not probe is said so, never a silent pass",
           "{why}",

@@ -234,7 +234,16 @@ def _interconnect_section() -> list[str]:
            "  could not finish leaves its pairs *unconfirmed* (not judged, listed in the result's `extra`);",
            "- a run with any other compute process on a GPU of the set at any look (every 0.1 s, and once more",
            "  after the workers end) gives way (skipped / `preempted`): no verdict. `gpuperfd check` runs it again",
-           "  after 2 s while its deadline allows, and reports the step not judged if no run was undisturbed.", ""]
+           "  after 2 s while its deadline allows, and reports the step not judged if no run was undisturbed.", "",
+           "**A wrong copy or sum is charged to its culprit (issue 61).** A sum across GPUs is wrong on every rank when",
+           "one rank's input is, so the run alone cannot say which GPU is at fault. `gpuperfd check` charges it",
+           "(`health/interconnect.py:wrong_sum_rows`) to the GPUs of the set whose own probe gave wrong answers (a",
+           "`wrong_result` run or a correctness `mismatch`): they get `probe_wrong_result` (unhealthy,",
+           "`contact_support`), and their peers, whose own probes passed, are not charged. Where no GPU's own probe",
+           "names a culprit, every GPU of the set gets `interconnect_wrong_unattributed`: `unknown`, action `none`,",
+           "measure again (the check, then each GPU alone with `--gpus N`), never a replacement. The daemon's scheduled",
+           "interconnect probe counts a wrong run on every GPU of the set (`gpuperf_probe_runs_total`) and",
+           "publishes it, but no verdict reads it: its GPUs are judged by their own probes.", ""]
     out += _table(["board", "fabric rows", "`nvlink_links_below_topology`", "`interconnect_below_expected`"], [
         ("HGX (NVSwitch)", "yes", "yes: every link of the GPU into the switches", "yes"),
         ("NVLink pair without NVSwitch (H100 NVL, H200 NVL)", "no: no fabric (NVML: not supported)",

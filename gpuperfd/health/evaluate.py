@@ -486,6 +486,7 @@ def failure_reason(check: Check, gpu: GpuInputs, node: Sequence[GpuInputs], sett
     for key, run in sorted(_latest_finished(gpu).items()):
         if run.get("status") == "failed" and run.get("failure_reason") == check.field:
             evidence = {"probe": key[0], "preset": key[1], "cap": key[2], "failure_reason": check.field,
+                        "at_cap": f" at {key[2]} W" if key[2] else "", "set": run.get("set") or "of the set",
                         "failed_checks": run.get("failed_checks") or "checks", "run_time": float(run.get("time") or 0)}
             out.append(_reason(check, now, evidence, "/".join(key)))
     return out

@@ -15,12 +15,18 @@ are all short (then the peer alone is the cause: a GPU whose links into the NVSw
 slows every pair it is in, and its healthy peers are not blamed). A pair alone at half speed,
 both ends otherwise fine, is blamed on both. Pairs without NVLink are never judged here: a PCIe
 board has no link count and its copy figures are estimates (docs/health.md).
+
+A wrong copy or sum (:func:`wrong_sum_rows`) is charged to the GPUs of the set whose own probe gave
+wrong answers (they name the culprit): a sum across GPUs is wrong on every rank when one rank's
+input is, so the peers' own passing probes clear them. Where no GPU's own probe names one, the run
+says only that something in the set is wrong: every GPU of the set is at most ``unknown`` (measure
+again), never condemned to a replacement on another GPU's fault.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuperfd.device.base import Backend, Device, PeerLink
@@ -28,6 +34,9 @@ from gpuperfd.device.errors import NotSupported
 from gpuperfd.device.interconnect_figures import expected_copy_bandwidth, expected_pair_links
 from gpuperfd.probe_data.interconnect import InterconnectResult
 
+
+#: The failure reason of a wrong copy or sum no GPU's own probe explains (row ``interconnect_wrong_unattributed``).
+UNATTRIBUTED = "wrong_result_unattributed"
 
 #: The node's own pairs set the figure only where it has this many unordered pairs of one kind of link
 #: (a 2-GPU node has one: its pair is held against the reference alone).
@@ -117,3 +126,35 @@ def findings(gpu: int, measured: Mapping[tuple[int, int], tuple[float, float]], 
             continue
         out.append({"src": a, "dst": b, "peer": peer, "value": value, "expected": want, "ratio": value / want})
     return out
+
+
+def own_wrong_answers(runs: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a GPU's own probe (not an interconnect run) gave wrong answers: a wrong_result run, or
+    its correctness check said ``mismatch``."""
+    for run in runs:
+        if run.get("probe") == "interconnect":
+            continue
+        correctness = run.get("correctness")
+        if run.get("failure_reason") == "wrong_result" or (
+                isinstance(correctness, Mapping) and correctness.get("status") == "mismatch"):
+            return True
+    return False
+
+
+def wrong_sum_rows(result: InterconnectResult, runs_by_gpu: Mapping[int, Sequence[Mapping[str, Any]]],
+                   now: float) -> dict[int, dict[str, Any]]:
+    """The run row a wrong copy or sum adds to each GPU it is charged to (module docstring): to the
+    culprits named by their own probes as ``wrong_result``; with none named, to every GPU of the set
+    as :data:`UNATTRIBUTED` (at most unknown). Empty when the run was not wrong."""
+    if result.failure_reason != "wrong_result":
+        return {}
+    failed = [f"copy {c.src}->{c.dst}" for c in result.copies if not c.ok]
+    failed += [f"all-reduce sum at {a.bytes} B" for a in result.allreduce if not a.sum_ok]
+    members = [gpu for gpu in result.gpus if gpu in runs_by_gpu]
+    culprits = [gpu for gpu in members if own_wrong_answers(runs_by_gpu[gpu])]
+    reason = "wrong_result" if culprits else UNATTRIBUTED
+    row = {"time": now, "status": "failed", "failure_reason": reason, "probe": "interconnect", "preset": "check",
+           "power_cap_watts": None, "error": result.error_message,
+           "failed_checks": ", ".join(failed) or "interconnect checks", "wall_seconds": result.wall_seconds,
+           "set": ",".join(map(str, result.gpus))}
+    return {gpu: dict(row) for gpu in (culprits or members)}

@@ -274,7 +274,7 @@ def test_a_killed_sweeps_cap_is_put_back_by_the_running_daemon_at_its_next_pass(
     sweep.kill()
     sweep.wait()
     wait_for(lambda: board_limits(state)["1"] == ORIGINAL["1"], timeout=10, log=daemon.log)
-    assert "died with its cap journaled in" in daemon.log()
+    wait_for(lambda: "died with its cap journaled in" in daemon.log(), timeout=10, log=daemon.log)  # logged after
     assert not list(other.glob("*.cap.json")) and gpu_state(daemon, 1)["reason"] == "no_recommendation"
     assert daemon.stop(signal.SIGTERM) == 0 and board_limits(state) == ORIGINAL
 
@@ -314,3 +314,61 @@ def test_an_operators_cap_set_during_the_first_sweep_stops_it_and_stays(start_da
     assert entry is None or entry["original_watts"] == HAND  # never 640 W over the operator's choice
     assert daemon.stop(signal.SIGTERM) == 0
     assert board_limits(state) == {"0": ORIGINAL["0"], "1": HAND} and not list(state.glob("*.cap.json"))
+
+
+def test_an_operators_hand_set_cap_holds_across_a_restart_until_given_back(start_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 61: after SIGTERM and a start the daemon logged "gpu 1: applied power cap 300 W (operator's 600 W
+    journaled)" and the board read 300 W again. The operator's word is kept on disk until they give the GPU
+    back: by the command, then (set by hand again) by the API, which, being a write, needs basic auth."""
+    import bcrypt
+
+    state = tmp_path / "state"
+    first = start_daemon(config_text=config(state))
+    wait_for(lambda: applied(state), log=first.log)
+    operator_sets(state, 1, HAND)
+    wait_for(lambda: gpu_state(first, 1)["reason"] == "overridden", log=first.log)
+    assert first.stop(signal.SIGTERM) == 0 and board_limits(state) == {"0": ORIGINAL["0"], "1": HAND}
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  ops: {bcrypt.hashpw(b's3cret', bcrypt.gensalt(rounds=4)).decode()}\n")
+    auth = ("ops", "s3cret")
+    second = start_daemon(["--web.config.file", str(web)], config_text=config(state), ready=False)
+
+    def state_of(gpu: int) -> dict:
+        try:
+            return requests.get(second.url + "/api/v1/apply", auth=auth, timeout=5).json()["gpus"][gpu]
+        except (requests.ConnectionError, ValueError):
+            return {}
+
+    wait_for(lambda: state_of(0).get("reason") == "applied", log=second.log)  # GPU 0: swept and applied again
+    held = wait_for(lambda: (g := state_of(1)).get("reason") == "overridden" and g, log=second.log)
+    time.sleep(1.5)  # passes of the controller after the sweep: none applies over the operator's cap
+    assert board_limits(state)["1"] == HAND and "gpu 1: applied power cap" not in second.log()
+    assert held["held_by_operator_since"] and "held until given back" in held["detail"] and held["overridden"]
+    status = cli("apply", "--status", cwd=tmp_path)
+    assert status.returncode == 0 and "gpu 1 " in status.stdout and "held by the operator at 600 W since" in status.stdout
+    # bad input, each named
+    for args, words in ((["--release", "7"], "GPU 7 does not exist on this node (its GPUs: 0, 1)"),
+                        (["--release", "0"], "GPU 0 is not held by an operator")):
+        bad = cli("apply", *args, cwd=tmp_path)
+        assert bad.returncode == 2 and words in bad.stderr, bad.stderr
+    given = cli("apply", "--release", "1", cwd=tmp_path)
+    assert given.returncode == 0 and "gpu 1: given back to apply mode (the operator's 600 W" in given.stdout
+    wait_for(lambda: state_of(1).get("reason") == "applied", log=second.log)
+    assert board_limits(state)["1"] == state_of(1)["applied_watts"] < HAND
+    # the operator's hand again, then the API gives it back
+    operator_sets(state, 1, 550.0)
+    wait_for(lambda: state_of(1).get("reason") == "overridden", log=second.log)
+    release = second.url + "/api/v1/apply/release"
+    assert requests.post(release + "?gpu=1", timeout=5).status_code == 401  # a write, behind the same auth
+    assert requests.post(release + "?gpu=x", auth=auth, timeout=5).status_code == 400
+    missing = requests.post(release + "?gpu=7", auth=auth, timeout=5)
+    assert missing.status_code == 404 and "GPU 7 does not exist" in missing.json()["error"]
+    not_held = requests.post(release + "?gpu=0", auth=auth, timeout=5)
+    assert not_held.status_code == 409 and "GPU 0 is not held by an operator" in not_held.json()["error"]
+    done = requests.post(release + "?gpu=1", auth=auth, timeout=5)
+    assert done.status_code == 200 and done.json()["operator_watts"] == 550.0
+    wait_for(lambda: state_of(1).get("reason") == "applied", log=second.log)
+    assert board_limits(state)["1"] == state_of(1)["applied_watts"] < 550.0
+    assert second.stop(signal.SIGTERM) == 0
+    assert board_limits(state) == {"0": ORIGINAL["0"], "1": 550.0} and not list(state.glob("*.cap.json"))
+    assert "Traceback" not in second.log()

@@ -407,3 +407,73 @@ def test_a_pass_with_a_change_due_takes_the_cap_lock_and_waits_for_a_round(tmp_p
         lock.release()
     node.controller.tick()
     assert node.controller.states[0].reason == "rolled_back" and cap(node, 0) == 700.0
+
+
+def restarted(node):  # type: ignore[no-untyped-def]
+    """A new controller on the same boards and state directory: what the daemon's next start builds."""
+    from gpuperfd.apply.controller import ApplyController
+
+    controller = ApplyController(node.controller.settings, node.devices, node.journal, verdicts=node.verdicts,
+                                 idle=lambda i: True, metrics=node.metrics, held_caps=node.service.held_caps)
+    node.service.point_listeners.append(controller.observe)
+    node.controller = controller
+    return node
+
+
+def test_an_operators_cap_holds_across_a_restart_until_given_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 61: a new controller (the next start) applied over the operator's hand-set cap again."""
+    from gpuperfd.apply.holds import NoSuchGpu, NotHeld, holds_in
+
+    node = applied_node(tmp_path)
+    node.devices[0].set_power_limit(650.0)  # the operator, by hand
+    node.controller.tick()
+    assert node.controller.states[0].reason == "overridden"
+    node.controller.stop()
+    [hold] = holds_in([node.journal.state_dir])
+    assert (hold.gpu_index, hold.watts, hold.uuid) == (0, 650.0, node.devices[0].info().uuid) and hold.since > 0
+    restarted(node)
+    node.sweep()
+    node.controller.tick()
+    state = node.controller.states[0]
+    assert cap(node, 0) == 650.0 and state.reason == "overridden" and state.applied_watts is None
+    assert "held until given back (gpuperfd apply --release 0" in state.detail
+    assert node.controller.states[1].reason == "applied"
+    node.controller.configure(dataclasses.replace(node.controller.settings, budget_ratio=0.2))  # a reload
+    node.controller.tick()
+    assert cap(node, 0) == 650.0 and state.reason == "overridden"
+    for bad, error, words in ((7, NoSuchGpu, "GPU 7 does not exist on this node (its GPUs: 0, 1)"),
+                              (1, NotHeld, "GPU 1 is not held by an operator")):
+        try:
+            node.controller.release(bad)
+        except error as exc:
+            assert words in str(exc)
+        else:
+            raise AssertionError(f"release({bad}) passed")
+    assert node.controller.release(0).watts == 650.0 and holds_in([node.journal.state_dir]) == []
+    node.controller.tick()
+    assert state.reason == "applied" and cap(node, 0) == state.applied_watts < 650.0
+    assert state.held_since is None and not state.overridden
+
+
+def test_the_operators_own_cap_set_back_by_hand_is_held_quietly_across_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 61: the operator's own cap set back by hand is their word too (kept until given back), and
+    stays as quiet as when the GPU left (no override alert) in this process and the next."""
+    from gpuperfd.apply.holds import holds_in
+
+    node = applied_node(tmp_path)
+    node.devices[0].set_power_limit(700.0)  # the operator's own cap, by hand
+    for _ in range(2):
+        node.controller.tick()
+    state, uuid = node.controller.states[0], node.devices[0].info().uuid
+    assert state.reason == "rolled_back" and state.detail.startswith("reverted:") and not state.overridden
+    assert [h.kind for h in holds_in([node.journal.state_dir])] == ["reverted"]
+    node.controller.stop()
+    restarted(node)
+    node.sweep()
+    node.controller.tick()
+    state = node.controller.states[0]
+    assert state.reason == "rolled_back" and "held until given back" in state.detail and cap(node, 0) == 700.0
+    assert node.sample("gpuperf_apply_overridden", gpu="0", uuid=uuid) == 0
+    node.controller.release(0)
+    node.controller.tick()
+    assert state.reason == "applied" and cap(node, 0) < 700.0

@@ -16,9 +16,11 @@ verdict is made (issue 55):
   daemon's probe child) is no verdict: it is run again after a pause while the deadline allows,
   and is reported ``unknown`` (``skipped``) if it never ran undisturbed.
 
-Its outcome reaches the verdict in two ways: the copies (below), and a wrong copy or sum is a wrong
-result on every GPU of the set (``probe_wrong_result``: unhealthy, check the hardware); a run that
-could not finish is reported, not judged.
+Its outcome reaches the verdict in two ways: the copies (below), and a wrong copy or sum, charged
+by :func:`~gpuperfd.health.interconnect.wrong_sum_rows`: a wrong result (``probe_wrong_result``) on
+the GPUs whose own probe gave wrong answers, or, where none did, ``unknown`` on every GPU of the set
+(measure again; never a replacement of a GPU whose own probe passed). A run that could not finish is
+reported, not judged.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 from gpuperfd.config import Config
 from gpuperfd.device.base import Backend, Device
 from gpuperfd.health.evaluate import GpuInputs
+from gpuperfd.health.interconnect import wrong_sum_rows
 from gpuperfd.probe_data.interconnect import InterconnectRequest, InterconnectResult
 from gpuperfd.probing.executors import choose_interconnect_executor
 from gpuperfd.probing.interconnect.executor import InterconnectExecutor
@@ -113,16 +116,12 @@ def _run_once(chosen: InterconnectExecutor, kind: str, devices: Sequence[Device]
 
 
 def apply_to_inputs(result: dict[str, Any], inputs: dict[int | None, GpuInputs], now: float) -> None:
-    """A wrong copy or sum becomes a wrong-result run on every GPU of the set (unhealthy: check the
-    hardware); anything else leaves the verdict to the per-GPU evidence."""
+    """A wrong copy or sum becomes a run of the GPUs it is charged to (``wrong_sum_rows``), put before
+    each GPU's own check run (the one-shot rows read the last run: the GPU's own probe); anything else
+    leaves the verdict to the per-GPU evidence."""
     if result.get("failure_reason") != "wrong_result":
         return
     parsed = InterconnectResult.from_dict(result)
-    failed = [f"copy {c.src}->{c.dst}" for c in parsed.copies if not c.ok]
-    failed += [f"all-reduce sum at {a.bytes} B" for a in parsed.allreduce if not a.sum_ok]
-    for gpu in parsed.gpus:
-        if gpu in inputs:
-            inputs[gpu].runs.append({
-                "time": now, "status": "failed", "failure_reason": "wrong_result", "probe": "interconnect",
-                "preset": "check", "power_cap_watts": None, "error": parsed.error_message,
-                "failed_checks": ", ".join(failed) or "interconnect checks", "wall_seconds": parsed.wall_seconds})
+    runs = {gpu: inputs[gpu].runs for gpu in parsed.gpus if gpu in inputs}
+    for gpu, row in wrong_sum_rows(parsed, runs, now).items():
+        inputs[gpu].runs.insert(0, row)

@@ -1,15 +1,24 @@
 """``gpuperfd check``'s interconnect step: with two or more GPUs free it runs (here the real gloo
 workers against simulated GPUs) inside the check's time bound, its result under ``interconnect``, and
-a wrong sum makes every GPU of the set unhealthy."""
+a wrong sum is charged to the GPU whose own probe gave wrong answers; with none named, the set is
+unknown (measure again), never condemned (issue 61)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from gpuperfd.config import config_from_mapping
 from gpuperfd.device.simulated import SimulatedBackend
+from gpuperfd.health.evaluate import GpuInputs
+from gpuperfd.health.interconnect import UNATTRIBUTED, wrong_sum_rows
+from gpuperfd.health.judge import judge, run_row
+from gpuperfd.probe_data.interconnect import InterconnectResult
+from gpuperfd.probing.check.interconnect import apply_to_inputs
 from gpuperfd.probing.check.flow import CheckRequest, run_check
 from gpuperfd.probing.check.cli import render_table
 from gpuperfd.probing.interconnect.runner import ProcessInterconnectExecutor
@@ -41,13 +50,70 @@ def test_two_idle_gpus_get_an_interconnect_probe_in_the_json_within_the_bound(tm
     assert line.startswith("interconnect GPUs 0,1: ok, slowest copy") and "sums ok" in line
 
 
-def test_a_wrong_sum_makes_every_gpu_of_the_set_unhealthy(tmp_path: Path) -> None:
+def test_a_wrong_sum_no_gpus_own_probe_explains_makes_the_set_unknown_not_unhealthy(tmp_path: Path) -> None:
+    """Both GPUs' own probes pass and rank 1's sum is wrong: once both were unhealthy, contact_support
+    ("replace the GPU if it fails"); the run cannot say which GPU it was, so each is unknown: measure again."""
     outcome, _, _ = _check(tmp_path, fault=(1, "wrong_sum"))
     assert outcome.summary()["interconnect"]["failure_reason"] == "wrong_result"
     for verdict in outcome.verdicts:
-        assert verdict.state == "unhealthy"
-        reason = next(r for r in verdict.reasons if r.check == "probe_wrong_result")
-        assert "all-reduce sum" in reason.message
+        assert (verdict.state, verdict.action) == ("unknown", "none"), verdict.reasons
+        reason = next(r for r in verdict.reasons if r.check == "interconnect_wrong_unattributed")
+        assert "all-reduce sum" in reason.message and "measure again" in reason.message
+        assert "GPUs 0,1" in reason.message
+        assert not any(r.check == "probe_wrong_result" for r in verdict.reasons)
+
+
+def _ok_run() -> dict:
+    return run_row({"status": "ok", "probe": "llm", "preset": "gpt2", "correctness": {"status": "ok"}}, 700.0, 1.0)
+
+
+WRONG_SUM = InterconnectResult(gpus=(0, 1, 2), status="failed", failure_reason="wrong_result",
+                               error_message="sums differ")
+
+
+def test_a_wrong_sum_with_no_culprit_named_charges_no_gpu_with_a_replacement() -> None:
+    """The no-culprit case as the judge sees it: three GPUs whose own probes passed, a wrong sum across them."""
+    rows = wrong_sum_rows(WRONG_SUM, {g: [_ok_run()] for g in (0, 1, 2)}, 2.0)
+    assert sorted(rows) == [0, 1, 2] and {r["failure_reason"] for r in rows.values()} == {UNATTRIBUTED}
+    inputs: dict[int | None, GpuInputs] = {g: GpuInputs(gpu=g, uuid=f"GPU-{g}", runs=[_ok_run()]) for g in (0, 1, 2)}
+    apply_to_inputs(WRONG_SUM.to_dict(), inputs, 2.0)
+    verdicts = judge(list(inputs.values()), None, 3.0)
+    assert [(v.state, v.action) for v in verdicts] == [("unknown", "none")] * 3
+    assert all(inputs[g].runs[-1]["probe"] == "llm" for g in (0, 1, 2))  # the GPU's own run stays the one judged
+
+
+def test_a_wrong_sum_is_charged_to_the_gpu_whose_own_probe_gave_wrong_answers() -> None:
+    wrong = run_row({"status": "failed", "failure_reason": "wrong_result", "probe": "llm", "preset": "gpt2"}, 700.0, 1.0)
+    rows = wrong_sum_rows(WRONG_SUM, {0: [_ok_run()], 1: [wrong], 2: [_ok_run()]}, 2.0)
+    assert list(rows) == [1] and rows[1]["failure_reason"] == "wrong_result"
+    mismatch = {**_ok_run(), "correctness": {"status": "mismatch"}}
+    assert list(wrong_sum_rows(WRONG_SUM, {0: [_ok_run()], 1: [_ok_run()], 2: [mismatch]}, 2.0)) == [2]
+    assert wrong_sum_rows(InterconnectResult(gpus=(0, 1), status="ok"), {0: [wrong], 1: []}, 2.0) == {}
+
+
+def test_gpuperfd_check_charges_the_bad_gpu_alone_and_its_healthy_peer_stays_healthy(tmp_path: Path) -> None:
+    """`simulation.degrade: [{gpu: 1, wrong_results: true}]` and the real `gpuperfd check`: GPU 0 was
+    unhealthy, contact_support, from the interconnect's sum ("interconnect/check at  W computed wrong ...")."""
+    config = tmp_path / "check.yaml"
+    config.write_text("device: {backend: simulated}\n"
+                      "simulation: {gpus: 2, seed: 1, degrade: [{gpu: 1, wrong_results: true}]}\n"
+                      f"probes: {{state_dir: {tmp_path / 'state'}}}\n")
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": str(root), "GPUPERFD_CONFIG": ""}
+
+    def check(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gpuperfd", "check", "--config", str(config), *args],
+                              capture_output=True, text=True, env=env, timeout=120, cwd=root)
+
+    body = json.loads(check("--json").stdout)
+    assert body["check"]["interconnect"]["failure_reason"] == "wrong_result"
+    gpus = {g["gpu"]: g for g in body["gpus"]}
+    assert (gpus[0]["state"], gpus[0]["action"]) == ("healthy", "none"), gpus[0]["reasons"]
+    assert (gpus[1]["state"], gpus[1]["action"]) == ("unhealthy", "contact_support")
+    charged = [r["message"] for r in gpus[1]["reasons"] if r["check"] == "probe_wrong_result"]
+    assert any(m.startswith("interconnect/check computed wrong numbers (") for m in charged), charged
+    table = check()
+    assert table.returncode != 0 and " at  W" not in table.stdout and "gpu 0: [" not in table.stdout, table.stdout
 
 
 def test_a_hanging_rank_is_ended_within_the_checks_timeout(tmp_path: Path) -> None:
