@@ -45,6 +45,9 @@ __all__ = ["StandbyChildren", "GaveWay", "take_standby", "DEFAULT_READY_SECONDS"
 DEFAULT_READY_SECONDS = 15.0
 #: Started this much earlier than the last child took, so that it is ready at the qualifying moment.
 LEAD_MARGIN_SECONDS = 5.0
+#: After a standby child failed to start (not one ended on purpose), none is started for its GPU for
+#: this long: a child that cannot start (a broken install) must not be spawned at every dispatcher pass.
+FAILED_BACKOFF_SECONDS = 60.0
 
 
 #: How often a round waiting for its standby child's imports looks for a user's job on the GPU.
@@ -103,6 +106,8 @@ class StandbyChildren:
         self._lock = threading.Lock()
         #: Seconds the last standby child of each probe took to be ready.
         self._ready_seconds: dict[str, float] = {}
+        #: When each GPU's last standby child failed to start (on ``clock``): see FAILED_BACKOFF_SECONDS.
+        self._failed_at: dict[int, float] = {}
         #: Children started and taken by a round (tests, the landing page's words).
         self.started = 0
         self.taken = 0
@@ -129,6 +134,8 @@ class StandbyChildren:
         with self._lock:
             if gpu in self._slots:
                 return True
+            if self.clock() < self._failed_at.get(gpu, -FAILED_BACKOFF_SECONDS) + FAILED_BACKOFF_SECONDS:
+                return False
         ticket = None
         if self.admission is not None:
             ticket = self.admission.try_acquire(gpu, need_bytes)
@@ -160,7 +167,10 @@ class StandbyChildren:
             slot.failed = True
             if not slot.cancel.is_set():  # a dropped slot's child was ended on purpose: nothing to say
                 message = getattr(failed, "error_message", "") or "see the log"
-                log.info("gpu %d: standby child not ready (%s); the run starts its own", gpu, message)
+                log.warning("gpu %d: standby child could not start (%s); the run starts its own, and no standby "
+                            "child is started here for %.0f s", gpu, message, FAILED_BACKOFF_SECONDS)
+                with self._lock:
+                    self._failed_at[gpu] = self.clock()
         else:
             self._ready_seconds[slot.child.spec.probe] = self.clock() - t0
         slot.done.set()

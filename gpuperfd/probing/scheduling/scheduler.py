@@ -71,10 +71,13 @@ def _trigger(schedule: ScheduleConfig, jitter: float) -> IntervalTrigger | CronT
 #: waits for the result to fall due, so an idle fleet still probes once an interval.
 EARLY_SHARE = 0.1
 
-#: A GPU seen busy this recently is busy now: no standby child there. One sampler period (1 s): a job
-#: that ended is out of NVML's process list 0.1 s after its end (benchmarks/job_tail.py), and every
-#: second the child waits is a second of a short gap lost; a utilization dip costs a spawn, no GPU time.
-STANDBY_BUSY_SECONDS = 1.0
+#: A GPU idle this long has a gap open (``gap_states``): one sampler period; a job that ended is out of
+#: NVML's process list 0.1 s after its end (benchmarks/job_tail.py).
+GAP_OPEN_SECONDS = 1.0
+
+#: Gate refusals that say a user's job holds the GPU now: a standby child waits through them (it makes no
+#: CUDA call), ready for the gap after the job. Any other (a lost GPU, MIG) ends it.
+JOB_REFUSALS = frozenset({"busy", "allocated", "not_idle", "own_tail"})
 
 #: Outcomes that complete a due result (a failed run is a result too: its alerts say so; retrying it
 #: at every gap would hammer a broken GPU). Anything else (skipped, preempted, aborted) leaves it due.
@@ -87,10 +90,12 @@ class ProbeScheduler:
     def __init__(self, service: ProbeService, gpus: list[int], interconnect: InterconnectService | None = None,
                  tick_seconds: float = 0.5, clock: Callable[[], float] | None = None,
                  rng: random.Random | None = None, recheck_seconds: float = 2.0,
-                 standby_busy_seconds: float = STANDBY_BUSY_SECONDS) -> None:
+                 gap_open_seconds: float = GAP_OPEN_SECONDS) -> None:
         self.service = service
-        #: A GPU seen busy this recently gets no standby child (STANDBY_BUSY_SECONDS; tests scale it).
-        self.standby_busy_seconds = standby_busy_seconds
+        #: A GPU idle this long has a gap open (GAP_OPEN_SECONDS; tests scale it).
+        self.gap_open_seconds = gap_open_seconds
+        #: Why the gate last refused each GPU the tracker called free (its reason word).
+        self._refused_why: dict[int, str] = {}
         self.gpus = gpus
         #: How often the dispatcher looks for a due result whose GPU qualifies, seconds.
         self.tick_seconds = tick_seconds
@@ -330,7 +335,7 @@ class ProbeScheduler:
             free = tracker.idle_for(gpu)
             with self._running_lock:
                 running = gpu in self._running
-            state = ("running" if running else "gap_open" if free >= self.standby_busy_seconds
+            state = ("running" if running else "gap_open" if free >= self.gap_open_seconds
                      else "no_gap" if not gaps
                      else "gaps_too_short" if needs is not None and max(gaps) < needs else "waiting")
             states[gpu] = {"state": state, "due": sorted(set(probes)), "free_seconds": round(free, 1),
@@ -462,6 +467,7 @@ class ProbeScheduler:
             if refused is not None:
                 if refused[0] != "own_tail":  # our own run's tail passes by itself: look again next pass
                     self._refused_until[gpu] = now + self.recheck_seconds
+                    self._refused_why[gpu] = refused[0]
                 continue
             if not self._claim_gpu(gpu):
                 continue
@@ -472,9 +478,13 @@ class ProbeScheduler:
         return started
 
     def _keep_standbys(self, now: float) -> None:
-        """Each GPU's standby child (:mod:`gpuperfd.probing.child.standby`): started for its most overdue result
-        once the GPU will qualify within the time a child takes to be ready, ended when the GPU turns
-        busy, the gate refused it, or nothing is due there. A GPU a run of ours holds is left be."""
+        """Each GPU's standby child (:mod:`gpuperfd.probing.child.standby`): started for its most overdue
+        result (or one falling due within a child's lead) at once, busy GPU or not: it makes no CUDA call,
+        so a user's job loses nothing but the host memory the admission reserved, and it is ready when
+        the job's gap opens (a child's imports, 13-18 s for llm on an H200, outlast idle_seconds 10: one
+        started when the job ended made the round wait ~9 s). Ended when nothing is due there, the gate
+        refused the GPU for a reason no job explains (lost, MIG), the GPU-time share is spent, or a round
+        waits for host memory (then on busy GPUs: a round goes first). A GPU a run of ours holds is left be."""
         standby = getattr(self.service, "standby", None)
         tracker = getattr(self.service, "tracker", None)
         if standby is None or tracker is None:
@@ -484,21 +494,23 @@ class ProbeScheduler:
             if entry.schedule.probe != INTERCONNECT:
                 first.setdefault(entry.gpu, entry)
         soon = self._falling_due_soon(standby.lead_seconds)
-        idle_seconds = self.service.config.idle_seconds
+        admission = getattr(self.service, "admission", None)
+        rounds_wait = admission is not None and admission.state().waiting > 0
         for gpu in self.gpus:
             with self._running_lock:
                 if gpu in self._running:
                     continue
             entry = first.get(gpu)
             schedule = entry.schedule if entry is not None else soon.get(gpu)
-            idle = tracker.idle_for(gpu)
-            why = ("no result due" if schedule is None else "the GPU is busy" if idle < self.standby_busy_seconds
-                   else "the gate refused the GPU" if now < self._refused_until.get(gpu, -1.0)
+            refused = now < self._refused_until.get(gpu, -1.0) and self._refused_why.get(gpu) not in JOB_REFUSALS
+            why = ("no result due" if schedule is None
+                   else f"the gate refused the GPU ({self._refused_why.get(gpu)})" if refused
                    else "the GPU-time share is spent" if entry is not None and not self._budget_allows(entry)
+                   else "a round waits for host memory" if rounds_wait and tracker.idle_for(gpu) < self.gap_open_seconds
                    else None)
             if why is not None:
                 standby.drop(gpu, why)
-            elif schedule is not None and idle >= idle_seconds - standby.lead_seconds(schedule.probe):
+            elif schedule is not None and not rounds_wait:
                 self.service.stand_by(gpu, schedule)
 
     def _falling_due_soon(self, lead_seconds: Callable[[str], float]) -> dict[int, ScheduleConfig]:
