@@ -179,6 +179,13 @@ def llama_room_bytes(options: Mapping[str, Any], margin: bool = True) -> int:
     return int(total * LLAMA_ROOM_FACTOR + (LLAMA_ROOM_MARGIN_BYTES if margin else 0))
 
 
+def llama_no_room(options: Mapping[str, Any], preset: str | None, needed: str, have: str) -> str:
+    """The one refusal of a Llama point without room (the child's and the simulator's alike): the
+    preset, model and batch, what it needs and what the place it would run has; the docs quote it."""
+    return (f"preset: {preset} ({options['model']}, batch {options['batch_size']}) needs about {needed}; "
+            f"{have}: not run (use a smaller preset or --batch-size)")
+
+
 def vit_cost(model: str, batch: int, image_size: int, dtype: str) -> WorkCost:
     """One batch of images through the ViT (fp32 input images, ``dtype`` compute)."""
     cfg = VIT_MODELS[model]

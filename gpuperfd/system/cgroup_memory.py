@@ -105,3 +105,42 @@ def status_bytes(field: str, pid: str = "self", proc_root: Path = PROC_ROOT) -> 
             if len(words) >= 2 and words[1].isdigit():
                 return int(words[1]) * 1024
     return None
+
+
+def _cgroup_used(proc_root: Path, cgroup_root: Path, pid: str) -> int | None:
+    """The bytes the process's own cgroup uses now (v2 ``memory.current``, v1 ``memory.usage_in_bytes``)."""
+    v2, v1 = _cgroup_paths(proc_root, pid)
+    if v2 is not None and (cgroup_root / "cgroup.controllers").exists():
+        path = _own_and_ancestors(cgroup_root, v2)[0] / "memory.current"
+    elif v1 is not None:
+        path = _own_and_ancestors(cgroup_root / "memory", v1)[0] / "memory.usage_in_bytes"
+    else:
+        return None
+    text = (_read(path) or "").strip()
+    return int(text) if text.isdigit() else None
+
+
+def host_available(proc_root: Path = PROC_ROOT) -> int | None:
+    """The host's ``MemAvailable`` (/proc/meminfo), bytes; None when unreadable."""
+    for line in (_read(proc_root / "meminfo") or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            words = line.split()
+            return int(words[1]) * 1024 if len(words) >= 2 and words[1].isdigit() else None
+    return None
+
+
+def memory_available(proc_root: Path = PROC_ROOT, cgroup_root: Path = CGROUP_ROOT,
+                     pid: str = "self") -> list[tuple[int, str]]:
+    """What the process may still allocate, each figure with words saying where it comes from: the
+    host's available memory and what the cgroup's limit leaves. A process that would build more than
+    the smallest is killed half-way (a 32 GB model under a 10 GiB limit, issue 61): check it first."""
+    found: list[tuple[int, str]] = []
+    gib = 2**30
+    if (available := host_available(proc_root)) is not None:
+        found.append((available, f"the host has {available / gib:.1f} GiB available"))
+    limit = memory_limit_bytes(proc_root, cgroup_root, pid)
+    if limit is not None:
+        used = _cgroup_used(proc_root, cgroup_root, pid) or 0
+        found.append((max(limit - used, 0), f"the cgroup's memory limit of {limit / gib:.1f} GiB leaves "
+                                            f"{max(limit - used, 0) / gib:.1f} GiB ({used / gib:.1f} GiB used)"))
+    return found

@@ -27,11 +27,12 @@ from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data import wire
 from gpuperfd.probe_data.request import ProbeRequest
-from gpuperfd.probe_data.result import ProbeResult
+from gpuperfd.probe_data.result import NO_ROOM, ProbeResult
 from gpuperfd.probe_data.settle import wait_steady
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, GPT2_MODELS, PRESETS
-from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY
-from gpuperfd.probing.simulated.workload import SimulatedWorkload, simulated_workload
+from gpuperfd.probe_data.shapes import is_llama
+from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY, llama_no_room, llama_room_bytes
+from gpuperfd.probing.simulated.workload import SimulatedWorkload, merged_options, simulated_workload
 
 if TYPE_CHECKING:  # the simulator's module is imported when a simulated point runs, not with the daemon
     from gpuperfd.device.simulated import SimulatedGpu, WorkloadProfile
@@ -187,6 +188,26 @@ def out_of_memory(device: SimulatedGpu, peak_bytes: int) -> str | None:
             f"{max(free, 0) / gib:.2f} GiB is free (simulated; a smaller batch_size, model or sequence fits)")
 
 
+def no_room(device: SimulatedGpu, probe: str, preset: str, options: Mapping[str, Any]) -> str | None:
+    """Why a Llama point does not fit ``device``'s free memory, in the real child's words (its check
+    before the build, :func:`gpuperfd.probe_child.workloads.llama.probe.check_room`: the model's bytes
+    with the margin against the card's free memory, a CUDA context already held); None: it fits or is
+    no Llama point. docs/probes.md promises ``skipped``/``no_room`` for it, on a real card and here."""
+    from gpuperfd.device.simulated import BASE_MEMORY_BYTES
+
+    merged = merged_options(probe, preset, options)
+    if probe != "llm" or not is_llama(merged.get("model")):
+        return None
+    needed = llama_room_bytes(merged)
+    memory = device.memory()
+    free = max(memory.total_bytes - memory.used_bytes - BASE_MEMORY_BYTES, 0)
+    if needed <= free:
+        return None
+    gib = 2**30
+    return llama_no_room(merged, preset, f"{needed / gib:.1f} GiB of GPU memory",
+                         f"{device.info().name} has {free / gib:.1f} GiB free of {memory.total_bytes / gib:.1f} GiB")
+
+
 @dataclass
 class _Window:
     """One loaded window: how long, the energy counter's difference, what the GPU showed, and why it
@@ -229,12 +250,10 @@ class SimulatedExecutor:
             raise TypeError("the simulated executor needs a simulated GPU")
         preset = request.preset or DEFAULT_PRESET[request.probe]
         work = simulated_workload(request.probe, preset, request.options)
+        if (message := no_room(device, request.probe, preset, request.options)) is not None:  # the child's check
+            return self._not_run(device, request, preset, NO_ROOM, message, "skipped")
         if (message := out_of_memory(device, work.profile.memory_bytes)) is not None:  # as a real card: no window
-            info = device.info()
-            return ProbeResult.failure(request.probe, "simulated", preset, "oom", message, device=f"sim:{device.index}",
-                                       started_at=time.time(), wall_seconds=0.0, gpu_name=info.name,
-                                       compute_capability=info.compute_capability, gpu_uuid=info.uuid,
-                                       params=dict(request.options))
+            return self._not_run(device, request, preset, "oom", message, "failed")
         window = self._load(device, work.profile, abort, settle_seconds)
         if window.why is not None:  # a user's job is a preemption (skipped), a shutdown an abort
             status, reason = ("aborted", "aborted") if abort.is_set() else ("skipped", "preempted")
@@ -242,6 +261,16 @@ class SimulatedExecutor:
                                        device=f"sim:{device.index}", started_at=window.started_at,
                                        wall_seconds=window.measured)
         return self._result(device, request, preset, work, window)
+
+    @staticmethod
+    def _not_run(device: SimulatedGpu, request: ProbeRequest, preset: str, reason: str, message: str,
+                 status: str) -> ProbeResult:
+        """A point refused before its window (no room, out of memory), with the GPU's identity."""
+        info = device.info()
+        return ProbeResult.failure(request.probe, "simulated", preset, reason, message, status=status,
+                                   device=f"sim:{device.index}", started_at=time.time(), wall_seconds=0.0,
+                                   gpu_name=info.name, compute_capability=info.compute_capability,
+                                   gpu_uuid=info.uuid, params=dict(request.options))
 
     def _load(self, device: SimulatedGpu, profile: WorkloadProfile, abort: threading.Event,
               settle_seconds: float) -> _Window:
