@@ -222,7 +222,45 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"{args.file}: OK (backend {config.device.backend}, listen {config.web.listen_address})")
     if web is not None:
         print(f"{config.web.config_file}: OK ({web.describe()})")
+    if (warning := canary_warning(config)) is not None:  # the daemon's start-up warning, said here first
+        print(f"{args.file}: warning: {warning}", file=sys.stderr)
     return EXIT_OK
+
+
+def _node_uuids(config: Config) -> dict[int, str]:
+    """The configured GPUs' indices and UUIDs (``device.gpus`` applied); raises DeviceError."""
+    from gpuperfd.device.factory import open_backend, selected_devices
+
+    backend = open_backend(config)
+    try:
+        return {device.index: device.info().uuid for device in selected_devices(backend, config)}
+    finally:
+        backend.close()
+
+
+def canary_warning(config: Config) -> str | None:
+    """check-config's word on canary mode with the GPUs here read (the simulated ones are built from the
+    file, NVML is opened for a moment): the daemon warned at its start that ``apply.canary_share`` picks
+    none of the node's GPUs where check-config had said OK (issue 61). Which GPUs a share picks hangs on
+    their UUIDs; where they cannot be read (no driver here) it says it cannot tell. None: not canary, or
+    it picks a GPU."""
+    from gpuperfd.apply.policy import ApplySettings, in_canary
+    from gpuperfd.device.errors import DeviceError
+
+    settings = ApplySettings.from_config(config.apply)
+    if settings.mode != "canary":
+        return None
+    how = (f"apply.canary_gpus {list(settings.canary_gpus)}" if settings.canary_gpus is not None
+           else f"apply.canary_share {settings.canary_share:g}")
+    try:
+        uuids = _node_uuids(config)
+    except DeviceError as exc:
+        return (f"{how}: cannot tell which of this node's GPUs it picks ({str(exc).split('. ')[0]}); "
+                "the daemon warns at its start if it picks none")
+    if any(in_canary(index, uuid, settings) for index, uuid in uuids.items()):
+        return None
+    return (f"{how} picks none of this node's {len(uuids)} GPU(s) (by a hash of each GPU's UUID): canary mode "
+            "would apply no cap here; name them in apply.canary_gpus or raise apply.canary_share")
 
 
 def cmd_collectors(args: argparse.Namespace) -> int:
