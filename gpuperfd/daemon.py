@@ -290,6 +290,23 @@ def build_web_server(web: WebConfig, routes: dict[str, Route], watcher: WebConfi
     return server
 
 
+def free_gpus(words: str, node: list[int]) -> list[int]:
+    """The GPUs a ``POST /api/v1/free?gpus=`` names, each once, in order (none named: every GPU of the
+    node). ValueError naming the bad word or a GPU this node lacks: nothing is handed over then (issue 61:
+    ``gpus=7`` answered 200 with an empty list, ``gpus=0,0,1`` handed GPU 0 over twice)."""
+    words = words.replace(" ", "")
+    if not words:
+        return list(node)
+    try:
+        gpus = list(dict.fromkeys(int(word) for word in words.split(",") if word))
+    except ValueError:
+        raise ValueError(f"gpus: GPU indices separated by commas (e.g. gpus=0,1), got {words[:100]!r}") from None
+    if missing := [gpu for gpu in gpus if gpu not in node]:
+        raise ValueError(f"gpus: GPU {', '.join(map(str, missing))} is not on this node (its GPUs: "
+                         f"{', '.join(map(str, node)) or 'none'}); nothing handed over")
+    return gpus
+
+
 class Daemon:
     """One running gpuperfd: start(), then wait() until a signal, then stop().
 
@@ -405,12 +422,10 @@ class Daemon:
             body = {"error": "handing GPUs over needs basic auth: set web.config_file with basic_auth_users"}
             return Response(403, (json.dumps(body) + "\n").encode(), "application/json")
         query = parse_qs(urlsplit(getattr(handler, "path", "")).query)
-        words = ",".join(query.get("gpus", [])).replace(" ", "")
         try:
-            gpus = [int(word) for word in words.split(",") if word] if words else [d.index for d in self.devices]
-        except ValueError:
-            body = {"error": f"gpus: GPU indices separated by commas (e.g. gpus=0,1), got {words!r}"}
-            return Response(400, (json.dumps(body) + "\n").encode(), "application/json")
+            gpus = free_gpus(",".join(query.get("gpus", [])), [d.index for d in self.devices])
+        except ValueError as exc:
+            return Response(400, (json.dumps({"error": str(exc)}) + "\n").encode(), "application/json")
         handed = self.scheduler.hand_off(gpus)
         log.info("GPU(s) %s handed over as free by the scheduler", handed or "none of this node's")
         return Response(200, (json.dumps({"handed_over": handed}) + "\n").encode(), "application/json")
