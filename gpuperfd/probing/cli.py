@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -389,8 +390,8 @@ def main(args: argparse.Namespace) -> int:
         parse_labels(getattr(args, "label", None))  # a bad label is a usage error before anything runs
         if args.output is not None:
             check_output(args.output)
-        if args.timeout is not None and args.timeout <= 0:
-            raise UsageError(f"timeout: must be > 0, got {args.timeout}")
+        if args.timeout is not None and not 0 < args.timeout < math.inf:  # nan passed "<= 0": no bound at all
+            raise UsageError(f"timeout: must be a finite number of seconds > 0, got {args.timeout}")
         if not 0 <= args.idle_threshold <= 1:
             raise UsageError(f"idle_threshold: must be between 0 and 1, got {args.idle_threshold}")
         if getattr(args, "simulate_model", None) is not None and getattr(args, "simulate", None) is None:

@@ -278,3 +278,16 @@ def test_cpu_float16_is_warned_once_and_a_timeout_says_what_to_change(
     hint = ("the point ran out of its 1 s on the CPU: change --timeout S, --dtype float32, "
             "or a smaller --preset or --batch-size")
     assert err.count(hint) == 2, err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_a_timeout_that_bounds_nothing_is_bad_input(value: str) -> None:
+    """Issue 61 (a careless operator's try): ``--timeout nan`` passed the "<= 0" check and ran the point
+    with no bound at all (a comparison with nan is always false); ``inf`` the same."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "gpuperfd", "probe", "llm", "--simulate", "1", "--timeout", value,
+                           "--no-progress"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert f"gpuperfd probe: timeout: must be a finite number of seconds > 0, got {float(value)}" in done.stderr
