@@ -22,6 +22,13 @@ from gpuperfd.probe_data.shapes import GPT2_MODELS, LLAMA_MODELS, VIT_MODELS, ca
 #: Where a simulated result lists the options its figures do not follow (``ProbeResult.extra``); the
 #: CLI's table and the report name them, so a flat simulated line is never read as a trend.
 NOT_MODELLED_KEY = "simulated_not_modelled"
+#: Where a simulated result says in words what it is not (``ProbeResult.extra``): the CLI prints it under
+#: its table, the daemon logs it once per preset.
+SIMULATED_NOTE_KEY = "simulated_note"
+#: A simulated speculative point's note (issue 61: it printed plain decode figures and no curve, silently).
+SPECULATIVE_NOT_SIMULATED = ("simulated: speculative decoding is not simulated: the figures are the target's "
+                             "plain decode (no draft round, no verify step, no acceptance-rate curve); run the "
+                             "speculative variant on a GPU for those")
 
 #: Bytes per element of each canonical dtype.
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}

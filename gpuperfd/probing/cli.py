@@ -30,7 +30,7 @@ from typing import Any
 from gpuperfd.console import ProgressBar, format_duration, format_table
 from gpuperfd.probe_data.result import MAIN_LATENCY, PRIMARY_METRIC, ProbeResult, canonical_latencies, summarize
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec, params_text
-from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY
+from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY, SIMULATED_NOTE_KEY
 from gpuperfd.probing.interconnect import cli as interconnect_cli
 from gpuperfd.probing.gates.idle import DEFAULT_IDLE_THRESHOLD
 
@@ -630,12 +630,6 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
     return EXIT_OK if all(r.ok for r in results) else EXIT_FAILURE
 
 
-#: What a simulated speculative point is: not speculation (issue 61: it printed plain decode figures silently).
-SPECULATIVE_NOT_SIMULATED = ("simulated: speculative decoding is not simulated: the figures above are the target's "
-                             "plain decode (no draft round, no verify step, no acceptance-rate curve); run the "
-                             "speculative variant on a GPU for those")
-
-
 def _print_results(args: argparse.Namespace, results: list[ProbeResult], simulated: bool) -> None:
     """The points' JSON (``--json``), or their table with the GPU line and the LOW-BUSY note."""
     if args.json:
@@ -656,8 +650,8 @@ def _print_results(args: argparse.Namespace, results: list[ProbeResult], simulat
         print(f"GPU: {gpu_name} (compute capability {capability}){where}")
     if unmodelled := sorted({k for r in results for k in r.extra.get(NOT_MODELLED_KEY, [])}):
         print(f"simulated: {', '.join(unmodelled)} not modelled (the simulated figures do not follow it)")
-    if simulated and any((r.params or {}).get("variant") == "speculative" for r in results):
-        print(SPECULATIVE_NOT_SIMULATED)
+    for note in sorted({r.extra[SIMULATED_NOTE_KEY] for r in results if r.extra.get(SIMULATED_NOTE_KEY)}):
+        print(note)
     if any(r.ok and r.low_gpu_busy for r in results):
         print("LOW-BUSY: the device was idle for part of the window; the figure measures the host as much as the GPU.")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuperfd.probe_data.workload_cost import SPECULATIVE_NOT_SIMULATED
 from gpuperfd.probing import cli
 
 FAST = ["--repeats", "2", "--measure-seconds", "0.1", "--no-progress"]
@@ -118,9 +119,32 @@ def test_a_simulated_speculative_point_says_it_is_not_speculation() -> None:
     """Issue 61: ``llama-3.1-8b-spec --simulate 1`` printed plain decode figures and no curve, silently."""
     out = _gpuperfd("probe", "llm", "--preset", "llama-3.1-8b-spec", "--simulate", "1", "--no-progress")
     assert out.returncode == 0, out.stderr
-    assert cli.SPECULATIVE_NOT_SIMULATED in out.stdout
+    assert SPECULATIVE_NOT_SIMULATED in out.stdout
     plain = _gpuperfd("probe", "llm", "--preset", "llama-3.1-8b", "--simulate", "1", "--no-progress")
     assert "speculative" not in plain.stdout
+
+
+def test_a_daemon_scheduling_a_speculative_preset_on_simulated_gpus_says_it_is_not_simulated(start_daemon) -> None:
+    """The daemon's schedule of the speculative preset publishes plain decode figures: its log says so, once."""
+    import time
+
+    daemon = start_daemon([], """
+device: {backend: simulated}
+simulation: {gpus: 1}
+probes:
+  state_dir: state
+  idle_seconds: 0
+  jitter_seconds: 0
+  first_run_delay_seconds: 0
+  simulated_measure_seconds: 0.2
+  schedules:
+    - {probe: llm, preset: llama-3.1-8b-spec, interval_seconds: 3600, settle_seconds: 0}
+""")
+    deadline = time.monotonic() + 60
+    while SPECULATIVE_NOT_SIMULATED not in daemon.log() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert daemon.log().count(SPECULATIVE_NOT_SIMULATED) == 1, daemon.log()[-2000:]
+    assert "preset llama-3.1-8b-spec: simulated: speculative decoding is not simulated" in daemon.log()
 
 
 def test_a_cpu_without_the_host_memory_for_the_model_refuses_before_building_it() -> None:

@@ -14,6 +14,7 @@ which the device layer does not import (tests/test_architecture.py).
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import random
@@ -31,7 +32,8 @@ from gpuperfd.probe_data.result import NO_ROOM, ProbeResult
 from gpuperfd.probe_data.settle import wait_steady
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, GPT2_MODELS, PRESETS
 from gpuperfd.probe_data.shapes import is_llama
-from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY, llama_no_room, llama_room_bytes
+from gpuperfd.probe_data.workload_cost import (NOT_MODELLED_KEY, SIMULATED_NOTE_KEY, SPECULATIVE_NOT_SIMULATED,
+                                               llama_no_room, llama_room_bytes)
 from gpuperfd.probing.simulated.workload import SimulatedWorkload, merged_options, simulated_workload
 
 if TYPE_CHECKING:  # the simulator's module is imported when a simulated point runs, not with the daemon
@@ -40,6 +42,8 @@ if TYPE_CHECKING:  # the simulator's module is imported when a simulated point r
 
 #: The simulator profile of each probe's default preset ("probe/preset").
 SIMULATED_PROFILE = {probe: f"{probe}/{preset}" for probe, preset in DEFAULT_PRESET.items()}
+
+log = logging.getLogger(__name__)
 
 
 def simulated_profile_name(probe: str, preset: str | None) -> str:
@@ -232,6 +236,7 @@ class SimulatedExecutor:
         self.watch_interval = watch_interval
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
+        self._said: set[tuple[str, str]] = set()  # (preset, note) pairs logged
 
     def open(self, device: Device, request: ProbeRequest, abort: threading.Event,
              carried: ProbeChild | None = None, on_progress: ProgressCallback | None = None) -> SimulatedSession:
@@ -261,6 +266,14 @@ class SimulatedExecutor:
                                        device=f"sim:{device.index}", started_at=window.started_at,
                                        wall_seconds=window.measured)
         return self._result(device, request, preset, work, window)
+
+    def _say_once(self, preset: str, note: str) -> None:
+        """Log ``note`` once per preset: a daemon's schedule of it is told in its log, not every point."""
+        with self._lock:
+            if (preset, note) in self._said:
+                return
+            self._said.add((preset, note))
+        log.warning("preset %s: %s", preset, note)
 
     @staticmethod
     def _not_run(device: SimulatedGpu, request: ProbeRequest, preset: str, reason: str, message: str,
@@ -326,6 +339,9 @@ class SimulatedExecutor:
                                  "temperature_celsius_mean": watch.mean("temperature")}
         if work.not_modelled:  # the simulated figure does not follow these: say so, never draw a flat line
             extra[NOT_MODELLED_KEY] = list(work.not_modelled)
+        if options.get("variant") == "speculative":
+            extra[SIMULATED_NOTE_KEY] = SPECULATIVE_NOT_SIMULATED
+            self._say_once(preset, SPECULATIVE_NOT_SIMULATED)
         if row.extra is not None:
             with self._lock:
                 extra.update(row.extra(request, preset, units, lambda: self._rng.gauss(0.0, self.noise)))
