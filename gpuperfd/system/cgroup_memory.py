@@ -83,12 +83,8 @@ def memory_limit_bytes(proc_root: Path = PROC_ROOT, cgroup_root: Path = CGROUP_R
 def oom_kill_count(proc_root: Path = PROC_ROOT, cgroup_root: Path = CGROUP_ROOT, pid: str = "self") -> int | None:
     """How many processes the kernel's OOM killer has killed in the process's cgroup (v2
     ``memory.events`` ``oom_kill``, v1 ``memory.oom_control`` ``oom_kill``); None when unreadable."""
-    v2, v1 = _cgroup_paths(proc_root, pid)
-    if v2 is not None and (cgroup_root / "cgroup.controllers").exists():
-        path = _own_and_ancestors(cgroup_root, v2)[0] / "memory.events"
-    elif v1 is not None:
-        path = _own_and_ancestors(cgroup_root / "memory", v1)[0] / "memory.oom_control"
-    else:
+    path = _own_file(proc_root, cgroup_root, pid, "memory.events", "memory.oom_control")
+    if path is None:
         return None
     for line in (_read(path) or "").splitlines():
         key, _, value = line.partition(" ")
@@ -107,14 +103,21 @@ def status_bytes(field: str, pid: str = "self", proc_root: Path = PROC_ROOT) -> 
     return None
 
 
-def _cgroup_used(proc_root: Path, cgroup_root: Path, pid: str) -> int | None:
-    """The bytes the process's own cgroup uses now (v2 ``memory.current``, v1 ``memory.usage_in_bytes``)."""
+def _own_file(proc_root: Path, cgroup_root: Path, pid: str, v2_name: str, v1_name: str) -> Path | None:
+    """The file ``v2_name`` (cgroup v2) or ``v1_name`` (v1 memory controller) of the process's own cgroup;
+    None when neither hierarchy is known."""
     v2, v1 = _cgroup_paths(proc_root, pid)
     if v2 is not None and (cgroup_root / "cgroup.controllers").exists():
-        path = _own_and_ancestors(cgroup_root, v2)[0] / "memory.current"
-    elif v1 is not None:
-        path = _own_and_ancestors(cgroup_root / "memory", v1)[0] / "memory.usage_in_bytes"
-    else:
+        return _own_and_ancestors(cgroup_root, v2)[0] / v2_name
+    if v1 is not None:
+        return _own_and_ancestors(cgroup_root / "memory", v1)[0] / v1_name
+    return None
+
+
+def _cgroup_used(proc_root: Path, cgroup_root: Path, pid: str) -> int | None:
+    """The bytes the process's own cgroup uses now (v2 ``memory.current``, v1 ``memory.usage_in_bytes``)."""
+    path = _own_file(proc_root, cgroup_root, pid, "memory.current", "memory.usage_in_bytes")
+    if path is None:
         return None
     text = (_read(path) or "").strip()
     return int(text) if text.isdigit() else None
