@@ -158,7 +158,7 @@ def load_config_file(path: str) -> dict[str, Any]:
     """A run-matrix file (YAML or JSON) as a mapping; UsageError naming the file and the key."""
     import yaml
 
-    from gpuperfd.config.strict_yaml import DuplicateKeyError, read_bounded, safe_load_strict
+    from gpuperfd.config.strict_yaml import AliasBomb, DuplicateKeyError, read_bounded, safe_load_strict
 
     try:
         data = safe_load_strict(read_bounded(path))  # JSON is YAML
@@ -168,6 +168,8 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise UsageError(f"config: cannot read {path}: {exc.strerror or exc}") from None
     except DuplicateKeyError as exc:
         raise UsageError(f"config: {path}: {exc.problem}") from None
+    except AliasBomb as exc:  # valid YAML, but not a file of options: say what is wrong with it
+        raise UsageError(f"config: {path}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

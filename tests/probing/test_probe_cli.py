@@ -291,3 +291,19 @@ def test_a_timeout_that_bounds_nothing_is_bad_input(value: str) -> None:
                            "--no-progress"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == ""
     assert f"gpuperfd probe: timeout: must be a finite number of seconds > 0, got {float(value)}" in done.stderr
+
+
+def test_a_billion_laughs_config_is_named_as_such(tmp_path: Path) -> None:
+    """``probe --config`` with a YAML bomb said only "is not valid YAML or JSON" (issue 61's bomb, here)."""
+    import subprocess
+    import sys
+
+    bomb = tmp_path / "bomb.yaml"
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for n in range(1, 7):
+        lines.append(f"l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * 10) + "]")
+    bomb.write_text("\n".join(lines) + "\n")
+    done = subprocess.run([sys.executable, "-m", "gpuperfd", "probe", "--config", str(bomb), "--simulate", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr) < 400
+    assert done.stderr.startswith(f"gpuperfd probe: config: {bomb}: its aliases (*name) expand it to "), done.stderr
