@@ -166,3 +166,15 @@ def test_a_cpu_without_the_host_memory_for_the_model_refuses_before_building_it(
     assert "skipped:no_room" in out.stdout, out.stdout + out.stderr
     assert f"needs about {need / 2**30:.1f} GiB of host memory (float32 on a CPU); " in out.stderr, out.stderr
     assert ("GiB available: not run" in out.stderr or "cgroup's memory limit" in out.stderr), out.stderr
+
+
+def test_a_sweep_stopped_for_no_room_says_so_not_interrupted(tmp_path: Path) -> None:
+    """A careless operator's sweep of a batch the simulated card cannot hold said "interrupted after 1
+    of 2 points" (nothing interrupted it); it names the reason, with the child's words in the log."""
+    out = _gpuperfd("sweep", "--simulate", "1", "--probe", "llm", "--preset", "llama-3.1-8b", "--option",
+                    "batch_size=256", "--option", "prompt_tokens=2048", "--caps", "max,500", "--settle", "0",
+                    "--no-progress", "--state-dir", str(tmp_path))
+    assert "skipped (no_room)" in out.stdout and "interrupted" not in out.stdout, out.stdout
+    assert ("sweep stopped at 700 W after 1 of 2 points: the point has no room on this card (skipped, no_room): "
+            "no recommendation") in out.stdout
+    assert "needs about 157.2 GiB of GPU memory" in out.stderr
