@@ -50,7 +50,8 @@ def _entry_line(journal: CapJournal, entry: CapRecord | CorruptJournal) -> str:
     held = is_owned(journal.state_dir, safe_name(entry.uuid))
     who = (f"a sweep, pid {held}, holds it and restores it when it ends" if held is not None
            else f"its sweep (pid {entry.pid}) is gone: --revert or the next start puts it back")
-    return f"gpu {entry.gpu_index} {entry.uuid}: a sweep's cap, operator's {entry.original_watts:.0f} W journaled ({who})"
+    return (f"gpu {entry.gpu_index} {entry.uuid}: a sweep's cap, operator's {entry.original_watts:.0f} W "
+            f"journaled ({who})")
 
 
 def print_status(config: Config, journals: Sequence[CapJournal]) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["AliasBomb", "DuplicateKeyError", "MAX_EXPANDED_VALUES", "MAX_FILE_BYTES", "read_bounded", "safe_load_strict"]
+__all__ = ["AliasBomb", "DuplicateKeyError", "MAX_EXPANDED_VALUES", "MAX_FILE_BYTES", "read_bounded",
+           "safe_load_strict"]
 
 _Base: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 

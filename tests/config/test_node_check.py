@@ -42,7 +42,8 @@ def test_check_config_says_it_cannot_tell_without_the_gpus(tmp_path: Path) -> No
     """This machine has no NVIDIA driver: which GPUs the share picks cannot be known, and it says so."""
     done = _check(tmp_path, "nvml", 0.05)
     assert done.returncode == 0, done.stderr
-    assert ("warning: apply.canary_share 0.05 (by a hash of each GPU's UUID): cannot tell which of this node's GPUs it picks (no NVIDIA driver found"
+    assert ("warning: apply.canary_share 0.05 (by a hash of each GPU's UUID): cannot tell which of this node's "
+            "GPUs it picks (no NVIDIA driver found"
             in done.stderr and "the daemon warns at its start if it picks none" in done.stderr), done.stderr
 
 

@@ -84,7 +84,8 @@ def _host_room(spec: ProbeSpec) -> list[tuple[int, str]]:
 
     found = memory_available()
     if spec.memory_limit_bytes is not None:
-        found.append((spec.memory_limit_bytes, f"the child's memory limit is {spec.memory_limit_bytes / 2**20:.0f} MiB"))
+        limit = spec.memory_limit_bytes
+        found.append((limit, f"the child's memory limit is {limit / 2**20:.0f} MiB"))
     return found
 
 
