@@ -219,10 +219,55 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         from gpuperfd.web.config import load_web_config
 
         web = load_web_config(config.web.config_file)
+    said = canary_words(config)  # the daemon's start-up refusal or warning, said here first
+    if said is not None and said[0]:
+        print(f"gpuperfd: {args.file}: invalid configuration: {said[1]}", file=sys.stderr)
+        return EXIT_CONFIG
     print(f"{args.file}: OK (backend {config.device.backend}, listen {config.web.listen_address})")
     if web is not None:
         print(f"{config.web.config_file}: OK ({web.describe()})")
+    if said is not None:
+        print(f"{args.file}: warning: {said[1]}", file=sys.stderr)
     return EXIT_OK
+
+
+def _node_uuids(config: Config) -> dict[int, str]:
+    """The configured GPUs' indices and UUIDs (``device.gpus`` applied); raises DeviceError."""
+    from gpuperfd.device.factory import open_backend, selected_devices
+
+    backend = open_backend(config)
+    try:
+        return {device.index: device.info().uuid for device in selected_devices(backend, config)}
+    finally:
+        backend.close()
+
+
+def canary_words(config: Config) -> tuple[bool, str] | None:
+    """check-config's word on canary mode with the GPUs here read (the simulated ones are built from the
+    file, NVML is opened for a moment), as (an error?, the words): the daemon refuses to start where
+    ``apply.canary_gpus`` names a GPU the node lacks, and warns where the canary picks none of its GPUs,
+    where check-config had said OK (issue 61). Which GPUs a share picks hangs on their UUIDs; where they
+    cannot be read (no driver here) it says it cannot tell. None: not canary, or all is well."""
+    from gpuperfd.apply.policy import ApplySettings, in_canary
+    from gpuperfd.device.errors import DeviceError
+
+    settings = ApplySettings.from_config(config.apply)
+    if settings.mode != "canary":
+        return None
+    how = (f"apply.canary_gpus {list(settings.canary_gpus)}" if settings.canary_gpus is not None
+           else f"apply.canary_share {settings.canary_share:g} (by a hash of each GPU's UUID)")
+    try:
+        uuids = _node_uuids(config)
+    except DeviceError as exc:
+        return False, (f"{how}: cannot tell which of this node's GPUs it picks ({str(exc).split('. ')[0]}); "
+                       "the daemon warns at its start if it picks none")
+    if missing := sorted(set(settings.canary_gpus or ()) - set(uuids)):
+        return True, (f"apply.canary_gpus: GPU {', '.join(map(str, missing))} does not exist on this node (its "
+                      f"GPUs: {', '.join(map(str, sorted(uuids))) or 'none'}): the daemon refuses to start")
+    if any(in_canary(index, uuid, settings) for index, uuid in uuids.items()):
+        return None
+    return False, (f"{how} picks none of this node's {len(uuids)} GPU(s): canary mode would apply no cap here; "
+                   "name them in apply.canary_gpus or raise apply.canary_share")
 
 
 def cmd_collectors(args: argparse.Namespace) -> int:

@@ -300,6 +300,23 @@ def _json(status: int, body: object) -> Response:
     return Response(status, (json.dumps(body, default=str) + "\n").encode(), "application/json")
 
 
+def free_gpus(words: str, node: list[int]) -> list[int]:
+    """The GPUs a ``POST /api/v1/free?gpus=`` names, each once, in order (none named: every GPU of the
+    node). ValueError naming the bad word or a GPU this node lacks: nothing is handed over then (issue 61:
+    ``gpus=7`` answered 200 with an empty list, ``gpus=0,0,1`` handed GPU 0 over twice)."""
+    words = words.replace(" ", "")
+    if not words:
+        return list(node)
+    try:
+        gpus = list(dict.fromkeys(int(word) for word in words.split(",") if word))
+    except ValueError:
+        raise ValueError(f"gpus: GPU indices separated by commas (e.g. gpus=0,1), got {words[:100]!r}") from None
+    if missing := [gpu for gpu in gpus if gpu not in node]:
+        raise ValueError(f"gpus: GPU {', '.join(map(str, missing))} is not on this node (its GPUs: "
+                         f"{', '.join(map(str, node)) or 'none'}); nothing handed over")
+    return gpus
+
+
 class Daemon:
     """One running gpuperfd: start(), then wait() until a signal, then stop().
 
@@ -414,12 +431,10 @@ class Daemon:
         if (refused := self._write_refused("handing GPUs over")) is not None:
             return refused
         query = parse_qs(urlsplit(getattr(handler, "path", "")).query)
-        words = ",".join(query.get("gpus", [])).replace(" ", "")
         try:
-            gpus = [int(word) for word in words.split(",") if word] if words else [d.index for d in self.devices]
-        except ValueError:
-            body = {"error": f"gpus: GPU indices separated by commas (e.g. gpus=0,1), got {words!r}"}
-            return _json(400, body)
+            gpus = free_gpus(",".join(query.get("gpus", [])), [d.index for d in self.devices])
+        except ValueError as exc:
+            return _json(400, {"error": str(exc)})
         handed = self.scheduler.hand_off(gpus)
         log.info("GPU(s) %s handed over as free by the scheduler", handed or "none of this node's")
         return _json(200, {"handed_over": handed})

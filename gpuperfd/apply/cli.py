@@ -18,25 +18,57 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuperfd.apply.emergency import Restored, restore_everything, state_dir_problem
 from gpuperfd.apply.holds import OperatorHold, ReleaseError, holds_in, release_hold
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
-from gpuperfd.probing.sweep.journal import CapJournal, CapRecord, journals_for
+from gpuperfd.probing.sweep.journal import CapJournal, CapRecord, CorruptJournal, journals_for
 from gpuperfd.probing.sweep.ownership import apply_lock_name, is_owned, safe_name
+
+if TYPE_CHECKING:
+    from gpuperfd.config import Config
 
 #: ``--revert``'s result per entry (the emergency command's).
 Reverted = Restored
 
 
-def applied_entries(journals: Iterable[CapJournal]) -> list[tuple[CapJournal, CapRecord]]:
-    """Every journal entry that holds an applied cap (apply mode's), across the given journals, by GPU
-    index (the journal's file order is the UUIDs')."""
-    entries = [(journal, entry) for journal in journals for _, entry in journal.entries()
-               if isinstance(entry, CapRecord) and entry.applied_watts is not None]
-    return sorted(entries, key=lambda pair: (pair[1].gpu_index, pair[1].uuid))
+def status_lines(journals: Iterable[CapJournal]) -> list[str]:
+    """One line per journal entry, applied, a sweep's or unreadable, by GPU index: what ``--revert``
+    would act on (issue 61: a killed sweep's entry and a corrupt one were "no applied cap")."""
+    found = [(journal, path, entry) for journal in journals for path, entry in journal.entries()]
+    found.sort(key=lambda item: (item[2].gpu_index, item[2].uuid) if isinstance(item[2], CapRecord)
+               else (sys.maxsize, str(item[1])))
+    return [_entry_line(journal, entry) for journal, _, entry in found]
+
+
+def _entry_line(journal: CapJournal, entry: CapRecord | CorruptJournal) -> str:
+    """One entry in words: whose cap it is, what the journal keeps, who holds it now."""
+    if isinstance(entry, CorruptJournal):
+        return f"{entry}: --revert sets its GPU to the default limit (the safe choice)"
+    if entry.applied_watts is not None:
+        held = is_owned(journal.state_dir, apply_lock_name(safe_name(entry.uuid)))
+        who = f"held by pid {held}" if held is not None else "no daemon holds it: restored at the next start"
+        return (f"gpu {entry.gpu_index} {entry.uuid}: {entry.applied_watts:.0f} W applied, operator's "
+                f"{entry.original_watts:.0f} W journaled ({who})")
+    held = is_owned(journal.state_dir, safe_name(entry.uuid))
+    who = (f"a sweep, pid {held}, holds it and restores it when it ends" if held is not None
+           else f"its sweep (pid {entry.pid}) is gone: --revert or the next start puts it back")
+    return (f"gpu {entry.gpu_index} {entry.uuid}: a sweep's cap, operator's {entry.original_watts:.0f} W "
+            f"journaled ({who})")
+
+
+def print_status(config: Config, journals: Sequence[CapJournal]) -> None:
+    """``--status``: the mode, then every entry; a state directory never made holds none (exit 0)."""
+    print(f"apply mode: {config.apply.mode} (workload {config.apply.workload or '-'}, "
+          f"budget {100 * config.apply.budget_ratio:.1f}%)")
+    lines = status_lines(journals)
+    for line in lines:
+        print(line)
+    if not lines:
+        searched = ", ".join(str(j.state_dir) + ("" if j.state_dir.exists() else " (does not exist)") for j in journals)
+        print(f"no applied cap: no power-cap journal entry in {searched}")
 
 
 def revert(journals: Iterable[CapJournal], devices: Sequence[Device], wait_seconds: float = 10.0) -> list[Restored]:
@@ -61,13 +93,16 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    """--status: 0. --release: :func:`cmd_release`. --revert: 0 when every cap of ours is back (or there was
+    """--status: 0 (a configured state directory never made holds nothing; a named one that is missing is
+    a mistake: 2). --release: :func:`cmd_release`. --revert: 0 when every cap of ours is back (or there was
     none), 1 otherwise, 2 when the state directory is missing or unreadable, 3 when the GPUs cannot be opened."""
     from gpuperfd.config import config_with_flags
     from gpuperfd.device.factory import with_devices
 
     config = config_with_flags(args.config, {"probes.state_dir": args.state_dir}, simulate=args.simulate)
     problem = state_dir_problem(config.probes.state_dir)
+    if args.status and problem is not None and args.state_dir is None and not config.probes.state_dir.exists():
+        problem = None  # the configured directory was never made: nothing was journaled there (said below)
     if problem is not None:  # never "nothing to revert" for a journal that could not be read
         print(f"gpuperfd: apply: {problem}", file=sys.stderr)
         return 2

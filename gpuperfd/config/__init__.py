@@ -726,9 +726,25 @@ class Config(_Strict):
         return self
 
 
+#: The most problems one error lists, and the longest "got ..." value shown: a file of thousands of bad
+#: values (or one huge one) gets a message a terminal can show, not megabytes (issue 61).
+MAX_PROBLEMS_SHOWN = 20
+MAX_VALUE_CHARS = 200
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict, _SHORT.maxstring = 2, 4, 4, 4, 60
+
+
+def _shown(value: Any) -> str:
+    """A bad value's repr, bounded: nested lists print a level or two, then at most MAX_VALUE_CHARS."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS - 3] + "..."
+
+
 def _format_validation_error(source: str, error: ValidationError) -> str:
     lines = [f"{source}: invalid configuration ({error.error_count()} problem(s)):"]
-    for item in error.errors():
+    for item in error.errors()[:MAX_PROBLEMS_SHOWN]:
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
         message = str(item["msg"]).removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
@@ -736,8 +752,10 @@ def _format_validation_error(source: str, error: ValidationError) -> str:
         value = item.get("input")
         # a section's own check gets the whole section (a model or a mapping): its repr says nothing
         # ("got ApplyConfig(m..._seconds=30.0)"); the message names what is wrong
-        got = "" if isinstance(value, (BaseModel, dict)) else f" (got {reprlib.repr(value)})"
-        lines.append(f"  - {where}: {message}{got}")
+        got = "" if isinstance(value, (BaseModel, dict)) else f" (got {_shown(value)})"
+        lines.append(f"  - {where[:MAX_VALUE_CHARS]}: {message[:4 * MAX_VALUE_CHARS]}{got}")
+    if error.error_count() > MAX_PROBLEMS_SHOWN:
+        lines.append(f"  - ... and {error.error_count() - MAX_PROBLEMS_SHOWN} more")
     return "\n".join(lines)
 
 

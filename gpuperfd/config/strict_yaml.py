@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["DuplicateKeyError", "MAX_FILE_BYTES", "read_bounded", "safe_load_strict"]
+__all__ = ["AliasBomb", "DuplicateKeyError", "MAX_EXPANDED_VALUES", "MAX_FILE_BYTES", "read_bounded",
+           "safe_load_strict"]
 
 _Base: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -59,10 +60,42 @@ def read_bounded(path: str | Any, limit: int = MAX_FILE_BYTES) -> bytes:
     return raw
 
 
+#: The most values a file may hold with its aliases expanded (a config has hundreds; a fleet's thousands).
+MAX_EXPANDED_VALUES = 100_000
+
+
+class AliasBomb(yaml.YAMLError):
+    """Aliases expand the document past :data:`MAX_EXPANDED_VALUES` (a "billion laughs" file)."""
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values ``node`` stands for with every alias expanded, each shared node counted once per
+    use (memoized by node, so the walk itself is linear in the file)."""
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    sizes[id(node)] = 1  # a recursive alias counts once (the constructor refuses or builds it as it can)
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        total += sum(_expanded_size(child, sizes) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        total += sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
+    sizes[id(node)] = total
+    return total
+
+
 def safe_load_strict(stream: str | bytes | Any) -> Any:
-    """``yaml.safe_load`` that raises :class:`DuplicateKeyError` for a key given twice in one mapping."""
+    """``yaml.safe_load`` that raises :class:`DuplicateKeyError` for a key given twice in one mapping and
+    :class:`AliasBomb` for aliases that expand a small file into millions of values (issue 61: a billion
+    laughs file's error message ran to 2 MB as every layer of the expansion was printed)."""
     loader = _StrictLoader(stream)
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if (size := _expanded_size(node, {})) > MAX_EXPANDED_VALUES:
+            raise AliasBomb(f"its aliases (*name) expand it to {size:,} values, more than the "
+                            f"{MAX_EXPANDED_VALUES:,} any gpuperfd file holds (a 'billion laughs' document?)")
+        return loader.construct_document(node)
     finally:
         loader.dispose()

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuperfd.probe_data.result import ProbeResult, RepeatResult, describe
+from gpuperfd.probe_data.result import NO_ROOM, ProbeResult, RepeatResult, describe
 
 __all__ = ["SweepPoint", "Recommendation", "work_rate", "recommend", "rate_cv", "rate_noise", "clearly_slower",
            "MIN_CAPS", "candidates", "recommend_latest", "watts_saved_while_busy",
@@ -151,6 +151,9 @@ def cut_short(points: Sequence[SweepPoint], planned: int) -> str | None:
     done = sum(1 for p in points if p.result.status != "aborted" and not p.result.preempted)
     if done >= planned:
         return None
+    if points and points[-1].result.failure_reason == NO_ROOM:  # not interrupted: no cap makes the memory larger
+        return (f"stopped at {points[-1].cap_watts:.0f} W after {done} of {planned} points: the point has no room "
+                "on this card (skipped, no_room): no recommendation")
     return f"interrupted after {done} of {planned} points: no recommendation"
 
 

@@ -41,10 +41,16 @@ def _point(rate: float, k: int, round_seconds: float, baseline: float | None, ba
 
 
 def speculative_summary(k: int, rates: Sequence[float], draft_round_seconds: float, verify_seconds: float,
-                        target_decode_seconds: float | None, batch: int = 1) -> dict[str, Any]:
+                        target_decode_seconds: float | None, batch: int = 1,
+                        round_seconds: float | None = None) -> dict[str, Any]:
     """The speculative figures of one window (or a pooled point): step times, tokens/s and speedup over
-    plain decode at each named rate and on :data:`CURVE_RATES`, and the break-even acceptance rate."""
-    round_seconds = draft_round_seconds + verify_seconds
+    plain decode at each named rate and on :data:`CURVE_RATES`, and the break-even acceptance rate.
+
+    ``round_seconds``: the measured time of a round (the window's seconds over its rounds, the copy
+    and the loop between the steps included), the one the headline tokens/s divides by, so the
+    headline and the table's figure at the first named rate are one number (issue 61: they differed,
+    5,760 against 5,808); None: the draft round plus the verify step."""
+    round_seconds = draft_round_seconds + verify_seconds if round_seconds is None else round_seconds
     baseline = batch / target_decode_seconds if target_decode_seconds else None
     curve = [_point(rate, k, round_seconds, baseline, batch) for rate in CURVE_RATES]
     break_even = None

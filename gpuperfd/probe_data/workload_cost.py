@@ -22,6 +22,13 @@ from gpuperfd.probe_data.shapes import GPT2_MODELS, LLAMA_MODELS, VIT_MODELS, ca
 #: Where a simulated result lists the options its figures do not follow (``ProbeResult.extra``); the
 #: CLI's table and the report name them, so a flat simulated line is never read as a trend.
 NOT_MODELLED_KEY = "simulated_not_modelled"
+#: Where a simulated result says in words what it is not (``ProbeResult.extra``): the CLI prints it under
+#: its table, the daemon logs it once per preset.
+SIMULATED_NOTE_KEY = "simulated_note"
+#: A simulated speculative point's note (issue 61: it printed plain decode figures and no curve, silently).
+SPECULATIVE_NOT_SIMULATED = ("simulated: speculative decoding is not simulated: the figures are the target's "
+                             "plain decode (no draft round, no verify step, no acceptance-rate curve); run the "
+                             "speculative variant on a GPU for those")
 
 #: Bytes per element of each canonical dtype.
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -177,6 +184,13 @@ def llama_room_bytes(options: Mapping[str, Any], margin: bool = True) -> int:
     if verify and options.get("draft_model"):
         total += llama_cost(str(options["draft_model"]), batch, prompt, output, dtype, verify).memory.total
     return int(total * LLAMA_ROOM_FACTOR + (LLAMA_ROOM_MARGIN_BYTES if margin else 0))
+
+
+def llama_no_room(options: Mapping[str, Any], preset: str | None, needed: str, have: str) -> str:
+    """The one refusal of a Llama point without room (the child's and the simulator's alike): the
+    preset, model and batch, what it needs and what the place it would run has; the docs quote it."""
+    return (f"preset: {preset} ({options['model']}, batch {options['batch_size']}) needs about {needed}; "
+            f"{have}: not run (use a smaller preset or --batch-size)")
 
 
 def vit_cost(model: str, batch: int, image_size: int, dtype: str) -> WorkCost:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -29,7 +30,7 @@ from typing import Any
 from gpuperfd.console import ProgressBar, format_duration, format_table
 from gpuperfd.probe_data.result import MAIN_LATENCY, PRIMARY_METRIC, ProbeResult, canonical_latencies, summarize
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec, params_text
-from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY
+from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY, SIMULATED_NOTE_KEY
 from gpuperfd.probing.interconnect import cli as interconnect_cli
 from gpuperfd.probing.gates.idle import DEFAULT_IDLE_THRESHOLD
 
@@ -157,7 +158,7 @@ def load_config_file(path: str) -> dict[str, Any]:
     """A run-matrix file (YAML or JSON) as a mapping; UsageError naming the file and the key."""
     import yaml
 
-    from gpuperfd.config.strict_yaml import DuplicateKeyError, read_bounded, safe_load_strict
+    from gpuperfd.config.strict_yaml import AliasBomb, DuplicateKeyError, read_bounded, safe_load_strict
 
     try:
         data = safe_load_strict(read_bounded(path))  # JSON is YAML
@@ -167,6 +168,8 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise UsageError(f"config: cannot read {path}: {exc.strerror or exc}") from None
     except DuplicateKeyError as exc:
         raise UsageError(f"config: {path}: {exc.problem}") from None
+    except AliasBomb as exc:  # valid YAML, but not a file of options: say what is wrong with it
+        raise UsageError(f"config: {path}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -389,8 +392,8 @@ def main(args: argparse.Namespace) -> int:
         parse_labels(getattr(args, "label", None))  # a bad label is a usage error before anything runs
         if args.output is not None:
             check_output(args.output)
-        if args.timeout is not None and args.timeout <= 0:
-            raise UsageError(f"timeout: must be > 0, got {args.timeout}")
+        if args.timeout is not None and not 0 < args.timeout < math.inf:  # nan passed "<= 0": no bound at all
+            raise UsageError(f"timeout: must be a finite number of seconds > 0, got {args.timeout}")
         if not 0 <= args.idle_threshold <= 1:
             raise UsageError(f"idle_threshold: must be between 0 and 1, got {args.idle_threshold}")
         if getattr(args, "simulate_model", None) is not None and getattr(args, "simulate", None) is None:
@@ -649,6 +652,8 @@ def _print_results(args: argparse.Namespace, results: list[ProbeResult], simulat
         print(f"GPU: {gpu_name} (compute capability {capability}){where}")
     if unmodelled := sorted({k for r in results for k in r.extra.get(NOT_MODELLED_KEY, [])}):
         print(f"simulated: {', '.join(unmodelled)} not modelled (the simulated figures do not follow it)")
+    for note in sorted({r.extra[SIMULATED_NOTE_KEY] for r in results if r.extra.get(SIMULATED_NOTE_KEY)}):
+        print(note)
     if any(r.ok and r.low_gpu_busy for r in results):
         print("LOW-BUSY: the device was idle for part of the window; the figure measures the host as much as the GPU.")
 

@@ -83,12 +83,8 @@ def memory_limit_bytes(proc_root: Path = PROC_ROOT, cgroup_root: Path = CGROUP_R
 def oom_kill_count(proc_root: Path = PROC_ROOT, cgroup_root: Path = CGROUP_ROOT, pid: str = "self") -> int | None:
     """How many processes the kernel's OOM killer has killed in the process's cgroup (v2
     ``memory.events`` ``oom_kill``, v1 ``memory.oom_control`` ``oom_kill``); None when unreadable."""
-    v2, v1 = _cgroup_paths(proc_root, pid)
-    if v2 is not None and (cgroup_root / "cgroup.controllers").exists():
-        path = _own_and_ancestors(cgroup_root, v2)[0] / "memory.events"
-    elif v1 is not None:
-        path = _own_and_ancestors(cgroup_root / "memory", v1)[0] / "memory.oom_control"
-    else:
+    path = _own_file(proc_root, cgroup_root, pid, "memory.events", "memory.oom_control")
+    if path is None:
         return None
     for line in (_read(path) or "").splitlines():
         key, _, value = line.partition(" ")
@@ -105,3 +101,49 @@ def status_bytes(field: str, pid: str = "self", proc_root: Path = PROC_ROOT) -> 
             if len(words) >= 2 and words[1].isdigit():
                 return int(words[1]) * 1024
     return None
+
+
+def _own_file(proc_root: Path, cgroup_root: Path, pid: str, v2_name: str, v1_name: str) -> Path | None:
+    """The file ``v2_name`` (cgroup v2) or ``v1_name`` (v1 memory controller) of the process's own cgroup;
+    None when neither hierarchy is known."""
+    v2, v1 = _cgroup_paths(proc_root, pid)
+    if v2 is not None and (cgroup_root / "cgroup.controllers").exists():
+        return _own_and_ancestors(cgroup_root, v2)[0] / v2_name
+    if v1 is not None:
+        return _own_and_ancestors(cgroup_root / "memory", v1)[0] / v1_name
+    return None
+
+
+def _cgroup_used(proc_root: Path, cgroup_root: Path, pid: str) -> int | None:
+    """The bytes the process's own cgroup uses now (v2 ``memory.current``, v1 ``memory.usage_in_bytes``)."""
+    path = _own_file(proc_root, cgroup_root, pid, "memory.current", "memory.usage_in_bytes")
+    if path is None:
+        return None
+    text = (_read(path) or "").strip()
+    return int(text) if text.isdigit() else None
+
+
+def host_available(proc_root: Path = PROC_ROOT) -> int | None:
+    """The host's ``MemAvailable`` (/proc/meminfo), bytes; None when unreadable."""
+    for line in (_read(proc_root / "meminfo") or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            words = line.split()
+            return int(words[1]) * 1024 if len(words) >= 2 and words[1].isdigit() else None
+    return None
+
+
+def memory_available(proc_root: Path = PROC_ROOT, cgroup_root: Path = CGROUP_ROOT,
+                     pid: str = "self") -> list[tuple[int, str]]:
+    """What the process may still allocate, each figure with words saying where it comes from: the
+    host's available memory and what the cgroup's limit leaves. A process that would build more than
+    the smallest is killed half-way (a 32 GB model under a 10 GiB limit, issue 61): check it first."""
+    found: list[tuple[int, str]] = []
+    gib = 2**30
+    if (available := host_available(proc_root)) is not None:
+        found.append((available, f"the host has {available / gib:.1f} GiB available"))
+    limit = memory_limit_bytes(proc_root, cgroup_root, pid)
+    if limit is not None:
+        used = _cgroup_used(proc_root, cgroup_root, pid) or 0
+        found.append((max(limit - used, 0), f"the cgroup's memory limit of {limit / gib:.1f} GiB leaves "
+                                            f"{max(limit - used, 0) / gib:.1f} GiB ({used / gib:.1f} GiB used)"))
+    return found

@@ -10,6 +10,7 @@ builds the same JSON shape; the device layer's errors (no driver) come through u
 from __future__ import annotations
 
 import base64
+import dataclasses
 import http.client
 import json
 import os
@@ -90,15 +91,33 @@ def check_url(url: str) -> None:
         raise TopError(f"--url {url!r} names no host; e.g. http://127.0.0.1:10187")
 
 
+#: The daemon's own pages: a ``--url`` copied from a browser or a scrape config with one of them is the
+#: daemon's base URL plus that page (issue 61: ``--url http://HOST:PORT/metrics`` was told the daemon
+#: "does not serve /api/v1/gpus").
+DAEMON_PAGES = ("/metrics", API_PATH, "/api/v1/health", "/healthz")
+
+
+def base_url(url: str) -> str:
+    """``url`` without a trailing slash or one of the daemon's own pages (:data:`DAEMON_PAGES`); any
+    other path stays (a reverse proxy's prefix)."""
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path.rstrip("/")
+    for page in DAEMON_PAGES:
+        if path.endswith(page):
+            path = path[: -len(page)]
+            break
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path.rstrip("/"), "", ""))
+
+
 class DaemonSource:
     """Frames from a running daemon's ``/api/v1/gpus``."""
 
     def __init__(self, address: DaemonAddress, timeout_seconds: float = 5.0) -> None:
         check_url(address.url)
-        self.address = address
-        self.url = address.url.rstrip("/") + API_PATH
+        self.address = address = DaemonAddress(base_url(address.url), *dataclasses.astuple(address)[1:])
+        self.url = address.url + API_PATH
         self.timeout = timeout_seconds
-        self.description = f"daemon {address.url.rstrip('/')}"
+        self.description = f"daemon {address.url}"
         context = None
         if self.url.startswith("https:"):
             context = ssl.create_default_context(cafile=address.ca_file)
@@ -147,6 +166,9 @@ class DaemonSource:
             return (f"the daemon at {self.address.url} wants basic auth: --user NAME with the password in "
                     f"${PASSWORD_ENV}" + (" (refused)" if self.address.user else ""))
         if status == 404:
+            if urllib.parse.urlsplit(self.address.url).path:
+                return (f"nothing serves {self.url} (HTTP 404): --url is the daemon's base URL, "
+                        f"e.g. {self.address.url.split('//')[0]}//{urllib.parse.urlsplit(self.address.url).netloc}")
             return f"the daemon at {self.address.url} does not serve {API_PATH} (a gpuperfd older than `top`?)"
         return f"the daemon at {self.address.url} answered HTTP {status} for {API_PATH}"
 

@@ -120,3 +120,42 @@ def test_a_state_dir_that_is_not_one_is_an_error_not_no_applied_cap(command: str
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and f"state directory {state_dir} {words}" in done.stderr, done.stderr
         assert not (tmp_path / "missing").exists()
+
+
+# --- issue 61: --status shows what --revert would act on ----------------------------------------------------
+
+def _status(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuperfd", "apply", "--status", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_status_shows_a_killed_sweeps_entry_and_a_corrupt_one_that_revert_acts_on(tmp_path: Path) -> None:
+    """Once "no applied cap" where the directory held a killed sweep's entry and a corrupt one, both of
+    which ``apply --revert`` then acted on."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    sweep = {"uuid": UUID, "gpu_index": 1, "original_watts": 640.0, "default_watts": 700.0, "recorded_at": 1.0,
+             "pid": dead.pid}
+    (tmp_path / (safe_name(UUID) + CapJournal.SUFFIX)).write_text(json.dumps(sweep))
+    other = "GPU-a1111111-1111-1111-1111-111111111111"
+    corrupt = tmp_path / (safe_name(other) + CapJournal.SUFFIX)
+    corrupt.write_text('{"uuid": "wrong schema"}')
+    done = _status("--state-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "no applied cap" not in done.stdout
+    assert (f"gpu 1 {UUID}: a sweep's cap, operator's 640 W journaled (its sweep (pid {dead.pid}) is gone: "
+            "--revert or the next start puts it back)") in done.stdout, done.stdout
+    assert f"{corrupt}: unreadable power-cap journal entry (KeyError: 'gpu_index'): --revert sets its GPU to the " \
+           "default limit (the safe choice)" in done.stdout, done.stdout
+
+
+def test_status_on_a_node_whose_state_dir_was_never_made_says_nothing_is_applied(tmp_path: Path) -> None:
+    """Once exit 2 on a node without /var/lib/gpuperfd (no daemon ever journaled a cap there). A directory
+    named on the command line that is missing stays an error (a typo): the test above."""
+    missing = tmp_path / "never-made"
+    config = tmp_path / "gpuperfd.yaml"
+    config.write_text(f"device: {{backend: simulated}}\nprobes: {{state_dir: {missing}}}\n")
+    done = _status("--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert f"no applied cap: no power-cap journal entry in {missing} (does not exist)" in done.stdout, done.stdout
+    assert not missing.exists()

@@ -90,19 +90,7 @@ def ok_runs(url: str, auth, gpu: str) -> float:  # type: ignore[no-untyped-def]
 
 
 def test_a_gpu_handed_over_by_the_epilog_is_probed_without_waiting_out_idle_seconds(start_daemon, tmp_path) -> None:
-    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
-    web = tmp_path / "web.yml"
-    web.write_text(f"basic_auth_users:\n  slurm: {hashed}\n")
-    daemon = start_daemon(["--web.config.file", str(web)], config_text=CONFIG.format(state=tmp_path / "state"),
-                          ready=False)
-    auth = ("slurm", "s3cret")
-    def up() -> bool:
-        try:
-            return requests.get(daemon.url + "/healthz", auth=auth, timeout=2).status_code == 200
-        except requests.ConnectionError:
-            return False
-
-    wait_for(up)
+    daemon, auth = _behind_basic_auth(start_daemon, tmp_path)
     wait_for(lambda: "llm skipped: not_idle" in daemon.log())  # the first firing: idle 0.2 s of 3600
     assert requests.post(daemon.url + "/api/v1/free", timeout=5).status_code == 401  # a write, behind the same auth
     assert requests.post(daemon.url + "/api/v1/free?gpus=x", auth=auth, timeout=5).status_code == 400
@@ -121,3 +109,36 @@ def test_without_basic_auth_the_daemon_refuses_the_hand_off(start_daemon, tmp_pa
     answer = requests.post(daemon.url + "/api/v1/free", timeout=5)
     assert answer.status_code == 403 and "basic auth" in answer.json()["error"]
     assert requests.post(daemon.url + "/metrics", timeout=5).status_code == 405  # other paths: no writes
+
+
+def test_handing_over_a_gpu_the_node_lacks_is_refused_naming_it_and_a_repeat_counts_once(start_daemon, tmp_path):
+    """Issue 61: ``gpus=7`` on a node without GPU 7 answered 200 with an empty list, and ``gpus=0,0,1``
+    handed GPU 0 over twice."""
+    daemon, auth = _behind_basic_auth(start_daemon, tmp_path)
+    missing = requests.post(daemon.url + "/api/v1/free?gpus=7", auth=auth, timeout=5)
+    assert missing.status_code == 400
+    assert missing.json() == {"error": "gpus: GPU 7 is not on this node (its GPUs: 0, 1); nothing handed over"}
+    partly = requests.post(daemon.url + "/api/v1/free?gpus=1,7", auth=auth, timeout=5)
+    assert partly.status_code == 400 and "GPU 7 is not on this node" in partly.json()["error"]
+    assert "handed over as free" not in daemon.log()  # nothing changed by a refused request
+    twice = requests.post(daemon.url + "/api/v1/free?gpus=0,0,1", auth=auth, timeout=5)
+    assert twice.status_code == 200 and twice.json() == {"handed_over": [0, 1]}
+
+
+def _behind_basic_auth(start_daemon, tmp_path):  # type: ignore[no-untyped-def]
+    """A daemon on CONFIG behind basic auth (the hand-off is a write: refused without it), and its auth."""
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  slurm: {hashed}\n")
+    daemon = start_daemon(["--web.config.file", str(web)], config_text=CONFIG.format(state=tmp_path / "state"),
+                          ready=False)
+    auth = ("slurm", "s3cret")
+    wait_for(lambda: _answers(daemon.url, auth))
+    return daemon, auth
+
+
+def _answers(url: str, auth) -> bool:  # type: ignore[no-untyped-def]
+    try:
+        return requests.get(url + "/healthz", auth=auth, timeout=2).status_code == 200
+    except requests.ConnectionError:
+        return False

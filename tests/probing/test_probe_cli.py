@@ -278,3 +278,32 @@ def test_cpu_float16_is_warned_once_and_a_timeout_says_what_to_change(
     hint = ("the point ran out of its 1 s on the CPU: change --timeout S, --dtype float32, "
             "or a smaller --preset or --batch-size")
     assert err.count(hint) == 2, err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_a_timeout_that_bounds_nothing_is_bad_input(value: str) -> None:
+    """Issue 61 (a careless operator's try): ``--timeout nan`` passed the "<= 0" check and ran the point
+    with no bound at all (a comparison with nan is always false); ``inf`` the same."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "gpuperfd", "probe", "llm", "--simulate", "1", "--timeout", value,
+                           "--no-progress"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert f"gpuperfd probe: timeout: must be a finite number of seconds > 0, got {float(value)}" in done.stderr
+
+
+def test_a_billion_laughs_config_is_named_as_such(tmp_path: Path) -> None:
+    """``probe --config`` with a YAML bomb said only "is not valid YAML or JSON" (issue 61's bomb, here)."""
+    import subprocess
+    import sys
+
+    bomb = tmp_path / "bomb.yaml"
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for n in range(1, 7):
+        lines.append(f"l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * 10) + "]")
+    bomb.write_text("\n".join(lines) + "\n")
+    done = subprocess.run([sys.executable, "-m", "gpuperfd", "probe", "--config", str(bomb), "--simulate", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr) < 400
+    assert done.stderr.startswith(f"gpuperfd probe: config: {bomb}: its aliases (*name) expand it to "), done.stderr

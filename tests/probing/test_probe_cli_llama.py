@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuperfd.probe_data.workload_cost import SPECULATIVE_NOT_SIMULATED
 from gpuperfd.probing import cli
 
 FAST = ["--repeats", "2", "--measure-seconds", "0.1", "--no-progress"]
@@ -92,3 +93,88 @@ def test_seed_004_table_puts_the_roofline_beside_the_decode_figure() -> None:
     row = table.splitlines()[-1]
     assert "llama-3.1-8b" in row and "212.5" in row and "80.00" in row and "5.900" in row
     assert "HBM roofline tok/s" in table and "of roofline %" in table
+
+
+def _gpuperfd(*argv: str, timeout: float = 120) -> "subprocess.CompletedProcess[str]":
+    """The real ``gpuperfd`` command, as an operator runs it."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "gpuperfd", *argv], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_simulated_card_without_room_skips_the_point_as_the_docs_promise() -> None:
+    """Issue 61: a simulated H100 ended a Llama batch that cannot fit ``failed (oom)``; docs/probes.md
+    promises ``skipped``/``no_room`` with the need and the card's free memory named (the real child's words)."""
+    out = _gpuperfd("probe", "llm", "--preset", "llama-3.1-8b", "--batch-size", "256", "--prompt-tokens", "2048",
+                    "--simulate", "1", "--no-progress")
+    assert "skipped:no_room" in out.stdout and "oom" not in out.stdout.replace("no_room", ""), out.stdout
+    assert ("preset: llama-3.1-8b (llama-3.1-8b, batch 256) needs about 157.2 GiB of GPU memory; "
+            "NVIDIA H100 80GB HBM3 has 79.5 GiB free of 80.0 GiB: not run (use a smaller preset or --batch-size)"
+            in out.stderr), out.stderr
+    assert out.returncode == 1  # not every point is ok (docs/probes.md, exit codes)
+
+
+def test_a_simulated_speculative_point_says_it_is_not_speculation() -> None:
+    """Issue 61: ``llama-3.1-8b-spec --simulate 1`` printed plain decode figures and no curve, silently."""
+    out = _gpuperfd("probe", "llm", "--preset", "llama-3.1-8b-spec", "--simulate", "1", "--no-progress")
+    assert out.returncode == 0, out.stderr
+    assert SPECULATIVE_NOT_SIMULATED in out.stdout
+    plain = _gpuperfd("probe", "llm", "--preset", "llama-3.1-8b", "--simulate", "1", "--no-progress")
+    assert "speculative" not in plain.stdout
+
+
+def test_a_daemon_scheduling_a_speculative_preset_on_simulated_gpus_says_it_is_not_simulated(start_daemon) -> None:
+    """The daemon's schedule of the speculative preset publishes plain decode figures: its log says so, once."""
+    import time
+
+    daemon = start_daemon([], """
+device: {backend: simulated}
+simulation: {gpus: 1}
+probes:
+  state_dir: state
+  idle_seconds: 0
+  jitter_seconds: 0
+  first_run_delay_seconds: 0
+  simulated_measure_seconds: 0.2
+  schedules:
+    - {probe: llm, preset: llama-3.1-8b-spec, interval_seconds: 3600, settle_seconds: 0}
+""")
+    deadline = time.monotonic() + 60
+    while SPECULATIVE_NOT_SIMULATED not in daemon.log() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert daemon.log().count(SPECULATIVE_NOT_SIMULATED) == 1, daemon.log()[-2000:]
+    assert "preset llama-3.1-8b-spec: simulated: speculative decoding is not simulated" in daemon.log()
+
+
+def test_a_cpu_without_the_host_memory_for_the_model_refuses_before_building_it() -> None:
+    """Issue 61: on a CPU ``--preset llama-3.1-8b`` started allocating 32 GB with no look at the host's
+    memory (killed after 38 s under a 10 GiB limit). The child compares the need with the host's
+    available memory and the cgroup's limit first, and names both sides."""
+    from gpuperfd.probe_data.workload_cost import llama_room_bytes
+    from gpuperfd.system.cgroup_memory import memory_available
+
+    argv = ["--preset", "llama-3.1-8b", "--device", "cpu", "--batch-size", "64", "--prompt-tokens", "4096"]
+    need = llama_room_bytes({"model": "llama-3.1-8b", "batch_size": 64, "prompt_tokens": 4096, "output_tokens": 128,
+                             "dtype": "float32"}, margin=False)
+    room = min(memory_available(), default=None)
+    if room is None or room[0] >= need:
+        pytest.skip(f"this host has room for {need / 2**30:.0f} GiB")
+    started = __import__("time").monotonic()
+    out = _gpuperfd("probe", "llm", *argv, "--no-progress")
+    assert __import__("time").monotonic() - started < 60
+    assert "skipped:no_room" in out.stdout, out.stdout + out.stderr
+    assert f"needs about {need / 2**30:.1f} GiB of host memory (float32 on a CPU); " in out.stderr, out.stderr
+    assert ("GiB available: not run" in out.stderr or "cgroup's memory limit" in out.stderr), out.stderr
+
+
+def test_a_sweep_stopped_for_no_room_says_so_not_interrupted(tmp_path: Path) -> None:
+    """A careless operator's sweep of a batch the simulated card cannot hold said "interrupted after 1
+    of 2 points" (nothing interrupted it); it names the reason, with the child's words in the log."""
+    out = _gpuperfd("sweep", "--simulate", "1", "--probe", "llm", "--preset", "llama-3.1-8b", "--option",
+                    "batch_size=256", "--option", "prompt_tokens=2048", "--caps", "max,500", "--settle", "0",
+                    "--no-progress", "--state-dir", str(tmp_path))
+    assert "skipped (no_room)" in out.stdout and "interrupted" not in out.stdout, out.stdout
+    assert ("sweep stopped at 700 W after 1 of 2 points: the point has no room on this card (skipped, no_room): "
+            "no recommendation") in out.stdout
+    assert "needs about 157.2 GiB of GPU memory" in out.stderr

@@ -60,3 +60,19 @@ def test_status_fields_of_this_process() -> None:
     rss, hwm = status_bytes("VmRSS"), status_bytes("VmHWM")
     assert rss is not None and hwm is not None and 0 < rss <= hwm
     assert status_bytes("NoSuchField") is None
+
+
+def test_memory_available_is_the_hosts_and_what_the_cgroups_limit_leaves(tmp_path: Path) -> None:
+    """Issue 61: a 32 GB model was built on a CPU under a 10 GiB limit and killed after 38 s; the child
+    now compares its need with these figures first (the smallest refuses, named)."""
+    from gpuperfd.system.cgroup_memory import memory_available
+
+    proc, root = _tree(tmp_path, "0::/ctr\n", {"cgroup.controllers": "memory\n", "ctr/memory.max": "10737418240\n",
+                                                "ctr/memory.current": "1073741824\n"})
+    (proc / "meminfo").write_text("MemTotal:       65536000 kB\nMemAvailable:   33554432 kB\n")
+    found = memory_available(proc, root)
+    assert min(found) == (9 * 2**30, "the cgroup's memory limit of 10.0 GiB leaves 9.0 GiB (1.0 GiB used)")
+    assert (32 * 2**30, "the host has 32.0 GiB available") in found
+    (root / "ctr/memory.max").write_text("max\n")
+    (proc / "meminfo").write_text("garbage\n")
+    assert memory_available(proc, root) == []  # nothing readable: no figure, never an exception

@@ -252,3 +252,21 @@ def test_each_results_age_and_a_due_gpu_without_one_are_shown_everywhere(start_d
     page = requests.get(daemon.url + "/", timeout=5).text
     assert 'class="age" data-due="0"' in page and " s old" in page
     assert 'id="due-1"' in page and "due (waiting for the GPU to be free): llm/gpt2" in page
+
+
+@pytest.mark.parametrize("page", ["/metrics", "/", "/api/v1/gpus", "/healthz"])
+def test_a_url_with_one_of_the_daemons_pages_is_its_base_url(start_daemon, tmp_path, capsys, page):
+    """Issue 61: ``--url http://HOST:PORT/metrics`` (copied from a scrape config) was told the daemon
+    "does not serve /api/v1/gpus (a gpuperfd older than top?)", which was false: the path was the mistake."""
+    daemon = start_daemon(config_text=STILL.format(state=tmp_path / "state"))
+    code, out, err = top(capsys, "--once", "--url", daemon.url + page)
+    assert code == 0 and f"from daemon {daemon.url}" in out, err
+
+
+def test_a_url_whose_path_serves_nothing_says_the_url_is_the_daemons_base(start_daemon, tmp_path, capsys):
+    daemon = start_daemon(config_text=STILL.format(state=tmp_path / "state"))
+    code, out, err = top(capsys, "--once", "--url", daemon.url + "/gpuperfd")
+    assert code == 1 and out == ""
+    assert f"nothing serves {daemon.url}/gpuperfd/api/v1/gpus (HTTP 404): --url is the daemon's base URL, " \
+           f"e.g. {daemon.url}" in err, err
+    assert "older than" not in err

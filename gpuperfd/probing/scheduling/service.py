@@ -423,7 +423,13 @@ class ProbeService:
                 key_of[id(member)] = member_key
                 yield member
 
-        outcomes, owned = self._sweep(device, schedules(), members, schedule)
+        told: set[int] = set()  # id(schedule) of the members already told, as their own sweep ended
+
+        def finished(member: ScheduleConfig, outcome: RunOutcome) -> None:
+            told.add(id(member))
+            self._tell(gpu, key_of[id(member)], outcome)
+
+        outcomes, owned = self._sweep(device, schedules(), members, schedule, finished)
         for member_key, member in ((k, m) for k, m in promised if k not in handed):  # the round stopped before them
             if owned.status is OwnedStatus.DONE:  # stopped between schedules: a shutdown
                 self.metrics.count(self._info(device), member.probe, preset_of(member), "aborted", "shutdown")
@@ -431,7 +437,7 @@ class ProbeService:
             else:
                 self._tell(gpu, member_key, self._ended(device, self._info(device), member, owned, ()))
         for member_id, outcome in outcomes.items():
-            if member_id in key_of:
+            if member_id in key_of and member_id not in told:
                 self._tell(gpu, key_of[member_id], outcome)
         return outcomes[id(schedule)]
 
@@ -474,23 +480,40 @@ class ProbeService:
         return RunOutcome("skipped", reason)
 
     def _sweep(self, device: Device, schedules: Iterable[ScheduleConfig], members: list[ScheduleConfig],
-               leader: ScheduleConfig) -> tuple[dict[int, RunOutcome], OwnedSweep]:
+               leader: ScheduleConfig, finished: Callable[[ScheduleConfig, RunOutcome], None],
+               ) -> tuple[dict[int, RunOutcome], OwnedSweep]:
         """The owned sweep (:func:`run_owned_sweep`) of a round; each schedule's outcome counted and logged.
 
         ``members`` fills with the schedules handed to the sweep as it asks for them; each of them,
         and ``leader`` even if the sweep stopped before asking (the GPU owned by another process, a
-        state-directory failure), gets its outcome, keyed by ``id``.
+        state-directory failure), gets its outcome, keyed by ``id``. ``finished`` hears each schedule
+        whose sweep ran to its end as soon as the sweep asks for the next one (its result is published
+        whole then: its due flag must not wait for the round's end, issue 61).
         """
         info = self._info(device)
-        request = SweepRequest(map(planned_from_schedule, schedules), None, read_only=self.config.read_only,
+        live: list[OwnedSweep] = []  # the sweep's outcome object, filled as it runs
+
+        def done_early(schedule: ScheduleConfig) -> None:
+            points = next((p for probe, p in live[0].sweeps if probe.origin is schedule), None) if live else None
+            if points is None:
+                return
+            results[id(schedule)] = replace(self._done(device, info, schedule, tuple(points),
+                                                       planned.get(id(schedule), len(points))),
+                                            caps_watts=caps_of.get(id(schedule), ()))
+            finished(schedule, results[id(schedule)])
+
+        request = SweepRequest(map(planned_from_schedule, _ending(schedules, done_early)), None,
+                               read_only=self.config.read_only,
                                wait_seconds=CAP_LOCK_WAIT_SECONDS,
                                stop_early=self.config.max_slowdown if self.config.stop_early else None,
                                wanted=lambda: self._wanted(device), current_watts=self.held_caps.get(device.index))
 
+        results: dict[int, RunOutcome] = {}
         planned: dict[int, int] = {}  # id(schedule) -> how many points its sweep was to measure
         caps_of: dict[int, tuple[float, ...]] = {}  # id(schedule) -> its sweep's caps, in order
 
         def observer_for(probe: PlannedProbe, outcome: OwnedSweep) -> ServiceObserver:
+            live[:] = [outcome]
             schedule: ScheduleConfig = probe.origin
             planned[id(schedule)] = 1 if outcome.read_only else len(outcome.caps_watts)
             caps_of[id(schedule)] = () if outcome.read_only else tuple(outcome.caps_watts)
@@ -505,8 +528,9 @@ class ProbeService:
         outcome = run_owned_sweep(device, self.journal, request, self.executor, observer_for, self.abort)
         points_of = {id(probe.origin): points for probe, points in outcome.sweeps}
         last = outcome.sweeps[-1][0].origin if outcome.sweeps else None
-        results: dict[int, RunOutcome] = {}
         for schedule in members or [leader]:
+            if id(schedule) in results:  # ran to its end: told as it ended
+                continue
             points = tuple(points_of.get(id(schedule), ()))
             ran_whole = id(schedule) in points_of and schedule is not last
             wanted = planned.get(id(schedule), len(points))
@@ -559,6 +583,20 @@ class ProbeService:
         if failed:
             return RunOutcome(failed[0].result.status, failed[0].result.failure_reason or "unknown", published)
         return RunOutcome("ok", "", published)
+
+
+def _ending(schedules: Iterable[ScheduleConfig], ended: Callable[[ScheduleConfig], None]) -> Iterator[ScheduleConfig]:
+    """``schedules``, with ``ended(s)`` called once the sweep asks past ``s``: the owned sweep asks for
+    the next schedule only after the last one's sweep ran to its end (a preemption, an abort or an
+    error raises instead), and once more after the round's last."""
+    previous = None
+    for schedule in schedules:
+        if previous is not None:
+            ended(previous)
+        previous = schedule
+        yield schedule
+    if previous is not None:
+        ended(previous)
 
 
 class ServiceObserver:

@@ -14,6 +14,7 @@ which the device layer does not import (tests/test_architecture.py).
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import random
@@ -27,14 +28,16 @@ from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data import wire
 from gpuperfd.probe_data.request import ProbeRequest
-from gpuperfd.probe_data.result import ProbeResult
+from gpuperfd.probe_data.result import NO_ROOM, ProbeResult
 from gpuperfd.probe_data.settle import wait_steady
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, GPT2_MODELS, PRESETS
-from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY
+from gpuperfd.probe_data.shapes import is_llama
+from gpuperfd.probe_data.workload_cost import (NOT_MODELLED_KEY, SIMULATED_NOTE_KEY, SPECULATIVE_NOT_SIMULATED,
+                                               llama_no_room, llama_room_bytes)
 from gpuperfd.probing.child.standby import take_standby
 from gpuperfd.probing.simulated.child import SimulatedChild, pass_time
 from gpuperfd.probing.simulated.costs import ChildCosts, costs_for
-from gpuperfd.probing.simulated.workload import SimulatedWorkload, simulated_workload
+from gpuperfd.probing.simulated.workload import SimulatedWorkload, merged_options, simulated_workload
 
 if TYPE_CHECKING:  # the simulator's module is imported when a simulated point runs, not with the daemon
     from gpuperfd.device.simulated import SimulatedGpu, WorkloadProfile
@@ -43,6 +46,8 @@ if TYPE_CHECKING:  # the simulator's module is imported when a simulated point r
 
 #: The simulator profile of each probe's default preset ("probe/preset").
 SIMULATED_PROFILE = {probe: f"{probe}/{preset}" for probe, preset in DEFAULT_PRESET.items()}
+
+log = logging.getLogger(__name__)
 
 
 def simulated_profile_name(probe: str, preset: str | None) -> str:
@@ -191,6 +196,26 @@ def out_of_memory(device: SimulatedGpu, peak_bytes: int) -> str | None:
             f"{max(free, 0) / gib:.2f} GiB is free (simulated; a smaller batch_size, model or sequence fits)")
 
 
+def no_room(device: SimulatedGpu, probe: str, preset: str, options: Mapping[str, Any]) -> str | None:
+    """Why a Llama point does not fit ``device``'s free memory, in the real child's words (its check
+    before the build, :func:`gpuperfd.probe_child.workloads.llama.probe.check_room`: the model's bytes
+    with the margin against the card's free memory, a CUDA context already held); None: it fits or is
+    no Llama point. docs/probes.md promises ``skipped``/``no_room`` for it, on a real card and here."""
+    from gpuperfd.device.simulated import BASE_MEMORY_BYTES
+
+    merged = merged_options(probe, preset, options)
+    if probe != "llm" or not is_llama(merged.get("model")):
+        return None
+    needed = llama_room_bytes(merged)
+    memory = device.memory()
+    free = max(memory.total_bytes - memory.used_bytes - BASE_MEMORY_BYTES, 0)
+    if needed <= free:
+        return None
+    gib = 2**30
+    return llama_no_room(merged, preset, f"{needed / gib:.1f} GiB of GPU memory",
+                         f"{device.info().name} has {free / gib:.1f} GiB free of {memory.total_bytes / gib:.1f} GiB")
+
+
 @dataclass
 class _Window:
     """One loaded window: how long, the energy counter's difference, what the GPU showed, and why it
@@ -224,6 +249,7 @@ class SimulatedExecutor:
         self.timeout_seconds = 600.0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
+        self._said: set[tuple[str, str]] = set()  # (preset, note) pairs logged
 
     def costs(self, probe: str) -> ChildCosts:
         return costs_for(probe, self.cost_scale)
@@ -255,12 +281,10 @@ class SimulatedExecutor:
             raise TypeError("the simulated executor needs a simulated GPU")
         preset = request.preset or DEFAULT_PRESET[request.probe]
         work = simulated_workload(request.probe, preset, request.options)
+        if (message := no_room(device, request.probe, preset, request.options)) is not None:  # the child's check
+            return self._not_run(device, request, preset, NO_ROOM, message, "skipped")
         if (message := out_of_memory(device, work.profile.memory_bytes)) is not None:  # as a real card: no window
-            info = device.info()
-            return ProbeResult.failure(request.probe, "simulated", preset, "oom", message, device=f"sim:{device.index}",
-                                       started_at=time.time(), wall_seconds=0.0, gpu_name=info.name,
-                                       compute_capability=info.compute_capability, gpu_uuid=info.uuid,
-                                       params=dict(request.options))
+            return self._not_run(device, request, preset, "oom", message, "failed")
         window = self._load(device, work.profile, abort, settle_seconds, hold_seconds)
         if window.why is not None:  # a user's job is a preemption (skipped), a shutdown an abort
             status, reason = ("aborted", "aborted") if abort.is_set() else ("skipped", "preempted")
@@ -268,6 +292,24 @@ class SimulatedExecutor:
                                        device=f"sim:{device.index}", started_at=window.started_at,
                                        wall_seconds=window.measured)
         return self._result(device, request, preset, work, window)
+
+    def _say_once(self, preset: str, note: str) -> None:
+        """Log ``note`` once per preset: a daemon's schedule of it is told in its log, not every point."""
+        with self._lock:
+            if (preset, note) in self._said:
+                return
+            self._said.add((preset, note))
+        log.warning("preset %s: %s", preset, note)
+
+    @staticmethod
+    def _not_run(device: SimulatedGpu, request: ProbeRequest, preset: str, reason: str, message: str,
+                 status: str) -> ProbeResult:
+        """A point refused before its window (no room, out of memory), with the GPU's identity."""
+        info = device.info()
+        return ProbeResult.failure(request.probe, "simulated", preset, reason, message, status=status,
+                                   device=f"sim:{device.index}", started_at=time.time(), wall_seconds=0.0,
+                                   gpu_name=info.name, compute_capability=info.compute_capability,
+                                   gpu_uuid=info.uuid, params=dict(request.options))
 
     def _load(self, device: SimulatedGpu, profile: WorkloadProfile, abort: threading.Event,
               settle_seconds: float, hold_seconds: float = 0.0) -> _Window:
@@ -328,6 +370,9 @@ class SimulatedExecutor:
                                  "temperature_celsius_mean": watch.mean("temperature")}
         if work.not_modelled:  # the simulated figure does not follow these: say so, never draw a flat line
             extra[NOT_MODELLED_KEY] = list(work.not_modelled)
+        if options.get("variant") == "speculative":
+            extra[SIMULATED_NOTE_KEY] = SPECULATIVE_NOT_SIMULATED
+            self._say_once(preset, SPECULATIVE_NOT_SIMULATED)
         if row.extra is not None:
             with self._lock:
                 extra.update(row.extra(request, preset, units, lambda: self._rng.gauss(0.0, self.noise)))

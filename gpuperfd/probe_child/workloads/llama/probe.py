@@ -43,7 +43,7 @@ from gpuperfd.probe_child.workloads.models import build_llama, count_parameters
 from gpuperfd.probe_data.result import NO_ROOM
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_data.speculative import RANDOM_WEIGHTS_NOTE, speculative_summary
-from gpuperfd.probe_data.workload_cost import llama_room_bytes
+from gpuperfd.probe_data.workload_cost import llama_no_room, llama_room_bytes
 
 __all__ = ["build", "GraphLlama", "NoRoom", "SpeculativeLlama", "check_room", "roofline_figures"]
 
@@ -56,26 +56,37 @@ class NoRoom(ValueError):
 
 
 def check_room(spec: ProbeSpec, ctx: ProbeContext) -> None:
-    """:class:`NoRoom` when the card's free memory (on a CPU: the child's memory limit, if one is set)
-    cannot hold the point (weights, caches, activations and a margin), before anything is built: a card
-    without room for a preset says so instead of failing with an out-of-memory error half-way through."""
+    """:class:`NoRoom` when the card's free memory (on a CPU: the host's available memory, the cgroup's
+    limit and the child's memory limit, if one is set) cannot hold the point (weights, caches,
+    activations and a margin), before anything is built: a point without room says so instead of
+    failing with an out-of-memory error (or the kernel's OOM kill) half-way through."""
     options = {"model": spec.model, "batch_size": spec.batch_size, "prompt_tokens": spec.prompt_tokens,
                "output_tokens": spec.output_tokens, "dtype": spec.dtype, "variant": spec.variant,
                "draft_model": spec.draft_model, "speculative_tokens": spec.speculative_tokens}
     if not ctx.is_cuda:
         needed = llama_room_bytes(options, margin=False)
-        if spec.memory_limit_bytes is not None and needed > spec.memory_limit_bytes:
-            raise NoRoom(f"preset: {spec.preset} ({spec.model}, batch {spec.batch_size}) needs about "
-                         f"{needed / 2**20:.0f} MiB; the child's memory limit is {spec.memory_limit_bytes / 2**20:.0f} "
-                         f"MiB: not run (use a smaller preset or --batch-size)")
+        have = min(_host_room(spec), default=None)
+        if have is not None and needed > have[0]:
+            raise NoRoom(llama_no_room(options, spec.preset, f"{needed / 2**30:.1f} GiB of host memory "
+                                                             f"({spec.dtype} on a CPU)", have[1]))
         return
     needed = llama_room_bytes(options)
     free, total = torch.cuda.mem_get_info(ctx.device)
     if needed > free:
-        raise NoRoom(
-            f"preset: {spec.preset} ({spec.model}, batch {spec.batch_size}) needs about {needed / 2**30:.1f} GiB "
-            f"of GPU memory; {ctx.gpu_name or ctx.device} has {free / 2**30:.1f} GiB free of "
-            f"{total / 2**30:.1f} GiB: not run (use a smaller preset or --batch-size)")
+        raise NoRoom(llama_no_room(options, spec.preset, f"{needed / 2**30:.1f} GiB of GPU memory",
+                                   f"{ctx.gpu_name or ctx.device} has {free / 2**30:.1f} GiB free of "
+                                   f"{total / 2**30:.1f} GiB"))
+
+
+def _host_room(spec: ProbeSpec) -> list[tuple[int, str]]:
+    """What a CPU child may still allocate, each with its source's words (:func:`memory_available`)."""
+    from gpuperfd.system.cgroup_memory import memory_available
+
+    found = memory_available()
+    if spec.memory_limit_bytes is not None:
+        limit = spec.memory_limit_bytes
+        found.append((limit, f"the child's memory limit is {limit / 2**20:.0f} MiB"))
+    return found
 
 
 def roofline_figures(gpu_name: str | None, weight_bytes: int, kv_bytes_per_token: float, batch: int,
@@ -359,10 +370,11 @@ class SpeculativeLlama:
         rounds = [clock.seconds(a, c) for a, _, c in self.marks]
         B, k, n = self.batch, self.k, iterations
         summary = speculative_summary(k, self.rates, sum(draft) / max(n, 1), sum(verify) / max(n, 1),
-                                      self.target_decode_seconds, B)
+                                      self.target_decode_seconds, B, seconds / max(n, 1))
         first = summary["at_rates"][0]["expected_tokens_per_round"]
         counts: dict[str, tuple[float, float]] = {
-            # the headline: tokens/s at the first named acceptance rate (expected tokens per round x rounds)
+            # the headline: tokens/s at the first named acceptance rate (expected tokens per round x rounds),
+            # over the window's time: the table's figure at that rate divides by the same round
             "output_tokens_per_second": (B * first * n, seconds),
             "draft_tokens_per_second": (B * k * n, sum(draft)),
             "verify_tokens_per_second": (B * (k + 1) * n, sum(verify)),
@@ -376,9 +388,10 @@ class SpeculativeLlama:
         rates = result.throughput or {}
         B, k = self.batch, self.k
         if rates.get("draft_tokens_per_second") and rates.get("verify_tokens_per_second"):
+            pooled_round = 1.0 / rates["rounds_per_second"] if rates.get("rounds_per_second") else None
             result.extra["speculative"] = {**speculative_summary(
                 k, self.rates, B * k / rates["draft_tokens_per_second"],
-                B * (k + 1) / rates["verify_tokens_per_second"], self.target_decode_seconds, B),
+                B * (k + 1) / rates["verify_tokens_per_second"], self.target_decode_seconds, B, pooled_round),
                 "model": self.spec.model, "draft_model": self.spec.draft_model}
 
     def check_plan(self) -> correctness.CheckPlan:
