@@ -45,11 +45,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import ROOT, die_with_parent, free_port, proc_stats  # noqa: E402
 
+#: cost_scale 0: the soak looks for leaks (threads, fds, RSS) in the scrape and probe paths; a real child's
+#: costs (simulation.cost_scale) only lengthen the rounds, so the scheduler's thread pool grows to its
+#: steady size (26 threads either way on this config, 2026-11-29) after the warm-up instead of within it.
 CONFIG = """
 log_level: info
 device: {{backend: simulated}}
 sampler: {{interval_seconds: 1.0}}
-simulation: {{gpus: {gpus}, seed: 1, state_file: {dir}/sim-limits.json}}
+simulation: {{gpus: {gpus}, seed: 1, state_file: {dir}/sim-limits.json, cost_scale: 0}}
 probes:
   read_only: false
   state_dir: {dir}/state

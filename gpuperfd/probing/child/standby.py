@@ -84,6 +84,9 @@ class _Slot:
     #: round took it: the round closes it) and gives the reservation back (see :meth:`_start`).
     ended: threading.Event = field(default_factory=threading.Event)
     close_child: bool = True
+    #: A child with no process (a simulated one, ``starts_at_once``) has no thread: whoever ends the
+    #: slot releases it inline.
+    inline: bool = False
 
 
 class StandbyChildren:
@@ -143,8 +146,14 @@ class StandbyChildren:
                 return False
         slot = _Slot(self.make_child(device, request), ticket, self.clock())
         slot.child.should_abort = slot.cancel.is_set
-        slot.thread = threading.Thread(target=self._start, args=(gpu, slot), name=f"probe-standby-gpu{gpu}",
-                                       daemon=True)
+        if getattr(slot.child, "starts_at_once", False):  # no process, no thread: its imports are a time
+            slot.child.start(time.monotonic() + self.timeout_seconds, defer_build=True)
+            self._ready_seconds[request.probe] = slot.child.imports_seconds
+            slot.inline = True
+            slot.done.set()
+        else:
+            slot.thread = threading.Thread(target=self._start, args=(gpu, slot), name=f"probe-standby-gpu{gpu}",
+                                           daemon=True)
         with self._lock:
             if gpu in self._slots or abort.is_set():  # raced with another ensure, or stopping
                 self._release_now(slot)
@@ -153,7 +162,8 @@ class StandbyChildren:
             self.started += 1
         log.info("gpu %d: %s's child starts now (imports on the CPU) so that it is ready when the GPU qualifies",
                  gpu, request.probe)
-        slot.thread.start()
+        if slot.thread is not None:
+            slot.thread.start()
         return True
 
     def _start(self, gpu: int, slot: _Slot) -> None:
@@ -215,8 +225,11 @@ class StandbyChildren:
             if slot is None or not slot.taken:
                 return
             del self._slots[gpu]
-        slot.close_child = slot.cancel.is_set()
-        slot.ended.set()
+            slot.close_child = slot.cancel.is_set()
+            slot.ended.set()
+            inline = slot.inline
+        if inline:
+            self._release_now(slot)
 
     def drop(self, gpu: int, why: str, only: _Slot | None = None, quiet: bool = False) -> None:
         """End ``gpu``'s standby child (not one a round took) and its reservation, without waiting:
@@ -226,10 +239,13 @@ class StandbyChildren:
             if slot is None or slot.taken or (only is not None and slot is not only):
                 return
             del self._slots[gpu]
+            slot.cancel.set()
+            slot.ended.set()
+            inline = slot.inline
         if not quiet:
             log.info("gpu %d: standby child ended: %s", gpu, why)
-        slot.cancel.set()
-        slot.ended.set()
+        if inline:
+            self._release_now(slot)
 
     def drop_all(self, why: str, wait_seconds: float = 5.0) -> None:
         """End every standby child not taken (a stop); waits up to ``wait_seconds`` for them to be gone."""

@@ -3,9 +3,9 @@
 The simulator measures in this process, so it has no child to start; but a real probe's spawn and
 imports (3.7-15.4 s on an H200, :mod:`~gpuperfd.probing.simulated.costs`) are most of its time from
 the qualifying moment, and a standby child (:mod:`gpuperfd.probing.child.standby`) exists to pay them
-before it. This stands for that child: ``start`` takes the imports' time (on the CPU: nothing on the
-GPU, so a user's job sees nothing of it), ends at once when told to, and a session that takes it
-ready charges no imports. It speaks the part of :class:`~gpuperfd.probing.child.runner.ProbeChild`
+before it. This stands for that child: its imports are a span of time from ``start`` (on the CPU:
+nothing on the GPU, so a user's job sees nothing of it), and a session that takes it pays only what
+is left of them (none once it is ready). It speaks the part of :class:`~gpuperfd.probing.child.runner.ProbeChild`
 that :class:`~gpuperfd.probing.child.standby.StandbyChildren` uses.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from gpuperfd.device.base import Device
 from gpuperfd.probe_data.request import ProbeRequest
 
-__all__ = ["SimulatedChild", "NotReady", "pass_time"]
+__all__ = ["SimulatedChild", "pass_time"]
 
 #: How often a simulated wait looks at its stop condition.
 TICK_SECONDS = 0.02
@@ -27,13 +27,6 @@ TICK_SECONDS = 0.02
 @dataclass(frozen=True)
 class _Spec:
     probe: str
-
-
-@dataclass(frozen=True)
-class NotReady:
-    """Why a simulated child's start ended before it was ready."""
-
-    error_message: str
 
 
 def pass_time(seconds: float, stop: Callable[[], str | None]) -> str | None:
@@ -47,7 +40,11 @@ def pass_time(seconds: float, stop: Callable[[], str | None]) -> str | None:
 
 
 class SimulatedChild:
-    """A simulated child for one probe: imports for ``imports_seconds``, then ready until closed."""
+    """A simulated child for one probe: imports for ``imports_seconds`` from its start, then ready until
+    closed. It starts at once (``starts_at_once``: no process, so no thread waits for it); whoever takes
+    it pays what is left of the imports (:meth:`remaining_seconds`)."""
+
+    starts_at_once = True
 
     def __init__(self, device: Device, request: ProbeRequest, imports_seconds: float) -> None:
         self.spec = _Spec(request.probe)
@@ -58,7 +55,7 @@ class SimulatedChild:
         self.own: set[int] = set()
         self.should_abort: Callable[[], bool] | None = None
         self.pid: int | None = None  # no process: nothing of it is ever on a GPU
-        self.ready = False
+        self._ready_at: float | None = None
         self._closed = False
 
     @property
@@ -69,19 +66,20 @@ class SimulatedChild:
     def built(self) -> bool:
         return False
 
-    def start(self, deadline: float, defer_build: bool = True) -> NotReady | None:
-        """The imports' time; ended early by ``should_abort`` or :meth:`close` (then not ready)."""
-        def stop() -> str | None:
-            if self._closed or (self.should_abort is not None and self.should_abort()):
-                return "ended before its imports were done"
-            return "did not finish its imports in time" if time.monotonic() >= deadline else None
+    @property
+    def ready(self) -> bool:
+        return self.alive and self.remaining_seconds() <= 0
 
-        why = pass_time(self.imports_seconds, stop)
-        if why is not None:
-            self._closed = True
-            return NotReady(f"simulated probe child {why}")
-        self.ready = True
+    def start(self, deadline: float, defer_build: bool = True) -> None:
+        """Its imports begin now (they take ``imports_seconds``); returns at once."""
+        self._ready_at = time.monotonic() + self.imports_seconds
         return None
+
+    def remaining_seconds(self) -> float:
+        """What is left of its imports (all of them before :meth:`start`)."""
+        if self._ready_at is None:
+            return self.imports_seconds
+        return max(0.0, self._ready_at - time.monotonic())
 
     def close(self) -> None:
         self._closed = True

@@ -266,10 +266,12 @@ class SimulatedExecutor:
         gave_way = None
         if carried is None and device is not None and self.standby is not None:
             carried, gave_way = take_standby(self.standby, device)
-        ready = isinstance(carried, SimulatedChild) and carried.ready and carried.alive
-        if carried is not None and not ready:
+        imports = self.costs(request.probe).imports
+        if isinstance(carried, SimulatedChild) and carried.alive:  # what is left of its imports
+            imports = min(imports, carried.remaining_seconds())
+        elif carried is not None:
             carried.close()
-        return SimulatedSession(self, device, request, abort, on_progress, imported=ready, gave_way=gave_way)
+        return SimulatedSession(self, device, request, abort, on_progress, imports_seconds=imports, gave_way=gave_way)
 
     def measure(self, device: Device, request: ProbeRequest, abort: threading.Event,
                 settle_seconds: float, hold_seconds: float = 0.0) -> ProbeResult:
@@ -411,13 +413,14 @@ class SimulatedSession:
     point and the overheads at every point, on the GPU."""
 
     def __init__(self, executor: SimulatedExecutor, device: Device, request: ProbeRequest,
-                 abort: threading.Event, on_progress: ProgressCallback | None = None, imported: bool = False,
-                 gave_way: str | None = None) -> None:
+                 abort: threading.Event, on_progress: ProgressCallback | None = None,
+                 imports_seconds: float | None = None, gave_way: str | None = None) -> None:
         self.executor, self.device, self.request, self.abort = executor, device, request, abort
         self.on_progress = on_progress
         self.costs = executor.costs(request.probe)
-        #: Whether the imports are paid (a ready child was carried in, or :meth:`prepare` paid them).
-        self.imported = imported or self.costs.imports <= 0
+        #: What is left of the child's imports (all of them, or a carried child's rest; 0: paid).
+        self.imports_seconds = self.costs.imports if imports_seconds is None else imports_seconds
+        self.imported = self.imports_seconds <= 0
         #: Why every point gives way (a user's job came before the GPU was ours); None: it did not.
         self.gave_way = gave_way
         #: Points measured (the simulator builds nothing: this stands for the child's reuse).
@@ -428,7 +431,7 @@ class SimulatedSession:
         if self.imported or self.gave_way is not None:
             return
         own = os.getpid()
-        self.gave_way = pass_time(self.costs.imports, lambda: _gave_way(self.device, self.abort, own))
+        self.gave_way = pass_time(self.imports_seconds, lambda: _gave_way(self.device, self.abort, own))
         self.imported = self.gave_way is None
 
     def measure(self, cap_watts: float | None) -> ProbeResult:
@@ -467,7 +470,7 @@ class SimulatedSession:
         if not self.imported or self.gave_way is not None:
             return None
         child = SimulatedChild(self.device, self.request, 0.0)
-        child.ready = True
+        child.start(0.0)
         return child
 
     def close(self) -> None:
