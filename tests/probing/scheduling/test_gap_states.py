@@ -110,3 +110,32 @@ def test_top_draws_the_gap_words(node):
     gpu = {"gpu": 0, "uuid": "GPU-0", "name": "H100", "up": False, "gaps": {**state, "words": gap_words(state)}}
     text = "\n".join(render({"backend": "simulated", "gpus": [gpu]}, "test", 200))
     assert "due: llm; no gap" in text
+
+
+def test_the_landing_page_and_the_api_say_why_a_due_result_waits(node):
+    """The same state through the daemon's two other surfaces: the landing page's GPU section and
+    ``/api/v1/gpus``'s ``gaps`` (with its words); a GPU with nothing due says nothing."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "web"))
+    from landing_fakes import FakeSampler
+
+    from gpuperfd.web.landing import landing_page
+    from gpuperfd.web.status import gpu_status
+
+    node.seconds(True, 3)
+    node.fire()
+    node.seconds(False, 5)
+    node.seconds(True, 1)
+    node.scheduler._cost["llm"] = 7.0
+    gaps = node.scheduler.gap_states()
+    sampler = FakeSampler(2, power=(398.0, 400.0))
+    page = landing_page(sampler, "simulated", "/metrics", gaps=gaps).decode()
+    line = page.split('<p class="due" id="gaps-0">', 1)[1].split("</p>", 1)[0]
+    assert line.startswith("due: llm; gaps too short: the last ones lasted 6 s; a result needs ~17 s free")
+    assert 'id="gaps-1"' not in page
+    body = gpu_status(sampler.store.snapshot(), 1.0, "simulated", gaps=gaps)
+    by_gpu = {g["gpu"]: g for g in body["gpus"]}
+    assert by_gpu[0]["gaps"]["state"] == "gaps_too_short" and by_gpu[0]["gaps"]["words"] == gap_words(gaps[0])
+    assert by_gpu[1]["gaps"] is None
