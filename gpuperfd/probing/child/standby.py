@@ -2,12 +2,13 @@
 
 From the moment a GPU qualifies to the published result, a probe's time went mostly to the CPU: the
 child's spawn and its imports of torch and the model code (13 of 19 s for llm on a lent H200,
-``benchmarks/qualify_to_result.py``), none of it on the GPU. So when a due result's GPU will qualify
-within about that time (idle, nearly ``idle_seconds`` long), its child is started now: it only
-imports (no CUDA call before its build, so a user's job that arrives loses nothing and is not seen by
-it), its host memory is reserved with the admission like any child's, and the run that starts when
-the GPU qualifies builds in it (:meth:`ChildProcessExecutor.open` takes it as the carried child). A
-GPU that turns busy, a result no longer due, a shutdown: the child ends and its reservation goes.
+``benchmarks/qualify_to_result.py``), none of it on the GPU. So when a result is due (or falls due
+within about that time), its child is started now, busy GPU or not (the scheduler decides: issue 60):
+it only imports (no CUDA call before its build, so a user's job loses nothing and is not seen by it),
+its host memory is reserved with the admission like any child's, it waits through the job, and the run
+that starts when the GPU qualifies builds in it (:meth:`ChildProcessExecutor.open` takes it as the
+carried child). A result no longer due, a round waiting for host memory, a shutdown: the child ends and
+its reservation goes.
 
 One slot per GPU. Its reservation is the round's: a round on a GPU whose slot holds one reserves
 nothing more, and :meth:`StandbyChildren.round_ended` ends the slot once its child was taken.
