@@ -2,13 +2,13 @@
 operator's cap back by hand, and a GPU an operator took from apply mode given back to it.
 
 Both read the cap journal (every state directory this node used, as ``restore-caps`` does).
-``--revert`` is the emergency command (:mod:`gpuperfd.apply.emergency`, the same as ``restore-caps``):
+``--revert`` is the emergency command (:mod:`gpuperfd.caps.emergency`, the same as ``restore-caps``):
 every entry of ours (apply mode's and a sweep's) is put back under its GPU's cap lock, by the rule that
 writes only over a cap we set, read back, and only then cleared; the output says what each board reads
 afterwards. A running daemon never races it (it needs the same lock for its pass) and, finding its
 entry gone and the operator's cap back, leaves the GPU quietly.
 
-``--release GPU`` ends an operator's hold (:mod:`gpuperfd.apply.holds`): a GPU whose cap an operator set
+``--release GPU`` ends an operator's hold (:mod:`gpuperfd.caps.holds`): a GPU whose cap an operator set
 by hand stays out of apply mode, across restarts and reloads, until this (or the daemon's
 ``POST /api/v1/apply/release?gpu=N``) gives it back; a running daemon takes it at its next pass.
 """
@@ -20,12 +20,12 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpuperfd.apply.emergency import Restored, restore_everything, state_dir_problem
-from gpuperfd.apply.holds import OperatorHold, ReleaseError, holds_in, release_hold
+from gpuperfd.caps.emergency import Restored, restore_everything, state_dir_problem
+from gpuperfd.caps.holds import OperatorHold, ReleaseError, holds_in, release_hold
+from gpuperfd.caps.journal import CapJournal, CapRecord, CorruptJournal, journals_for
+from gpuperfd.caps.ownership import apply_lock_name, is_owned, safe_name
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
-from gpuperfd.probing.sweep.journal import CapJournal, CapRecord, CorruptJournal, journals_for
-from gpuperfd.probing.sweep.ownership import apply_lock_name, is_owned, safe_name
 
 if TYPE_CHECKING:
     from gpuperfd.config import Config
