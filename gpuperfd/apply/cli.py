@@ -60,7 +60,8 @@ def _entry_line(journal: CapJournal, entry: CapRecord | CorruptJournal) -> str:
 
 
 def print_status(config: Config, journals: Sequence[CapJournal]) -> None:
-    """``--status``: the mode, then every entry; a state directory never made holds none (exit 0)."""
+    """``--status``: the mode, then every entry (a state directory never made holds none, exit 0), then the
+    GPUs operators hold."""
     print(f"apply mode: {config.apply.mode} (workload {config.apply.workload or '-'}, "
           f"budget {100 * config.apply.budget_ratio:.1f}%)")
     lines = status_lines(journals)
@@ -69,6 +70,8 @@ def print_status(config: Config, journals: Sequence[CapJournal]) -> None:
     if not lines:
         searched = ", ".join(str(j.state_dir) + ("" if j.state_dir.exists() else " (does not exist)") for j in journals)
         print(f"no applied cap: no power-cap journal entry in {searched}")
+    for hold in holds_in(journal.state_dir for journal in journals):
+        print(hold_line(hold))
 
 
 def revert(journals: Iterable[CapJournal], devices: Sequence[Device], wait_seconds: float = 10.0) -> list[Restored]:
@@ -124,22 +127,6 @@ def cmd_apply(args: argparse.Namespace) -> int:
     for result in results:
         print(result.words, file=sys.stdout if result.ok else sys.stderr)
     return 0 if all(r.ok for r in results) else 1
-
-
-def print_status(config: Any, journals: Sequence[CapJournal]) -> None:
-    """The applied caps the journal holds (and which daemon holds them), then the GPUs operators hold."""
-    print(f"apply mode: {config.apply.mode} (workload {config.apply.workload or '-'}, "
-          f"budget {100 * config.apply.budget_ratio:.1f}%)")
-    entries = applied_entries(journals)
-    for journal, entry in entries:
-        held = is_owned(journal.state_dir, apply_lock_name(safe_name(entry.uuid)))
-        who = f"held by pid {held}" if held is not None else "no daemon holds it: restored at the next start"
-        print(f"gpu {entry.gpu_index} {entry.uuid}: {entry.applied_watts:.0f} W applied, operator's "
-              f"{entry.original_watts:.0f} W journaled ({who})")
-    if not entries:
-        print("no applied cap")
-    for hold in holds_in(journal.state_dir for journal in journals):
-        print(hold_line(hold))
 
 
 def hold_line(hold: OperatorHold) -> str:
