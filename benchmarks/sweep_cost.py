@@ -125,10 +125,10 @@ def _window_rate(window: Any) -> float | None:
 
 def sweep(path: str, device: RecordingCaps, executor: Any, schedule: Any, caps: list[float], state: Path,
           holder: dict | None = None) -> dict:
+    from gpuperfd.caps.journal import CapJournal
+    from gpuperfd.probe_data.recommend import rate_noise
     from gpuperfd.probing.executors import PerPointExecutor, measure_once, open_session
     from gpuperfd.probing.scheduling.schedule_request import request_from_schedule
-    from gpuperfd.probing.sweep.journal import CapJournal
-    from gpuperfd.probe_data.recommend import rate_noise
     from gpuperfd.probing.sweep.sweeper import run_sweep
 
     abort = threading.Event()

@@ -22,10 +22,11 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 
 from gpuperfd.apply.controller import ApplyController
-from gpuperfd.apply.holds import NoSuchGpu, ReleaseError
 from gpuperfd.apply.metrics import ApplyMetrics
 from gpuperfd.apply.policy import ApplySettings
 from gpuperfd.attribution.allocations import PodResourcesWatcher, kubelet_required
+from gpuperfd.caps.holds import NoSuchGpu, ReleaseError
+from gpuperfd.caps.journal import CapJournal, journals_for, restore_all
 from gpuperfd.config import (
     RESTART_ONLY,
     Config,
@@ -41,17 +42,16 @@ from gpuperfd.device.errors import DeviceError, DriverNotFound
 from gpuperfd.device.factory import open_backend, selected_devices
 from gpuperfd.health.monitor import HealthMonitor
 from gpuperfd.health.verdict import node_verdict_json
-from gpuperfd.probing.history import HistoryWriter
-from gpuperfd.probing.gates.idle import IdleTracker
-from gpuperfd.probing.gates.admission import Admission, memory_limit
-from gpuperfd.probing.metrics import ProbeMetrics, ResultAgeCollector
 from gpuperfd.probe_data.interconnect import InterconnectResult
+from gpuperfd.probing.child.standby import StandbyChildren
+from gpuperfd.probing.gates.admission import Admission, memory_limit
+from gpuperfd.probing.gates.idle import IdleTracker
+from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.interconnect.metrics import InterconnectMetrics, result_publisher
 from gpuperfd.probing.interconnect.service import InterconnectService
+from gpuperfd.probing.metrics import ProbeMetrics, ResultAgeCollector
 from gpuperfd.probing.scheduling.scheduler import ProbeScheduler
 from gpuperfd.probing.scheduling.service import ProbeService
-from gpuperfd.probing.child.standby import StandbyChildren
-from gpuperfd.probing.sweep.journal import CapJournal, journals_for, restore_all
 from gpuperfd.system import sdnotify
 from gpuperfd.system.memory import release_free_memory
 from gpuperfd.telemetry.collectors import CollectorSet, build_collectors

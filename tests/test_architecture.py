@@ -217,15 +217,42 @@ def _package_imports(folder: str) -> set[str]:
                  "gpuperfd.probing", "gpuperfd.console")),
         # the report reads run records and imports the recommendation rule, never the sweeper (offline)
         ("report", ("gpuperfd.report", "gpuperfd.probe_data")),
-        # apply acts on the probing flow's results and the verdict through the sweep's journal and locks;
+        # apply acts on the probing flow's results and the verdict through caps/ (journal, locks, holds);
         # nothing of the probing flow or telemetry imports it (the daemon wires it in)
-        ("apply", ("gpuperfd.apply", "gpuperfd.probing", "gpuperfd.probe_data", "gpuperfd.device",
-                   "gpuperfd.health", "gpuperfd.config", "gpuperfd.system")),
+        ("apply", ("gpuperfd.apply", "gpuperfd.caps", "gpuperfd.probing", "gpuperfd.probe_data",
+                   "gpuperfd.device", "gpuperfd.health", "gpuperfd.config", "gpuperfd.system")),
+        # cap state lies below probing and apply (issue 62): the device, the state files, the config
+        ("caps", ("gpuperfd.caps", "gpuperfd.device", "gpuperfd.system", "gpuperfd.config")),
     ],
 )
 def test_imports_go_one_way(folder: str, allowed: tuple[str, ...]) -> None:
     bad = _violations(folder, allowed)
     assert not bad, f"{folder}/ may import only {allowed}:\n" + "\n".join(bad)
+
+
+#: What cap state (caps/) never imports: the packages above it (issue 62).
+ABOVE_CAPS = ("probing", "apply", "daemon", "cli", "web", "telemetry")
+
+
+def _imports_of_packages(folder: str, packages: tuple[str, ...]) -> list[str]:
+    """Every import of one of ``packages`` (top-level parts of gpuperfd) by a module under ``folder``."""
+    return [f"{path.relative_to(ROOT)}:{line} ({func}) imports {module}"
+            for path in _modules_under(folder) for line, module, func in _imports(path)
+            if module.count(".") >= 1 and module.split(".")[1] in packages]
+
+
+def test_caps_imports_nothing_above_it() -> None:
+    """caps/ records, compares and restores a cap's owner for probing and apply; it imports neither of
+    them, nor the entry points, web or telemetry (function-level imports included)."""
+    assert (PACKAGE / "caps").is_dir() and _modules_under("caps")
+    bad = _imports_of_packages("caps", ABOVE_CAPS)
+    assert not bad, "caps/ imports a package above it:\n" + "\n".join(bad)
+
+
+def test_probing_never_imports_apply() -> None:
+    """The old upward arrow (issue 62): `restore-caps` reached up into apply/ for its restore, from a function."""
+    bad = _imports_of_packages("probing", ("apply",))
+    assert not bad, "probing/ imports apply/:\n" + "\n".join(bad)
 
 
 def test_top_takes_only_the_gpus_parser_from_probing() -> None:

@@ -2,13 +2,13 @@
 operator's cap back by hand, and a GPU an operator took from apply mode given back to it.
 
 Both read the cap journal (every state directory this node used, as ``restore-caps`` does).
-``--revert`` is the emergency command (:mod:`gpuperfd.apply.emergency`, the same as ``restore-caps``):
+``--revert`` is the emergency command (:mod:`gpuperfd.caps.emergency`, the same as ``restore-caps``):
 every entry of ours (apply mode's and a sweep's) is put back under its GPU's cap lock, by the rule that
 writes only over a cap we set, read back, and only then cleared; the output says what each board reads
 afterwards. A running daemon never races it (it needs the same lock for its pass) and, finding its
 entry gone and the operator's cap back, leaves the GPU quietly.
 
-``--release GPU`` ends an operator's hold (:mod:`gpuperfd.apply.holds`): a GPU whose cap an operator set
+``--release GPU`` ends an operator's hold (:mod:`gpuperfd.caps.holds`): a GPU whose cap an operator set
 by hand stays out of apply mode, across restarts and reloads, until this (or the daemon's
 ``POST /api/v1/apply/release?gpu=N``) gives it back; a running daemon takes it at its next pass.
 """
@@ -20,12 +20,12 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpuperfd.apply.emergency import Restored, restore_everything, state_dir_problem
-from gpuperfd.apply.holds import OperatorHold, ReleaseError, holds_in, release_hold
+from gpuperfd.caps.emergency import Restored, restore_everything, state_dir_problem
+from gpuperfd.caps.holds import OperatorHold, ReleaseError, holds_in, release_hold
+from gpuperfd.caps.journal import CapJournal, CapRecord, CorruptJournal, journals_for
+from gpuperfd.caps.ownership import apply_lock_name, is_owned, safe_name
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
-from gpuperfd.probing.sweep.journal import CapJournal, CapRecord, CorruptJournal, journals_for
-from gpuperfd.probing.sweep.ownership import apply_lock_name, is_owned, safe_name
 
 if TYPE_CHECKING:
     from gpuperfd.config import Config
@@ -60,7 +60,8 @@ def _entry_line(journal: CapJournal, entry: CapRecord | CorruptJournal) -> str:
 
 
 def print_status(config: Config, journals: Sequence[CapJournal]) -> None:
-    """``--status``: the mode, then every entry; a state directory never made holds none (exit 0)."""
+    """``--status``: the mode, then every entry (a state directory never made holds none, exit 0), then the
+    GPUs operators hold."""
     print(f"apply mode: {config.apply.mode} (workload {config.apply.workload or '-'}, "
           f"budget {100 * config.apply.budget_ratio:.1f}%)")
     lines = status_lines(journals)
@@ -69,6 +70,8 @@ def print_status(config: Config, journals: Sequence[CapJournal]) -> None:
     if not lines:
         searched = ", ".join(str(j.state_dir) + ("" if j.state_dir.exists() else " (does not exist)") for j in journals)
         print(f"no applied cap: no power-cap journal entry in {searched}")
+    for hold in holds_in(journal.state_dir for journal in journals):
+        print(hold_line(hold))
 
 
 def revert(journals: Iterable[CapJournal], devices: Sequence[Device], wait_seconds: float = 10.0) -> list[Restored]:
@@ -124,22 +127,6 @@ def cmd_apply(args: argparse.Namespace) -> int:
     for result in results:
         print(result.words, file=sys.stdout if result.ok else sys.stderr)
     return 0 if all(r.ok for r in results) else 1
-
-
-def print_status(config: Any, journals: Sequence[CapJournal]) -> None:
-    """The applied caps the journal holds (and which daemon holds them), then the GPUs operators hold."""
-    print(f"apply mode: {config.apply.mode} (workload {config.apply.workload or '-'}, "
-          f"budget {100 * config.apply.budget_ratio:.1f}%)")
-    entries = applied_entries(journals)
-    for journal, entry in entries:
-        held = is_owned(journal.state_dir, apply_lock_name(safe_name(entry.uuid)))
-        who = f"held by pid {held}" if held is not None else "no daemon holds it: restored at the next start"
-        print(f"gpu {entry.gpu_index} {entry.uuid}: {entry.applied_watts:.0f} W applied, operator's "
-              f"{entry.original_watts:.0f} W journaled ({who})")
-    if not entries:
-        print("no applied cap")
-    for hold in holds_in(journal.state_dir for journal in journals):
-        print(hold_line(hold))
 
 
 def hold_line(hold: OperatorHold) -> str:

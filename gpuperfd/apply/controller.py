@@ -2,18 +2,18 @@
 give it back by itself.
 
 One pass per GPU (:meth:`ApplyController.tick`, every ``apply.interval_seconds`` on its own thread).
-A pass first *looks* without the GPU's cap lock (:class:`~gpuperfd.probing.sweep.ownership.GpuLock`): a
+A pass first *looks* without the GPU's cap lock (:class:`~gpuperfd.caps.ownership.GpuLock`): a
 pass that changes no cap (the applied cap holds, a GPU held back for the same reason) never takes it, so a
 probe round never waits for it. Only a pass with a change due (apply, roll back, leave, restore a dead
 writer's cap) takes the lock and decides again under it, as every writer does. A sweep that owns the cap
-now is left alone (it returns to the applied cap itself, :class:`~gpuperfd.probing.sweep.caps.CapGuard`).
+now is left alone (it returns to the applied cap itself, :class:`~gpuperfd.caps.guard.CapGuard`).
 A GPU without an applied cap is judged by :func:`~gpuperfd.apply.policy.decide`; one with a cap by
 :func:`~gpuperfd.apply.policy.check_applied`, which rolls it back (verdict, drift, a failed probe at the
 applied cap, a loss over budget) or, when someone else changed it, leaves it to them.
 
 Applying: the operator's cap goes into the same journal as a sweep's (:class:`CapJournal`, with the
 applied cap beside it) *before* the cap changes, and the daemon holds the GPU's apply lock
-(:func:`~gpuperfd.probing.sweep.ownership.apply_lock_name`) while the cap stands: a daemon that dies
+(:func:`~gpuperfd.caps.ownership.apply_lock_name`) while the cap stands: a daemon that dies
 drops the lock and the next start (or ``gpuperfd restore-caps``) puts the operator's cap back; a live
 one is never restored under.
 """
@@ -29,16 +29,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuperfd.apply.holds import OperatorHold, hold_of, release_hold, write_hold
 from gpuperfd.apply.metrics import ApplyMetrics
 from gpuperfd.apply.policy import (ApplySettings, GpuFacts, check_applied, decide, in_canary, realized)
+from gpuperfd.caps.holds import OperatorHold, hold_of, release_hold, write_hold
+from gpuperfd.caps.journal import (CapJournal, CapRecord, JournalWriteError, put_back, read_registry,
+                                   restore_pending)
+from gpuperfd.caps.ownership import GpuBusy, GpuLock, apply_lock_name, is_owned, safe_name
 from gpuperfd.device.base import Device, PowerLimits
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.recommend import SweepPoint
-from gpuperfd.probing.sweep.journal import (CapJournal, CapRecord, JournalWriteError, put_back, read_registry,
-                                            restore_pending)
-from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, apply_lock_name, is_owned, safe_name
 
 log = logging.getLogger(__name__)
 

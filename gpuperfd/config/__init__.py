@@ -283,16 +283,8 @@ class SimulationConfig(_Strict):
     #: build, each point's overheads: ``probing/simulated/costs.py``, measured on an H200): 1 as
     #: measured, 0 none. None (the default): as much as ``probes.simulated_measure_seconds`` compresses
     #: the real windows (3 s: 1, the real costs; 0.3 s: a tenth), so a test that shortens the window
-    #: shortens the costs alike.
+    #: shortens the costs alike (``probing/simulated/costs.py:cost_scale_for``).
     cost_scale: Annotated[float, Field(ge=0, le=10)] | None = None
-
-    def cost_scale_for(self, simulated_measure_seconds: float) -> float:
-        """The share of the real costs a simulated probe charges (see ``cost_scale``)."""
-        if self.cost_scale is not None:
-            return self.cost_scale
-        from gpuperfd.probing.simulated.costs import REAL_WINDOW_SECONDS
-
-        return min(1.0, simulated_measure_seconds / REAL_WINDOW_SECONDS)
 
 
 class DeviceConfig(_Strict):

@@ -27,6 +27,7 @@ from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.interconnect.executor import InterconnectExecutor, RetestingExecutor, SlowPairs
 from gpuperfd.probing.child.session import ChildProcessExecutor, PeakCallback, child_process_executor
+from gpuperfd.probing.simulated.costs import cost_scale_for
 from gpuperfd.probing.simulated.probe import (
     SIMULATED_PROFILE,
     SimulatedExecutor,
@@ -151,8 +152,9 @@ def choose_executor(config: Config, backend_name: str, on_peak: PeakCallback | N
     told each child's peak host RSS (the admission's :class:`~gpuperfd.probing.gates.admission.PeakBook`).
     """
     if not starts_children(config, backend_name):
+        scale = cost_scale_for(config.simulation.cost_scale, config.probes.simulated_measure_seconds)
         return simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed,
-                                  cost_scale=config.simulation.cost_scale_for(config.probes.simulated_measure_seconds))
+                                  cost_scale=scale)
     return child_process_executor(config.probes.timeout_seconds, config.probes.torch_device,
                                   state_dir=config.probes.state_dir,
                                   idle_utilization_threshold=config.probes.idle_utilization_threshold,

@@ -11,15 +11,15 @@ from prometheus_client import CollectorRegistry
 from gpuperfd.apply.controller import ApplyController
 from gpuperfd.apply.metrics import ApplyMetrics
 from gpuperfd.apply.policy import ApplySettings
+from gpuperfd.caps.journal import CapJournal
 from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.health.verdict import Reason, Verdict
 from gpuperfd.probing.executors import simulated_executor
-from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.gates.idle import IdleTracker
+from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.metrics import ProbeMetrics
 from gpuperfd.probing.scheduling.service import ProbeService
-from gpuperfd.probing.sweep.journal import CapJournal
 from gpuperfd.telemetry.collectors.base import Point
 from gpuperfd.telemetry.sampler import Reading
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuperfd.probing.sweep.journal import CapJournal
-from gpuperfd.probing.sweep.ownership import safe_name
+from gpuperfd.caps.journal import CapJournal
+from gpuperfd.caps.ownership import safe_name
 
 UUID = "GPU-5db0f908-4917-53a2-4a4f-b7adb8c81a50"
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from gpuperfd.caps.journal import CapJournal, restore_all
 from gpuperfd.config import DegradeConfig
-from gpuperfd.probing.sweep.journal import CapJournal, restore_all
 
 from simfleet import drift, make_node
 

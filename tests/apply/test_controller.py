@@ -8,11 +8,11 @@ import time
 
 from gpuperfd.apply.cli import revert
 from gpuperfd.apply.policy import ApplySettings
+from gpuperfd.caps.journal import CapJournal, restore_all
 from gpuperfd.config import FaultConfig
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.recommend import SweepPoint
 from gpuperfd.probe_data.result import ProbeResult
-from gpuperfd.probing.sweep.journal import CapJournal, restore_all
 
 from simfleet import SCHEDULE, drift, make_node
 
@@ -244,7 +244,7 @@ def test_revert_from_the_command_line_while_the_daemon_holds_the_cap(tmp_path) -
 
 
 def test_a_cap_not_reverted_at_stop_is_left_to_the_daemons_journal_pass(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from gpuperfd.probing.sweep.ownership import GpuLock
+    from gpuperfd.caps.ownership import GpuLock
 
     node = applied_node(tmp_path)
     uuid = node.devices[0].info().uuid
@@ -397,7 +397,7 @@ def test_a_pass_with_a_change_due_takes_the_cap_lock_and_waits_for_a_round(tmp_p
     it, nothing is changed and the state so far stays published; the next pass rolls back."""
     node = applied_node(tmp_path, gpus=1)
     node.reasons[0] = [drift()]
-    from gpuperfd.probing.sweep.ownership import safe_name
+    from gpuperfd.caps.ownership import safe_name
     lock = node.journal.lock(safe_name(node.devices[0].info().uuid))
     lock.acquire()
     try:
@@ -422,7 +422,7 @@ def restarted(node):  # type: ignore[no-untyped-def]
 
 def test_an_operators_cap_holds_across_a_restart_until_given_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Issue 61: a new controller (the next start) applied over the operator's hand-set cap again."""
-    from gpuperfd.apply.holds import NoSuchGpu, NotHeld, holds_in
+    from gpuperfd.caps.holds import NoSuchGpu, NotHeld, holds_in
 
     node = applied_node(tmp_path)
     node.devices[0].set_power_limit(650.0)  # the operator, by hand
@@ -458,7 +458,7 @@ def test_an_operators_cap_holds_across_a_restart_until_given_back(tmp_path) -> N
 def test_the_operators_own_cap_set_back_by_hand_is_held_quietly_across_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Issue 61: the operator's own cap set back by hand is their word too (kept until given back), and
     stays as quiet as when the GPU left (no override alert) in this process and the next."""
-    from gpuperfd.apply.holds import holds_in
+    from gpuperfd.caps.holds import holds_in
 
     node = applied_node(tmp_path)
     node.devices[0].set_power_limit(700.0)  # the operator's own cap, by hand

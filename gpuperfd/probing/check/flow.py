@@ -7,7 +7,7 @@ Parent side (no torch here). Everything runs under one deadline (``--timeout``):
    (a GPU whose read does not finish by the deadline is ``unknown``);
 3. unless ``quick``, the short check probe on every GPU that is free: not lost, not in
    MIG mode (its instances are other tenants'; checked at the parent GPU's level), its
-   per-GPU lock (:mod:`~gpuperfd.probing.sweep.ownership`) free, which is held for the probe so the daemon
+   per-GPU lock (:mod:`~gpuperfd.caps.ownership`) free, which is held for the probe so the daemon
    does not sweep under it, and not busy (:func:`~gpuperfd.probing.gates.idle.busy_reason`). All GPUs probe in
    parallel, through the one executor choice (:func:`~gpuperfd.probing.executors.choose_executor`: a probe
    child on real GPUs, the simulator's physics with ``--simulate``), one session of one point
@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuperfd.caps.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.config import Config
 from gpuperfd.device.base import Backend, Device
 from gpuperfd.device.errors import DeviceError, NotSupported
@@ -45,12 +46,11 @@ from gpuperfd.health.monitor import snapshot_inputs
 from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probe_data.request import ProbeRequest
-from gpuperfd.probing.gates.admission import Admission, memory_limit
 from gpuperfd.probing.check.interconnect import INTERCONNECT_SHARE, apply_to_inputs, run_interconnect
 from gpuperfd.probing.executors import Executor, child_process_executor, choose_executor, measure_once, starts_children
+from gpuperfd.probing.gates.admission import Admission, memory_limit
 from gpuperfd.probing.gates.idle import BusyKind, busy_reason, mig_reason
 from gpuperfd.probing.interconnect.executor import InterconnectExecutor
-from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.telemetry.collectors import COLLECTORS
 from gpuperfd.telemetry.sampler import Sampler
 

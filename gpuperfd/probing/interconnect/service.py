@@ -4,7 +4,7 @@ It runs only when *every* GPU of the set may be probed now, by the same gate as 
 (:meth:`ProbeService.refusal`: not lost, not allocated, not in MIG mode, idle long enough, not
 busy), and it holds every GPU of the set for the whole run: the service's turn on each GPU (no
 single-GPU round starts on one of them meanwhile, and it waits for a round that is running) and
-each GPU's cross-process lock (:class:`~gpuperfd.probing.sweep.ownership.GpuLock`: no CLI sweep or ``gpuperfd
+each GPU's cross-process lock (:class:`~gpuperfd.caps.ownership.GpuLock`: no CLI sweep or ``gpuperfd
 check`` under it). GPUs are taken in index order, so two runs never wait on each other.
 
 Like any probe it gives way to a user's job (the executor watches the set and ends every worker:
@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpuperfd.caps.ownership import GpuBusy, GpuLock, safe_name
 from gpuperfd.config import ScheduleConfig
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
@@ -28,7 +29,6 @@ from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.interconnect.executor import InterconnectExecutor
 from gpuperfd.probing.interconnect.gpu_set import check_set
 from gpuperfd.probing.scheduling.service import ProbeService
-from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, safe_name
 
 __all__ = ["InterconnectService", "request_of", "PROBE", "PRESET"]
 

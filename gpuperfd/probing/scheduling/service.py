@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from gpuperfd.attribution.allocations import AllocationState
+from gpuperfd.caps.journal import CapJournal
 from gpuperfd.config import ProbesConfig, ScheduleConfig
 from gpuperfd.device.base import Device, GpuInfo
 from gpuperfd.device.errors import DeviceError
@@ -29,18 +30,17 @@ from gpuperfd.probe_data.progress import SweepProgress
 from gpuperfd.probe_data.recommend import SweepPoint, comparison_words, cut_short, recommend_latest
 from gpuperfd.probe_data.result import PREEMPTED
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PROBES as PER_GPU_PROBES
-from gpuperfd.probing.gates.admission import Admission, Ticket, memory_limit
 from gpuperfd.probing.executors import Executor
-from gpuperfd.probing.scheduling.gpu_time import GpuTimeLedger
+from gpuperfd.probing.gates.admission import Admission, Ticket, memory_limit
 from gpuperfd.probing.history import HistoryWriter
+from gpuperfd.probing.scheduling.gpu_time import GpuTimeLedger
 from gpuperfd.probing.gates.idle import (BusyKind, BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason,
                                    not_idle_text, pod_reason)
+from gpuperfd.probing.child.standby import StandbyChildren
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
 from gpuperfd.probing.scheduling.rounds import GpuRounds, RoundSource, Turn
 from gpuperfd.probing.scheduling.schedule_request import planned_from_schedule, request_from_schedule
-from gpuperfd.probing.child.standby import StandbyChildren
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
-from gpuperfd.probing.sweep.journal import CapJournal
 from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, PlannedProbe, SweepRequest, run_owned_sweep
 from gpuperfd.system.memory import release_free_memory
 

@@ -23,14 +23,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ChildCosts", "MEASURED_COSTS", "COSTS_SOURCE", "REAL_WINDOW_SECONDS", "costs_for", "NO_COSTS"]
+__all__ = ["ChildCosts", "MEASURED_COSTS", "COSTS_SOURCE", "REAL_WINDOW_SECONDS", "costs_for", "cost_scale_for",
+           "NO_COSTS"]
 
 COSTS_SOURCE = ("lent NVIDIA H200, driver 580.159.04, torch 2.11.0+cu130: benchmarks/results/i50/h200x2/q2r.json "
                 "(imports) and benchmarks/results/i60/h200-diag/q2r_default.json (build, overhead)")
 
 #: The measured windows of a real point at the probes' defaults on that H200 (2.0-2.7 s): the simulated
 #: window (``probes.simulated_measure_seconds``, 3 s by default) compressed below this compresses the
-#: costs alike (:func:`gpuperfd.config.SimulationConfig.cost_scale_for`).
+#: costs alike (:func:`cost_scale_for`).
 REAL_WINDOW_SECONDS = 3.0
 
 
@@ -65,3 +66,11 @@ def costs_for(probe: str, scale: float) -> ChildCosts:
     if scale <= 0:
         return NO_COSTS
     return MEASURED_COSTS.get(probe, NO_COSTS).scaled(scale)
+
+
+def cost_scale_for(cost_scale: float | None, simulated_measure_seconds: float) -> float:
+    """The share of the real costs a simulated probe charges: ``simulation.cost_scale`` when set, else as
+    much as ``probes.simulated_measure_seconds`` compresses the real windows."""
+    if cost_scale is not None:
+        return cost_scale
+    return min(1.0, simulated_measure_seconds / REAL_WINDOW_SECONDS)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuperfd.caps.journal import CapJournal, journals_for
 from gpuperfd.config import Config, config_with_flags
 from gpuperfd.console import ProgressBar, format_table
 from gpuperfd.device.base import Device, GpuInfo
@@ -34,7 +35,6 @@ from gpuperfd.probe_data.spec import PROBES, check_options
 from gpuperfd.probing.executors import choose_executor
 from gpuperfd.probing.gates.idle import busy_reason
 from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
-from gpuperfd.probing.sweep.journal import CapJournal, journals_for
 from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, PlannedProbe, SweepRequest, run_owned_sweep
 from gpuperfd.system.logs import setup_logging
 from gpuperfd.system.stopsignals import StopSignals, say
@@ -499,11 +499,11 @@ def _print_results(max_slowdown: float, probe: str, points: list[SweepPoint], pl
 
 def cmd_restore_caps(args: argparse.Namespace) -> int:
     """Restore every cap journaled in the state directory and every other one this node used (the
-    emergency command, :mod:`gpuperfd.apply.emergency`: apply mode's entries too, under each GPU's
+    emergency command, :mod:`gpuperfd.caps.emergency`: apply mode's entries too, under each GPU's
     lock); 0 when none is left changed (and says "nothing to restore" when there was nothing), 1 when
     one is, 2 when the configured state directory is missing or unreadable and no other held anything
     to restore (one that did is restored, and the missing directory still named)."""
-    from gpuperfd.apply.emergency import restore_everything, state_dir_problem
+    from gpuperfd.caps.emergency import restore_everything, state_dir_problem
 
     config = _load(args.config, args.state_dir, args.simulate)
     setup_logging(config.log_level)

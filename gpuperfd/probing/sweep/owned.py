@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from gpuperfd.caps.journal import CapChangedByOther, CapJournal, restore_pending
+from gpuperfd.caps.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.recommend import SweepPoint
@@ -32,8 +34,6 @@ from gpuperfd.probing.executors import Executor, open_session
 from gpuperfd.probing.gates.idle import BusyReason
 from gpuperfd.probing.observer import SweepObserver
 from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
-from gpuperfd.probing.sweep.journal import CapChangedByOther, CapJournal, restore_pending
-from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.probing.sweep.sweeper import SweepAborted, SweepPreempted, run_sweep
 
 __all__ = ["OwnedStatus", "OwnedSweep", "SweepRequest", "run_owned_sweep"]

@@ -24,11 +24,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from gpuperfd.caps.guard import CapGuard
+from gpuperfd.caps.journal import CapJournal
 from gpuperfd.device.base import Device
 from gpuperfd.probe_data.recommend import SweepPoint, clearly_slower, read_only_note, unmeasured_caps
 from gpuperfd.probe_data.result import ProbeResult
-from gpuperfd.probing.sweep.caps import CapGuard
-from gpuperfd.probing.sweep.journal import CapJournal
 
 if TYPE_CHECKING:
     from gpuperfd.probing.observer import SweepObserver

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from gpuperfd.caps.ownership import GpuLock, safe_name
 from gpuperfd.config import config_from_mapping
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probing.check import flow as check_mod
-from gpuperfd.probing.check.flow import CheckRequest, run_check
 from gpuperfd.probing.check.cli import EXIT_DEGRADED, EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN, EXIT_USAGE
+from gpuperfd.probing.check.flow import CheckRequest, run_check
 from gpuperfd.probing.executors import PerPointExecutor, measure_once
-from gpuperfd.probing.sweep.ownership import GpuLock, safe_name
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -254,14 +254,14 @@ def test_our_lock_is_held_during_the_probe_and_released_after(tmp_path: Path, re
         executor = real(cfg, name)
 
         def run(device, schedule, abort):
-            from gpuperfd.probing.sweep.ownership import is_owned
+            from gpuperfd.caps.ownership import is_owned
             seen.append(is_owned(config.probes.state_dir, safe_name(uuid)))
             return measure_once(executor, device, schedule, abort)
         return PerPointExecutor(run)
 
     monkeypatch.setattr(check_mod, "choose_executor", spying)
     _run(config, backend)
-    from gpuperfd.probing.sweep.ownership import is_owned
+    from gpuperfd.caps.ownership import is_owned
     assert seen == [os.getpid()] and is_owned(config.probes.state_dir, safe_name(uuid)) is None
 
 

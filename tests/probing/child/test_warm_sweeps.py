@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuperfd.caps.journal import CapJournal
 from gpuperfd.config import ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probe_data.request import ProbeRequest
@@ -24,9 +25,8 @@ from gpuperfd.probing.executors import (
     SimulatedExecutor,
     open_session,
 )
-from gpuperfd.probing.sweep.journal import CapJournal
-from gpuperfd.probing.scheduling.schedule_request import request_from_schedule
 from gpuperfd.probe_data.recommend import recommend
+from gpuperfd.probing.scheduling.schedule_request import request_from_schedule
 from gpuperfd.probing.sweep.sweeper import run_sweep
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -11,18 +11,18 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpuperfd.caps.ownership import GpuLock, safe_name
 from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probing.executors import simulated_executor
-from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.gates.idle import IdleTracker
+from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.interconnect.runner import ProcessInterconnectExecutor
 from gpuperfd.probing.interconnect.service import InterconnectService
 from gpuperfd.probing.metrics import ProbeMetrics
 from gpuperfd.probing.scheduling.scheduler import ProbeScheduler
 from gpuperfd.probing.scheduling.service import ProbeService
-from gpuperfd.probing.sweep.ownership import GpuLock, safe_name
 from gpuperfd.telemetry.collectors.base import Point
 from gpuperfd.telemetry.sampler import Reading
 

@@ -16,8 +16,8 @@ from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.executors import PerPointExecutor, simulated_executor
-from gpuperfd.probing.history import HistoryWriter, read_history
 from gpuperfd.probing.gates.idle import IdleTracker
+from gpuperfd.probing.history import HistoryWriter, read_history
 from gpuperfd.probing.metrics import ProbeMetrics
 from gpuperfd.probing.scheduling.service import ProbeService
 from gpuperfd.telemetry.collectors.base import Point
@@ -585,7 +585,7 @@ def test_a_sweep_in_progress_is_kept_point_by_point_and_cleared(tmp_path):
 def test_a_cap_lock_held_for_a_moment_does_not_cost_the_round_its_turn(tmp_path):
     """The apply controller takes the GPU's cap lock for a moment on each pass: a round that starts
     then waits for it (up to CAP_LOCK_WAIT_SECONDS) instead of counting the GPU owned by another."""
-    from gpuperfd.probing.sweep.ownership import GpuLock, safe_name
+    from gpuperfd.caps.ownership import GpuLock, safe_name
 
     backend, devices, registry, service = make(tmp_path)
     lock = GpuLock(service.journal.state_dir, safe_name(devices[0].info().uuid))

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from gpuperfd.caps.journal import CapJournal, restore_pending
 from gpuperfd.config import SimulationConfig
 from gpuperfd.device.simulated import GPU_MODELS, SimulatedBackend, simulated_uuid
-from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
 from persisted_boards import ORIGINAL, board_limits, boards
 
 SWEEP_CONFIG = """
@@ -120,10 +120,10 @@ def test_sigkill_at_random_points_of_a_sweep_100_times(start_daemon, tmp_path):
 
 def _sweep_child(state: Path, crash_at: int, out_fd: int) -> None:
     """Run one sweep in this (forked) process; SIGKILL ourselves at step ``crash_at``."""
+    from gpuperfd.caps import journal as journal_mod
     from gpuperfd.config import ScheduleConfig
     from gpuperfd.device import simulated
     from gpuperfd.probing.executors import simulated_executor
-    from gpuperfd.probing.sweep import journal as journal_mod
     from gpuperfd.probing.sweep.sweeper import run_sweep
 
     steps = [0]
@@ -470,8 +470,8 @@ def test_state_dir_changed_by_sighup_then_sigkill_mid_sweep_restores_at_restart(
 
 def test_registry_lists_every_state_dir_that_held_a_journal_entry(tmp_path, monkeypatch):
     """The node registry is fixed (not a setting); every journal write registers its directory first."""
+    from gpuperfd.caps import journal as journal_module
     from gpuperfd.config import Config
-    from gpuperfd.probing.sweep import journal as journal_module
 
     registry = tmp_path / "node" / "state-dirs.json"
     monkeypatch.setattr(journal_module, "NODE_REGISTRY", registry)

@@ -9,18 +9,14 @@ import threading
 
 import pytest
 
+from gpuperfd.caps.guard import CapGuard
+from gpuperfd.caps.journal import CapJournal, restore_pending
 from gpuperfd.config import ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import WORKLOAD_PROFILES, SimulatedBackend
+from gpuperfd.probe_data.recommend import SweepPoint, recommend
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.executors import SIMULATED_PROFILE, simulated_executor
-from gpuperfd.probing.sweep.caps import (
-    CapGuard,
-    CapSpecError,
-    parse_cap_list,
-    resolve_caps,
-)
-from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
-from gpuperfd.probe_data.recommend import SweepPoint, recommend
+from gpuperfd.probing.sweep.caps import CapSpecError, parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.sweeper import SweepAborted, run_sweep
 
 
@@ -323,8 +319,8 @@ def test_a_sweep_that_gives_way_to_a_users_job_restores_the_operators_cap(tmp_pa
     mid-measurement at a lowered cap; the sweep ends there as preempted (not failed), the cap the
     operator had comes back, and the CLI's table says skipped (preempted)."""
     from gpuperfd.probing.observer import Observers
-    from gpuperfd.probing.sweep.cli import _print_results
     from gpuperfd.probing.scheduling.schedule_request import planned_from_schedule
+    from gpuperfd.probing.sweep.cli import _print_results
     from gpuperfd.probing.sweep.owned import OwnedStatus, SweepRequest, run_owned_sweep
 
     gpu = SimulatedBackend(SimulationConfig(gpus=1, seed=3, initial_power_limits={0: 650.0})).devices()[0]

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from gpuperfd.caps.guard import CapGuard
+from gpuperfd.caps.journal import CapJournal, restore_pending
+from gpuperfd.caps.ownership import GpuBusy, GpuLock, is_owned, safe_name
 from gpuperfd.config import SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend, simulated_uuid
-from gpuperfd.probing.sweep.caps import CapGuard
-from gpuperfd.probing.sweep.journal import CapJournal, restore_pending
-from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, is_owned, safe_name
 
 ORIGINAL = {"0": 650.0, "1": 640.0}
 CONFIG = """

@@ -13,7 +13,7 @@ for writing keeps a state directory that turns read-only under us remountable.
 
 A state directory is a setting, so two writers may journal in two of them (a ``gpuperfd sweep
 --state-dir X`` beside the daemon). ``node_dir`` (the node's lock folder beside its registry of state
-directories, :meth:`~gpuperfd.probing.sweep.journal.CapJournal.lock`) adds one lock per GPU for the
+directories, :meth:`~gpuperfd.caps.journal.CapJournal.lock`) adds one lock per GPU for the
 whole node, taken first, so they exclude each other too (issue 51); best effort where that folder
 cannot be written.
 """

@@ -9,7 +9,7 @@ before deciding anything: a held GPU is never applied. Only the operator ends a 
 ``gpuperfd apply --release GPU`` or ``POST /api/v1/apply/release?gpu=N`` (:func:`release_hold`).
 
 Holds are read from the configured state directory and every other one in the node's registry (as
-the cap journal is: :func:`~gpuperfd.probing.sweep.journal.journals_for`), so a state directory
+the cap journal is: :func:`~gpuperfd.caps.journal.journals_for`), so a state directory
 changed by an edit or a reload hides none; a release removes the GPU's hold from all of them.
 """
 
@@ -23,9 +23,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gpuperfd.caps.ownership import safe_name
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
-from gpuperfd.probing.sweep.ownership import safe_name
 from gpuperfd.system.files import replace_file
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,11 @@
-"""apply/holds.py: the operator's hold on disk (issue 61): written atomically, read from every state
+"""caps/holds.py: the operator's hold on disk (issue 61): written atomically, read from every state
 directory, kept when unreadable, and ended only by a release that names what was wrong."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuperfd.apply.holds import (SUFFIX, NoSuchGpu, NotHeld, OperatorHold, hold_of, holds_in, release_hold,
+from gpuperfd.caps.holds import (SUFFIX, NoSuchGpu, NotHeld, OperatorHold, hold_of, holds_in, release_hold,
                                   write_hold)
 from gpuperfd.config import SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend

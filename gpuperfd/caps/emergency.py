@@ -5,7 +5,7 @@ journal entry of ours (apply mode's and a sweep's, a corrupt one too) in the con
 and every other one the node's registry names. Each GPU's cap lock is taken first (waiting a little for a
 sweep's point), so a running daemon's pass or sweep never races it: the daemon finds its entry gone and
 the operator's cap back, and leaves the GPU quietly. Each cap is put back by the one rule
-(:func:`~gpuperfd.probing.sweep.journal.put_back`: only over a cap we set), and the words say what the
+(:func:`~gpuperfd.caps.journal.put_back`: only over a cap we set), and the words say what the
 board reads afterwards. A missing or unreadable state directory is refused (exit 2, the path named).
 """
 
@@ -16,10 +16,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuperfd.caps.journal import CapJournal, CapRecord, CorruptJournal, restore_pending
+from gpuperfd.caps.ownership import GpuBusy, safe_name
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
-from gpuperfd.probing.sweep.journal import CapJournal, CapRecord, CorruptJournal, restore_pending
-from gpuperfd.probing.sweep.ownership import GpuBusy, safe_name
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,9 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from gpuperfd.caps.ownership import GpuBusy, GpuLock, apply_lock_name, is_owned, safe_name
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError, InvalidArgument
-from gpuperfd.probing.sweep.ownership import GpuBusy, GpuLock, apply_lock_name, is_owned, safe_name
 from gpuperfd.system.files import replace_file
 
 if TYPE_CHECKING:
