@@ -250,7 +250,8 @@ def test_an_idle_fleet_is_probed_once_an_interval_and_a_first_delay_below_idle_s
         at = [(t - t0) / SCALE for t in times]
         # the first chance was not lost to "not idle": the standby child started at the start (the result
         # fell due within its lead), so the result came its imports, build, overheads and window later
-        assert IDLE <= at[0] <= COSTS.imports + COSTS.build + COSTS.overhead + MEASURE + 6, (gpu, at)
+        # (+15 s: the feed, ticks and threads' slack under load, 0.25 s real; still far from an interval)
+        assert IDLE <= at[0] <= COSTS.imports + COSTS.build + COSTS.overhead + MEASURE + 15, (gpu, at)
         # then once each interval: each later child started a lead before its result fell due, so only the
         # GPU's part (build, overheads, window) is added to each interval
         assert len(at) == 4, (gpu, at)
