@@ -41,6 +41,7 @@ from apscheduler.events import (
     JobExecutionEvent,
 )
 from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.job import Job
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
@@ -453,8 +454,9 @@ class ProbeScheduler:
             # holding an idle GPU is not a gap: GpuProbeCoverageLow must say "never free" then).
             if moment is not None and gpu not in self._running and now >= self._refused_until.get(gpu, -1.0):
                 self.service.metrics.add_free_seconds(self._info(gpu), min(elapsed, max(0.0, now - moment)))
-        self._take_early_gaps(moments, now)
-        self._keep_standbys(now)
+        jobs = self._started_jobs()  # one listing for this pass's two looks at the jobs
+        self._take_early_gaps(jobs, moments, now)
+        self._keep_standbys(jobs, now)
         started = 0
         for entry in self.due.ordered():
             gpu = entry.gpu
@@ -477,7 +479,7 @@ class ProbeScheduler:
             started += 1
         return started
 
-    def _keep_standbys(self, now: float) -> None:
+    def _keep_standbys(self, jobs: list[Job], now: float) -> None:
         """Each GPU's standby child (:mod:`gpuperfd.probing.child.standby`): started for its most overdue
         result (or one falling due within a child's lead) at once, busy GPU or not: it makes no CUDA call,
         so a user's job loses nothing but the host memory the admission reserved, and it is ready when
@@ -493,7 +495,7 @@ class ProbeScheduler:
         for entry in self.due.ordered():
             if entry.schedule.probe != INTERCONNECT:
                 first.setdefault(entry.gpu, entry)
-        soon = self._falling_due_soon(standby.lead_seconds)
+        soon = self._falling_due_soon(jobs, standby.lead_seconds)
         admission = getattr(self.service, "admission", None)
         rounds_wait = admission is not None and admission.state().waiting > 0
         for gpu in self.gpus:
@@ -513,14 +515,17 @@ class ProbeScheduler:
             elif schedule is not None and not rounds_wait:
                 self.service.stand_by(gpu, schedule)
 
-    def _falling_due_soon(self, lead_seconds: Callable[[str], float]) -> dict[int, ScheduleConfig]:
+    def _started_jobs(self) -> list[Job]:
+        """The jobs with a next run (a pending one, before the scheduler starts, has none)."""
+        return [job for job in self.scheduler.get_jobs()
+                if len(job.args) >= 3 and getattr(job, "next_run_time", None) is not None]
+
+    def _falling_due_soon(self, jobs: list[Job], lead_seconds: Callable[[str], float]) -> dict[int, ScheduleConfig]:
         """Per GPU, a schedule whose result falls due within a standby child's lead: on a GPU idle all
         along the run starts when it falls due, so its child starts that much before (issue 60)."""
         wall = time.time()
         soon: dict[int, ScheduleConfig] = {}
-        for job in self.scheduler.get_jobs():
-            if len(job.args) < 3 or getattr(job, "next_run_time", None) is None:
-                continue
+        for job in jobs:
             schedule, group = job.args[0], list(job.args[1])
             if schedule.probe == INTERCONNECT or job.next_run_time.timestamp() - wall > lead_seconds(schedule.probe):
                 continue
@@ -528,13 +533,11 @@ class ProbeScheduler:
                 soon.setdefault(gpu, schedule)
         return soon
 
-    def _take_early_gaps(self, moments: dict[int, float | None], now: float) -> None:
+    def _take_early_gaps(self, jobs: list[Job], moments: dict[int, float | None], now: float) -> None:
         """Interval results within EARLY_SHARE of their interval of falling due, on a GPU whose gap opened
         since then (it was busy when that share began), fall due now: that gap is taken."""
         wall = time.time()
-        for job in self.scheduler.get_jobs():
-            if len(job.args) < 3 or getattr(job, "next_run_time", None) is None:  # pending: not started
-                continue
+        for job in jobs:
             schedule, group = job.args[0], list(job.args[1])
             if schedule.interval_seconds is None or schedule.probe == INTERCONNECT:
                 continue

@@ -24,18 +24,11 @@ from gpuperfd.probing.scheduling.service import ProbeService
 from gpuperfd.probing.child.standby import StandbyChildren
 from gpuperfd.telemetry.collectors.base import Point
 from gpuperfd.telemetry.sampler import Reading
+from manual_clock import Clock
 
 LLM = ScheduleConfig(probe="llm", preset="tiny", interval_seconds=3600, settle_seconds=0, options={"repeats": 1})
 JOB = "0-llm-gpu0"
 IDLE_SECONDS = 60.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def reading(clock: Clock, utilization: float) -> Reading:

@@ -22,17 +22,10 @@ from gpuperfd.telemetry.collectors.base import Point
 from gpuperfd.telemetry.sampler import Reading
 from gpuperfd.top.frame import render
 from gpuperfd.web.status import gap_words
+from manual_clock import Clock
 
 LLM = ScheduleConfig(probe="llm", interval_seconds=3600, settle_seconds=0)
 IDLE_SECONDS = 10.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Node:
