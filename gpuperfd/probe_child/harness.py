@@ -53,7 +53,7 @@ from gpuperfd.probe_child.faults import inject_fault
 from gpuperfd.probe_child.loop import run_loop
 from gpuperfd.probe_data.recommend import rate_cv
 from gpuperfd.probe_data.result import ProbeResult, RepeatResult, WindowStats
-from gpuperfd.probe_data.settle import wait_steady
+from gpuperfd.probe_data import settle as settle_rule
 from gpuperfd.probe_data.spec import WRONG_RESULT_FAULTS, ProbeSpec
 
 
@@ -105,39 +105,53 @@ def prepare(
     return prepared
 
 
-def _settle(prepared: Prepared, max_seconds: float) -> tuple[float, bool | None]:
-    """Keep the load running until power and SM clock are steady (at most ``max_seconds``).
-
-    The cap only shows in power and clocks while the GPU works, so this is measured
-    under the probe's own load, right before the windows. (seconds, steady); steady is
-    None without NVML telemetry (CPU), where there is nothing to wait for.
-    """
-    ctx, workload = prepared.ctx, prepared.workload
-    if max_seconds <= 0 or ctx.nvml is None:
-        return 0.0, None
+def _max_clock(ctx: ProbeContext) -> float | None:
+    """The board's maximum SM clock (Hz), where NVML tells it: windows at it are steady whatever their power."""
     from gpuperfd.device.errors import DeviceError
 
     try:
-        max_clock = ctx.nvml.clocks().sm_max_hertz
+        return ctx.nvml.clocks().sm_max_hertz if ctx.nvml is not None else None
     except DeviceError:
-        max_clock = None
-    # One sampling thread cut at each slice, as the windows are: a start/join per slice left the GPU
-    # idle between slices, and each gap is a transient of the power controller that the next
-    # slice then disagrees by (attention took 1.6-3.1 s to settle at a cap it never left, H100).
-    sampler = WindowSampler(ctx.nvml, min(prepared.spec.sample_interval, 0.05), gpm=False)
+        return None
 
-    def sample(seconds: float) -> tuple[float | None, float | None]:
-        clock = ctx.new_clock(host=workload.host_clock)
-        n, wall = run_loop(ctx, workload, clock, seconds, None)
-        telemetry = sampler.cut()
-        workload.end(clock, n, wall)
-        return mean(telemetry.power), mean(telemetry.sm_clock)
 
-    sampler.start()
-    try:
-        return wait_steady(sample, max_seconds, max_clock=max_clock)
-    finally:
-        sampler.close()
+@dataclass
+class _Settle:
+    """The settle judged from the windows' own power and SM-clock trace (issue 60).
+
+    A separate settle loop ran the load for 0.9-2.3 s before the first window even when the GPU was
+    steady from the warm-up on (H200, a ready child), and that was most of a daemon probe's time beyond
+    its windows. Here the windows start at once: a window is kept once it and the window before it agree
+    (:func:`~gpuperfd.probe_data.settle.steady`: mean power within 2 %, mean SM clock within 1 %; a window
+    is one power-controller cycle, so two steady ones agree whatever the cycle's phase) or both sit at the
+    board's maximum clock; until then each window is set aside as settle. After ``bound`` seconds set
+    aside the windows are kept unsettled (``settle_steady: false``), as the settle loop's bound did.
+    """
+
+    bound: float
+    max_clock: float | None
+    seconds: float = 0.0
+    #: None while judging; True once two windows agreed; False once the bound passed.
+    steady: bool | None = None
+
+    def judge(self, held: _Window | None, window: _Window) -> list[_Window]:
+        """The windows to keep now that ``window`` was measured (``held``: the last one set aside)."""
+        if self.steady is not None:
+            return [window]
+        if window.reading == (None, None):  # no power and no clock: nothing to wait for
+            self.steady = None if held is None else False
+            return [window]
+        if held is not None and (settle_rule.steady(held.reading, window.reading)
+                                 or settle_rule.at_max_clock(held.reading, window.reading, self.max_clock)):
+            self.seconds -= held.seconds  # the held window counts after all
+            self.steady = True
+            return [held, window]
+        self.seconds += window.seconds
+        if self.seconds > self.bound:
+            self.seconds -= window.seconds
+            self.steady = False
+            return [window]
+        return []
 
 
 #: A point of a GPU sweep measures at least this many windows and stops once the windows'
@@ -206,6 +220,22 @@ class _Plan:
 
 
 @dataclass
+class _Window:
+    """One measured window before it is kept or set aside as settle."""
+
+    seconds: float
+    telemetry: Telemetry
+    stats: Any  # the workload's window statistics (units, counts, latencies, extra)
+    energy: float | None
+    iterations: int
+
+    @property
+    def reading(self) -> tuple[float | None, float | None]:
+        """Mean power (W) and mean SM clock (Hz) over the window, as the settle compares them."""
+        return mean(self.telemetry.power), mean(self.telemetry.sm_clock)
+
+
+@dataclass
 class _Windows:
     """The measured windows of one point and what they pooled."""
 
@@ -213,6 +243,21 @@ class _Windows:
     latencies: dict[str, list[float]]
     telemetry: Telemetry
     extras: list[dict[str, Any]]
+
+    def keep(self, window: _Window) -> None:
+        """Pool ``window`` into the point's figures."""
+        self.telemetry.merge(window.telemetry)
+        stats = window.stats
+        figures = _window_stats(window.telemetry, window.energy, window.seconds, stats.units, stats.throughput)
+        self.repeats.append(RepeatResult(
+            index=len(self.repeats), measured_seconds=window.seconds, units_of_work=stats.units,
+            telemetry_samples=window.telemetry.samples, iterations=window.iterations,
+            extra={**stats.extra, "counts": {k: [float(c), float(t)] for k, (c, t) in stats.counts.items()}},
+            **figures.window_fields(),
+        ))
+        self.extras.append(stats.extra)
+        for name, samples in stats.latencies.items():
+            self.latencies.setdefault(name, []).extend(samples)
 
 
 def _plan(prepared: Prepared, settle_seconds: float) -> _Plan:
@@ -268,17 +313,30 @@ def _window_stats(telemetry: Telemetry, energy: float | None, seconds: float, un
     )
 
 
-def _measure_windows(prepared: Prepared, plan: _Plan, report: Callable[..., None]) -> _Windows:
-    """The measured windows: energy counter and telemetry around each; stop early once they agree."""
+def _measure_windows(prepared: Prepared, plan: _Plan, report: Callable[..., None],
+                     settle: _Settle | None) -> _Windows:
+    """The measured windows: energy counter and telemetry around each; stop early once they agree.
+
+    With ``settle`` (a GPU point settled under load) the first windows double as the settle: each is
+    kept or set aside by :meth:`_Settle.judge`, and only kept windows count toward the plan's number.
+    """
     spec, ctx = prepared.spec, prepared.ctx
     # One sampling thread for all the windows, cut at each bound (no start/join between windows);
     # GPM was primed before the warm-up, so no 0.1 s first-sample wait sits right before window 0.
     sampler = WindowSampler(ctx.nvml, spec.sample_interval)
     out = _Windows([], {}, Telemetry(), [])
+    held: _Window | None = None
+    index = 0
     try:
-        for index in range(plan.max_windows):
-            _measure_window(prepared, plan, sampler, index, out)
-            report(phase="measure", repeat=index + 1, repeats=plan.max_windows)
+        while len(out.repeats) < plan.max_windows:
+            window = _measure_window(prepared, plan, sampler, index)
+            index += 1
+            kept = [window] if settle is None else settle.judge(held, window)
+            held = None if kept else window
+            kept = kept[-(plan.max_windows - len(out.repeats)):]
+            for each in kept:
+                out.keep(each)
+            report(phase="measure" if kept else "settle", repeat=len(out.repeats), repeats=plan.max_windows)
             if plan.adaptive and _windows_agree(out.repeats):
                 break
     finally:
@@ -286,8 +344,8 @@ def _measure_windows(prepared: Prepared, plan: _Plan, report: Callable[..., None
     return out
 
 
-def _measure_window(prepared: Prepared, plan: _Plan, sampler: WindowSampler, index: int, out: _Windows) -> None:
-    """One measured window appended to ``out`` (the sampler runs on; this window is cut off it)."""
+def _measure_window(prepared: Prepared, plan: _Plan, sampler: WindowSampler, index: int) -> _Window:
+    """One measured window (the sampler runs on; this window is cut off it)."""
     spec, ctx, workload = prepared.spec, prepared.ctx, prepared.workload
     clock = ctx.new_clock(host=workload.host_clock)
     ctx.synchronize()
@@ -301,19 +359,9 @@ def _measure_window(prepared: Prepared, plan: _Plan, sampler: WindowSampler, ind
         n, seconds = run_loop(ctx, workload, clock, plan.window_seconds, spec.iterations)
         e1 = ctx.energy()
     telemetry = sampler.cut()
-    out.telemetry.merge(telemetry)
     stats = workload.end(clock, n, seconds)
     energy = e1 - e0 if e0 is not None and e1 is not None else None
-    window = _window_stats(telemetry, energy, seconds, stats.units, stats.throughput)
-    out.repeats.append(RepeatResult(
-        index=index, measured_seconds=seconds, units_of_work=stats.units, telemetry_samples=telemetry.samples,
-        iterations=n,
-        extra={**stats.extra, "counts": {k: [float(c), float(t)] for k, (c, t) in stats.counts.items()}},
-        **window.window_fields(),
-    ))
-    out.extras.append(stats.extra)
-    for name, samples in stats.latencies.items():
-        out.latencies.setdefault(name, []).extend(samples)
+    return _Window(seconds, telemetry, stats, energy, n)
 
 
 def _busy_pass(prepared: Prepared, plan: _Plan, telemetry: Telemetry,
@@ -389,11 +437,12 @@ def measure(
     report(phase="warmup")
     with phases("warmup"):
         n_warm, warm_seconds = _warm_up(prepared, plan)
-    report(phase="settle")
-    with phases("settle"):
-        settle_wait, steady = _settle(prepared, settle_seconds)
+    settle = _Settle(settle_seconds, _max_clock(ctx)) if plan.settles_under_load else None
     with phases("measure"):
-        windows = _measure_windows(prepared, plan, report)
+        windows = _measure_windows(prepared, plan, report, settle)
+    settle_wait, settled = (settle.seconds, settle.steady) if settle is not None else (0.0, None)
+    phases.seconds["measure"] -= settle_wait
+    phases.seconds["settle"] = settle_wait
     peak, allocated = ctx.memory()
     report(phase="check")
     with phases("check"):
@@ -404,7 +453,7 @@ def measure(
         "setup_seconds": setup_seconds,
         "point_index": prepared.measured_points - 1,
         "settle_seconds": settle_wait,
-        "settle_steady": steady,
+        "settle_steady": settled,
         "warmup_iterations": n_warm,
         "warmup_seconds": warm_seconds,
         "gpu_busy_method": busy_method,

@@ -14,8 +14,10 @@ their power: no cap holds the clock, so no transition is under way.
 ``max_seconds`` bounds the wait; a point that never settles is still measured, and
 says so (``settle_steady: false``).
 
-Pure Python (no torch): the probe child runs the slices with its workload, the
-simulated executor with the simulated GPU.
+Pure Python (no torch). The simulated executor runs :func:`wait_steady`'s slices on the simulated
+GPU; the probe child judges its measured windows themselves with :func:`steady` and
+:func:`at_max_clock` (``probe_child/harness.py``, ``_Settle``: a window is one controller cycle, so
+two steady windows agree), and sets aside those before the point is steady.
 """
 
 from __future__ import annotations
