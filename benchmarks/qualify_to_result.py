@@ -107,7 +107,9 @@ def main() -> int:
                        "settle_seconds": extra.get("settle_seconds"), "warmup_seconds": extra.get("warmup_seconds"),
                        "gpu_seconds": max(0.0, total - cpu), "child_start_seconds": start,
                        "child_prepare_seconds": prepare, "setup_gpu_seconds": setup, "point_seconds": point,
-                       "measured_seconds": measured, "measured_share": measured / total if total else None}
+                       "measured_seconds": measured, "measured_share": measured / total if total else None,
+                       **{key: extra.get(key) for key in ("settle_steady", "windows_measured", "busy_window_seconds",
+                                                          "busy_activities", "busy_iterations", "compile_seconds")}}
                 rows.append(row)
                 print(f"{probe:9s} run {run} standby {'on ' if standby else 'off'}: total {total:6.1f} s | CPU only (spawn, imports) {cpu:5.1f} | "
                       f"GPU held {row['gpu_seconds']:5.1f} (start {start:.1f}, prepare {prepare:.1f}, build "

@@ -158,7 +158,7 @@ class _Session:
     def start(self, t_start: float, defer_build: bool) -> None:
         """The first ``ready``: after the imports only (deferred), or after the build."""
         if defer_build:
-            self.workloads.preload(self.spec.probe)
+            self.workloads.preload(self.spec.probe, self.spec.variant)
             self.import_seconds = time.perf_counter() - t_start
             wire.send(self.conn, "ready", {"import_seconds": self.import_seconds, "deferred": True,
                                            "cuda_initialized": _cuda_initialized()})
@@ -194,7 +194,7 @@ class _Session:
         self.prepared = None
         _release_memory()
         self.spec = ProbeSpec.from_dict(body["spec"])
-        self.workloads.preload(self.spec.probe)
+        self.workloads.preload(self.spec.probe, self.spec.variant)
         wire.send(self.conn, "ready", {"import_seconds": time.perf_counter() - t_preload, "deferred": True,
                                        "cuda_initialized": _cuda_initialized()})
 

@@ -192,3 +192,19 @@ def test_eager_llm_variant_in_process() -> None:
     assert result.extra["kv_cache"] == "dynamic" and result.extra["generate_short_outputs"] == 0
     lat = result.latencies
     assert all(0 < t < r for t, r in zip(lat["ttft_seconds"], lat["request_seconds"]))
+
+
+def test_a_compiled_variants_preload_imports_the_compiler_without_touching_a_gpu() -> None:
+    """A standby child imports torch.compile's Dynamo and Inductor before its GPU is taken (issue 60: they
+    were most of a ready ViT child's build on an H200), and only for a compiled variant; no CUDA call."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from gpuperfd.probe_child import workloads\n"
+            "workloads.preload('vit', sys.argv[1])\n"
+            "print(all(m in sys.modules for m in workloads.COMPILER_MODULES), torch.cuda.is_initialized())\n")
+    for variant, expected in (("compiled", "True False"), ("eager", "False False")):
+        out = subprocess.run([sys.executable, "-c", code, variant], capture_output=True, text=True, timeout=300,
+                             check=True)
+        assert out.stdout.split() == expected.split(), (variant, out.stdout, out.stderr)

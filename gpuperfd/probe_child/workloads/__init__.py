@@ -38,13 +38,19 @@ PRELOAD_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 
-def preload(probe: str) -> None:
-    """Import what building ``probe`` needs, without building it: CPU work only (no CUDA call), so
-    a child can do it before the GPU is taken and the build then starts from the model code."""
+#: What a ``compiled`` variant's build imports on top: torch.compile's Dynamo and Inductor (~800 modules).
+#: Left to the build, they were most of ViT's 6 s build in a ready child on an H200 (its compile, the cache
+#: warm, took 1.6-2.1 s of it: benchmarks/child_costs.py); importing them makes no CUDA call.
+COMPILER_MODULES: tuple[str, ...] = ("torch._dynamo", "torch._inductor.compile_fx")
+
+
+def preload(probe: str, variant: str | None = None) -> None:
+    """Import what building ``probe`` (``variant``) needs, without building it: CPU work only (no CUDA
+    call), so a child can do it before the GPU is taken and the build then starts from the model code."""
     importlib.import_module(WORKLOAD_MODULES[probe])
     if probe == "llm":
         importlib.import_module(LLAMA_MODULE)
-    for name in PRELOAD_MODULES.get(probe, ()):
+    for name in PRELOAD_MODULES.get(probe, ()) + (COMPILER_MODULES if variant == "compiled" else ()):
         importlib.import_module(name)
 
 
