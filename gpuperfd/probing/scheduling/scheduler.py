@@ -112,6 +112,9 @@ class ProbeScheduler:
                                      tracker.handed_since if tracker is not None else None)
         #: GPUs a run of ours holds now (inline or dispatched): the dispatcher leaves them be.
         self._running: set[int] = set()
+        #: The jobs the round running on each GPU runs (its leader and the members it claimed): the GPU's
+        #: standby child is for another result.
+        self._in_round: dict[int, set[str]] = {}
         self._running_lock = threading.Lock()
         #: The qualifying moment (on ``clock``) of the run now holding each GPU: the start of the
         #: qualified-to-result time its results are published with.
@@ -257,6 +260,7 @@ class ProbeScheduler:
     def _release_gpu(self, gpu: int) -> None:
         with self._running_lock:
             self._running.discard(gpu)
+            self._in_round.pop(gpu, None)
         self._qualified.pop(gpu, None)
         self._turn_began.pop(gpu, None)
         self._timed.pop(gpu, None)
@@ -350,6 +354,8 @@ class ProbeScheduler:
     def _run_entry(self, entry: Due, firing: _Firing) -> RunOutcome:
         """Run a due result on its GPU (the whole schedule, or the caps its sweep in parts has left)."""
         schedule = self._schedule_for(entry)
+        with self._running_lock:
+            self._in_round.setdefault(entry.gpu, set()).add(entry.job_id)
         try:
             return self.service.run(schedule, entry.gpu, key=entry.job_id, source=firing)
         finally:
@@ -486,22 +492,22 @@ class ProbeScheduler:
         the job's gap opens (a child's imports, 13-18 s for llm on an H200, outlast idle_seconds 10: one
         started when the job ended made the round wait ~9 s). Ended when nothing is due there, the gate
         refused the GPU for a reason no job explains (lost, MIG), the GPU-time share is spent, or a round
-        waits for host memory (then on busy GPUs: a round goes first). A GPU a run of ours holds is left be."""
+        waits for host memory (then on busy GPUs: a round goes first). On a GPU a round of ours holds, the
+        child is for the next result the round does not run: it is ready when the round ends."""
         standby = getattr(self.service, "standby", None)
         tracker = getattr(self.service, "tracker", None)
         if standby is None or tracker is None:
             return
+        with self._running_lock:
+            in_round = {gpu: set(jobs_) for gpu, jobs_ in self._in_round.items()}
         first: dict[int, Due] = {}
         for entry in self.due.ordered():
-            if entry.schedule.probe != INTERCONNECT:
+            if entry.schedule.probe != INTERCONNECT and entry.job_id not in in_round.get(entry.gpu, ()):
                 first.setdefault(entry.gpu, entry)
-        soon = self._falling_due_soon(jobs, standby.lead_seconds)
+        soon = self._falling_due_soon(jobs, standby.lead_seconds, in_round)
         admission = getattr(self.service, "admission", None)
         rounds_wait = admission is not None and admission.state().waiting > 0
         for gpu in self.gpus:
-            with self._running_lock:
-                if gpu in self._running:
-                    continue
             entry = first.get(gpu)
             schedule = entry.schedule if entry is not None else soon.get(gpu)
             refused = now < self._refused_until.get(gpu, -1.0) and self._refused_why.get(gpu) not in JOB_REFUSALS
@@ -520,9 +526,11 @@ class ProbeScheduler:
         return [job for job in self.scheduler.get_jobs()
                 if len(job.args) >= 3 and getattr(job, "next_run_time", None) is not None]
 
-    def _falling_due_soon(self, jobs: list[Job], lead_seconds: Callable[[str], float]) -> dict[int, ScheduleConfig]:
-        """Per GPU, a schedule whose result falls due within a standby child's lead: on a GPU idle all
-        along the run starts when it falls due, so its child starts that much before (issue 60)."""
+    def _falling_due_soon(self, jobs: list[Job], lead_seconds: Callable[[str], float],
+                          in_round: dict[int, set[str]]) -> dict[int, ScheduleConfig]:
+        """Per GPU, a schedule whose result falls due within a standby child's lead (not one of the jobs the
+        GPU's round runs now): on a GPU idle all along the run starts when it falls due, so its child starts
+        that much before (issue 60)."""
         wall = time.time()
         soon: dict[int, ScheduleConfig] = {}
         for job in jobs:
@@ -530,7 +538,8 @@ class ProbeScheduler:
             if schedule.probe == INTERCONNECT or job.next_run_time.timestamp() - wall > lead_seconds(schedule.probe):
                 continue
             for gpu in group:
-                soon.setdefault(gpu, schedule)
+                if job.id not in in_round.get(gpu, ()):
+                    soon.setdefault(gpu, schedule)
         return soon
 
     def _take_early_gaps(self, jobs: list[Job], moments: dict[int, float | None], now: float) -> None:
@@ -613,6 +622,9 @@ class ProbeScheduler:
             log.info("%s due in %.0f s joins the round of job %s; its next run is %s", schedule.probe,
                      max(0.0, (planned - now).total_seconds()), job_id, after.isoformat(timespec="seconds"))
             claimed.append((job.id, schedule))
+        with self._running_lock:
+            for gpu in group:
+                self._in_round.setdefault(gpu, set()).update(job_id for job_id, _ in claimed)
         return claimed
 
     def current(self, job_id: str) -> ScheduleConfig | None:

@@ -253,3 +253,27 @@ def test_a_stopping_service_ends_its_standby_child(node):
     n.service.stop()
     assert n.slot() is None and n.admission.state().reserved_bytes == 0  # stop waits for its children
     assert gone(pid)
+
+
+def test_the_next_results_child_starts_while_a_round_runs_and_the_rounds_end_leaves_it(tmp_path):
+    """On a lent H200 the child for the GPU's next result started only when the round before it ended, so
+    that result waited out its imports (vit 14.8 s, train 25.5 s from the qualifying moment, against
+    5-6 s from a ready child): a slot a round took frees the GPU's place for the next child at once."""
+    from gpuperfd.probe_data.request import ProbeRequest
+    from gpuperfd.probing.simulated.child import SimulatedChild
+
+    device = SimulatedBackend(SimulationConfig(gpus=1, seed=5)).devices()[0]
+    admission = Admission(8 << 30, "test budget")
+    standby = StandbyChildren(lambda dev, request: SimulatedChild(dev, request, 0.0), 60, admission)
+    abort = threading.Event()
+    assert standby.ensure(device, ProbeRequest("llm", "tiny"), 1 << 30, abort)
+    llm = standby.take(0, device)  # the llm round starts in it
+    assert isinstance(llm, SimulatedChild) and llm.spec.probe == "llm"
+    assert standby.ensure(device, ProbeRequest("vit", "tiny"), 1 << 30, abort)  # vit's child, during the round
+    assert standby.reserved(0) and admission.state().reserved_bytes == 2 << 30
+    standby.round_ended(0)  # llm's round ends: its slot goes, vit's child stays ready
+    assert admission.state().reserved_bytes == 1 << 30
+    vit = standby.take(0, device)
+    assert isinstance(vit, SimulatedChild) and vit.spec.probe == "vit" and vit.alive
+    standby.round_ended(0)
+    assert admission.state().reserved_bytes == 0 and standby.taken == 2
