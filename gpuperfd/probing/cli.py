@@ -18,6 +18,7 @@ Also runnable without the main CLI: ``python -m gpuperfd.probing.cli llm --prese
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -25,6 +26,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpuperfd.console import ProgressBar, format_duration, format_table
@@ -184,14 +186,70 @@ def load_config_file(path: str) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def _merge_config(args: argparse.Namespace) -> argparse.Namespace:
+@dataclass(frozen=True)
+class ProbeOptions:
+    """``gpuperfd probe``'s flags, typed once (see :func:`_add_arguments` for what each means); the
+    interconnect probe's own flags are :class:`~gpuperfd.probing.interconnect.cli.InterconnectOptions`."""
+
+    probe: str | None = None
+    config: str | None = None
+    preset: list[str] | None = None
+    variant: list[str] | None = None
+    batch_size: list[int] | None = None
+    prompt_tokens: list[int] | None = None
+    output_tokens: list[int] | None = None
+    seq_len: list[int] | None = None
+    image_size: list[int] | None = None
+    heads: int | None = None
+    head_dim: int | None = None
+    n_groups: list[int] | None = None
+    causal: bool | None = None
+    dtype: list[str] | None = None
+    draft_model: str | None = None
+    speculative_tokens: int | None = None
+    acceptance_rates: list[float] | None = None
+    warmup: int | None = None
+    warmup_seconds: float | None = None
+    repeats: int | None = None
+    iterations: int | None = None
+    measure_seconds: float | None = None
+    device: str | None = None
+    timeout: float | None = None
+    weights: str | None = None
+    dataset: str | None = None
+    seed: int | None = None
+    gpu_busy_threshold: float | None = None
+    idle_threshold: float = DEFAULT_IDLE_THRESHOLD
+    no_idle_check: bool = False
+    output: str | None = None
+    label: list[str] | None = None
+    simulate: int | None = None
+    simulate_model: str | None = None
+    no_progress: bool = False
+    json: bool = False
+    #: The interconnect probe's flags given (refused by name for the other probes).
+    interconnect_flags: tuple[str, ...] = ()
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ProbeOptions:
+        values = vars(args)
+        given = tuple(name for name in INTERCONNECT_FLAGS if values.get(name) is not None)
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values},
+                   interconnect_flags=given)
+
+
+#: The interconnect probe's flags on the shared parser (``interconnect_cli.add_arguments``).
+INTERCONNECT_FLAGS = ("gpus", "size", "copy_size", "ranks")
+
+
+def with_config_file(options: ProbeOptions) -> ProbeOptions:
     """Flags over the --config file's values; the file's single values become one-element lists."""
-    merged = argparse.Namespace(**vars(args))
-    if not getattr(args, "config", None):
-        return merged
-    data = load_config_file(args.config)
+    if not options.config:
+        return options
+    data = load_config_file(options.config)
+    merged: dict[str, Any] = {}
     for key, value in data.items():
-        if getattr(merged, key, None) not in (None, False):
+        if getattr(options, key) not in (None, False):
             continue  # a flag given on the command line wins
         if key in MATRIX:
             value = value if isinstance(value, list) else [value]
@@ -199,20 +257,20 @@ def _merge_config(args: argparse.Namespace) -> argparse.Namespace:
                 raise UsageError(f"config: {key}: give at least one value")
         elif isinstance(value, list) and key not in CONFIG_LISTS:
             raise UsageError(f"config: {key}: takes one value, got a list")
-        setattr(merged, key, value)
-    merged.config = None  # merged: merging it again (build_specs after main) reads no file
-    return merged
+        merged[key] = value
+    # merged: merging it again (build_specs after main) reads no file
+    return dataclasses.replace(options, **merged, config=None)
 
 
-def _values(args: argparse.Namespace, name: str) -> list[Any]:
-    values = getattr(args, name, None)
+def _values(options: ProbeOptions, name: str) -> list[Any]:
+    values = getattr(options, name)
     return list(values) if values else [None]
 
 
-def build_specs(args: argparse.Namespace) -> list[ProbeSpec]:
-    """Every point of the matrix the arguments ask for, validated (UsageError names the bad field)."""
-    args = _merge_config(args)
-    probe = args.probe
+def build_specs(options: ProbeOptions) -> list[ProbeSpec]:
+    """Every point of the matrix the options ask for, validated (UsageError names the bad field)."""
+    options = with_config_file(options)
+    probe = options.probe
     if probe is None:
         raise UsageError("probe: name a probe (llm, vit, attention, train) or give 'probe' in --config")
     if probe not in PROBES:
@@ -221,7 +279,7 @@ def build_specs(args: argparse.Namespace) -> list[ProbeSpec]:
     #: Variants that came from 'both'/'all': a point whose model lacks one is left out, not refused
     #: ('both' is graph and eager on an llm; 'all' also compiled and speculative, Llama models only).
     expanded: set[str] = set()
-    for variant in _values(args, "variant"):
+    for variant in _values(options, "variant"):
         if variant in ("both", "all"):
             every = ("graph", "eager") if probe == "llm" and variant == "both" else VARIANTS[probe]
             expanded.update(v for v in every if v not in variants)
@@ -229,26 +287,26 @@ def build_specs(args: argparse.Namespace) -> list[ProbeSpec]:
         elif variant not in variants:
             variants.append(variant)
     common: dict[str, Any] = {
-        "heads": args.heads,
-        "head_dim": args.head_dim,
-        "causal": args.causal,
-        "warmup": args.warmup,
-        "warmup_seconds": args.warmup_seconds,
-        "repeats": args.repeats,
-        "iterations": args.iterations,
-        "measure_seconds": args.measure_seconds,
-        "device": args.device,
-        "weights_path": args.weights,
-        "dataset_path": args.dataset,
-        "draft_model": getattr(args, "draft_model", None),
-        "speculative_tokens": getattr(args, "speculative_tokens", None),
-        "acceptance_rates": getattr(args, "acceptance_rates", None),
+        "heads": options.heads,
+        "head_dim": options.head_dim,
+        "causal": options.causal,
+        "warmup": options.warmup,
+        "warmup_seconds": options.warmup_seconds,
+        "repeats": options.repeats,
+        "iterations": options.iterations,
+        "measure_seconds": options.measure_seconds,
+        "device": options.device,
+        "weights_path": options.weights,
+        "dataset_path": options.dataset,
+        "draft_model": options.draft_model,
+        "speculative_tokens": options.speculative_tokens,
+        "acceptance_rates": options.acceptance_rates,
     }
-    if args.seed is not None:
-        common["seed"] = args.seed
-    if args.gpu_busy_threshold is not None:
-        common["gpu_busy_threshold"] = args.gpu_busy_threshold
-    axes = {name: _values(args, name) for name in MATRIX if name != "variant"}
+    if options.seed is not None:
+        common["seed"] = options.seed
+    if options.gpu_busy_threshold is not None:
+        common["gpu_busy_threshold"] = options.gpu_busy_threshold
+    axes = {name: _values(options, name) for name in MATRIX if name != "variant"}
     specs = []
     for combo in itertools.product(variants, *axes.values()):
         fields = dict(common, variant=combo[0], **dict(zip(axes, combo[1:])))
@@ -378,39 +436,18 @@ def _describe_point(spec: ProbeSpec) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the points ``args`` describe; returns the exit code."""
-    from gpuperfd.probe_data.record import RecordError, check_output, parse_labels
-
-    if getattr(args, "probe", None) == "interconnect":
+    """Run the points the flags describe; returns the exit code."""
+    if args.probe == "interconnect":
         return interconnect_cli.main(args)
+    options = ProbeOptions.from_args(args)
     try:
-        for name in ("gpus", "size", "copy_size", "ranks"):
-            if getattr(args, name, None) is not None:
-                raise UsageError(f"{name}: an interconnect setting; the {args.probe or 'config'} probe does not take it")
-        args = _merge_config(args)
-        specs = build_specs(args)
-        parse_labels(getattr(args, "label", None))  # a bad label is a usage error before anything runs
-        if args.output is not None:
-            check_output(args.output)
-        if args.timeout is not None and not 0 < args.timeout < math.inf:  # nan passed "<= 0": no bound at all
-            raise UsageError(f"timeout: must be a finite number of seconds > 0, got {args.timeout}")
-        if not 0 <= args.idle_threshold <= 1:
-            raise UsageError(f"idle_threshold: must be between 0 and 1, got {args.idle_threshold}")
-        if getattr(args, "simulate_model", None) is not None and getattr(args, "simulate", None) is None:
-            raise UsageError("simulate_model: goes with --simulate N (the simulated GPUs' card)")
-        if getattr(args, "simulate", None) is not None:
-            if args.simulate < 1:
-                raise UsageError(f"simulate: give at least 1 simulated GPU, got {args.simulate}")
-            if args.device is not None and not str(args.device).startswith("cuda"):
-                raise UsageError(f"device: --simulate runs on simulated GPUs; use cuda or cuda:N, not {args.device!r}")
-            for spec in specs:
-                _simulate_index(spec, args.simulate)
-    except (UsageError, RecordError) as exc:
+        options, specs = _checked(options)
+    except UsageError as exc:
         print(f"gpuperfd probe: {exc}", file=sys.stderr)
         return EXIT_USAGE
     from gpuperfd.probe_data.cpu_path import half_on_cpu_warning
 
-    if getattr(args, "simulate", None) is None and (warning := half_on_cpu_warning(specs)) is not None:
+    if options.simulate is None and (warning := half_on_cpu_warning(specs)) is not None:
         print(f"gpuperfd probe: {warning}", file=sys.stderr)  # once for the whole matrix
     import threading
 
@@ -422,7 +459,7 @@ def main(args: argparse.Namespace) -> int:
 
     with StopSignals(abort) as stop:
         try:
-            code = _run_points(args, specs, abort)
+            code = _run_points(options, specs, abort)
         except DriverNotFound as exc:
             print(f"gpuperfd probe: {exc}", file=sys.stderr)
             return EXIT_DEVICE
@@ -432,6 +469,38 @@ def main(args: argparse.Namespace) -> int:
         say(f"gpuperfd probe: stopped by {stop.name}; the probe child was ended")
         return stop.exit_code
     return code
+
+
+def _checked(options: ProbeOptions) -> tuple[ProbeOptions, list[ProbeSpec]]:
+    """The options merged with their --config file and the matrix's specs, every input checked before
+    anything runs (UsageError naming the field)."""
+    from gpuperfd.probe_data.record import RecordError, check_output, parse_labels
+
+    if options.interconnect_flags:
+        raise UsageError(f"{options.interconnect_flags[0]}: an interconnect setting; the {options.probe or 'config'} "
+                         "probe does not take it")
+    options = with_config_file(options)
+    specs = build_specs(options)
+    try:
+        parse_labels(options.label)  # a bad label is a usage error before anything runs
+        if options.output is not None:
+            check_output(options.output)
+    except RecordError as exc:
+        raise UsageError(str(exc)) from exc
+    if options.timeout is not None and not 0 < options.timeout < math.inf:  # nan passed "<= 0": no bound at all
+        raise UsageError(f"timeout: must be a finite number of seconds > 0, got {options.timeout}")
+    if not 0 <= options.idle_threshold <= 1:
+        raise UsageError(f"idle_threshold: must be between 0 and 1, got {options.idle_threshold}")
+    if options.simulate_model is not None and options.simulate is None:
+        raise UsageError("simulate_model: goes with --simulate N (the simulated GPUs' card)")
+    if options.simulate is not None:
+        if options.simulate < 1:
+            raise UsageError(f"simulate: give at least 1 simulated GPU, got {options.simulate}")
+        if options.device is not None and not str(options.device).startswith("cuda"):
+            raise UsageError(f"device: --simulate runs on simulated GPUs; use cuda or cuda:N, not {options.device!r}")
+        for spec in specs:
+            _simulate_index(spec, options.simulate)
+    return options, specs
 
 
 def estimate_seconds(specs: Sequence[ProbeSpec], simulated: bool = False,
@@ -469,11 +538,6 @@ def simulated_model(text: str) -> str:
     return model
 
 
-def simulation_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The config keys ``--simulate-model`` sets (none when it is not given)."""
-    return {"simulation.model": getattr(args, "simulate_model", None)}
-
-
 def _simulate_index(spec: ProbeSpec, gpus: int) -> int:
     """The simulated GPU a point runs on: cuda:I's I, else 0 (UsageError for an index past ``gpus``)."""
     index = (spec.cuda_index or 0) if spec.is_cuda else 0
@@ -488,28 +552,28 @@ class _Points:
     temperature, energy; no torch, no workload), else in a probe child on this host's torch device,
     the GPU under it watched unless ``--no-idle-check``. Read-only: no cap is ever set."""
 
-    def __init__(self, args: argparse.Namespace, specs: Sequence[ProbeSpec]) -> None:
+    def __init__(self, options: ProbeOptions, specs: Sequence[ProbeSpec]) -> None:
         from gpuperfd.probe_data.spec import default_timeout
-        from gpuperfd.probing.executors import Executor, child_process_executor, simulated_executor
+        from gpuperfd.probing.executors import command_executor
 
-        self.args = args
+        self.options = options
         self.backend: Any = None
         #: The simulated GPUs by index, or the NVML device of each torch device (None: not watched).
         self.devices: dict[Any, Any] = {}
-        self.executor: Executor
-        if args.simulate is not None:
+        self.window = options.measure_seconds or 1.0
+        seed = None
+        if options.simulate is not None:
             from gpuperfd.config import config_with_flags
             from gpuperfd.device.factory import open_backend
 
-            config = config_with_flags(None, simulation_flags(args), simulate=args.simulate)
-            self.backend = open_backend(config)
+            config = config_with_flags(None, {"simulation.model": options.simulate_model}, simulate=options.simulate)
+            self.backend, seed = open_backend(config), config.simulation.seed
             self.devices = {d.index: d for d in self.backend.devices()}
-            self.window = args.measure_seconds or 1.0
-            self.executor = simulated_executor(self.window, seed=config.simulation.seed)
         else:
             os.environ.setdefault("GPUPERFD_PROBE_NICE", "0")  # no exporter to yield to: the child keeps its priority
-            self.executor = child_process_executor(args.timeout or max(default_timeout(s) for s in specs),
-                                                   idle_utilization_threshold=args.idle_threshold)
+        self.executor = command_executor(
+            self.backend.name if self.backend is not None else "nvml",
+            options.timeout or max(default_timeout(s) for s in specs), options.idle_threshold, self.window, seed)
 
     @property
     def simulated(self) -> bool:
@@ -537,14 +601,14 @@ class _Points:
             request = ProbeRequest(spec.probe, spec.preset, options, settle_seconds=0.0)
             device = self.devices[_simulate_index(spec, len(self.devices))]
         else:  # every field of the spec, its torch device included
-            request = ProbeRequest.from_spec(spec, self.args.timeout or default_timeout(spec))
+            request = ProbeRequest.from_spec(spec, self.options.timeout or default_timeout(spec))
             device = self._watched(spec, bar)
         return measure_once(self.executor, device, request, abort, on_progress)
 
     def _watched(self, spec: ProbeSpec, bar: ProgressBar) -> Any:
         """The NVML device under a CUDA point, for the idle check and the watch (None: a CPU point,
         ``--no-idle-check``, or NVML cannot say: run without the check, but say so)."""
-        if not spec.is_cuda or self.args.no_idle_check:
+        if not spec.is_cuda or self.options.no_idle_check:
             return None
         if spec.device not in self.devices:
             from gpuperfd.device.errors import DriverNotFound
@@ -563,17 +627,17 @@ class _Points:
             self.backend.close()
 
 
-def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) -> int:
+def _run_points(options: ProbeOptions, specs: list[ProbeSpec], abort: Any) -> int:
     from gpuperfd.probe_data.record import RecordError, parse_labels
     from gpuperfd.probe_data.recommend import point_words
     from gpuperfd.probe_data.cpu_path import timeout_hint
     from gpuperfd.probe_data.spec import default_timeout
 
-    labels = parse_labels(getattr(args, "label", None))
-    points = _Points(args, specs)
+    labels = parse_labels(options.label)
+    points = _Points(options, specs)
     simulated = points.simulated
     if simulated:
-        print(f"gpuperfd probe: SIMULATED: {args.simulate} simulated GPU(s), the simulator's physics "
+        print(f"gpuperfd probe: SIMULATED: {options.simulate} simulated GPU(s), the simulator's physics "
               f"({points.window:g} s windows); no workload runs and no real GPU is measured", file=sys.stderr)
     results: list[ProbeResult] = []
     total = sum(spec.repeats for spec in specs)
@@ -583,7 +647,7 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
               file=sys.stderr)
     try:
         with ProgressBar(total, desc=f"probe {len(specs)} points",
-                         enabled=None if not args.no_progress else False) as bar:
+                         enabled=None if not options.no_progress else False) as bar:
             for number, spec in enumerate(specs, 1):
                 if abort.is_set():
                     break
@@ -610,7 +674,7 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                     first_line = (result.error_message or "").splitlines()[0] if result.error_message else ""
                     bar.write(f"gpuperfd probe: {label}: {result.status} ({result.failure_reason}): {first_line}")
                     if result.failure_reason == "timeout" and not simulated:
-                        bound = args.timeout if args.timeout is not None else default_timeout(spec)
+                        bound = options.timeout if options.timeout is not None else default_timeout(spec)
                         bar.write(f"gpuperfd probe: {timeout_hint(spec, bound)}")
                 bar.point_done(what, point_words(result))
                 if number == 1 and len(specs) > 1 and bar.mode != "off":
@@ -620,21 +684,21 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                         bar.write(f"gpuperfd probe: the first point took {format_duration(took)}: "
                                   f"about {format_duration(left)} left for {len(specs) - 1} more")
                 results.append(result)
-                if args.output:  # one record per point as it lands: an interrupted matrix keeps what it measured
+                if options.output:  # one record per point as it lands: an interrupted matrix keeps what it measured
                     try:
-                        write_results(args.output, [result], labels=labels, gpu=gpu)
+                        write_results(options.output, [result], labels=labels, gpu=gpu)
                     except (RecordError, OSError) as exc:
                         bar.write(f"gpuperfd probe: output: {exc}")
     finally:
         points.close()
 
-    _print_results(args, results, simulated=simulated)
+    _print_results(options, results, simulated=simulated)
     return EXIT_OK if all(r.ok for r in results) else EXIT_FAILURE
 
 
-def _print_results(args: argparse.Namespace, results: list[ProbeResult], simulated: bool) -> None:
+def _print_results(options: ProbeOptions, results: list[ProbeResult], simulated: bool) -> None:
     """The points' JSON (``--json``), or their table with the GPU line and the LOW-BUSY note."""
-    if args.json:
+    if options.json:
         json.dump([r.to_dict() for r in results], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
