@@ -148,6 +148,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="GPU performance daemon: NVML telemetry for Prometheus, probe workloads, power-cap sweeps.",
     )
     parser.add_argument("--version", action="version", version=f"gpuperfd {gpuperfd.__version__}")
+    parser.set_defaults(func=None)  # no command named: the help, exit 2
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run(subparsers)
     _add_check_config(subparsers)
@@ -177,9 +178,12 @@ def _config_for_run(args: argparse.Namespace) -> Config:
         "web.listen_address": args.listen_address,
         "web.telemetry_path": args.telemetry_path,
         "web.config_file": args.web_config_file,
-        **{f"web.{name}": getattr(args, name) for name in (
-            "max_connections", "max_requests", "workers", "header_timeout_seconds", "tls_handshake_timeout_seconds",
-            "idle_timeout_seconds")},
+        "web.max_connections": args.max_connections,
+        "web.max_requests": args.max_requests,
+        "web.workers": args.workers,
+        "web.header_timeout_seconds": args.header_timeout_seconds,
+        "web.tls_handshake_timeout_seconds": args.tls_handshake_timeout_seconds,
+        "web.idle_timeout_seconds": args.idle_timeout_seconds,
         "log_level": args.log_level,
     }
     return config_with_flags(path, flags, simulate=args.simulate)
@@ -285,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
+    if args.func is None:
         parser.print_help(sys.stderr)
         return EXIT_CONFIG
     try:

@@ -9,6 +9,10 @@ estimate; a failed point is reported and the matrix goes on. ``--config FILE``
 (YAML or JSON) describes the same matrix plus warmup and repeats; flags override it.
 ``--output`` appends one run record per point (:mod:`gpuperfd.probe_data.record`).
 
+This module is the command: it parses the flags into :class:`~gpuperfd.probing.matrix.ProbeOptions`
+(what they mean, the matrix, is :mod:`gpuperfd.probing.matrix`; where the points run,
+:mod:`gpuperfd.probing.points`), runs the points under the bar and prints.
+
 Exit codes: 0 every point ok; 1 some point failed or was aborted; 2 bad input
 (the message names the field); 3 a CUDA point on a node without an NVIDIA driver (as every command).
 
@@ -18,10 +22,8 @@ Also runnable without the main CLI: ``python -m gpuperfd.probing.cli llm --prese
 from __future__ import annotations
 
 import argparse
-import itertools
+import dataclasses
 import json
-import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -31,20 +33,15 @@ from gpuperfd.console import ProgressBar, format_duration, format_table
 from gpuperfd.probe_data.result import MAIN_LATENCY, PRIMARY_METRIC, ProbeResult, canonical_latencies, summarize
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec, params_text
 from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY, SIMULATED_NOTE_KEY
-from gpuperfd.probing.interconnect import cli as interconnect_cli
 from gpuperfd.probing.gates.idle import DEFAULT_IDLE_THRESHOLD
+from gpuperfd.probing.interconnect import cli as interconnect_cli
+from gpuperfd.probing.matrix import ProbeOptions, UsageError, checked, estimate_seconds, refined_estimate
+from gpuperfd.probing.points import Points, write_results
 
-__all__ = ["register", "main", "build_specs", "load_config_file", "write_results", "results_table",
-           "estimate_seconds", "POINT_OVERHEAD_SECONDS"]
+__all__ = ["register", "main", "options_of", "results_table", "correctness_cell"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_DEVICE = 0, 1, 2, 3
 
-#: A point's time besides its timed phases (a child's start, torch's import, the model's build,
-#: the first calls): on a GPU the CUDA context and kernels' first launch dominate; a tiny CPU model
-#: starts in a few seconds (the seed 002 CPU matrix: about 3 s a point on a quiet 2-core machine, 12 s
-#: for its 4 points where 8 s a point estimated 33 s; a loaded machine is slower: after the first
-#: point the estimate is redone from its measured time, :func:`refined_estimate`).
-POINT_OVERHEAD_SECONDS = {"cuda": 20.0, "cpu": 3.0, "simulated": 0.0}
 _UNIT_SHORT = {"token": "tok", "image": "img", "step": "step", "iteration": "call"}
 
 
@@ -61,17 +58,6 @@ def _number(text: str) -> float:
         return float(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from exc
-
-
-#: Matrix axes: option name -> spec field. Each takes several values; the product runs.
-MATRIX = ("preset", "variant", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size", "n_groups",
-          "dtype")
-#: Scalar settings a --config file may hold (besides the matrix axes and "probe", "output").
-CONFIG_SCALARS = ("heads", "head_dim", "causal", "warmup", "warmup_seconds", "repeats", "iterations",
-                  "measure_seconds", "device", "timeout", "weights", "dataset", "seed", "gpu_busy_threshold",
-                  "draft_model", "speculative_tokens", "acceptance_rates")
-#: Config scalars that are one value made of a list (the speculative variant's acceptance rates).
-CONFIG_LISTS = ("acceptance_rates",)
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,147 +136,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-class UsageError(ValueError):
-    """Bad command-line input; the message names the field."""
-
-
-def load_config_file(path: str) -> dict[str, Any]:
-    """A run-matrix file (YAML or JSON) as a mapping; UsageError naming the file and the key."""
-    import yaml
-
-    from gpuperfd.config.strict_yaml import AliasBomb, DuplicateKeyError, read_bounded, safe_load_strict
-
-    try:
-        data = safe_load_strict(read_bounded(path))  # JSON is YAML
-    except ValueError as exc:  # past the size bound
-        raise UsageError(f"config: {path}: {exc}") from None
-    except OSError as exc:
-        raise UsageError(f"config: cannot read {path}: {exc.strerror or exc}") from None
-    except DuplicateKeyError as exc:
-        raise UsageError(f"config: {path}: {exc.problem}") from None
-    except AliasBomb as exc:  # valid YAML, but not a file of options: say what is wrong with it
-        raise UsageError(f"config: {path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise UsageError(f"config: {path}{where} is not valid YAML or JSON") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"config: {path} must hold a mapping of options (probe, batch_size, ...)")
-    known = {"probe", "output", *MATRIX, *CONFIG_SCALARS}
-    for key in data:
-        name = str(key).replace("-", "_")
-        if name not in known:
-            raise UsageError(f"config: {path}: unknown key {key!r}; use {', '.join(sorted(known))}")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
-
-
-def _merge_config(args: argparse.Namespace) -> argparse.Namespace:
-    """Flags over the --config file's values; the file's single values become one-element lists."""
-    merged = argparse.Namespace(**vars(args))
-    if not getattr(args, "config", None):
-        return merged
-    data = load_config_file(args.config)
-    for key, value in data.items():
-        if getattr(merged, key, None) not in (None, False):
-            continue  # a flag given on the command line wins
-        if key in MATRIX:
-            value = value if isinstance(value, list) else [value]
-            if not value:
-                raise UsageError(f"config: {key}: give at least one value")
-        elif isinstance(value, list) and key not in CONFIG_LISTS:
-            raise UsageError(f"config: {key}: takes one value, got a list")
-        setattr(merged, key, value)
-    merged.config = None  # merged: merging it again (build_specs after main) reads no file
-    return merged
-
-
-def _values(args: argparse.Namespace, name: str) -> list[Any]:
-    values = getattr(args, name, None)
-    return list(values) if values else [None]
-
-
-def build_specs(args: argparse.Namespace) -> list[ProbeSpec]:
-    """Every point of the matrix the arguments ask for, validated (UsageError names the bad field)."""
-    args = _merge_config(args)
-    probe = args.probe
-    if probe is None:
-        raise UsageError("probe: name a probe (llm, vit, attention, train) or give 'probe' in --config")
-    if probe not in PROBES:
-        raise UsageError(f"probe: unknown probe {probe!r}; use one of {', '.join(PROBES)}")
-    variants: list[Any] = []
-    #: Variants that came from 'both'/'all': a point whose model lacks one is left out, not refused
-    #: ('both' is graph and eager on an llm; 'all' also compiled and speculative, Llama models only).
-    expanded: set[str] = set()
-    for variant in _values(args, "variant"):
-        if variant in ("both", "all"):
-            every = ("graph", "eager") if probe == "llm" and variant == "both" else VARIANTS[probe]
-            expanded.update(v for v in every if v not in variants)
-            variants.extend(v for v in every if v not in variants)
-        elif variant not in variants:
-            variants.append(variant)
-    common: dict[str, Any] = {
-        "heads": args.heads,
-        "head_dim": args.head_dim,
-        "causal": args.causal,
-        "warmup": args.warmup,
-        "warmup_seconds": args.warmup_seconds,
-        "repeats": args.repeats,
-        "iterations": args.iterations,
-        "measure_seconds": args.measure_seconds,
-        "device": args.device,
-        "weights_path": args.weights,
-        "dataset_path": args.dataset,
-        "draft_model": getattr(args, "draft_model", None),
-        "speculative_tokens": getattr(args, "speculative_tokens", None),
-        "acceptance_rates": getattr(args, "acceptance_rates", None),
-    }
-    if args.seed is not None:
-        common["seed"] = args.seed
-    if args.gpu_busy_threshold is not None:
-        common["gpu_busy_threshold"] = args.gpu_busy_threshold
-    axes = {name: _values(args, name) for name in MATRIX if name != "variant"}
-    specs = []
-    for combo in itertools.product(variants, *axes.values()):
-        fields = dict(common, variant=combo[0], **dict(zip(axes, combo[1:])))
-        if combo[0] in expanded and combo[0] != "speculative":  # 'all': the other variants take none
-            for name in ("draft_model", "speculative_tokens", "acceptance_rates"):
-                fields[name] = None
-        try:
-            specs.append(_spec_of_point(probe, fields))
-        except (TypeError, ValueError) as exc:
-            if combo[0] in expanded and str(exc).startswith("variant:"):
-                continue
-            raise UsageError(str(exc)) from exc
-    if not specs:
-        raise UsageError("variant: no variant of this run applies to its model")
-    given = [name for name in _SPECULATIVE_OPTIONS if common.get(name) is not None]
-    if given and not any(s.variant == "speculative" for s in specs):
-        raise UsageError(f"{given[0]}: used by the speculative variant only (use --variant speculative or "
-                         f"--preset llama-3.1-8b-spec)")
-    return specs
-
-
-_SPECULATIVE_OPTIONS = ("draft_model", "speculative_tokens", "acceptance_rates")
-
-
-def _spec_of_point(probe: str, fields: dict[str, Any]) -> ProbeSpec:
-    """One point's spec; the speculative options reach only the run's speculative points (a matrix of
-    ``--preset llama-3.1-8b llama-3.1-8b-spec --acceptance-rates 0.8`` measures the plain one too)."""
-    spec = ProbeSpec(probe=probe, **{k: v for k, v in fields.items() if k not in _SPECULATIVE_OPTIONS})
-    if spec.variant == "speculative" or (probe == "llm" and fields.get("variant") == "speculative"):
-        return ProbeSpec(probe=probe, **fields)
-    return spec
-
-
-# --- flattening and output --------------------------------------------------------------
-
-
-def write_results(path: str, results: list[ProbeResult], host: str | None = None,
-                  labels: dict[str, str] | None = None, gpu: dict[str, Any] | None = None) -> None:
-    """Append ``results`` to ``path`` as run records (:func:`gpuperfd.probe_data.record.append_records`)."""
-    from gpuperfd.probe_data.record import append_records, build_record
-
-    append_records(path, [build_record(r, "probe", host=host, labels=labels, gpu=gpu) for r in results])
+# --- printing ---------------------------------------------------------------------------
 
 
 def correctness_cell(correctness: dict[str, Any]) -> str:
@@ -347,70 +193,38 @@ def results_table(results: list[ProbeResult]) -> str:
 # --- running ----------------------------------------------------------------------------
 
 
-def _nvml_device(spec: ProbeSpec) -> Any:
-    """The NVML device behind ``spec.device`` for the idle check (CUDA_VISIBLE_DEVICES aware)."""
-    from gpuperfd.device.nvml import NvmlBackend
-
-    devices = NvmlBackend(indices=None).devices()
-    index = spec.cuda_index or 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        entries = [e.strip() for e in visible.split(",") if e.strip()]
-        if index >= len(entries):
-            raise RuntimeError(f"device {spec.device}: CUDA_VISIBLE_DEVICES lists only {len(entries)} GPU(s)")
-        entry = entries[index]
-        if entry.isdigit():
-            index = int(entry)
-        else:
-            for dev in devices:
-                if dev.info().uuid.startswith(entry):
-                    return dev
-            raise RuntimeError(f"device {spec.device}: no GPU matches CUDA_VISIBLE_DEVICES entry {entry!r}")
-    if index >= len(devices):
-        raise RuntimeError(f"device {spec.device}: NVML sees only {len(devices)} GPU(s)")
-    return devices[index]
-
-
 def _describe_point(spec: ProbeSpec) -> str:
     params = spec.params()
     return f"{spec.probe}/{spec.variant} " + (params_text(params) if params.get("model")
                                                else f"{spec.preset} {params_text(params)}").strip()
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the points ``args`` describe; returns the exit code."""
-    from gpuperfd.probe_data.record import RecordError, check_output, parse_labels
+#: The interconnect probe's flags on the shared parser (``interconnect_cli.add_arguments``).
+INTERCONNECT_FLAGS = ("gpus", "size", "copy_size", "ranks")
 
-    if getattr(args, "probe", None) == "interconnect":
+
+def options_of(args: argparse.Namespace) -> ProbeOptions:
+    """The parsed flags as :class:`~gpuperfd.probing.matrix.ProbeOptions`, with the interconnect flags
+    given (the other probes refuse them by name)."""
+    values = vars(args)
+    given = tuple(name for name in INTERCONNECT_FLAGS if values.get(name) is not None)
+    return ProbeOptions(**{f.name: values[f.name] for f in dataclasses.fields(ProbeOptions) if f.name in values},
+                        interconnect_flags=given)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the points the flags describe; returns the exit code."""
+    if args.probe == "interconnect":
         return interconnect_cli.main(args)
+    options = options_of(args)
     try:
-        for name in ("gpus", "size", "copy_size", "ranks"):
-            if getattr(args, name, None) is not None:
-                raise UsageError(f"{name}: an interconnect setting; the {args.probe or 'config'} probe does not take it")
-        args = _merge_config(args)
-        specs = build_specs(args)
-        parse_labels(getattr(args, "label", None))  # a bad label is a usage error before anything runs
-        if args.output is not None:
-            check_output(args.output)
-        if args.timeout is not None and not 0 < args.timeout < math.inf:  # nan passed "<= 0": no bound at all
-            raise UsageError(f"timeout: must be a finite number of seconds > 0, got {args.timeout}")
-        if not 0 <= args.idle_threshold <= 1:
-            raise UsageError(f"idle_threshold: must be between 0 and 1, got {args.idle_threshold}")
-        if getattr(args, "simulate_model", None) is not None and getattr(args, "simulate", None) is None:
-            raise UsageError("simulate_model: goes with --simulate N (the simulated GPUs' card)")
-        if getattr(args, "simulate", None) is not None:
-            if args.simulate < 1:
-                raise UsageError(f"simulate: give at least 1 simulated GPU, got {args.simulate}")
-            if args.device is not None and not str(args.device).startswith("cuda"):
-                raise UsageError(f"device: --simulate runs on simulated GPUs; use cuda or cuda:N, not {args.device!r}")
-            for spec in specs:
-                _simulate_index(spec, args.simulate)
-    except (UsageError, RecordError) as exc:
+        options, specs = checked(options)
+    except UsageError as exc:
         print(f"gpuperfd probe: {exc}", file=sys.stderr)
         return EXIT_USAGE
     from gpuperfd.probe_data.cpu_path import half_on_cpu_warning
 
-    if getattr(args, "simulate", None) is None and (warning := half_on_cpu_warning(specs)) is not None:
+    if options.simulate is None and (warning := half_on_cpu_warning(specs)) is not None:
         print(f"gpuperfd probe: {warning}", file=sys.stderr)  # once for the whole matrix
     import threading
 
@@ -422,7 +236,7 @@ def main(args: argparse.Namespace) -> int:
 
     with StopSignals(abort) as stop:
         try:
-            code = _run_points(args, specs, abort)
+            code = _run_points(options, specs, abort)
         except DriverNotFound as exc:
             print(f"gpuperfd probe: {exc}", file=sys.stderr)
             return EXIT_DEVICE
@@ -432,29 +246,6 @@ def main(args: argparse.Namespace) -> int:
         say(f"gpuperfd probe: stopped by {stop.name}; the probe child was ended")
         return stop.exit_code
     return code
-
-
-def estimate_seconds(specs: Sequence[ProbeSpec], simulated: bool = False,
-                     overhead_seconds: float | None = None) -> float:
-    """The matrix's starting estimate: each point's timed phases plus its device's fixed cost
-    (:data:`POINT_OVERHEAD_SECONDS`), or ``overhead_seconds`` measured on an earlier point."""
-    total = 0.0
-    for spec in specs:
-        timed = spec.warmup_seconds + spec.repeats * (spec.measure_seconds or 0.0) + spec.busy_profile_seconds
-        if overhead_seconds is not None:
-            fixed = overhead_seconds
-        else:
-            fixed = POINT_OVERHEAD_SECONDS["simulated" if simulated else "cuda" if spec.is_cuda else "cpu"]
-        total += (spec.repeats * (spec.measure_seconds or 0.0) if simulated else timed) + fixed
-    return total
-
-
-def refined_estimate(first: ProbeSpec, first_seconds: float, rest: Sequence[ProbeSpec],
-                     simulated: bool = False) -> float:
-    """The time left after the first point took ``first_seconds``: its fixed cost, so measured,
-    stands for every remaining point's (on this machine, under its load now)."""
-    timed = estimate_seconds([first], simulated=simulated, overhead_seconds=0.0)
-    return estimate_seconds(rest, simulated=simulated, overhead_seconds=max(first_seconds - timed, 0.0))
 
 
 #: The cards the simulator models (config ``simulation.model``).
@@ -469,111 +260,17 @@ def simulated_model(text: str) -> str:
     return model
 
 
-def simulation_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The config keys ``--simulate-model`` sets (none when it is not given)."""
-    return {"simulation.model": getattr(args, "simulate_model", None)}
-
-
-def _simulate_index(spec: ProbeSpec, gpus: int) -> int:
-    """The simulated GPU a point runs on: cuda:I's I, else 0 (UsageError for an index past ``gpus``)."""
-    index = (spec.cuda_index or 0) if spec.is_cuda else 0
-    if index >= gpus:
-        raise UsageError(f"device: cuda:{index} but --simulate {gpus} makes GPUs 0..{gpus - 1}")
-    return index
-
-
-class _Points:
-    """Where the points run, through the daemon's sessions (:func:`~gpuperfd.probing.executors.measure_once`):
-    ``--simulate N`` on the simulator's GPUs through its executor (its physics: power, clocks,
-    temperature, energy; no torch, no workload), else in a probe child on this host's torch device,
-    the GPU under it watched unless ``--no-idle-check``. Read-only: no cap is ever set."""
-
-    def __init__(self, args: argparse.Namespace, specs: Sequence[ProbeSpec]) -> None:
-        from gpuperfd.probe_data.spec import default_timeout
-        from gpuperfd.probing.executors import Executor, child_process_executor, simulated_executor
-
-        self.args = args
-        self.backend: Any = None
-        #: The simulated GPUs by index, or the NVML device of each torch device (None: not watched).
-        self.devices: dict[Any, Any] = {}
-        self.executor: Executor
-        if args.simulate is not None:
-            from gpuperfd.config import config_with_flags
-            from gpuperfd.device.factory import open_backend
-
-            config = config_with_flags(None, simulation_flags(args), simulate=args.simulate)
-            self.backend = open_backend(config)
-            self.devices = {d.index: d for d in self.backend.devices()}
-            self.window = args.measure_seconds or 1.0
-            self.executor = simulated_executor(self.window, seed=config.simulation.seed)
-        else:
-            os.environ.setdefault("GPUPERFD_PROBE_NICE", "0")  # no exporter to yield to: the child keeps its priority
-            self.executor = child_process_executor(args.timeout or max(default_timeout(s) for s in specs),
-                                                   idle_utilization_threshold=args.idle_threshold)
-
-    @property
-    def simulated(self) -> bool:
-        return self.backend is not None
-
-    def gpu(self, spec: ProbeSpec) -> dict[str, Any] | None:
-        """The simulated GPU's identity for the run record (None: a real point's child reports its own)."""
-        import dataclasses
-
-        if not self.simulated:
-            return None
-        info = self.devices[_simulate_index(spec, len(self.devices))].info()
-        return {k: v for k, v in dataclasses.asdict(info).items() if k != "serial"}
-
-    def run(self, spec: ProbeSpec, bar: ProgressBar, on_progress: Any, abort: Any) -> ProbeResult:
-        """One point, read-only at the cap the GPU holds now: no settle (the table's windows are the spec's)."""
-        from gpuperfd.probe_data.request import ProbeRequest
-        from gpuperfd.probe_data.spec import default_timeout
-        from gpuperfd.probing.executors import measure_once
-
-        if self.simulated:  # the spec's parameters (repeats among them): one window per repeat, pooled;
-            # the options the simulator does not model ride along, so its result names them
-            named = {"variant": spec.variant, "weights_path": spec.weights_path, "dataset_path": spec.dataset_path}
-            options = {**spec.params(), **{k: v for k, v in named.items() if v is not None}}
-            request = ProbeRequest(spec.probe, spec.preset, options, settle_seconds=0.0)
-            device = self.devices[_simulate_index(spec, len(self.devices))]
-        else:  # every field of the spec, its torch device included
-            request = ProbeRequest.from_spec(spec, self.args.timeout or default_timeout(spec))
-            device = self._watched(spec, bar)
-        return measure_once(self.executor, device, request, abort, on_progress)
-
-    def _watched(self, spec: ProbeSpec, bar: ProgressBar) -> Any:
-        """The NVML device under a CUDA point, for the idle check and the watch (None: a CPU point,
-        ``--no-idle-check``, or NVML cannot say: run without the check, but say so)."""
-        if not spec.is_cuda or self.args.no_idle_check:
-            return None
-        if spec.device not in self.devices:
-            from gpuperfd.device.errors import DriverNotFound
-
-            try:
-                self.devices[spec.device] = _nvml_device(spec)
-            except DriverNotFound:  # no driver: no CUDA point can run here (exit 3, as every command)
-                raise
-            except Exception as exc:  # noqa: BLE001 - run without the check, but say so
-                bar.write(f"gpuperfd probe: warning: no idle check for {spec.device}: {exc}")
-                self.devices[spec.device] = None
-        return self.devices[spec.device]
-
-    def close(self) -> None:
-        if self.backend is not None:
-            self.backend.close()
-
-
-def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) -> int:
+def _run_points(options: ProbeOptions, specs: list[ProbeSpec], abort: Any) -> int:
     from gpuperfd.probe_data.record import RecordError, parse_labels
     from gpuperfd.probe_data.recommend import point_words
     from gpuperfd.probe_data.cpu_path import timeout_hint
     from gpuperfd.probe_data.spec import default_timeout
 
-    labels = parse_labels(getattr(args, "label", None))
-    points = _Points(args, specs)
+    labels = parse_labels(options.label)
+    points = Points(options, specs)
     simulated = points.simulated
     if simulated:
-        print(f"gpuperfd probe: SIMULATED: {args.simulate} simulated GPU(s), the simulator's physics "
+        print(f"gpuperfd probe: SIMULATED: {options.simulate} simulated GPU(s), the simulator's physics "
               f"({points.window:g} s windows); no workload runs and no real GPU is measured", file=sys.stderr)
     results: list[ProbeResult] = []
     total = sum(spec.repeats for spec in specs)
@@ -583,7 +280,7 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
               file=sys.stderr)
     try:
         with ProgressBar(total, desc=f"probe {len(specs)} points",
-                         enabled=None if not args.no_progress else False) as bar:
+                         enabled=None if not options.no_progress else False) as bar:
             for number, spec in enumerate(specs, 1):
                 if abort.is_set():
                     break
@@ -610,7 +307,7 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                     first_line = (result.error_message or "").splitlines()[0] if result.error_message else ""
                     bar.write(f"gpuperfd probe: {label}: {result.status} ({result.failure_reason}): {first_line}")
                     if result.failure_reason == "timeout" and not simulated:
-                        bound = args.timeout if args.timeout is not None else default_timeout(spec)
+                        bound = options.timeout if options.timeout is not None else default_timeout(spec)
                         bar.write(f"gpuperfd probe: {timeout_hint(spec, bound)}")
                 bar.point_done(what, point_words(result))
                 if number == 1 and len(specs) > 1 and bar.mode != "off":
@@ -620,21 +317,21 @@ def _run_points(args: argparse.Namespace, specs: list[ProbeSpec], abort: Any) ->
                         bar.write(f"gpuperfd probe: the first point took {format_duration(took)}: "
                                   f"about {format_duration(left)} left for {len(specs) - 1} more")
                 results.append(result)
-                if args.output:  # one record per point as it lands: an interrupted matrix keeps what it measured
+                if options.output:  # one record per point as it lands: an interrupted matrix keeps what it measured
                     try:
-                        write_results(args.output, [result], labels=labels, gpu=gpu)
+                        write_results(options.output, [result], labels=labels, gpu=gpu)
                     except (RecordError, OSError) as exc:
                         bar.write(f"gpuperfd probe: output: {exc}")
     finally:
         points.close()
 
-    _print_results(args, results, simulated=simulated)
+    _print_results(options, results, simulated=simulated)
     return EXIT_OK if all(r.ok for r in results) else EXIT_FAILURE
 
 
-def _print_results(args: argparse.Namespace, results: list[ProbeResult], simulated: bool) -> None:
+def _print_results(options: ProbeOptions, results: list[ProbeResult], simulated: bool) -> None:
     """The points' JSON (``--json``), or their table with the GPU line and the LOW-BUSY note."""
-    if args.json:
+    if options.json:
         json.dump([r.to_dict() for r in results], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return

@@ -7,7 +7,8 @@ handed over explicitly (:func:`open_session`: the previous session's ``hand_over
 ``open``'s ``carried``), so one child serves every probe of the round.
 
 The two executors live beside what they drive: the child process (:mod:`~gpuperfd.probing.child.session`, torch in a
-child) and the simulator's physics (:mod:`~gpuperfd.probing.simulated.probe`); this module only chooses between them.
+child) and the simulator's physics (:mod:`~gpuperfd.probing.simulated.probe`); this module only chooses between them,
+for every caller (the daemon, ``sweep``, ``check``, ``probe``, the interconnect probe's): nowhere else decides.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from gpuperfd.config import Config
@@ -27,6 +29,7 @@ from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probing.interconnect.executor import InterconnectExecutor, RetestingExecutor, SlowPairs
 from gpuperfd.probing.child.session import ChildProcessExecutor, PeakCallback, child_process_executor
+from gpuperfd.probing.gates.idle import DEFAULT_IDLE_THRESHOLD
 from gpuperfd.probing.simulated.costs import cost_scale_for
 from gpuperfd.probing.simulated.probe import (
     SIMULATED_PROFILE,
@@ -38,8 +41,9 @@ from gpuperfd.probing.simulated.probe import (
 if TYPE_CHECKING:
     from gpuperfd.probing.child.runner import ProbeChild, ProgressCallback
 
-__all__ = ["Executor", "choose_interconnect_executor", "Session", "PeakCallback", "PerPointExecutor", "open_session", "measure_once",
-           "choose_executor", "starts_children", "ChildProcessExecutor", "child_process_executor",
+__all__ = ["Executor", "choose_interconnect_executor", "interconnect_executor", "Session", "PeakCallback",
+           "PerPointExecutor", "open_session", "measure_once", "choose_executor", "command_executor", "starts_children",
+           "ChildProcessExecutor", "child_process_executor",
            "SimulatedExecutor", "simulated_executor", "SIMULATED_PROFILE", "simulated_profile_name"]
 
 
@@ -140,50 +144,80 @@ def measure_once(executor: Executor, device: Device | None, request: ProbeReques
 def starts_children(config: Config, backend_name: str) -> bool:
     """Whether :func:`choose_executor` picks the child executor: only then do probes need host
     memory admitted (:mod:`gpuperfd.probing.gates.admission`); the simulator runs in this process."""
-    kind = config.probes.executor
-    return not (kind == "simulated" or (kind == "auto" and backend_name == "simulated"))
+    return _children(config.probes.executor, backend_name)
 
 
-def choose_executor(config: Config, backend_name: str, on_peak: PeakCallback | None = None) -> Executor:
-    """The one executor choice, for the daemon and ``gpuperfd sweep`` alike.
+def _children(executor: str, backend_name: str) -> bool:
+    """The one decision, for every executor below: a probe child (or worker), unless ``executor`` (the
+    ``probes.executor`` setting) says ``simulated``, or ``auto`` on the simulated backend."""
+    return not (executor == "simulated" or (executor == "auto" and backend_name == "simulated"))
+
+
+def choose_executor(config: Config, backend_name: str, on_peak: PeakCallback | None = None,
+                    keep_records: bool = True) -> Executor:
+    """The one executor choice, for the daemon, ``gpuperfd sweep`` and ``gpuperfd check`` alike.
 
     ``probes.executor``: ``simulated`` (the simulator's physics, in this process), ``child`` (torch in
     a child process), or ``auto``: simulated on the simulated backend, a child otherwise. ``on_peak``:
     told each child's peak host RSS (the admission's :class:`~gpuperfd.probing.gates.admission.PeakBook`).
+    ``keep_records``: the child keeps its record and compile cache in the state directory (``gpuperfd
+    check`` never creates it: where it does not exist, none).
     """
     if not starts_children(config, backend_name):
         scale = cost_scale_for(config.simulation.cost_scale, config.probes.simulated_measure_seconds)
         return simulated_executor(config.probes.simulated_measure_seconds, seed=config.simulation.seed,
                                   cost_scale=scale)
     return child_process_executor(config.probes.timeout_seconds, config.probes.torch_device,
-                                  state_dir=config.probes.state_dir,
+                                  state_dir=config.probes.state_dir if keep_records else None,
                                   idle_utilization_threshold=config.probes.idle_utilization_threshold,
                                   on_peak=on_peak)
+
+
+def command_executor(backend_name: str, timeout_seconds: float, idle_utilization_threshold: float,
+                     simulated_measure_seconds: float, seed: int | None = None) -> Executor:
+    """``gpuperfd probe``'s executor, chosen as ``probes.executor: auto`` chooses (the simulator's on
+    the simulated backend of ``--simulate``, else a child on the spec's torch device) from its flags
+    rather than the daemon's config: its timeout is the spec's (no config bound), it records nothing
+    (no state directory), and the simulator charges no child costs (its windows are the spec's)."""
+    if not _children("auto", backend_name):
+        return simulated_executor(simulated_measure_seconds, seed=seed)
+    return child_process_executor(timeout_seconds, idle_utilization_threshold=idle_utilization_threshold)
 
 
 def choose_interconnect_executor(config: Config, backend: Backend,
                                  keep_records: bool = True) -> tuple[InterconnectExecutor, str]:
     """The interconnect executor of the daemon and ``gpuperfd check``, and its kind (simulated, cuda,
-    cpu), picked as :func:`choose_executor` picks the per-GPU one: the simulated node's figures
-    (``device/simulated_topology.py``) on the simulator, else one worker per GPU on ``probes.torch_device``.
+    cpu): :func:`interconnect_executor` on ``probes.torch_device``, wrapped in the retest of a slow pair.
     ``keep_records``: record the workers in the state directory (``gpuperfd check`` never creates it)."""
     limit = {**health_defaults(), **config.health.thresholds}["interconnect_expected_ratio"]
-    if not starts_children(config, backend.name):
+    inner, kind = interconnect_executor(
+        backend, config.probes.torch_device, executor=config.probes.executor, seed=config.simulation.seed,
+        idle_utilization_threshold=config.probes.idle_utilization_threshold,
+        record_dir=config.probes.state_dir if keep_records else None)
+    return RetestingExecutor(inner, slow_pairs_on(backend, limit)), kind
+
+
+def interconnect_executor(backend: Backend | None, torch_device: str, executor: str = "auto",
+                          seed: int | None = None, idle_utilization_threshold: float = DEFAULT_IDLE_THRESHOLD,
+                          record_dir: Path | None = None,
+                          ranks: int | None = None) -> tuple[InterconnectExecutor, str]:
+    """The one interconnect executor choice and its kind, picked as :func:`choose_executor` picks the
+    per-GPU one: the simulated node's figures (``device/simulated_topology.py``) on the simulator, else
+    one worker per GPU on ``torch_device`` (``backend`` None: ``ranks`` gloo ranks on this host's CPU).
+    ``executor``: the ``probes.executor`` setting (``gpuperfd probe interconnect``: ``auto``)."""
+    if backend is not None and not _children(executor, backend.name):
         from gpuperfd.device.simulated import SimulatedBackend
         from gpuperfd.probing.interconnect.simulated import SimulatedInterconnectExecutor
 
         if not isinstance(backend, SimulatedBackend):  # the simulated fabric is the simulated node's own
-            raise ValueError(f"probes.executor: {config.probes.executor}: the simulated node probe measures the "
+            raise ValueError(f"probes.executor: {executor}: the simulated node probe measures the "
                              f"simulated node's interconnect (device.backend: simulated); this node's backend is "
                              f"{backend.name}")
-        inner: InterconnectExecutor = SimulatedInterconnectExecutor(backend.interconnect, seed=config.simulation.seed)
-        return RetestingExecutor(inner, slow_pairs_on(backend, limit)), "simulated"
+        return SimulatedInterconnectExecutor(backend.interconnect, seed=seed), "simulated"
     from gpuperfd.probing.interconnect.runner import ProcessInterconnectExecutor
 
-    kind = config.probes.torch_device
-    inner = ProcessInterconnectExecutor(kind, idle_utilization_threshold=config.probes.idle_utilization_threshold,
-                                        record_dir=config.probes.state_dir if keep_records else None)
-    return RetestingExecutor(inner, slow_pairs_on(backend, limit)), kind
+    return ProcessInterconnectExecutor(torch_device, ranks=ranks, record_dir=record_dir,
+                                       idle_utilization_threshold=idle_utilization_threshold), torch_device
 
 
 def slow_pairs_on(backend: Backend, limit: float) -> SlowPairs:

@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
     if args.prometheus and not args.start:
         print("gpuperfd: --prometheus needs --start (and optionally --end, --step)", file=sys.stderr)
         return 2
-    if getattr(args, "free_y", False) and not getattr(args, "facet", None):
+    if args.free_y and not args.facet:
         print("gpuperfd: --free-y frees the y-scales of facets; it needs --facet KEY", file=sys.stderr)
         return 2
     from gpuperfd.report import check_out_dir
@@ -98,7 +98,7 @@ def main(args: argparse.Namespace) -> int:
             loaded = load_prometheus(args.prometheus, start, end if end is not None else time.time(), step)
         else:
             loaded = load_history(args.history, start, end, include_rotated=not args.no_rotated)
-        if getattr(args, "facet", None):
+        if args.facet:
             return _write_facets(args, loaded)
         report, files = _build_and_write(args, loaded, args.out)
     except ReportError as exc:
@@ -135,7 +135,7 @@ def _write_facets(args: argparse.Namespace, loaded: Any) -> int:
     reports = {value: build_report(subset, args.max_slowdown, remove_outliers=not args.keep_outliers, rule=args.rule,
                                    log_y=args.log_y)
                for value, subset in split_by_label(loaded, args.facet).items()}
-    ranges = None if getattr(args, "free_y", False) else merge(cap_panel_ranges(r) for r in reports.values())
+    ranges = None if args.free_y else merge(cap_panel_ranges(r) for r in reports.values())
     out.mkdir(exist_ok=True)  # checked in main: its parent exists; each facet's folder goes inside
     for value, report in reports.items():
         folder = facet_folder(out, args.facet, value)

@@ -36,7 +36,7 @@ def test_the_check_config_command_says_so(tmp_path, capsys) -> None:
 
 
 def test_probe_and_web_config_files_refuse_a_key_given_twice(tmp_path) -> None:
-    from gpuperfd.probing.cli import UsageError, load_config_file
+    from gpuperfd.probing.matrix import UsageError, load_config_file
     from gpuperfd.web.config import WebConfigError, load_web_config
 
     matrix = tmp_path / "matrix.yaml"
@@ -94,7 +94,7 @@ def test_check_config_says_ok_only_when_the_web_config_is_good_too(tmp_path, cap
 
 
 def test_probe_and_web_config_reads_are_bounded_too() -> None:
-    from gpuperfd.probing.cli import UsageError, load_config_file
+    from gpuperfd.probing.matrix import UsageError, load_config_file
     from gpuperfd.web.config import WebConfigError, load_web_config
 
     with pytest.raises(UsageError, match="/dev/zero: more than 4 MiB"):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuperfd.probing import cli
+from gpuperfd.probing import cli, matrix
 from gpuperfd.probe_data.record import CSV_COLUMNS, build_record, record_row
 from gpuperfd.probe_data.result import ProbeResult
 
@@ -22,15 +22,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(["probe", *argv])
 
 
+def options(argv: list[str]) -> matrix.ProbeOptions:
+    return cli.options_of(parse(argv))
+
+
 def test_register_wires_main() -> None:
     args = parse(["llm"])
     assert args.func is cli.main and args.probe == "llm"
 
 
 def test_sweep_expands_to_one_spec_per_point() -> None:
-    specs = cli.build_specs(parse(["llm", "--preset", "tiny", "--variant", "both", "--batch-size", "1", "3"]))
+    specs = matrix.build_specs(options(["llm", "--preset", "tiny", "--variant", "both", "--batch-size", "1", "3"]))
     assert [(s.variant, s.batch_size) for s in specs] == [("graph", 1), ("graph", 3), ("eager", 1), ("eager", 3)]
-    groups = cli.build_specs(parse(["attention", "--preset", "tiny", "--n-groups", "1", "2", "4"]))
+    groups = matrix.build_specs(options(["attention", "--preset", "tiny", "--n-groups", "1", "2", "4"]))
     assert [s.n_groups for s in groups] == [1, 2, 4]
 
 
@@ -116,7 +120,7 @@ def test_failure_row_and_table() -> None:
 
 
 def test_matrix_is_the_product_of_every_list() -> None:
-    specs = cli.build_specs(parse(["llm", "--preset", "tiny", "tiny-x2", "--batch-size", "1", "2",
+    specs = matrix.build_specs(options(["llm", "--preset", "tiny", "tiny-x2", "--batch-size", "1", "2",
                                    "--prompt-tokens", "8", "16", "--n-groups", "1", "2"]))
     assert len(specs) == 16
     assert {(s.model, s.batch_size, s.prompt_tokens, s.n_groups) for s in specs} == {
@@ -127,11 +131,11 @@ def test_config_file_describes_the_matrix(tmp_path: Path, capsys: pytest.Capture
     config = tmp_path / "bench.json"
     config.write_text(json.dumps({"probe": "llm", "preset": "tiny", "variant": ["graph", "eager"],
                                   "prompt_tokens": 8, "output_tokens": [4, 8], "warmup": 2, "repeats": 3}))
-    specs = cli.build_specs(parse(["--config", str(config)]))
+    specs = matrix.build_specs(options(["--config", str(config)]))
     assert [(s.variant, s.output_tokens, s.warmup, s.repeats) for s in specs] == [
         ("graph", 4, 2, 3), ("graph", 8, 2, 3), ("eager", 4, 2, 3), ("eager", 8, 2, 3)]
     # flags override the file
-    specs = cli.build_specs(parse(["--config", str(config), "--repeats", "1", "--variant", "graph"]))
+    specs = matrix.build_specs(options(["--config", str(config), "--repeats", "1", "--variant", "graph"]))
     assert [(s.variant, s.repeats) for s in specs] == [("graph", 1), ("graph", 1)]
     config.write_text(json.dumps({"probe": "llm", "batchsize": 4}))
     assert cli.main(parse(["--config", str(config)])) == 2
@@ -221,17 +225,17 @@ def test_table_drops_columns_no_point_has_and_shows_attention_latency(capsys: py
 def test_starting_estimate_depends_on_the_device_and_is_redone_from_the_first_point() -> None:
     """Seed 002's CPU matrix took about 12 s for 4 points on a quiet machine (the old estimate, 8 s
     of fixed cost a point, said 33 s: 2.7 times too high)."""
-    matrix = cli.build_specs(parse(["llm", "--preset", "tiny", "tiny-x2", "--batch-size", "1", "4",
+    points = matrix.build_specs(options(["llm", "--preset", "tiny", "tiny-x2", "--batch-size", "1", "4",
                                     "--prompt-tokens", "16", "--output-tokens", "4", "--repeats", "2",
                                     "--measure-seconds", "0.1", "--warmup", "1"]))
-    estimate = cli.estimate_seconds(matrix)
+    estimate = matrix.estimate_seconds(points)
     assert 12.0 / 1.5 <= estimate <= 12.0 * 1.5
-    on_gpu = cli.build_specs(parse(["llm", "--preset", "tiny", "--device", "cuda", "--repeats", "2",
+    on_gpu = matrix.build_specs(options(["llm", "--preset", "tiny", "--device", "cuda", "--repeats", "2",
                                     "--measure-seconds", "0.1"]))
-    assert cli.estimate_seconds(on_gpu) > cli.estimate_seconds(matrix[:1]) + 10
+    assert matrix.estimate_seconds(on_gpu) > matrix.estimate_seconds(points[:1]) + 10
     # a loaded machine: the first point took 11 s, so the 3 left take about 3 x 11 s
-    assert cli.refined_estimate(matrix[0], 11.0, matrix[1:]) == pytest.approx(33.0, rel=0.05)
-    assert cli.estimate_seconds(matrix, simulated=True) == pytest.approx(4 * 2 * 0.1)
+    assert matrix.refined_estimate(points[0], 11.0, points[1:]) == pytest.approx(33.0, rel=0.05)
+    assert matrix.estimate_seconds(points, simulated=True) == pytest.approx(4 * 2 * 0.1)
 
 
 def test_correctness_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

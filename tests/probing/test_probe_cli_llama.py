@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuperfd.probe_data.workload_cost import SPECULATIVE_NOT_SIMULATED
-from gpuperfd.probing import cli
+from gpuperfd.probing import cli, matrix
 
 FAST = ["--repeats", "2", "--measure-seconds", "0.1", "--no-progress"]
 
@@ -21,18 +21,22 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(["probe", *argv])
 
 
+def options(argv: list[str]) -> matrix.ProbeOptions:
+    return cli.options_of(parse(argv))
+
+
 def test_both_and_all_expand_per_model_family() -> None:
-    gpt2 = cli.build_specs(parse(["llm", "--preset", "tiny", "--variant", "both"]))
+    gpt2 = matrix.build_specs(options(["llm", "--preset", "tiny", "--variant", "both"]))
     assert [s.variant for s in gpt2] == ["graph", "eager"]
-    assert [s.variant for s in cli.build_specs(parse(["llm", "--preset", "tiny", "--variant", "all"]))] == [
+    assert [s.variant for s in matrix.build_specs(options(["llm", "--preset", "tiny", "--variant", "all"]))] == [
         "graph", "eager"]  # compiled and speculative are the Llama family's
-    llama = cli.build_specs(parse(["llm", "--preset", "llama-tiny", "--variant", "all", "--speculative-tokens", "3"]))
+    llama = matrix.build_specs(options(["llm", "--preset", "llama-tiny", "--variant", "all", "--speculative-tokens", "3"]))
     assert [s.variant for s in llama] == ["graph", "eager", "compiled", "fused", "speculative"]
     assert [s.speculative_tokens for s in llama] == [None, None, None, None, 3]
 
 
 def test_speculative_options_reach_the_speculative_points_only() -> None:
-    specs = cli.build_specs(parse(["llm", "--preset", "llama-tiny", "llama-tiny-spec", "--acceptance-rates", "0.6",
+    specs = matrix.build_specs(options(["llm", "--preset", "llama-tiny", "llama-tiny-spec", "--acceptance-rates", "0.6",
                                    "0.8"]))
     assert [(s.variant, s.acceptance_rates) for s in specs] == [("graph", None), ("speculative", (0.6, 0.8))]
 
@@ -41,7 +45,7 @@ def test_config_file_holds_seed_004s_keys(tmp_path: Path) -> None:
     config = tmp_path / "seed004.json"
     config.write_text(json.dumps({"probe": "llm", "preset": "llama-tiny-spec", "speculative_tokens": 2,
                                   "acceptance_rates": [0.25, 0.75]}))
-    (spec,) = cli.build_specs(parse(["--config", str(config)]))
+    (spec,) = matrix.build_specs(options(["--config", str(config)]))
     assert (spec.variant, spec.speculative_tokens, spec.acceptance_rates) == ("speculative", 2, (0.25, 0.75))
 
 

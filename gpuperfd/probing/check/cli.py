@@ -16,15 +16,20 @@ Exit codes (docs/operations.md, README), none equal to a usage error's 2:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from gpuperfd.config import DEFAULT_CONFIG_PATH, config_with_flags, env_config_path
+from gpuperfd.config import DEFAULT_CONFIG_PATH, Config, config_with_flags, env_config_path
 from gpuperfd.console import seconds_between
 from gpuperfd.health.verdict import Verdict, node_verdict_json
-from gpuperfd.probe_data.spec import PRESETS, PROBES
+from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES
+
+if TYPE_CHECKING:
+    from gpuperfd.probing.check.flow import CheckRequest
 
 EXIT_HEALTHY, EXIT_DEGRADED, EXIT_UNHEALTHY, EXIT_UNKNOWN, EXIT_USAGE = 0, 10, 11, 12, 2
 STATE_EXIT = {"healthy": EXIT_HEALTHY, "degraded": EXIT_DEGRADED, "unhealthy": EXIT_UNHEALTHY,
@@ -70,13 +75,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="FILE", help=f"YAML config (default: $GPUPERFD_CONFIG or "
                         f"{DEFAULT_CONFIG_PATH} if it exists)")
     parser.add_argument("--simulate", type=int, metavar="N", help="N simulated GPUs (demos, tests)")
-    parser.add_argument("--timeout", type=_timeout, default=DEFAULT_TIMEOUT_SECONDS, metavar="S",
+    parser.add_argument("--timeout", type=_timeout, default=CheckOptions.timeout, metavar="S",
                         help=f"bound on the whole run in seconds (default {DEFAULT_TIMEOUT_SECONDS:g}); "
                         "a GPU that does not answer in time is unknown")
     parser.add_argument("--require-probe", action="store_true",
                         help="a GPU that could not be probed is unknown (exit 12), not healthy (burn-in)")
-    parser.add_argument("--probe", choices=PROBES, default="llm", help="the check probe (default llm)")
-    parser.add_argument("--preset", metavar="NAME", default=None,
+    parser.add_argument("--probe", choices=PROBES, default=CheckOptions.probe, help="the check probe (default llm)")
+    parser.add_argument("--preset", metavar="NAME",
                         help="its preset (default gpt2 for llm; the shipped figures are for the default presets)")
     parser.set_defaults(func=main)
     return parser
@@ -190,25 +195,66 @@ def one_line(body: dict[str, Any], limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+@dataclass(frozen=True)
+class CheckOptions:
+    """``gpuperfd check``'s flags, typed once (see :func:`register` for what each means)."""
+
+    quick: bool = False
+    gpus: list[int] | None = None
+    json: bool = False
+    line: bool = False
+    config: str | None = None
+    simulate: int | None = None
+    timeout: float = DEFAULT_TIMEOUT_SECONDS
+    require_probe: bool = False
+    probe: str = "llm"
+    preset: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CheckOptions:
+        values = vars(args)
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+
+    def request(self) -> CheckRequest:
+        """The check the flags ask for; ValueError naming ``--preset`` for another probe's preset."""
+        from gpuperfd.probing.check.flow import CheckRequest
+
+        preset = self.preset or ("gpt2" if self.probe == "llm" else DEFAULT_PRESET[self.probe])
+        if preset not in PRESETS[self.probe]:
+            raise ValueError(f"--preset: {preset!r} is not a {self.probe} preset ({', '.join(PRESETS[self.probe])})")
+        return CheckRequest(gpus=self.gpus, quick=self.quick, timeout_seconds=self.timeout,
+                            require_probe=self.require_probe, probe=self.probe, preset=preset)
+
+    def load_config(self) -> Config:
+        """The config file (``--config``, ``$GPUPERFD_CONFIG`` or the default path) with ``--simulate``, and
+        the device call gate's timeout (:mod:`gpuperfd.device.serial`, the one bound on a hung call) at most
+        a quarter of the passive read's budget: the other GPUs' reads, queued behind a hung call, still
+        finish within it. ConfigError: exit 2 in ``cli.main``."""
+        from gpuperfd.probing.check.flow import passive_budget
+
+        path = self.config or env_config_path()
+        if path is None and DEFAULT_CONFIG_PATH.exists():
+            path = str(DEFAULT_CONFIG_PATH)
+        configured = config_with_flags(path, {}, simulate=self.simulate).device.call_timeout_seconds
+        bound = min(configured, passive_budget(self.timeout) / HANG_SHARE_OF_PASSIVE)
+        return config_with_flags(path, {"device.call_timeout_seconds": bound}, simulate=self.simulate)
+
+
+#: The passive read's budget over this is the longest a device call may hang in a check.
+HANG_SHARE_OF_PASSIVE = 4.0
+
+
 def main(args: argparse.Namespace) -> int:
-    from gpuperfd.probing.check.flow import CannotCheck, CheckRequest, CheckUsageError, run_check
+    from gpuperfd.probing.check.flow import CannotCheck, CheckUsageError, run_check
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="gpuperfd check: %(levelname)s %(message)s")
-    path = args.config or env_config_path()
-    if path is None and DEFAULT_CONFIG_PATH.exists():
-        path = str(DEFAULT_CONFIG_PATH)
-    config = config_with_flags(path, {}, simulate=args.simulate)  # ConfigError -> exit 2 in cli.main
-    preset = args.preset or ("gpt2" if args.probe == "llm" else None)
-    if preset is None:
-        from gpuperfd.probe_data.spec import DEFAULT_PRESET
-
-        preset = DEFAULT_PRESET[args.probe]
-    if preset not in PRESETS[args.probe]:
-        print(f"gpuperfd check: --preset: {preset!r} is not a {args.probe} preset "
-              f"({', '.join(PRESETS[args.probe])})", file=sys.stderr)
+    options = CheckOptions.from_args(args)
+    config = options.load_config()
+    try:
+        request = options.request()
+    except ValueError as exc:
+        print(f"gpuperfd check: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    request = CheckRequest(gpus=args.gpus, quick=args.quick, timeout_seconds=args.timeout,
-                           require_probe=args.require_probe, probe=args.probe, preset=preset)
     try:
         outcome = run_check(config, request)
     except CheckUsageError as exc:
@@ -216,22 +262,22 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except CannotCheck as exc:
         print(f"gpuperfd check: could not check: {exc}", file=sys.stderr)
-        if args.json:
+        if options.json:
             print(json.dumps(node_verdict_json([], config.simulation.node or outcome_node(),
                                                check={"error": str(exc)}) | {"state": "unknown"}, indent=2))
-        elif args.line:
+        elif options.line:
             print(f"unknown: could not check: {exc}"[:240])
         return EXIT_UNKNOWN
     node = config.simulation.node or outcome.node
     summary = outcome.summary()
-    if args.json:
-        print(json.dumps(node_verdict_json(outcome.verdicts, node, check=summary), indent=2))
-    elif args.line:
-        print(one_line(node_verdict_json(outcome.verdicts, node, check=summary)))
+    body = node_verdict_json(outcome.verdicts, node, check=summary)
+    if options.json:
+        print(json.dumps(body, indent=2))
+    elif options.line:
+        print(one_line(body))
     else:
         print(render_table(outcome.verdicts, node, summary))
-    state = node_verdict_json(outcome.verdicts, node)["state"]
-    return STATE_EXIT[state]
+    return STATE_EXIT[node_verdict_json(outcome.verdicts, node)["state"]]
 
 
 def outcome_node() -> str:

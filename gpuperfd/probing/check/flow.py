@@ -47,7 +47,7 @@ from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probing.check.interconnect import INTERCONNECT_SHARE, apply_to_inputs, run_interconnect
-from gpuperfd.probing.executors import Executor, child_process_executor, choose_executor, measure_once, starts_children
+from gpuperfd.probing.executors import Executor, choose_executor, measure_once, starts_children
 from gpuperfd.probing.gates.admission import Admission, memory_limit
 from gpuperfd.probing.gates.idle import BusyKind, busy_reason, mig_reason
 from gpuperfd.probing.interconnect.executor import InterconnectExecutor
@@ -64,8 +64,6 @@ CHECK_TIMING: dict[str, Any] = {"repeats": 2, "measure_seconds": 1.0, "warmup_se
 SIMULATED_MEASURE_SECONDS = 1.0
 #: Share of ``--timeout`` the passive read (and, after it, the busy checks) may take at most.
 PASSIVE_SHARE = 0.2
-#: A hung device call is set aside after the passive budget over this (the others' reads wait that long).
-HANG_SHARE_OF_PASSIVE = 4.0
 MIG_TEXT = "MIG enabled: checked at the parent GPU's level, not probed"
 
 
@@ -75,6 +73,11 @@ class CheckUsageError(Exception):
 
 class CannotCheck(Exception):
     """The node cannot be checked at all (no driver, NVML does not start): could-not-check."""
+
+
+def passive_budget(timeout_seconds: float) -> float:
+    """The passive read's own share of the check's timeout: one hung GPU must not starve the others' probes."""
+    return max(2.0, PASSIVE_SHARE * timeout_seconds)
 
 
 @dataclass(frozen=True)
@@ -294,14 +297,6 @@ def _give_to_directory_owner(lock: GpuLock) -> None:
         log.warning("cannot give %s to the state directory's owner: %s", lock.path, exc)
 
 
-def _hang_bounded(config: Config, passive_seconds: float) -> Config:
-    """The config with a device call timeout short enough that the other GPUs' reads, which wait
-    behind a hung call in the one-caller library gate (:mod:`gpuperfd.device.serial`), still finish
-    within the passive read's budget."""
-    seconds = min(config.device.call_timeout_seconds, passive_seconds / HANG_SHARE_OF_PASSIVE)
-    return config.model_copy(update={"device": config.device.model_copy(update={"call_timeout_seconds": seconds})})
-
-
 def _probe_config(config: Config, seconds: float) -> Config:
     """The check's probes: bounded by its budget, a short simulated window, and (unless the config sets
     ``simulation.cost_scale``) no simulated child costs: the check's short window is not time compressed
@@ -315,22 +310,14 @@ def _probe_config(config: Config, seconds: float) -> Config:
     return config.model_copy(update={"probes": probes, "simulation": simulation})
 
 
-def check_executor(config: Config, backend_name: str) -> Executor:
-    """The executor choice of :func:`choose_executor`, except that a check never creates the state
-    directory: where it does not exist, the probe child keeps no compile cache and no record there."""
-    if config.probes.state_dir.is_dir() or not starts_children(config, backend_name):
-        return choose_executor(config, backend_name)
-    probes = config.probes
-    return child_process_executor(probes.timeout_seconds, probes.torch_device, state_dir=None,
-                                  idle_utilization_threshold=probes.idle_utilization_threshold)
-
-
 def probe_all(config: Config, backend: Backend, devices: Sequence[Device], request: CheckRequest,
               deadline: float) -> dict[int, dict[str, Any]]:
     """The check probe on each device in parallel: index -> the result's dict; a GPU whose probe did
     not come back by the deadline maps to a failed ``timeout`` result."""
     grace = min(3.0, max(0.5, 0.1 * request.timeout_seconds))
-    executor = check_executor(_probe_config(config, deadline - time.monotonic() - grace), backend.name)
+    # a check never creates the state directory: where it does not exist, the child keeps nothing there
+    executor = choose_executor(_probe_config(config, deadline - time.monotonic() - grace), backend.name,
+                               keep_records=config.probes.state_dir.is_dir())
     # the child's timing; the simulator measures one window of SIMULATED_MEASURE_SECONDS
     children = starts_children(config, backend.name)
     options = dict(CHECK_TIMING) if children and request.preset != "tiny" else {}
@@ -487,13 +474,11 @@ def run_check(config: Config, request: CheckRequest,
     t0 = time.monotonic()
     deadline = t0 + request.timeout_seconds
     phases: dict[str, float] = {}
-    # The passive read has its own share of the budget: one hung GPU must not starve the others' probes.
-    passive_budget = max(2.0, PASSIVE_SHARE * request.timeout_seconds)
-    config = _hang_bounded(config, passive_budget)
+    budget = passive_budget(request.timeout_seconds)
     backend, devices = open_devices(config, request, deadline, opener or open_backend)
     phases["open"] = time.monotonic() - t0
     mark = time.monotonic()
-    passive_seconds = min(deadline - mark, passive_budget)
+    passive_seconds = min(deadline - mark, budget)
     sampler, read = passive_read(backend, devices, mark + passive_seconds)
     now = time.time()
     inputs = {g.gpu: g for g in snapshot_inputs(sampler, sorted(read), now)}
@@ -507,7 +492,7 @@ def run_check(config: Config, request: CheckRequest,
     outcome = CheckOutcome(node=socket.gethostname(), verdicts=[])
     mark = time.monotonic()
     to_probe, locks = gate(config, request, [d for d in devices if not inputs[d.index].runs], inputs, outcome,
-                           min(deadline, mark + max(2.0, PASSIVE_SHARE * request.timeout_seconds)))
+                           min(deadline, mark + budget))
     phases["gate"] = time.monotonic() - mark
     mark = time.monotonic()
     # two or more GPUs: the interconnect step after the per-GPU probes keeps its share of the time

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import re
 import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,10 @@ from gpuperfd.console import format_table
 from gpuperfd.device.errors import DeviceError, DriverNotFound
 from gpuperfd.probe_data.interconnect import InterconnectRequest, InterconnectResult
 from gpuperfd.probing.check.cli import gpu_list
+from gpuperfd.probing.gates.idle import DEFAULT_IDLE_THRESHOLD
 
-__all__ = ["add_arguments", "byte_size", "build_request", "result_tables", "write_output", "main", "CSV_COLUMNS"]
+__all__ = ["InterconnectOptions", "add_arguments", "byte_size", "build_request", "result_tables", "write_output",
+           "main", "CSV_COLUMNS"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_DEVICE = 0, 1, 2, 3
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
@@ -44,6 +48,42 @@ SCHEMA = "gpuperfd.interconnect/1"
 
 class UsageError(ValueError):
     """Bad input for the interconnect probe; the message names the field."""
+
+
+#: The other probes' flags on the shared ``probe`` parser: refused by name here, never ignored.
+OTHER_PROBES_FLAGS = ("preset", "variant", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size",
+                      "n_groups", "weights", "dataset", "iterations", "measure_seconds", "warmup_seconds", "heads",
+                      "head_dim", "causal", "seed", "gpu_busy_threshold", "label")
+
+
+@dataclass(frozen=True)
+class InterconnectOptions:
+    """``gpuperfd probe interconnect``'s flags, typed once from the ``probe`` parser's namespace."""
+
+    gpus: list[int] | None = None
+    size: list[int] | None = None
+    copy_size: int | None = None
+    ranks: int | None = None
+    device: str | None = None
+    dtype: list[str] | None = None
+    repeats: int | None = None
+    warmup: int | None = None
+    timeout: float | None = None
+    idle_threshold: float = DEFAULT_IDLE_THRESHOLD
+    simulate: int | None = None
+    simulate_model: str | None = None
+    output: str | None = None
+    json: bool = False
+    #: Given flags that are not this probe's (``--config``, ``--no-idle-check`` and :data:`OTHER_PROBES_FLAGS`).
+    foreign: tuple[str, ...] = ()
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> InterconnectOptions:
+        values = vars(args)
+        foreign = (("config",) if values.get("config") else ()) + tuple(
+            name for name in OTHER_PROBES_FLAGS if values.get(name) is not None)
+        foreign += ("no_idle_check",) if values.get("no_idle_check") else ()
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}, foreign=foreign)
 
 
 def byte_size(text: str) -> int:
@@ -67,26 +107,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ranks", type=int, metavar="N", help="interconnect with --device cpu: gloo ranks (default 2)")
 
 
-def build_request(args: argparse.Namespace) -> InterconnectRequest:
+def build_request(options: InterconnectOptions) -> InterconnectRequest:
     """The request the flags describe (UsageError naming the flag)."""
-    cpu = args.device == "cpu"
+    cpu = options.device == "cpu"
     base = InterconnectRequest(**(CPU_DEFAULTS if cpu else {}))
-    dtypes = args.dtype or [base.dtype]
+    dtypes = options.dtype or [base.dtype]
     if len(dtypes) != 1 or dtypes[0] not in ("bfloat16", "float16", "float32"):
         raise UsageError(f"dtype: interconnect takes one of bfloat16, float16, float32, got {' '.join(dtypes)}")
-    for name in ("repeats", "warmup"):
-        value = getattr(args, name)
-        if value is not None and value < (1 if name == "repeats" else 0):
-            raise UsageError(f"{name}: must be at least {1 if name == 'repeats' else 0}, got {value}")
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError(f"timeout: must be > 0, got {args.timeout}")
+    for name, value, least in (("repeats", options.repeats, 1), ("warmup", options.warmup, 0)):
+        if value is not None and value < least:
+            raise UsageError(f"{name}: must be at least {least}, got {value}")
+    if options.timeout is not None and options.timeout <= 0:
+        raise UsageError(f"timeout: must be > 0, got {options.timeout}")
     return InterconnectRequest(
-        gpus=tuple(args.gpus) if args.gpus else None,
-        copy_bytes=args.copy_size or base.copy_bytes,
-        allreduce_bytes=tuple(args.size) if args.size else base.allreduce_bytes,
-        repeats=args.repeats if args.repeats is not None else base.repeats,
-        warmup=args.warmup if args.warmup is not None else base.warmup,
-        dtype=dtypes[0], timeout_seconds=args.timeout or base.timeout_seconds)
+        gpus=tuple(options.gpus) if options.gpus else None,
+        copy_bytes=options.copy_size or base.copy_bytes,
+        allreduce_bytes=tuple(options.size) if options.size else base.allreduce_bytes,
+        repeats=options.repeats if options.repeats is not None else base.repeats,
+        warmup=options.warmup if options.warmup is not None else base.warmup,
+        dtype=dtypes[0], timeout_seconds=options.timeout or base.timeout_seconds)
 
 
 def _size(nbytes: int) -> str:
@@ -173,74 +212,74 @@ def write_output(path: str, result: InterconnectResult, host: str | None = None)
             fh.write(json.dumps(record) + "\n")
 
 
-def _check_flags(args: argparse.Namespace) -> None:
+def _check_flags(options: InterconnectOptions) -> None:
     """Flags of the other probes mean nothing here: refused by name, not ignored."""
-    if getattr(args, "config", None):
+    if "config" in options.foreign:
         raise UsageError("config: interconnect takes its settings as flags, not --config")
-    for name in ("preset", "variant", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size",
-                 "n_groups", "weights", "dataset", "iterations", "measure_seconds", "warmup_seconds", "heads",
-                 "head_dim", "causal", "seed", "gpu_busy_threshold", "label"):
-        if getattr(args, name, None) is not None:
-            raise UsageError(f"{name}: not an interconnect setting (see gpuperfd probe --help, interconnect)")
-    if getattr(args, "no_idle_check", False):
+    if other := [name for name in options.foreign if name != "no_idle_check"]:
+        raise UsageError(f"{other[0]}: not an interconnect setting (see gpuperfd probe --help, interconnect)")
+    if "no_idle_check" in options.foreign:
         raise UsageError("no_idle_check: the interconnect probe always checks and watches every GPU of its set")
-    if args.device not in (None, "cuda", "cpu"):
-        raise UsageError(f"device: interconnect runs on cuda (one rank per GPU of --gpus) or cpu, not {args.device!r}")
-    if args.ranks is not None and (args.device != "cpu" or args.ranks < 2):
-        raise UsageError(f"ranks: --ranks N (at least 2) goes with --device cpu, got {args.ranks}")
-    if args.simulate is not None and (args.simulate < 1 or args.device == "cpu"):
+    if options.device not in (None, "cuda", "cpu"):
+        raise UsageError(f"device: interconnect runs on cuda (one rank per GPU of --gpus) or cpu, not {options.device!r}")
+    if options.ranks is not None and (options.device != "cpu" or options.ranks < 2):
+        raise UsageError(f"ranks: --ranks N (at least 2) goes with --device cpu, got {options.ranks}")
+    if options.simulate is not None and (options.simulate < 1 or options.device == "cpu"):
         raise UsageError("simulate: --simulate N (N >= 1) runs on simulated GPUs, not with --device cpu")
-    if getattr(args, "simulate_model", None) is not None and args.simulate is None:
+    if options.simulate_model is not None and options.simulate is None:
         raise UsageError("simulate_model: goes with --simulate N (the simulated GPUs' card)")
 
 
-def _run(args: argparse.Namespace, request: InterconnectRequest, abort: threading.Event) -> InterconnectResult:
-    """Open the devices (simulated, NVML or none for gloo), run the probe on them, close them."""
-    from gpuperfd.probing.interconnect.runner import ProcessInterconnectExecutor
+def _open_backend(options: InterconnectOptions) -> Any:
+    """The devices' backend: the simulated node (``--simulate``), NVML (a missing driver raises: never a
+    silent CPU run), or None for gloo ranks on this host's CPU."""
+    if options.simulate is not None:
+        from gpuperfd.config import config_with_flags
+        from gpuperfd.device.factory import open_backend
 
-    backend: Any = None
+        return open_backend(config_with_flags(None, {"simulation.model": options.simulate_model},
+                                              simulate=options.simulate))
+    if options.device == "cpu":
+        return None
+    from gpuperfd.device.nvml import NvmlBackend
+
+    return NvmlBackend(indices=None)
+
+
+def _run(options: InterconnectOptions, request: InterconnectRequest, abort: threading.Event) -> InterconnectResult:
+    """Open the devices, run the probe on them through the one executor choice, close them."""
+    from gpuperfd.probing.executors import interconnect_executor
+
+    backend = _open_backend(options)
     try:
-        if args.simulate is not None:
-            from gpuperfd.config import config_with_flags
-            from gpuperfd.device.factory import open_backend
-            from gpuperfd.probing.interconnect.simulated import SimulatedInterconnectExecutor
-
-            config = config_with_flags(None, {"simulation.model": getattr(args, "simulate_model", None)},
-                                       simulate=args.simulate)
-            backend = open_backend(config)
-            executor: Any = SimulatedInterconnectExecutor(backend.interconnect, seed=config.simulation.seed)
-            devices = backend.devices()
-        elif args.device == "cpu":
-            ranks = args.ranks or (max(request.gpus) + 1 if request.gpus else 2)
-            executor, devices = ProcessInterconnectExecutor("cpu", ranks=ranks), []
-        else:
-            from gpuperfd.device.nvml import NvmlBackend
-
-            backend = NvmlBackend(indices=None)  # a missing driver raises: never a silent CPU run
-            devices = backend.devices()
-            executor = ProcessInterconnectExecutor("cuda", idle_utilization_threshold=args.idle_threshold)
-        return executor.run(devices, request, abort)
+        ranks = None
+        if backend is None:
+            ranks = options.ranks or (max(request.gpus) + 1 if request.gpus else 2)
+        executor, _ = interconnect_executor(backend, options.device or "cuda",
+                                            idle_utilization_threshold=options.idle_threshold, ranks=ranks)
+        return executor.run(backend.devices() if backend is not None else [], request, abort)
     finally:
         if backend is not None:
             backend.close()
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run one interconnect probe as ``args`` say; the exit code."""
+    """Run one interconnect probe as the flags say; the exit code."""
     from gpuperfd.system.stopsignals import StopSignals, say
 
+    options = InterconnectOptions.from_args(args)
     try:
-        _check_flags(args)
-        request = build_request(args)
-        if args.output is not None:
-            check_output(args.output)
+        _check_flags(options)
+        request = build_request(options)
+        if options.output is not None:
+            check_output(options.output)
     except UsageError as exc:
         print(f"gpuperfd probe interconnect: {exc}", file=sys.stderr)
         return EXIT_USAGE
     abort = threading.Event()
     with StopSignals(abort) as stop:
         try:
-            result = _run(args, request, abort)
+            result = _run(options, request, abort)
         except ValueError as exc:  # a bad set: named, nothing started
             print(f"gpuperfd probe interconnect: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -249,14 +288,12 @@ def main(args: argparse.Namespace) -> int:
             return EXIT_DEVICE if isinstance(exc, DriverNotFound) else EXIT_FAILURE
     if stop.received is not None:
         say(f"gpuperfd probe interconnect: stopped by {stop.name}; every worker was ended")
-    if args.output:
-        write_output(args.output, result)
-    if args.json:
+    if options.output:
+        write_output(options.output, result)
+    if options.json:
         json.dump(result.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(("SIMULATED (the simulated node's figures, not a measurement)\n" if args.simulate else "")
+        print(("SIMULATED (the simulated node's figures, not a measurement)\n" if options.simulate else "")
               + result_tables(result))
     return stop.exit_code if stop.received is not None else (EXIT_OK if result.ok else EXIT_FAILURE)
-
-

@@ -77,18 +77,18 @@ def register(subparsers: Any) -> None:
                             "inference and training side by side in --report")
     sweep.add_argument("--caps", required=True, metavar="LIST",
                        help="comma-separated caps: watts (450), fractions of the maximum (0.8), min, max, default, current")
-    sweep.add_argument("--gpu", type=int, default=0, metavar="I", help="GPU index (default 0)")
-    sweep.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+    sweep.add_argument("--gpu", type=int, default=SweepArgs.gpu, metavar="I", help="GPU index (default 0)")
+    sweep.add_argument("--wait", type=float, default=SweepArgs.wait, metavar="SECONDS",
                        help="when another process owns the GPU's cap, wait this long for it (default: refuse at once)")
     sweep.add_argument("--preset", help="probe preset (default: the probe's default)")
     sweep.add_argument("--option", action="append", type=_parse_option, default=[], metavar="KEY=VALUE",
                        help="probe option, repeatable (e.g. batch_size=8)")
-    sweep.add_argument("--settle", type=float, default=5.0, metavar="SECONDS",
+    sweep.add_argument("--settle", type=float, default=SweepArgs.settle, metavar="SECONDS",
                        help="after each cap change, wait at most this long for the limit to read back and for "
                             "power and SM clock to be steady under load (default 5)")
     sweep.add_argument("--no-stop-early", dest="stop_early", action="store_false",
                        help="run every cap, even below one already clearly slower than --max-slowdown allows")
-    sweep.add_argument("--max-slowdown", type=float, default=0.10, help="slowdown allowed for the recommendation")
+    sweep.add_argument("--max-slowdown", type=float, default=SweepArgs.max_slowdown, help="slowdown allowed for the recommendation")
     sweep.add_argument("--read-only", action="store_true", help="never change the cap: probe at the current cap only")
     sweep.add_argument("--simulate", type=int, metavar="N", help="run on N simulated GPUs")
     sweep.add_argument("--config", metavar="FILE", help="config file (device, simulation, state_dir)")
@@ -146,7 +146,7 @@ class SweepArgs:
                    options=dict(ns.option), settle=ns.settle, stop_early=ns.stop_early,
                    max_slowdown=ns.max_slowdown, read_only=ns.read_only, simulate=ns.simulate, config=ns.config,
                    state_dir=ns.state_dir, clamp=ns.clamp, output=ns.output, report=ns.report,
-                   progress=not ns.no_progress, labels=list(getattr(ns, "label", None) or []))
+                   progress=not ns.no_progress, labels=list(ns.label))
 
     def usage_error(self) -> str | None:
         """What is wrong with the flags before any GPU is touched, or None."""

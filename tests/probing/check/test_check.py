@@ -18,7 +18,8 @@ from gpuperfd.caps.ownership import GpuLock, safe_name
 from gpuperfd.config import config_from_mapping
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probing.check import flow as check_mod
-from gpuperfd.probing.check.cli import EXIT_DEGRADED, EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN, EXIT_USAGE
+from gpuperfd.probing.check.cli import (EXIT_DEGRADED, EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN, EXIT_USAGE,
+                                        CheckOptions)
 from gpuperfd.probing.check.flow import CheckRequest, run_check
 from gpuperfd.probing.executors import PerPointExecutor, measure_once
 
@@ -121,6 +122,9 @@ def test_quick_with_require_probe_is_could_not_check(tmp_path: Path) -> None:
 
 
 def test_gpu_that_does_not_answer_is_unknown_within_the_timeout(tmp_path: Path) -> None:
+    """GPU 1's utilization call hangs inside the (simulated) library: the call gate's timeout, which the
+    check's command sets to a quarter of the passive read's budget (0.5 s at --timeout 6), sets it aside,
+    so GPU 0's reads queued behind it finish and GPU 0 is probed; the gate is the one bound on the hang."""
     config = write_config(tmp_path, simulation="  faults: [{gpu: 1, call: utilization, kind: slow, "
                           "delay_seconds: 120}]")
     start = time.monotonic()
@@ -131,6 +135,18 @@ def test_gpu_that_does_not_answer_is_unknown_within_the_timeout(tmp_path: Path) 
     assert gpus[1]["state"] == "unknown" and "check_probe_failed" in checks_of(gpus[1])
     assert gpus[0]["state"] == "healthy" and "check_probe_measured" in checks_of(gpus[0])
     assert took < 60  # bounded by --timeout (6 s) plus start-up, far from the fault's 120 s
+
+
+def test_the_checks_call_gate_timeout_is_a_quarter_of_its_passive_budget(tmp_path: Path) -> None:
+    """The command's config bounds a hung device call (the gate, device/serial.py) by the check's own
+    budget, never above what the config file allows."""
+    path = str(write_config(tmp_path))
+    assert CheckOptions(config=path, timeout=6).load_config().device.call_timeout_seconds == 0.5  # budget 2 s
+    assert CheckOptions(config=path, timeout=60).load_config().device.call_timeout_seconds == 3.0  # 12 s
+    assert CheckOptions(config=path, timeout=600).load_config().device.call_timeout_seconds == 5.0  # configured
+    short = tmp_path / "short.yaml"
+    short.write_text(Path(path).read_text().replace("{backend: simulated}", "{backend: simulated, call_timeout_seconds: 1}"))
+    assert CheckOptions(config=str(short), timeout=60).load_config().device.call_timeout_seconds == 1.0
 
 
 def test_mig_gpu_is_checked_at_the_parent_level_and_not_probed(tmp_path: Path) -> None:
@@ -250,8 +266,8 @@ def test_our_lock_is_held_during_the_probe_and_released_after(tmp_path: Path, re
     seen = []
     real = check_mod.choose_executor
 
-    def spying(cfg, name):
-        executor = real(cfg, name)
+    def spying(cfg, name, **kw):
+        executor = real(cfg, name, **kw)
 
         def run(device, schedule, abort):
             from gpuperfd.caps.ownership import is_owned
@@ -314,8 +330,8 @@ def test_a_check_probe_that_gives_way_to_a_users_job_is_unknown_and_blames_nothi
     monkeypatch.setattr(check_mod, "SIMULATED_MEASURE_SECONDS", 2.0)
     real = check_mod.choose_executor
 
-    def arriving_job(cfg, name):
-        executor = real(cfg, name)
+    def arriving_job(cfg, name, **kw):
+        executor = real(cfg, name, **kw)
 
         def run(device, schedule, abort):
             if device.index == 1:
@@ -335,8 +351,8 @@ def test_a_check_probe_that_gives_way_to_a_users_job_is_unknown_and_blames_nothi
 def test_correctness_mismatch_is_unhealthy(tmp_path: Path, monkeypatch) -> None:
     real = check_mod.choose_executor
 
-    def corrupting(cfg, name):
-        executor = real(cfg, name)
+    def corrupting(cfg, name, **kw):
+        executor = real(cfg, name, **kw)
 
         def run(device, schedule, abort):
             result = measure_once(executor, device, schedule, abort)

@@ -26,8 +26,8 @@ def _check(tmp_path: Path, monkeypatch, limit: int, seconds: float, timeout: flo
     counts = {"running": 0, "peak": 0, "calls": 0}
     lock = threading.Lock()
 
-    def slow(cfg, name):  # type: ignore[no-untyped-def]
-        executor = real(cfg, name)
+    def slow(cfg, name, **kw):  # type: ignore[no-untyped-def]
+        executor = real(cfg, name, **kw)
 
         def run(device, schedule, abort):  # type: ignore[no-untyped-def]
             with lock:
