@@ -10,7 +10,7 @@ stays due and the dispatcher (a thread, every ``tick_seconds``) starts it at the
 qualifies (not allocated, no foreign process, idle ``idle_seconds``) plus a jitter drawn for that
 moment, most overdue first, within the GPU-time share (``max_gpu_time_ratio``). A run that gave way to
 a user's job stays due and takes the next gap. Jobs never overlap (max_instances=1, and the probe
-service's per-GPU lock); missed runs are counted. ``apply`` brings the job set in
+service's per-GPU turn); missed runs are counted. ``apply`` brings the job set in
 line with a reloaded config without a restart: a job whose trigger is unchanged
 keeps its next run time (a reload, or a storm of them, never delays or adds a
 run); only new jobs and jobs whose trigger changed are (re)scheduled.
@@ -48,6 +48,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from gpuperfd.config import ProbesConfig, ScheduleConfig
+from gpuperfd.device.base import GpuInfo
 from gpuperfd.probing.scheduling.due import Due, DueRuns, Qualifying
 from gpuperfd.probing.scheduling.partial import Partial, PartialSweeps
 from gpuperfd.probe_data.recommend import recommend
@@ -105,11 +106,9 @@ class ProbeScheduler:
         self.recheck_seconds = recheck_seconds
         self._refused_until: dict[int, float] = {}
         #: The idle tracker's clock (monotonic): qualifying moments and GPU time are measured on it.
-        self.clock = clock or getattr(getattr(service, "tracker", None), "clock", time.monotonic)
+        self.clock = clock or service.tracker.clock
         self.due = DueRuns()
-        tracker = getattr(service, "tracker", None)
-        self.qualifying = Qualifying(tracker.idle_for if tracker is not None else (lambda gpu: 0.0), self.clock, rng,
-                                     tracker.handed_since if tracker is not None else None)
+        self.qualifying = Qualifying(service.tracker.idle_for, self.clock, rng, service.tracker.handed_since)
         #: GPUs a run of ours holds now (inline or dispatched): the dispatcher leaves them be.
         self._running: set[int] = set()
         self._running_lock = threading.Lock()
@@ -133,10 +132,8 @@ class ProbeScheduler:
         self._resuming: dict[tuple[str, int], Partial] = {}
         #: Whether each (gpu, probe, preset)'s result is due now, as published (landing page, /api/v1/gpus, top).
         self._due_flags: dict[tuple[int, str, str], bool] = {}
-        if hasattr(service, "outcome_listeners"):
-            service.outcome_listeners.append(self._on_outcome)
-        if hasattr(service, "point_listeners"):
-            service.point_listeners.append(self._on_point)
+        service.outcome_listeners.append(self._on_outcome)
+        service.point_listeners.append(self._on_point)
         #: Runs ``probe: interconnect`` schedules (one job per schedule: the set at once); None: not built.
         self.interconnect = interconnect
         self.scheduler = BackgroundScheduler(
@@ -223,7 +220,7 @@ class ProbeScheduler:
                 continue  # a run of ours holds it (a dispatched one): this result waits its turn
             try:
                 if not self._budget_allows(entry):
-                    self.service._skip(self.service._info(self.service.devices[gpu]), schedule, "gpu_time_budget")
+                    self.service.count_skip(gpu, schedule, "gpu_time_budget")
                     continue
                 moment = self.qualifying.moment(gpu, self.service.config.idle_seconds)
                 self._qualified[gpu] = max(moment if moment is not None else self.clock(),
@@ -262,14 +259,13 @@ class ProbeScheduler:
         self._timed.pop(gpu, None)
 
     def _budget_allows(self, entry: Due) -> bool:
-        ledger = getattr(self.service, "gpu_time", None)
-        return ledger is None or ledger.allows(entry.gpu, self._took.get((entry.job_id, entry.gpu), 0.0))
+        return self.service.gpu_time.allows(entry.gpu, self._took.get((entry.job_id, entry.gpu), 0.0))
 
-    def _info(self, gpu: int):  # type: ignore[no-untyped-def]
-        return self.service._info(self.service.devices[gpu])
+    def _info(self, gpu: int) -> GpuInfo:
+        return self.service.info(gpu)
 
     def _publish_due(self, entry: Due, due: bool) -> None:
-        if entry.schedule.probe == INTERCONNECT or entry.gpu not in getattr(self.service, "devices", {}):
+        if entry.schedule.probe == INTERCONNECT or entry.gpu not in self.service.devices:
             return
         self._due_flags[(entry.gpu, entry.schedule.probe, preset_of(entry.schedule))] = due
         info = self._info(entry.gpu)
@@ -279,8 +275,6 @@ class ProbeScheduler:
     def _declare_due(self, wanted: dict[str, tuple[ScheduleConfig, list[int], tuple]]) -> None:
         """The due series of the schedules now: 1 where no result came yet (or one is due), 0 where fresh;
         those of schedules no longer run go."""
-        if not hasattr(self.service, "devices"):
-            return
         labels: set[tuple[str, str, str]] = set()
         for job_id, (schedule, group, _) in wanted.items():
             if schedule.probe == INTERCONNECT:
@@ -299,11 +293,9 @@ class ProbeScheduler:
         idle_seconds (the gate's other checks stand), and the dispatcher looks at once. Returns the GPUs
         of this node among them."""
         ours = [gpu for gpu in gpus if gpu in self.gpus]
-        tracker = getattr(self.service, "tracker", None)
-        if tracker is not None:
-            for gpu in ours:
-                tracker.hand_off(gpu)
-                self._refused_until.pop(gpu, None)  # the scheduler's word: ask the gate again now
+        for gpu in ours:
+            self.service.tracker.hand_off(gpu)
+            self._refused_until.pop(gpu, None)  # the scheduler's word: ask the gate again now
         if ours:
             threading.Thread(target=self._dispatch_quietly, name="probe-handoff", daemon=True).start()
         return ours
@@ -320,10 +312,7 @@ class ProbeScheduler:
         holds it), ``gap_open`` (free now), ``no_gap`` (no free stretch seen since the daemon started, or
         none kept), ``gaps_too_short`` (every recent one shorter than ``needs_seconds``: idle_seconds and
         the due probes' last cost from their turn to their result), else ``waiting``."""
-        tracker = getattr(self.service, "tracker", None)
-        config = self.service.config
-        if tracker is None or config is None:
-            return {}
+        tracker, config = self.service.tracker, self.service.config
         due: dict[int, list[str]] = {}
         for entry in self.due.ordered():
             if entry.schedule.probe != INTERCONNECT:
@@ -436,14 +425,14 @@ class ProbeScheduler:
         """One look: close expired cron windows, count free GPU time, and start the due results whose GPU
         qualifies, most overdue first (each in a thread of its own). Returns how many were started."""
         config = self.service.config
-        if config is None or not config.enabled or not hasattr(self.service, "devices"):
-            return 0  # probes off (or no service of GPUs): nothing is due, no free time to count
+        if not config.enabled or not self.service.devices:
+            return 0  # probes off (or no GPUs): nothing is due, no free time to count
         now = self.clock()
         elapsed = 0.0 if self._last_tick is None else max(0.0, now - self._last_tick)
         self._last_tick = now
         for entry in self.due.expired(time.time()):
             log.info("gpu %d: %s's cron window closed with no gap to run in", entry.gpu, entry.schedule.probe)
-            self.service._skip(self._info(entry.gpu), entry.schedule, "window_closed")
+            self.service.count_skip(entry.gpu, entry.schedule, "window_closed")
             self._publish_due(entry, False)
         starts: dict[int, float | None] = {}
         moments: dict[int, float | None] = {}
@@ -487,16 +476,15 @@ class ProbeScheduler:
         started when the job ended made the round wait ~9 s). Ended when nothing is due there, the gate
         refused the GPU for a reason no job explains (lost, MIG), the GPU-time share is spent, or a round
         waits for host memory (then on busy GPUs: a round goes first). A GPU a run of ours holds is left be."""
-        standby = getattr(self.service, "standby", None)
-        tracker = getattr(self.service, "tracker", None)
-        if standby is None or tracker is None:
+        standby, tracker = self.service.standby, self.service.tracker
+        if standby is None:
             return
         first: dict[int, Due] = {}
         for entry in self.due.ordered():
             if entry.schedule.probe != INTERCONNECT:
                 first.setdefault(entry.gpu, entry)
         soon = self._falling_due_soon(jobs, standby.lead_seconds)
-        admission = getattr(self.service, "admission", None)
+        admission = self.service.admission
         rounds_wait = admission is not None and admission.state().waiting > 0
         for gpu in self.gpus:
             with self._running_lock:
