@@ -48,7 +48,6 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from gpuperfd.config import ProbesConfig, ScheduleConfig
-from gpuperfd.device.base import GpuInfo
 from gpuperfd.probing.scheduling.due import Due, DueRuns, Qualifying
 from gpuperfd.probing.scheduling.partial import Partial, PartialSweeps
 from gpuperfd.probe_data.recommend import recommend
@@ -261,14 +260,11 @@ class ProbeScheduler:
     def _budget_allows(self, entry: Due) -> bool:
         return self.service.gpu_time.allows(entry.gpu, self._took.get((entry.job_id, entry.gpu), 0.0))
 
-    def _info(self, gpu: int) -> GpuInfo:
-        return self.service.info(gpu)
-
     def _publish_due(self, entry: Due, due: bool) -> None:
         if entry.schedule.probe == INTERCONNECT or entry.gpu not in self.service.devices:
             return
         self._due_flags[(entry.gpu, entry.schedule.probe, preset_of(entry.schedule))] = due
-        info = self._info(entry.gpu)
+        info = self.service.info(entry.gpu)
         if info.uuid:
             self.service.metrics.set_due(info, entry.schedule.probe, preset_of(entry.schedule), due)
 
@@ -352,7 +348,7 @@ class ProbeScheduler:
         if self.service.config.read_only or len(schedule.caps) < 2 or schedule.probe == INTERCONNECT:
             return schedule
         max_age = schedule.interval_seconds or schedule.window_seconds or 86400.0
-        part = self.partials.resumable((entry.job_id, entry.gpu), self._info(entry.gpu), schedule, max_age)
+        part = self.partials.resumable((entry.job_id, entry.gpu), self.service.info(entry.gpu), schedule, max_age)
         if part is None or not part.remaining():
             return schedule
         rest = schedule.model_copy(update={"caps": part.remaining()})
@@ -371,7 +367,7 @@ class ProbeScheduler:
         part = self._resuming.pop((key, gpu), None)
         if outcome.result == "skipped" and outcome.reason == "preempted" and not self.service.config.read_only:
             caps = part.caps_watts if part is not None else outcome.caps_watts
-            kept = self.partials.keep((key, gpu), self._info(gpu), schedule, outcome.points, caps)
+            kept = self.partials.keep((key, gpu), self.service.info(gpu), schedule, outcome.points, caps)
             if kept is not None:
                 log.info("gpu %d: %s sweep gave way with %d of %d caps measured; the next gap measures the rest",
                          gpu, schedule.probe, len(kept.points), len(kept.caps_watts))
@@ -442,7 +438,7 @@ class ProbeScheduler:
             # Free: idle by the tracker, no run of ours on it, and not refused by the gate lately (a pod
             # holding an idle GPU is not a gap: GpuProbeCoverageLow must say "never free" then).
             if moment is not None and gpu not in self._running and now >= self._refused_until.get(gpu, -1.0):
-                self.service.metrics.add_free_seconds(self._info(gpu), min(elapsed, max(0.0, now - moment)))
+                self.service.metrics.add_free_seconds(self.service.info(gpu), min(elapsed, max(0.0, now - moment)))
         jobs = self._started_jobs()  # one listing for this pass's two looks at the jobs
         self._take_early_gaps(jobs, moments, now)
         self._keep_standbys(jobs, now)
