@@ -244,7 +244,7 @@ def build_apply(config: Config, devices: list[Device], probes: ProbeService, hea
         metrics=ApplyMetrics(), held_caps=probes.held_caps, on_cap_change=sampler.cap_changed,
         busy_now=probes.claimed_now)
     probes.point_listeners.append(controller.observe)
-    probes.round_listeners.append(controller.round_ended)
+    probes.turns.listeners.append(controller.gpu_released)
     if problems := controller.refusals(controller.settings):
         raise ConfigError("; ".join(problems))
     if (note := controller.canary_note()) is not None:

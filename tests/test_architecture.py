@@ -484,3 +484,51 @@ def test_the_circle_check_sees_a_circle(tmp_path: Path) -> None:
     (package / "sub" / "a.py").write_text("from gpuperfd.sub.b import x\n")
     (package / "sub" / "b.py").write_text("def f():\n    from gpuperfd.sub import a\n")
     assert _circles(_import_graph(package)) == [["gpuperfd.sub.a", "gpuperfd.sub.b"]]
+
+
+# --- one owner of GPU turns (issue 62) -------------------------------------------------------------
+
+#: Where modules use each other's objects through declared names only: no getattr/hasattr with a literal
+#: name on a service or turns object (a typed object is asked directly), no other object's private
+#: attribute (``x._name`` with x not self or cls).
+DECLARED_NAMES_ONLY = ("probing/scheduling", "probing/interconnect", "probing/gates")
+
+
+def _reaching_in(path: Path) -> list[str]:
+    """Every getattr/hasattr by literal name on a ``service``/``turns`` object, and every private attribute
+    of an object other than self or cls, in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                and re.search(r"service|turns", ast.unparse(node.args[0]))):
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+        elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+              and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize("folder", DECLARED_NAMES_ONLY)
+def test_no_module_reaches_into_a_service_by_name(folder: str) -> None:
+    bad = [hit for path in _modules_under(folder) for hit in _reaching_in(path)]
+    assert not bad, f"{folder}/ reaches into objects by name:\n" + "\n".join(bad)
+
+
+def test_the_reaching_in_check_sees_violations(tmp_path: Path) -> None:
+    """The checker itself: the scheduler's old getattr/hasattr on the service and its ``_info`` are seen;
+    its own privates, a getattr on parsed flags and a dunder are not."""
+    module = tmp_path / "scheduler.py"
+    module.write_text(
+        "class S:\n"
+        "    def f(self, service, args):\n"
+        "        tracker = getattr(self.service, 'tracker', None)\n"
+        "        if hasattr(service, 'devices'):\n"
+        "            return self.service._info(0), service.turns._slots\n"
+        "        return self._own, cls._other, getattr(args, 'config', None), args.__class__\n")
+    assert sorted(_reaching_in(module)) == [
+        "scheduler.py:3 getattr(self.service, 'tracker', None)",
+        "scheduler.py:4 hasattr(service, 'devices')",
+        "scheduler.py:5 self.service._info",
+        "scheduler.py:5 service.turns._slots",
+    ]

@@ -65,24 +65,22 @@ def test_sighup_applies_a_good_config_and_rejects_a_bad_one(start_daemon, tmp_pa
 # --- issue 19, case 7: reloads never move a schedule's next run ---------------------------------
 
 
-def test_case7_a_reload_that_changes_nothing_keeps_every_next_run_time():
+def test_case7_a_reload_that_changes_nothing_keeps_every_next_run_time(tmp_path):
     from prometheus_client import CollectorRegistry
 
     from gpuperfd.config import ProbesConfig, ScheduleConfig
+    from gpuperfd.probing.executors import simulated_executor
+    from gpuperfd.probing.gates.idle import IdleTracker
     from gpuperfd.probing.metrics import ProbeMetrics
     from gpuperfd.probing.scheduling.scheduler import ProbeScheduler
+    from gpuperfd.probing.scheduling.service import ProbeService
 
-    class Service:
-        metrics = ProbeMetrics(CollectorRegistry())
-        config = None
-
-        def apply_config(self, config: ProbesConfig) -> None:
-            self.config = config
-
-    config = ProbesConfig(first_run_delay_seconds=60, jitter_seconds=0, schedules=[
+    config = ProbesConfig(first_run_delay_seconds=60, jitter_seconds=0, state_dir=tmp_path / "state", schedules=[
         ScheduleConfig(probe="vit", interval_seconds=3600), ScheduleConfig(probe="llm", cron="0 2 * * *"),
     ])
-    scheduler = ProbeScheduler(Service(), [0, 1])
+    # a service of no GPUs: the jobs are scheduled for GPUs 0 and 1, and nothing ever runs
+    service = ProbeService(config, [], simulated_executor(0.05), ProbeMetrics(CollectorRegistry()), IdleTracker(0.05))
+    scheduler = ProbeScheduler(service, [0, 1])
     scheduler.start()
     try:
         scheduler.apply(config)

@@ -39,6 +39,7 @@ from gpuperfd.device.base import Device, PowerLimits
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.recommend import SweepPoint
+from gpuperfd.probing.gates.turns import Release
 
 log = logging.getLogger(__name__)
 
@@ -688,12 +689,13 @@ class ApplyController:
         self._thread = threading.Thread(target=self._run, name="gpuperfd-apply", daemon=True)
         self._thread.start()
 
-    def round_ended(self, gpu: int) -> None:
-        """The probe service's round listener: a round on ``gpu`` gave its cap lock back. The next pass
-        runs now; one with a change due takes the lock while the next round waits for it
-        (CAP_LOCK_WAIT_SECONDS); on GPUs swept back to back, a pass every ``interval_seconds`` could miss
-        every gap between their rounds."""
-        self._wake.set()
+    def gpu_released(self, done: Release) -> None:
+        """The GPU turns' listener (:class:`~gpuperfd.probing.gates.turns.GpuTurns`): a round or an
+        interconnect run that held the GPU's cap lock gave the GPU back. The next pass runs now; one
+        with a change due takes the lock while the next round waits for it (CAP_LOCK_WAIT_SECONDS); on
+        GPUs swept back to back, a pass every ``interval_seconds`` could miss every gap between their rounds."""
+        if done.wrote:
+            self._wake.set()
 
     def _run(self) -> None:
         while not self._stop.is_set():

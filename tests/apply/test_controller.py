@@ -135,7 +135,7 @@ def test_a_round_that_ends_gives_the_controller_its_turn_at_once(tmp_path) -> No
     """On GPUs swept back to back, a pass every interval_seconds could miss every gap between rounds:
     the end of a round wakes the controller, which takes the cap lock before the next round does."""
     node = make_node(tmp_path, gpus=1)
-    node.service.round_listeners.append(node.controller.round_ended)
+    node.service.turns.listeners.append(node.controller.gpu_released)
     node.controller.start(interval_seconds=3600)  # no timed pass within this test
     try:
         node.sweep()  # the round ends: the recommendation is there and the GPU is free

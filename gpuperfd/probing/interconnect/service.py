@@ -2,8 +2,9 @@
 
 It runs only when *every* GPU of the set may be probed now, by the same gate as a round
 (:meth:`ProbeService.refusal`: not lost, not allocated, not in MIG mode, idle long enough, not
-busy), and it holds every GPU of the set for the whole run: the service's turn on each GPU (no
-single-GPU round starts on one of them meanwhile, and it waits for a round that is running) and
+busy), and it holds every GPU of the set for the whole run: each GPU's turn
+(:class:`~gpuperfd.probing.gates.turns.GpuTurns`, shared with the rounds: no single-GPU round starts on
+one of them meanwhile, and it waits in line for a round that is running) and
 each GPU's cross-process lock (:class:`~gpuperfd.caps.ownership.GpuLock`: no CLI sweep or ``gpuperfd
 check`` under it). GPUs are taken in index order, so two runs never wait on each other.
 
@@ -25,6 +26,7 @@ from gpuperfd.config import ScheduleConfig
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.interconnect import InterconnectRequest, InterconnectResult
+from gpuperfd.probing.gates.turns import Holder, HolderKind, Turn
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.interconnect.executor import InterconnectExecutor
 from gpuperfd.probing.interconnect.gpu_set import check_set
@@ -93,12 +95,15 @@ class InterconnectService:
 
     def _held(self, gpus: tuple[int, ...], schedule: ScheduleConfig) -> InterconnectResult | None:
         """Take every GPU's turn (in index order), gate each, take each lock, run, give all back."""
-        service, held, locks = self.service, [], []
+        service, turns = self.service, self.service.turns
+        held: list[tuple[int, float]] = []  # (gpu, when its turn was taken)
+        locks: list[GpuLock] = []
+        holder = Holder(HolderKind.INTERCONNECT, ",".join(map(str, gpus)))
         try:
             for gpu in sorted(gpus):
-                if not service.hold(gpu, service.config.queue_seconds):
+                if turns.take(gpu, holder, service.config.queue_seconds) is not Turn.GRANTED:
                     return self._skip(gpus, "overlap", f"GPU {gpu}: a round kept it")
-                held.append(gpu)
+                held.append((gpu, time.monotonic()))
             for gpu in gpus:
                 refused = service.refusal(service.devices[gpu], gpu)
                 if refused is not None:
@@ -113,11 +118,9 @@ class InterconnectService:
         finally:
             for lock in locks:
                 lock.release()
-            for gpu in held:
+            for gpu, since in held:  # our load's tail starts now; where it held the cap locks, apply's turn
                 service.tracker.mark_ours(gpu, False)
-                service.give_back(gpu)
-                if locks:  # the run held the GPUs' cap locks: apply mode's turn now
-                    service.round_ended(gpu)
+                turns.release(gpu, (since, time.monotonic()), wrote=bool(locks))
 
     def _lock(self, device: Device) -> tuple[GpuLock | None, str | None]:
         """The GPU's cross-process lock, or why it cannot be had (a sweep or check of another process)."""
@@ -168,7 +171,7 @@ class InterconnectService:
         """The run's history record (``gpuperfd.interconnect/1``): the set's identities and the result."""
         gpus = []
         for gpu in result.gpus:
-            info = self.service._info(self.service.devices[gpu])
+            info = self.service.info(gpu)
             gpus.append({"index": gpu, "uuid": info.uuid, "name": info.name, "pci_bus_id": info.pci_bus_id})
         return {"schema": HISTORY_SCHEMA, "time": float(result.started_at or time.time()), "host": host,
                 "source": "daemon", "gpus": gpus, "result": result.to_dict()}
@@ -180,4 +183,4 @@ class InterconnectService:
 
     def _count(self, gpus: Any, result: str, reason: str) -> None:
         for gpu in gpus:
-            self.service.metrics.count(self.service._info(self.service.devices[gpu]), PROBE, PRESET, result, reason)
+            self.service.metrics.count(self.service.info(gpu), PROBE, PRESET, result, reason)

@@ -10,7 +10,7 @@ stays due and the dispatcher (a thread, every ``tick_seconds``) starts it at the
 qualifies (not allocated, no foreign process, idle ``idle_seconds``) plus a jitter drawn for that
 moment, most overdue first, within the GPU-time share (``max_gpu_time_ratio``). A run that gave way to
 a user's job stays due and takes the next gap. Jobs never overlap (max_instances=1, and the probe
-service's per-GPU lock); missed runs are counted. ``apply`` brings the job set in
+service's per-GPU turn); missed runs are counted. ``apply`` brings the job set in
 line with a reloaded config without a restart: a job whose trigger is unchanged
 keeps its next run time (a reload, or a storm of them, never delays or adds a
 run); only new jobs and jobs whose trigger changed are (re)scheduled.
@@ -105,11 +105,9 @@ class ProbeScheduler:
         self.recheck_seconds = recheck_seconds
         self._refused_until: dict[int, float] = {}
         #: The idle tracker's clock (monotonic): qualifying moments and GPU time are measured on it.
-        self.clock = clock or getattr(getattr(service, "tracker", None), "clock", time.monotonic)
+        self.clock = clock or service.tracker.clock
         self.due = DueRuns()
-        tracker = getattr(service, "tracker", None)
-        self.qualifying = Qualifying(tracker.idle_for if tracker is not None else (lambda gpu: 0.0), self.clock, rng,
-                                     tracker.handed_since if tracker is not None else None)
+        self.qualifying = Qualifying(service.tracker.idle_for, self.clock, rng, service.tracker.handed_since)
         #: GPUs a run of ours holds now (inline or dispatched): the dispatcher leaves them be.
         self._running: set[int] = set()
         #: The jobs the round running on each GPU runs (its leader and the members it claimed): the GPU's
@@ -136,10 +134,8 @@ class ProbeScheduler:
         self._resuming: dict[tuple[str, int], Partial] = {}
         #: Whether each (gpu, probe, preset)'s result is due now, as published (landing page, /api/v1/gpus, top).
         self._due_flags: dict[tuple[int, str, str], bool] = {}
-        if hasattr(service, "outcome_listeners"):
-            service.outcome_listeners.append(self._on_outcome)
-        if hasattr(service, "point_listeners"):
-            service.point_listeners.append(self._on_point)
+        service.outcome_listeners.append(self._on_outcome)
+        service.point_listeners.append(self._on_point)
         #: Runs ``probe: interconnect`` schedules (one job per schedule: the set at once); None: not built.
         self.interconnect = interconnect
         self.scheduler = BackgroundScheduler(
@@ -226,7 +222,7 @@ class ProbeScheduler:
                 continue  # a run of ours holds it (a dispatched one): this result waits its turn
             try:
                 if not self._budget_allows(entry):
-                    self.service._skip(self.service._info(self.service.devices[gpu]), schedule, "gpu_time_budget")
+                    self.service.count_skip(gpu, schedule, "gpu_time_budget")
                     continue
                 moment = self.qualifying.moment(gpu, self.service.config.idle_seconds)
                 self._qualified[gpu] = max(moment if moment is not None else self.clock(),
@@ -266,25 +262,19 @@ class ProbeScheduler:
         self._timed.pop(gpu, None)
 
     def _budget_allows(self, entry: Due) -> bool:
-        ledger = getattr(self.service, "gpu_time", None)
-        return ledger is None or ledger.allows(entry.gpu, self._took.get((entry.job_id, entry.gpu), 0.0))
-
-    def _info(self, gpu: int):  # type: ignore[no-untyped-def]
-        return self.service._info(self.service.devices[gpu])
+        return self.service.gpu_time.allows(entry.gpu, self._took.get((entry.job_id, entry.gpu), 0.0))
 
     def _publish_due(self, entry: Due, due: bool) -> None:
-        if entry.schedule.probe == INTERCONNECT or entry.gpu not in getattr(self.service, "devices", {}):
+        if entry.schedule.probe == INTERCONNECT or entry.gpu not in self.service.devices:
             return
         self._due_flags[(entry.gpu, entry.schedule.probe, preset_of(entry.schedule))] = due
-        info = self._info(entry.gpu)
+        info = self.service.info(entry.gpu)
         if info.uuid:
             self.service.metrics.set_due(info, entry.schedule.probe, preset_of(entry.schedule), due)
 
     def _declare_due(self, wanted: dict[str, tuple[ScheduleConfig, list[int], tuple]]) -> None:
         """The due series of the schedules now: 1 where no result came yet (or one is due), 0 where fresh;
         those of schedules no longer run go."""
-        if not hasattr(self.service, "devices"):
-            return
         labels: set[tuple[str, str, str]] = set()
         for job_id, (schedule, group, _) in wanted.items():
             if schedule.probe == INTERCONNECT:
@@ -303,11 +293,9 @@ class ProbeScheduler:
         idle_seconds (the gate's other checks stand), and the dispatcher looks at once. Returns the GPUs
         of this node among them."""
         ours = [gpu for gpu in gpus if gpu in self.gpus]
-        tracker = getattr(self.service, "tracker", None)
-        if tracker is not None:
-            for gpu in ours:
-                tracker.hand_off(gpu)
-                self._refused_until.pop(gpu, None)  # the scheduler's word: ask the gate again now
+        for gpu in ours:
+            self.service.tracker.hand_off(gpu)
+            self._refused_until.pop(gpu, None)  # the scheduler's word: ask the gate again now
         if ours:
             threading.Thread(target=self._dispatch_quietly, name="probe-handoff", daemon=True).start()
         return ours
@@ -324,10 +312,7 @@ class ProbeScheduler:
         holds it), ``gap_open`` (free now), ``no_gap`` (no free stretch seen since the daemon started, or
         none kept), ``gaps_too_short`` (every recent one shorter than ``needs_seconds``: idle_seconds and
         the due probes' last cost from their turn to their result), else ``waiting``."""
-        tracker = getattr(self.service, "tracker", None)
-        config = self.service.config
-        if tracker is None or config is None:
-            return {}
+        tracker, config = self.service.tracker, self.service.config
         due: dict[int, list[str]] = {}
         for entry in self.due.ordered():
             if entry.schedule.probe != INTERCONNECT:
@@ -369,7 +354,7 @@ class ProbeScheduler:
         if self.service.config.read_only or len(schedule.caps) < 2 or schedule.probe == INTERCONNECT:
             return schedule
         max_age = schedule.interval_seconds or schedule.window_seconds or 86400.0
-        part = self.partials.resumable((entry.job_id, entry.gpu), self._info(entry.gpu), schedule, max_age)
+        part = self.partials.resumable((entry.job_id, entry.gpu), self.service.info(entry.gpu), schedule, max_age)
         if part is None or not part.remaining():
             return schedule
         rest = schedule.model_copy(update={"caps": part.remaining()})
@@ -388,7 +373,7 @@ class ProbeScheduler:
         part = self._resuming.pop((key, gpu), None)
         if outcome.result == "skipped" and outcome.reason == "preempted" and not self.service.config.read_only:
             caps = part.caps_watts if part is not None else outcome.caps_watts
-            kept = self.partials.keep((key, gpu), self._info(gpu), schedule, outcome.points, caps)
+            kept = self.partials.keep((key, gpu), self.service.info(gpu), schedule, outcome.points, caps)
             if kept is not None:
                 log.info("gpu %d: %s sweep gave way with %d of %d caps measured; the next gap measures the rest",
                          gpu, schedule.probe, len(kept.points), len(kept.caps_watts))
@@ -442,14 +427,14 @@ class ProbeScheduler:
         """One look: close expired cron windows, count free GPU time, and start the due results whose GPU
         qualifies, most overdue first (each in a thread of its own). Returns how many were started."""
         config = self.service.config
-        if config is None or not config.enabled or not hasattr(self.service, "devices"):
-            return 0  # probes off (or no service of GPUs): nothing is due, no free time to count
+        if not config.enabled or not self.service.devices:
+            return 0  # probes off (or no GPUs): nothing is due, no free time to count
         now = self.clock()
         elapsed = 0.0 if self._last_tick is None else max(0.0, now - self._last_tick)
         self._last_tick = now
         for entry in self.due.expired(time.time()):
             log.info("gpu %d: %s's cron window closed with no gap to run in", entry.gpu, entry.schedule.probe)
-            self.service._skip(self._info(entry.gpu), entry.schedule, "window_closed")
+            self.service.count_skip(entry.gpu, entry.schedule, "window_closed")
             self._publish_due(entry, False)
         starts: dict[int, float | None] = {}
         moments: dict[int, float | None] = {}
@@ -459,7 +444,7 @@ class ProbeScheduler:
             # Free: idle by the tracker, no run of ours on it, and not refused by the gate lately (a pod
             # holding an idle GPU is not a gap: GpuProbeCoverageLow must say "never free" then).
             if moment is not None and gpu not in self._running and now >= self._refused_until.get(gpu, -1.0):
-                self.service.metrics.add_free_seconds(self._info(gpu), min(elapsed, max(0.0, now - moment)))
+                self.service.metrics.add_free_seconds(self.service.info(gpu), min(elapsed, max(0.0, now - moment)))
         jobs = self._started_jobs()  # one listing for this pass's two looks at the jobs
         self._take_early_gaps(jobs, moments, now)
         self._keep_standbys(jobs, now)
@@ -494,9 +479,8 @@ class ProbeScheduler:
         refused the GPU for a reason no job explains (lost, MIG), the GPU-time share is spent, or a round
         waits for host memory (then on busy GPUs: a round goes first). On a GPU a round of ours holds, the
         child is for the next result the round does not run: it is ready when the round ends."""
-        standby = getattr(self.service, "standby", None)
-        tracker = getattr(self.service, "tracker", None)
-        if standby is None or tracker is None:
+        standby, tracker = self.service.standby, self.service.tracker
+        if standby is None:
             return
         with self._running_lock:
             in_round = {gpu: set(jobs_) for gpu, jobs_ in self._in_round.items()}
@@ -505,7 +489,7 @@ class ProbeScheduler:
             if entry.schedule.probe != INTERCONNECT and entry.job_id not in in_round.get(entry.gpu, ()):
                 first.setdefault(entry.gpu, entry)
         soon = self._falling_due_soon(jobs, standby.lead_seconds, in_round)
-        admission = getattr(self.service, "admission", None)
+        admission = self.service.admission
         rounds_wait = admission is not None and admission.state().waiting > 0
         for gpu in self.gpus:
             entry = first.get(gpu)

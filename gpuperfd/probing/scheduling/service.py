@@ -1,7 +1,7 @@
 """The daemon's probe service: gate, sweep, run, publish.
 
-For one scheduled probe on one GPU it: refuses to overlap another run on that
-GPU, checks the GPU has been idle long enough, resolves the cap list, runs the
+For one scheduled probe on one GPU it: takes the GPU's turn (:class:`~gpuperfd.probing.gates.turns.GpuTurns`:
+never two holders of one GPU), checks the GPU has been idle long enough, resolves the cap list, runs the
 sweep (each point through an executor: a child process for real GPUs, the
 simulator's physics for simulated ones), and publishes every result to the
 metrics and the history file. Every outcome, skipped runs included, is counted
@@ -32,14 +32,16 @@ from gpuperfd.probe_data.result import PREEMPTED
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PROBES as PER_GPU_PROBES
 from gpuperfd.probing.executors import Executor
 from gpuperfd.probing.gates.admission import Admission, Ticket, memory_limit
+from gpuperfd.probing.gates.turns import GpuTurns, Holder, HolderKind, Release, Turn
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.scheduling.gpu_time import GpuTimeLedger
 from gpuperfd.probing.gates.idle import (BusyKind, BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason,
                                    not_idle_text, pod_reason)
 from gpuperfd.probing.child.standby import StandbyChildren
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
-from gpuperfd.probing.scheduling.rounds import GpuRounds, RoundSource, Turn
+from gpuperfd.probing.scheduling.rounds import GpuRounds, RoundSource
 from gpuperfd.probing.scheduling.schedule_request import planned_from_schedule, request_from_schedule
+from gpuperfd.probing.scheduling.shown import ShownPoints
 from gpuperfd.probing.sweep.caps import parse_cap_list, resolve_caps
 from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, PlannedProbe, SweepRequest, run_owned_sweep
 from gpuperfd.system.memory import release_free_memory
@@ -106,31 +108,23 @@ class ProbeService:
         #: The power-cap journal (the daemon's is registered in the node's registry of state directories).
         self.journal = journal if journal is not None else CapJournal(config.state_dir)
         self.abort = threading.Event()
-        self._gpu_locks = {index: threading.Lock() for index in self.devices}
+        #: Who holds each GPU and who gets it next: rounds here, interconnect runs (probing/interconnect).
+        self.turns = GpuTurns(self.devices)
+        self.turns.listeners.append(self._released)
         #: Per GPU: the round running on it, the runs queued for it, and whom a round served.
-        self._rounds = {index: GpuRounds() for index in self.devices}
-        self._node_lock = threading.Lock()  # used when parallel_gpus is off
-        self._active = 0
-        self._active_lock = threading.Lock()
-        self._idle_cv = threading.Condition(self._active_lock)
+        self._rounds = {index: GpuRounds(self.turns.nudge) for index in self.devices}
         self._infos: dict[int, GpuInfo] = {}
         #: Monotonic time our last run on each GPU ended (its utilization tail is ours).
         self._own_load_ended: dict[int, float] = {}
-        #: Latest point per (gpu, probe, preset, cap), for the landing page.
-        self._latest: dict[tuple[int, str, str], dict[float, SweepPoint]] = {}
-        self._latest_lock = threading.Lock()
+        #: The latest point per (gpu, probe, preset, cap) and each GPU's sweep in progress, for the landing page.
+        self.shown = ShownPoints()
         #: The operator's cap per GPU as last recorded ("current" in a cap list means this one).
         self._operator_caps: dict[int, float] = {}
-        #: The cap each sweeping GPU holds now (point k of n), for the landing page and /api/v1/gpus.
-        self._sweeps: dict[int, SweepProgress] = {}
         #: The operator's cap of each GPU where apply mode holds another (gpuperfd/apply): a sweep there
         #: finds the applied cap set, and this, not that, is the operator's.
         self.held_caps: dict[int, float] = {}
         #: Told every point, ``(gpu, probe, preset, point)``: apply mode's evidence.
         self.point_listeners: list[Callable[[int, str, str, SweepPoint], None]] = []
-        #: Told ``gpu`` when a round there has ended and given the GPU's cap lock back: apply mode takes
-        #: its turn then (the next round waits CAP_LOCK_WAIT_SECONDS for it), not by the chance of a gap.
-        self.round_listeners: list[Callable[[int], None]] = []
         #: Told ``(gpu, key, outcome)`` for every schedule a round ran or took on (its leader, claimed and
         #: joined members): the scheduler learns which results are fresh and which are still due.
         self.outcome_listeners: list[Callable[[int, str, RunOutcome], None]] = []
@@ -139,7 +133,6 @@ class ProbeService:
         self.parts: set[int] = set()
         #: The GPU time probes took, per GPU (probes.max_gpu_time_ratio; gpuperf_probe_gpu_seconds_total).
         self.gpu_time = GpuTimeLedger(config.max_gpu_time_ratio)
-        self._held_since: dict[int, float] = {}
 
     def publish_original_caps(self) -> None:
         """Publish each GPU's cap as the operator's; call after any left-over cap was restored."""
@@ -187,22 +180,17 @@ class ProbeService:
             return gpu not in gpu_of or (probe, preset, cap) in scheduled[gpu_of[gpu]]
 
         dropped = self.metrics.retain_caps(keep)
-        with self._latest_lock:
-            for (gpu, probe, preset), points in self._latest.items():
-                for watts in [w for w in points if not keep(str(gpu), probe, preset, cap_label(w))]:
-                    del points[watts]
+        self.shown.withdraw(lambda gpu, probe, preset, watts: keep(str(gpu), probe, preset, cap_label(watts)))
         if dropped:
             log.info("reload: withdrew %d probe result(s) of caps no longer scheduled", dropped)
 
     def latest(self) -> dict[tuple[int, str, str], list[SweepPoint]]:
         """The latest ok point at each cap, per (gpu, probe, preset), highest cap first."""
-        with self._latest_lock:
-            return {key: sorted(points.values(), key=lambda p: -p.cap_watts) for key, points in self._latest.items()}
+        return self.shown.latest()
 
     def sweeps(self) -> dict[int, SweepProgress]:
         """The sweeps holding a cap they set now, by GPU index (a copy)."""
-        with self._latest_lock:
-            return dict(self._sweeps)
+        return self.shown.sweeps()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Abort running probes and wait (bounded) until their caps are restored."""
@@ -211,29 +199,17 @@ class ProbeService:
             self.standby.drop_all("stopping")
         if self.admission is not None:
             self.admission.wake()  # rounds waiting for memory give up now
-        deadline = time.monotonic() + timeout
-        with self._idle_cv:
-            while self._active and time.monotonic() < deadline:
-                self._idle_cv.wait(max(0.0, deadline - time.monotonic()))
+        self.turns.nudge()  # rounds waiting for the node's turn give up now
+        self.turns.wait_released(timeout)
 
-    def hold(self, gpu: int, timeout: float) -> bool:
-        """Take ``gpu``'s turn (no round on it until :meth:`give_back`): the interconnect probe holds
-        every GPU of its set so; False when a round kept it past ``timeout``."""
-        if not self._gpu_locks[gpu].acquire(timeout=max(0.0, timeout)):
-            return False
-        with self._active_lock:
-            self._active += 1  # stop() waits for it as for a round
-        self._held_since[gpu] = time.monotonic()
-        return True
+    def info(self, gpu: int) -> GpuInfo:
+        """GPU ``gpu``'s identity, or the last one read while it answered (for labels of a lost GPU)."""
+        return self._info(self.devices[gpu])
 
-    def give_back(self, gpu: int) -> None:
-        """End a :meth:`hold`: our load's tail starts now, and the runs queued for the GPU wake."""
-        self._own_load_ended[gpu] = time.monotonic()
-        self._took(gpu, self._held_since.pop(gpu, self._own_load_ended[gpu]), self._own_load_ended[gpu])
-        with self._idle_cv:
-            self._active -= 1
-            self._idle_cv.notify_all()
-        self._rounds[gpu].release(self._gpu_locks[gpu])
+    def count_skip(self, gpu: int, schedule: ScheduleConfig, reason: str) -> RunOutcome:
+        """Count (and log) ``schedule`` skipped on ``gpu`` for ``reason`` without a run (the scheduler's
+        GPU-time share, a cron window that closed)."""
+        return self._skip(self.info(gpu), schedule, reason)
 
     def run(self, schedule: ScheduleConfig, gpu: int, key: str | None = None,
             source: RoundSource | None = None) -> RunOutcome:
@@ -247,24 +223,26 @@ class ProbeService:
         device = self.devices[gpu]
         info = self._info(device)
         key = key or f"schedule:{schedule!r}"
-        lock, rounds = self._gpu_locks[gpu], self._rounds[gpu]
+        rounds = self._rounds[gpu]
         if self.abort.is_set():
             return self._skip(info, schedule, "shutting_down")
         joinable = self.config.round_window_seconds > 0
-        # Runs of different schedules on one GPU queue here (bounded); never two at once.
-        turn = rounds.wait_turn(key, schedule, lock, self.config.queue_seconds, joinable)
+        # Runs of different schedules on one GPU queue for its turn (bounded); never two at once.
+        turn = self._wait_turn(gpu, key, schedule, joinable)
         if turn is Turn.SERVED:
             log.info("gpu %d: %s ran in this GPU's round (led by %s): not run again", gpu, schedule.probe,
                      rounds.leader or "another schedule")
             return RunOutcome("in_round", "served")
         if turn is Turn.TIMEOUT:
             return self._skip(info, schedule, "overlap")
-        node_locked, ticket, ran = False, None, False
+        node_taken, ticket, load = False, None, None
         try:
             if not self.config.parallel_gpus:
-                node_locked = self._node_lock.acquire(timeout=self.config.timeout_seconds)
-                if not node_locked:
-                    return self._skip_claimed(info, schedule, source, "node_busy")
+                node_taken = self.turns.take_node(Holder(HolderKind.ROUND, key), self.config.timeout_seconds,
+                                                  self.abort.is_set)
+                if not node_taken:
+                    reason = "shutting_down" if self.abort.is_set() else "node_busy"
+                    return self._skip_claimed(info, schedule, source, reason)
             # host memory for the round's child, before the idle checks (a standby child holds it already)
             ticket = None if self.standby is not None and self.standby.reserved(gpu) else self._admit(gpu, schedule)
             if ticket is not None and not ticket.granted:
@@ -273,31 +251,42 @@ class ProbeService:
             refused = self._gate(device, gpu, info, schedule, source)
             if refused is not None:
                 return refused
-            with self._active_lock:
-                self._active += 1
             rounds.open(key, schedule.probe)
-            ran = True
             started = time.monotonic()
             try:
                 return self._round(device, gpu, key, schedule, source if joinable else None, joinable)
             finally:
                 rounds.close()
-                with self._idle_cv:
-                    self._active -= 1
-                    self._idle_cv.notify_all()
-                self._own_load_ended[gpu] = time.monotonic()
-                self._took(gpu, started, self._own_load_ended[gpu])
+                load = (started, time.monotonic())
                 release_free_memory()  # a round's results and messages: back to the idle footprint
         finally:
             if ticket is not None and self.admission is not None:
                 self.admission.release(ticket)  # the round's child is closed by now
-            if node_locked:
-                self._node_lock.release()
-            rounds.release(lock)
+            if node_taken:
+                self.turns.release_node()
             if self.standby is not None:
                 self.standby.round_ended(gpu)  # its child (if the round took it) is closed by now
-            if ran:
-                self.round_ended(gpu)
+            self.turns.release(gpu, load, wrote=load is not None)
+
+    def _wait_turn(self, gpu: int, key: str, schedule: ScheduleConfig, joinable: bool) -> Turn:
+        """Queue for ``gpu``'s turn (at most ``queue_seconds``). ``joinable``: a running round may take
+        this run in (its schedule then runs in that round's child: SERVED); otherwise it only queues."""
+        holder = Holder(HolderKind.ROUND, key)
+        if not joinable:
+            return self.turns.take(gpu, holder, self.config.queue_seconds)
+        rounds = self._rounds[gpu]
+        first = rounds.queue(key, schedule)
+        try:
+            return self.turns.take(gpu, holder, self.config.queue_seconds, lambda: rounds.served_since(key, first))
+        finally:
+            rounds.unqueue(key, schedule)
+
+    def _released(self, done: Release) -> None:
+        """A GPU given back (a round, an interconnect run): our load's tail starts now and its span goes
+        into the GPU-time ledger."""
+        if done.load is not None:
+            self._own_load_ended[done.gpu] = done.load[1]
+            self._took(done.gpu, *done.load)
 
     def _took(self, gpu: int, started: float, ended: float) -> None:
         """A span probes held ``gpu`` (a round, an interconnect hold): into the ledger and the counter."""
@@ -310,14 +299,6 @@ class ProbeService:
                 listener(gpu, key, outcome)
             except Exception:  # noqa: BLE001 - a listener's bug must not fail the round that ran
                 log.exception("gpu %d: outcome listener failed", gpu)
-
-    def round_ended(self, gpu: int) -> None:
-        """Tell the round listeners GPU ``gpu`` is free again (after any run that held its cap lock)."""
-        for listener in self.round_listeners:
-            try:
-                listener(gpu)
-            except Exception:  # noqa: BLE001 - a listener's bug must not fail the round that ran
-                log.exception("gpu %d: round-end listener failed", gpu)
 
     def _admit(self, gpu: int, schedule: ScheduleConfig) -> Ticket | None:
         """The round's reservation of host memory (:meth:`_child_bytes`); waits its turn until it fits
@@ -469,11 +450,6 @@ class ProbeService:
                 return GpuInfo(device.index, "", "", "", "", "", 0, "")
         return self._infos[device.index]
 
-    def _cap_changed(self, device: Device, info, watts: float | None) -> None:  # type: ignore[no-untyped-def]
-        if self.on_cap_change is not None:  # first the served limit, then the sweep flag
-            self.on_cap_change(device.index)
-        self.metrics.set_sweep_cap(info, watts)
-
     def _skip(self, info, schedule: ScheduleConfig, reason: str, detail: str = "") -> RunOutcome:  # type: ignore[no-untyped-def]
         log.info("gpu %d: %s skipped: %s%s", info.index, schedule.probe, reason, f" ({detail})" if detail else "")
         self.metrics.count(info, schedule.probe, preset_of(schedule), "skipped", reason)
@@ -623,21 +599,11 @@ class ServiceObserver:
         self.planned = planned
 
     def on_cap(self, watts: float | None) -> None:
-        self._track(watts)
-        self.service._cap_changed(self.device, self.info, watts)
-
-    def _track(self, watts: float | None) -> None:
-        """Keep the service's sweep-in-progress entry of this GPU: set while the sweep holds a cap it set."""
-        with self.service._latest_lock:
-            if watts is None:
-                self.service._sweeps.pop(self.device.index, None)
-                return
-            place = next((i for i, cap in enumerate(self.caps) if round(cap) == round(watts)), None)
-            before = self.service._sweeps.get(self.device.index)
-            point = place + 1 if place is not None else (before.point + 1 if before is not None else 1)
-            self.service._sweeps[self.device.index] = SweepProgress(
-                self.device.index, self.schedule.probe, self.preset, watts, point,
-                max(len(self.caps), point), time.time())
+        service = self.service
+        service.shown.track((self.device.index, self.schedule.probe, self.preset), watts, self.caps)
+        if service.on_cap_change is not None:  # first the served limit, then the sweep flag
+            service.on_cap_change(self.device.index)
+        service.metrics.set_sweep_cap(self.info, watts)
 
     def on_measuring(self, running: bool) -> None:
         self.service.tracker.mark_ours(self.device.index, running)
@@ -653,16 +619,7 @@ class ServiceObserver:
         elif result.status != "ok":
             log.warning("gpu %d: %s/%s at %.0f W %s (%s): %s", self.device.index, self.schedule.probe, self.preset,
                         point.cap_watts, result.status, result.failure_reason, result.error_message)
-        with service._latest_lock:  # a failed point is no candidate: its last ok result goes too
-            points = service._latest.setdefault((self.device.index, self.schedule.probe, self.preset), {})
-            if result.status == "ok":
-                points[round(point.cap_watts)] = point
-            elif not result.preempted:  # a preemption measured nothing: the last ok result stands
-                points.pop(round(point.cap_watts), None)
-            if result.status == "aborted" or result.preempted:  # this sweep's points recommend nothing now
-                for cap, held in points.items():
-                    if held.sweep_id == self.sweep_id:
-                        points[cap] = dataclasses.replace(held, sweep_cut_short=True)
+        service.shown.put((self.device.index, self.schedule.probe, self.preset), point)
         for listener in service.point_listeners:
             listener(self.device.index, self.schedule.probe, self.preset, point)
         at_operator_cap = round(point.cap_watts) == round(self.operator_cap)

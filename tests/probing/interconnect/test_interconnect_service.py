@@ -17,6 +17,7 @@ from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probing.executors import simulated_executor
 from gpuperfd.probing.gates.idle import IdleTracker
+from gpuperfd.probing.gates.turns import Holder, HolderKind, Turn
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.interconnect.runner import ProcessInterconnectExecutor
 from gpuperfd.probing.interconnect.service import InterconnectService
@@ -68,8 +69,8 @@ def test_runs_when_every_gpu_of_the_set_is_idle_and_records_it(tmp_path):
     assert InterconnectResult.from_dict(line["result"]) == result
     assert not (tmp_path / "history.jsonl").exists()  # the per-GPU history is not mixed with it
     for gpu in (0, 2):  # every hold given back: the per-GPU turn and the cross-process lock
-        assert service.hold(gpu, 0)
-        service.give_back(gpu)
+        assert service.turns.take(gpu, Holder(HolderKind.ROUND, "test"), 0) is Turn.GRANTED
+        service.turns.release(gpu)
         lock = GpuLock(tmp_path / "state", safe_name(devices[gpu].info().uuid))
         lock.acquire(0.0)
         lock.release()
@@ -103,7 +104,7 @@ def test_no_single_gpu_round_runs_on_a_gpu_of_the_set_meanwhile(tmp_path):
     done = threading.Event()
     thread = threading.Thread(target=lambda: (ic.run(SCHEDULE), done.set()))
     thread.start()
-    while not service.sweeps() and not service._gpu_locks[0].locked():  # the set is held
+    while not service.sweeps() and service.turns.holder(0) is None:  # the set is held
         time.sleep(0.01)
     outcome = service.run(ScheduleConfig(probe="llm", interval_seconds=60), 0)
     assert not done.is_set() and (outcome.result, outcome.reason) == ("skipped", "overlap")

@@ -110,7 +110,7 @@ def test_no_two_runs_on_one_gpu(tmp_path):
     results = []
     first = threading.Thread(target=lambda: results.append(service.run(schedule, 0)))
     first.start()
-    while not service._gpu_locks[0].locked():
+    while service.turns.holder(0) is None:
         pass
     second = service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0)
     first.join()
@@ -188,7 +188,7 @@ def test_one_gpu_gives_way_mid_round_while_the_other_completes(tmp_path):
     for thread in threads:
         thread.start()
     time.sleep(0.4)  # both are measuring their first cap now
-    assert service._gpu_locks[0].locked() and service._gpu_locks[1].locked()
+    assert service.turns.holder(0) is not None and service.turns.holder(1) is not None
     devices[1].add_foreign_process(pid=515151, memory_bytes=1 << 30)
     for thread in threads:
         thread.join(30)
