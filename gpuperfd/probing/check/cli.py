@@ -24,6 +24,7 @@ from typing import Any
 from gpuperfd.config import DEFAULT_CONFIG_PATH, config_with_flags, env_config_path
 from gpuperfd.console import seconds_between
 from gpuperfd.health.verdict import Verdict, node_verdict_json
+from gpuperfd.probe_data.kinds import INTERCONNECT
 from gpuperfd.probe_data.spec import PRESETS, PROBES
 
 EXIT_HEALTHY, EXIT_DEGRADED, EXIT_UNHEALTHY, EXIT_UNKNOWN, EXIT_USAGE = 0, 10, 11, 12, 2
@@ -122,7 +123,7 @@ def render_table(verdicts: list[Verdict], node: str, summary: dict[str, Any]) ->
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     phases = summary.get("phases_seconds", {})
     lines += details
-    if (interconnect := summary.get("interconnect")) is not None:
+    if (interconnect := summary.get(INTERCONNECT)) is not None:
         lines.append(interconnect_line(interconnect, body))
     lines.append(f"checked in {phases.get('total', 0):.1f} s (open {phases.get('open', 0):.1f}, passive "
                  f"{phases.get('passive', 0):.1f}, probe {phases.get('probe', 0):.1f}); read-only: no power cap changed")
