@@ -61,7 +61,7 @@ class ProbeKind:
     #: gpt2 and gpt2-xl 77-131 MiB above weights and KV cache. The attention probe holds only its tensors;
     #: the train probe's modelled bytes exceed its real peak (the simulator scales them down instead).
     framework_floor_bytes: int = 0
-    #: Whether healthy peers share its answer check's fingerprint (training's loss depends on the GPU).
+    #: Whether healthy peers share its answer check's fingerprint (the simulator's too).
     peer_comparable: bool = True
     training: bool = False
     #: Its dataset is images (else token ids); whether it takes weights and a dataset at all.
