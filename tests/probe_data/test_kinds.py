@@ -125,6 +125,8 @@ def test_config_takes_the_probe_names_from_the_registry(monkeypatch: pytest.Monk
         config_from_mapping(_schedule("bert"))
     vocabulary = config.vocabulary()
     assert vocabulary is not None
+    assert vocabulary.probe_names == tuple(KINDS)
+    assert vocabulary.node_probes == tuple(kind.name for kind in KINDS.values() if kind.node_wide)
     monkeypatch.setattr(config, "_vocabulary", dataclasses.replace(
         vocabulary, probe_names=(*vocabulary.probe_names, "bert")))
     monkeypatch.setattr(config, "_vocabulary_source", lambda: config._vocabulary)
