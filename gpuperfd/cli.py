@@ -58,10 +58,11 @@ def config_vocabulary() -> Vocabulary:
         spec = ProbeSpec(probe=probe, preset=preset, **options)
         return spec.repeats * (spec.measure_seconds or 0.0) + spec.warmup_seconds + spec.busy_profile_seconds
 
+    from gpuperfd.probe_data.kinds import KINDS, node_kind_names
     from gpuperfd.probe_data.spec import DEFAULT_PRESET
 
     return Vocabulary(check_probe_options, tuple(COLLECTOR_NAMES), tuple(defaults()), point_window_seconds,
-                      dict(DEFAULT_PRESET))
+                      dict(DEFAULT_PRESET), tuple(KINDS), node_kind_names())
 
 
 use_vocabulary(config_vocabulary)  # every command, and the daemon's reload, validates through cli

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import yaml
 
@@ -23,6 +23,7 @@ from gpuperfd.config.schema import (
     BaseModel,
     ConfigDict,
     Field,
+    OneOf,
     ValidationError,
     field_problem,
     field_validator,
@@ -95,6 +96,10 @@ class Vocabulary:
     point_window_seconds: Callable[[str, dict[str, Any], str | None], float] | None = None
     #: Each probe's default preset (what a schedule without ``preset`` runs): ``apply.workload`` checks.
     default_presets: dict[str, str] = field(default_factory=dict)
+    #: The probe kinds a schedule may name, and those among them run across a node's GPUs (no preset,
+    #: no cap sweep, options of their own): the registry's rows (``probe_data/kinds.py``).
+    probe_names: tuple[str, ...] = ()
+    node_probes: tuple[str, ...] = ()
 
 
 _vocabulary_source: Callable[[], Vocabulary] | None = None
@@ -359,7 +364,20 @@ class OursConfig(_Strict):
     pods: list[str] = []
 
 
-ProbeName = Literal["llm", "vit", "attention", "train", "interconnect"]
+def _probe_names() -> tuple[str, ...] | None:
+    """The probe kinds handed in; None where no vocabulary was (a model built in code: unchecked here)."""
+    names = vocabulary()
+    return names.probe_names if names is not None else None
+
+
+def _is_node_probe(probe: str) -> bool:
+    """Whether ``probe`` runs across a node's GPUs (the interconnect probe), as the vocabulary says."""
+    names = vocabulary()
+    return names is not None and probe in names.node_probes
+
+
+#: A schedule's probe: one of the kinds the vocabulary hands in, checked as a Literal of them would be.
+ProbeName = Annotated[Any, OneOf(_probe_names)]
 #: The interconnect probe's options (issue 44: InterconnectRequest's fields); sizes in bytes.
 INTERCONNECT_OPTIONS = {"copy_bytes": int, "allreduce_bytes": list, "repeats": int, "warmup": int, "dtype": str,
                         "timeout_seconds": float}
@@ -422,7 +440,7 @@ class ScheduleConfig(_Strict):
 
     @model_validator(mode="after")
     def _valid_probe_options(self) -> "ScheduleConfig":
-        if self.probe == "interconnect":
+        if _is_node_probe(self.probe):
             _check_interconnect(self)
             return self
         if self.options or self.preset is not None:  # the defaults need no outside knowledge
@@ -603,9 +621,10 @@ class ApplyConfig(_Strict):
             raise ValueError(f"mode {self.mode} needs workload: the probe (or probe/preset) this node serves")
         if self.workload:
             probe = self.workload.split("/", 1)[0]
-            if probe not in get_args(ProbeName):
+            known = _probe_names()
+            if known is not None and probe not in known:
                 raise ValueError(f"workload {self.workload!r}: unknown probe {probe!r}; "
-                                 f"known: {', '.join(get_args(ProbeName))}")
+                                 f"known: {', '.join(known)}")
         return self
 
 
@@ -618,7 +637,7 @@ def run_floor_seconds(config: "Config", schedule: ScheduleConfig) -> tuple[float
     points (one on a read-only node, else one per cap) times one point's measured windows, which no
     faster start-up or settle removes. None where not known (the interconnect probe; a probe child
     with no vocabulary handed in)."""
-    if schedule.probe == "interconnect":
+    if _is_node_probe(schedule.probe):
         return None
     probes = config.probes
     points = 1 if probes.read_only else max(1, len({str(c) for c in schedule.caps}))

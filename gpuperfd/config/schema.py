@@ -29,6 +29,7 @@ __all__ = [
     "ConfigDict",
     "Field",
     "FieldInfo",
+    "OneOf",
     "ValidationError",
     "field_validator",
     "model_validator",
@@ -138,6 +139,15 @@ def model_validator(*, mode: Literal["after"]) -> Callable[[Any], _ModelValidato
     return lambda func: _ModelValidator(func)
 
 
+class OneOf:
+    """The choices of an ``Annotated[Any, OneOf(source)]`` value, read when it is checked: names another
+    package owns (the configuration is a leaf, so they are handed in), checked as a ``Literal``'s are;
+    ``source`` returning None leaves the value unchecked."""
+
+    def __init__(self, source: Callable[[], tuple[str, ...] | None]) -> None:
+        self.source = source
+
+
 class FieldInfo:
     """What :attr:`BaseModel.model_fields` says about one field."""
 
@@ -209,6 +219,8 @@ def _validate(tp: Any, value: Any, loc: tuple) -> Any:
                 message = extra.check(result)
                 if message:
                     raise _problem(loc, message, "constraint", value)
+            elif isinstance(extra, OneOf) and (choices := extra.source()) is not None and result not in choices:
+                raise _problem(loc, f"Input should be {_describe_literal(choices)}", "literal_error", value)
         return result
     if origin in (Union, types.UnionType):
         members = typing.get_args(tp)

@@ -22,6 +22,7 @@ from gpuperfd.dashboards.common import (
     interval_variable,
     query_variable,
 )
+from gpuperfd.probe_data.kinds import KINDS
 
 TITLE = "gpuperfd / Probes"
 UID = "gpuperfd-probes"
@@ -30,15 +31,9 @@ DESCRIPTION = "Scheduled probe workloads: results per cap over time, baselines a
 GPU_SEL = 'instance=~"$instance", gpu=~"$gpu"'
 SEL = f'{GPU_SEL}, probe=~"$probe", preset=~"$preset"'
 
-#: (title, histogram base name, probe it belongs to)
-HISTOGRAMS = (
-    ("LLM time to first token", "gpuperf_probe_ttft_seconds", "llm"),
-    ("LLM time per output token", "gpuperf_probe_tpot_seconds", "llm"),
-    ("LLM request latency", "gpuperf_probe_request_latency_seconds", "llm"),
-    ("ViT batch latency", "gpuperf_probe_batch_latency_seconds", "vit"),
-    ("Attention iteration time", "gpuperf_probe_iteration_seconds", "attention"),
-    ("Training step time", "gpuperf_probe_step_seconds", "train"),
-)
+#: (title, histogram base name, probe it belongs to): each kind's latency panels, from its registry row.
+HISTOGRAMS: tuple[tuple[str, str, str], ...] = tuple(
+    (title, metric, kind.name) for kind in KINDS.values() for title, metric in kind.panels)
 
 
 def quantiles(title: str, metric: str) -> Panel:

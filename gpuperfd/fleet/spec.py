@@ -19,8 +19,9 @@ from gpuperfd.device.simulated import (
     simulated_mig_uuid,
     simulated_uuid,
 )
-from gpuperfd.probe_data.spec import DEFAULT_PRESET
-from gpuperfd.probing.metrics import WORK_UNIT, cap_label
+from gpuperfd.probe_data.kinds import node_kind_names, probe_kind
+from gpuperfd.probe_data.spec import DEFAULT_PRESET, PROBES
+from gpuperfd.probing.metrics import cap_label
 from gpuperfd.probing.simulated.probe import SIMULATED_PROFILE
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,6 @@ GLOBAL_RULE_FILES = ("recording.yml",)
 
 #: Scrape job name; it must match .*gpuperfd.* for the GpuperfdDown alert and the dashboards.
 JOB = "gpuperfd"
-PROBES: tuple[str, ...] = ("llm", "vit", "attention", "train")
 #: 700 W down to 200 W in 50 W steps: the whole H100/H200 range (FleetSpec's default
 #: for other models is their range in 10 steps as well).
 DEFAULT_CAPS: tuple[int, ...] = tuple(range(700, 199, -50))
@@ -373,7 +373,7 @@ def probe_labels(gpu: FleetGpu, probe: str, cap: int) -> dict[str, str]:
         "probe": probe,
         "preset": DEFAULT_PRESET[probe],
         "power_cap": cap_label(cap),
-        "unit": WORK_UNIT[probe],
+        "unit": probe_kind(probe).work_unit,
     }
 
 
@@ -466,7 +466,7 @@ def _schedules(node: FleetNode, spec: FleetSpec) -> list[dict[str, Any]]:
         for probe in spec.probes
     ]
     if len(node.gpus) >= 2:  # the node probe across its GPUs: the dashboard's interconnect panels and verdicts
-        schedules.append({"probe": "interconnect", "interval_seconds": spec.probe_interval_seconds})
+        schedules += [{"probe": name, "interval_seconds": spec.probe_interval_seconds} for name in node_kind_names()]
     return schedules
 
 

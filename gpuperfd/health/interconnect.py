@@ -33,6 +33,7 @@ from gpuperfd.device.base import Backend, Device, PeerLink
 from gpuperfd.device.errors import NotSupported
 from gpuperfd.device.interconnect_figures import expected_copy_bandwidth, expected_pair_links
 from gpuperfd.probe_data.interconnect import InterconnectResult
+from gpuperfd.probe_data.kinds import INTERCONNECT
 
 
 #: The failure reason of a wrong copy or sum no GPU's own probe explains (row ``interconnect_wrong_unattributed``).
@@ -132,7 +133,7 @@ def own_wrong_answers(runs: Iterable[Mapping[str, Any]]) -> bool:
     """Whether a GPU's own probe (not an interconnect run) gave wrong answers: a wrong_result run, or
     its correctness check said ``mismatch``."""
     for run in runs:
-        if run.get("probe") == "interconnect":
+        if run.get("probe") == INTERCONNECT:
             continue
         correctness = run.get("correctness")
         if run.get("failure_reason") == "wrong_result" or (
@@ -153,7 +154,7 @@ def wrong_sum_rows(result: InterconnectResult, runs_by_gpu: Mapping[int, Sequenc
     members = [gpu for gpu in result.gpus if gpu in runs_by_gpu]
     culprits = [gpu for gpu in members if own_wrong_answers(runs_by_gpu[gpu])]
     reason = "wrong_result" if culprits else UNATTRIBUTED
-    row = {"time": now, "status": "failed", "failure_reason": reason, "probe": "interconnect", "preset": "check",
+    row = {"time": now, "status": "failed", "failure_reason": reason, "probe": INTERCONNECT, "preset": "check",
            "power_cap_watts": None, "error": result.error_message,
            "failed_checks": ", ".join(failed) or "interconnect checks", "wall_seconds": result.wall_seconds,
            "set": ",".join(map(str, result.gpus))}

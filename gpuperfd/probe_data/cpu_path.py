@@ -8,7 +8,8 @@ sized for an H100. On a CPU, float16 matrix products are emulated: on the 2-core
 * no ``dtype`` given and a CPU device: float32 (:func:`cpu_dtype`), whatever the preset says;
 * an explicit half dtype on a CPU is the user's choice, warned about once (:func:`half_on_cpu_warning`);
 * the CPU's time bound grows with the work of the point (:func:`cpu_timeout_seconds`): model build by
-  its parameters, each iteration by its floating-point operations at a deliberately low assumed rate;
+  its parameters, each iteration by its floating-point operations (the kind's row, ``kind_work.py``) at a
+  deliberately low assumed rate;
 * a point that ran out of time says what to change (:func:`timeout_hint`).
 
 Plain data and arithmetic: no torch (the daemon and the CLI parent import it).
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CPU_DTYPE", "cpu_dtype", "model_parameters", "flops_per_iteration", "cpu_timeout_seconds",
+from gpuperfd.probe_data.kinds import probe_kind
+
+__all__ = ["CPU_DTYPE", "cpu_dtype", "cpu_timeout_seconds",
            "half_on_cpu_warning", "timeout_hint", "CPU_FLOPS", "MAX_CPU_TIMEOUT_SECONDS"]
 
 #: The dtype a CPU point runs in when none was given.
@@ -42,50 +45,15 @@ def cpu_dtype(dtype: str, given: bool, is_cuda: bool) -> str:
     return dtype if given or is_cuda else CPU_DTYPE
 
 
-def model_parameters(spec: Any) -> float:
-    """About how many parameters the spec's model has (0 for attention, which has none)."""
-    from gpuperfd.probe_data.shapes import GPT2_MODELS, VIT_MODELS, is_llama
-
-    if spec.probe == "llm" and is_llama(spec.model):  # the target's and a speculative draft's
-        from gpuperfd.probe_data.workload_cost import llama_shape
-
-        drafts = [spec.draft_model] if getattr(spec, "draft_model", None) else []
-        return sum(llama_shape(model).total_params for model in [spec.model, *drafts])
-    if spec.probe in ("llm", "train"):
-        m = GPT2_MODELS[spec.model]
-        d = m["n_embd"]
-        return 12 * m["n_layer"] * d * d + (m["vocab_size"] + m["n_positions"]) * d
-    if spec.probe == "vit":
-        m = VIT_MODELS[spec.model]
-        d = m["hidden_size"]
-        return m["num_hidden_layers"] * (4 * d * d + 2 * d * m["intermediate_size"]) + 3 * m["patch_size"] ** 2 * d
-    return 0.0
-
-
-def flops_per_iteration(spec: Any) -> float:
-    """Floating-point operations of one iteration (a request batch, a batch of images, a call, a step)."""
-    params = model_parameters(spec)
-    if spec.probe == "llm":
-        return 2.0 * params * spec.batch_size * (spec.prompt_tokens + spec.output_tokens)
-    if spec.probe == "train":
-        return 6.0 * params * spec.batch_size * spec.seq_len
-    if spec.probe == "vit":
-        from gpuperfd.probe_data.shapes import VIT_MODELS
-
-        tokens = (spec.image_size // VIT_MODELS[spec.model]["patch_size"]) ** 2 + 1
-        return 2.0 * params * spec.batch_size * tokens
-    causal = 0.5 if spec.causal else 1.0
-    return 4.0 * spec.batch_size * spec.heads * spec.seq_len ** 2 * spec.head_dim * causal
-
-
 def cpu_timeout_seconds(spec: Any, windows_seconds: float) -> float:
     """The hard time bound of a CPU point: setup, the model's build, and every iteration it must run
     (warmup, one a window at least, the answer check and the busy pass) at :data:`CPU_FLOPS` slowed by
     its dtype, plus three times its timed windows; at most :data:`MAX_CPU_TIMEOUT_SECONDS`."""
+    kind = probe_kind(spec.probe)
     rate = CPU_FLOPS / CPU_DTYPE_SLOWDOWN.get(spec.dtype, 1.0)
     iterations = spec.warmup + spec.repeats + 2
-    work = iterations * flops_per_iteration(spec) / rate
-    build = model_parameters(spec) / CPU_BUILD_PARAMETERS_PER_SECOND
+    work = iterations * kind.flops(spec) / rate
+    build = kind.parameters(spec) / CPU_BUILD_PARAMETERS_PER_SECOND
     return min(CPU_SETUP_SECONDS + build + work + 3.0 * windows_seconds, MAX_CPU_TIMEOUT_SECONDS)
 
 

@@ -16,6 +16,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from gpuperfd.probe_data.kinds import KINDS
+
 __all__ = ["dataset_problem", "TOKEN_SUFFIXES", "IMAGE_SUFFIXES"]
 
 #: Token ids (llm, train): what ``load_token_ids`` reads.
@@ -80,7 +82,7 @@ def dataset_problem(path: str, probe: str) -> str | None:
     images (vit) or a file of a supported suffix whose first bytes match that format (``.npy``'s
     header: integer ids for llm/train, a 4-D array for vit; ``.pt``'s zip or pickle start;
     ``.bin``'s uint16 size)."""
-    images = probe == "vit"
+    images = probe in KINDS and KINDS[probe].images
     if not os.path.exists(path):
         return f"{path} does not exist (probes never download; give a local path)"
     if os.path.isdir(path):

@@ -19,6 +19,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuperfd.probe_data.kinds import KINDS, spec_kinds
+
 __all__ = [
     "STATUSES",
     "FAILURE_REASONS",
@@ -68,19 +70,12 @@ LATENCY_NAMES: tuple[str, ...] = ("ttft_seconds", "tpot_seconds", "request_secon
 
 #: The per-iteration latency each probe reports, under one name in the probe, the simulator, the
 #: record and the report (tables and charts show this one; every latency is in the CSV).
-MAIN_LATENCY: dict[str, str] = {
-    "llm": "tpot_seconds",
-    "vit": "batch_seconds",
-    "attention": "iteration_seconds",
-    "train": "step_seconds",
-}
-#: Older names still read: the attention probe wrote ``batch_seconds`` until issue 34.
-LEGACY_LATENCY: dict[str, dict[str, str]] = {"attention": {"batch_seconds": "iteration_seconds"}}
+MAIN_LATENCY: dict[str, str] = {kind.name: kind.main_latency for kind in spec_kinds() if kind.main_latency}
 
 
 def canonical_latencies(probe: str, latencies: dict[str, Any]) -> dict[str, Any]:
     """``latencies`` (samples or statistics by name) under today's names: old records keep reading."""
-    renames = LEGACY_LATENCY.get(probe)
+    renames = KINDS[probe].legacy_latencies if probe in KINDS else None
     if not renames or not isinstance(latencies, dict):
         return latencies
     out = dict(latencies)
@@ -91,12 +86,7 @@ def canonical_latencies(probe: str, latencies: dict[str, Any]) -> dict[str, Any]
     return out
 
 #: The headline rate of each probe (tables, sweeps, docs).
-PRIMARY_METRIC: dict[str, str] = {
-    "llm": "output_tokens_per_second",
-    "vit": "images_per_second",
-    "attention": "flops_per_second",
-    "train": "tokens_per_second",
-}
+PRIMARY_METRIC: dict[str, str] = {kind.name: kind.primary_metric for kind in spec_kinds() if kind.primary_metric}
 
 SCHEMA_VERSION = 1
 

@@ -1,14 +1,11 @@
-"""What to run: :class:`ProbeSpec`, the presets, and validation.
+"""What to run: :class:`ProbeSpec`, and its validation.
 
 A spec is resolved at construction: every field left ``None`` is filled from the
 probe's preset, then the whole spec is validated and a bad value raises
 ``ValueError`` whose message starts with the field name (``"batch_size: ..."``),
-so the CLI can print it as is and exit 2.
-
-Presets: ``tiny`` (per probe) runs in seconds on a CPU and is what the tests use;
-the other presets are sized to keep an H100/H200 busy (large batches, bf16/fp16,
-a warmup long enough for clocks and power to settle, short fixed-time windows so
-one measured point stays under ten seconds).
+so the CLI can print it as is and exit 2. What differs per probe kind (its fields,
+variants, presets in ``presets.py``, its own checks) comes from its registry row
+(``kinds.py``).
 
 This module is pure Python: no torch, no transformers (the daemon imports it).
 """
@@ -22,8 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuperfd.probe_data.cpu_path import cpu_dtype, cpu_timeout_seconds
+from gpuperfd.probe_data.kinds import ProbeKind, probe_kind, spec_kinds
+from gpuperfd.probe_data.shape_checks import (GPT2_VARIANTS, LLAMA_VARIANTS,  # noqa: F401 - spec's names
+                                              integer as _int, number as _float)
 from gpuperfd.probe_data.shapes import (DTYPES, GPT2_MODELS, LLAMA_MODELS, VIT_MODELS,  # noqa: F401 - spec's names
-                                        canonical_dtype, is_llama)
+                                        canonical_dtype)
 from gpuperfd.probe_data.datasets import dataset_problem
 
 __all__ = [
@@ -44,7 +44,12 @@ __all__ = [
     "default_timeout",
 ]
 
-PROBES: tuple[str, ...] = ("llm", "vit", "attention", "train")
+#: The per-GPU probe kinds, their variants (the first is the default, the GPU-bound path), presets and
+#: default presets: views of the registry's rows (kinds.py).
+PROBES: tuple[str, ...] = tuple(kind.name for kind in spec_kinds())
+VARIANTS: dict[str, tuple[str, ...]] = {kind.name: kind.variants for kind in spec_kinds()}
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {kind.name: kind.presets for kind in spec_kinds()}
+DEFAULT_PRESET: dict[str, str] = {kind.name: str(kind.default_preset) for kind in spec_kinds()}
 
 #: Test-only faults the child can inject (see ProbeSpec.inject_fault).
 FAULTS: tuple[str, ...] = ("exception", "hang", "oom", "crash", "cuda_error", "wrong_result_element",
@@ -55,150 +60,17 @@ FAULTS: tuple[str, ...] = ("exception", "hang", "oom", "crash", "cuda_error", "w
 WRONG_RESULT_FAULTS: tuple[str, ...] = ("wrong_result_element", "wrong_result_bit")
 TEST_FAULTS_ENV = "GPUPERFD_TEST_FAULTS"
 
-#: Variants per probe; the first is the default (the GPU-bound path).
-VARIANTS: dict[str, tuple[str, ...]] = {
-    # graph: own static-KV-cache GPT-2 forward, decode step captured in a CUDA graph.
-    # eager: Hugging Face generate() in eager mode (the seeds' method), for comparison.
-    # compiled, speculative: the Llama family only (LLAMA_VARIANTS); GPT-2 runs GPT2_VARIANTS.
-    "llm": ("graph", "eager", "compiled", "fused", "speculative"),
-    # compiled: our fused forward (vit_fused) + torch.compile + one CUDA graph per batch;
-    # fused: the fused forward in a CUDA graph, no compiler; eager: the Hugging Face module.
-    "vit": ("compiled", "fused", "eager"),
-    "attention": ("sdpa",),
-    "train": ("eager",),
-}
-
-#: Variants of the llm probe on a GPT-2 model.
-GPT2_VARIANTS: tuple[str, ...] = ("graph", "eager")
-
-#: Variants of the llm probe on a Llama model (the first is the GPU presets'): ``fused`` the batch-1
-#: decode step as six Triton kernels a layer (norm, RoPE, SwiGLU and residuals inside the products:
-#: ``llama.fused``; 1.24x ``graph``'s 8B and 1.43x its 1B on an H100), prefill and other batches as
-#: ``graph``: our static-cache forward with the decode step in a CUDA graph; ``compiled`` the same
-#: forward through torch.compile (element-wise chains fused) and then captured; ``eager``
-#: Hugging Face generate(); ``speculative`` a draft proposing ``speculative_tokens`` tokens and the
-#: target verifying them (both graphed).
-LLAMA_VARIANTS: tuple[str, ...] = ("fused", "graph", "compiled", "eager", "speculative")
-#: Speculative decoding: proposed tokens per round (k) between these bounds, and the acceptance rates
-#: whose tokens/s are reported when none are named (random weights accept nothing meaningful).
-SPECULATIVE_TOKENS_RANGE = (1, 64)
+#: Speculative decoding: the acceptance rates whose tokens/s are reported when none are named (random
+#: weights accept nothing meaningful).
 DEFAULT_ACCEPTANCE_RATES: tuple[float, ...] = (0.5, 0.7, 0.9)
 
 
-# Shared timing defaults for the GPU presets: the warmup lasts at least a second (clocks and
-# power settle, CUDA graphs and allocator pools are built) and each repeat is a 1.5 s window,
-# so five repeats of one point take 7.5 s of measurement.
-_GPU_TIMING: dict[str, Any] = {
-    "warmup": 3,
-    "warmup_seconds": 1.0,
-    "repeats": 5,
-    "measure_seconds": 1.5,
-    # 0.1 s: the LLM's first busy pass took 2.4 s for 0.3 s profiled on an H200 (CUPTI's kernel records
-    # of graph replays), time the GPU stays out of service for a diagnostic ratio (issue 60)
-    "busy_profile_seconds": 0.1,
-    "device": "cuda",
-}
-_TINY_TIMING: dict[str, Any] = {
-    "warmup": 1,
-    "warmup_seconds": 0.0,
-    "repeats": 2,
-    "measure_seconds": 0.2,
-    "busy_profile_seconds": 0.05,
-    "device": "cpu",
-}
-
-
-def _llm(model: str, batch: int) -> dict[str, Any]:
-    return {"model": model, "variant": "graph", "batch_size": batch, "prompt_tokens": 128, "output_tokens": 128,
-            "n_groups": 1, "dtype": "float16", **_GPU_TIMING}
-
-
-def _llama(model: str, batch: int, variant: str = "fused", **more: Any) -> dict[str, Any]:
-    """Seed 004's generation arguments: 128 prompt + 128 output tokens, greedy, bf16, static KV cache."""
-    return {"model": model, "variant": variant, "batch_size": batch, "prompt_tokens": 128, "output_tokens": 128,
-            "n_groups": 1, "dtype": "bfloat16", **_GPU_TIMING, **more}
-
-
-_LLAMA_TINY: dict[str, Any] = {"model": "llama-tiny", "variant": "graph", "batch_size": 2, "prompt_tokens": 16,
-                               "output_tokens": 8, "n_groups": 1, "dtype": "float32", **_TINY_TIMING}
-
-
-def _train(model: str, batch: int) -> dict[str, Any]:
-    return {"model": model, "variant": "eager", "batch_size": batch, "seq_len": 1024, "dtype": "bfloat16",
-            **_GPU_TIMING}
-
-
-def _vit(model: str, batch: int) -> dict[str, Any]:
-    return {"model": model, "variant": "compiled", "batch_size": batch,
-            "image_size": VIT_MODELS[model]["image_size"], "dtype": "bfloat16", **_GPU_TIMING}
-
-
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    "llm": {
-        "tiny": {"model": "tiny", "variant": "graph", "batch_size": 2, "prompt_tokens": 16, "output_tokens": 8,
-                 "n_groups": 1, "dtype": "float32", **_TINY_TIMING},
-        "tiny-x2": {"model": "tiny-x2", "variant": "graph", "batch_size": 2, "prompt_tokens": 16, "output_tokens": 8,
-                    "n_groups": 1, "dtype": "float32", **_TINY_TIMING},
-        "gpt2": _llm("gpt2", 128),
-        "gpt2-medium": _llm("gpt2-medium", 128),
-        "gpt2-large": _llm("gpt2-large", 64),
-        "gpt2-xl": _llm("gpt2-xl", 32),
-        # The Llama family (seed 004): batch 1, as the seed runs it (--batch-size 32 for the served case).
-        "llama-tiny": _LLAMA_TINY,
-        "llama-tiny-spec": {**_LLAMA_TINY, "variant": "speculative", "draft_model": "llama-tiny-draft",
-                            "speculative_tokens": 4},
-        "llama-3.2-1b": _llama("llama-3.2-1b", 1),
-        "llama-3.1-8b": _llama("llama-3.1-8b", 1),
-        # seed 004's spec_config: amd/PARD-Llama-3.2-1B's shape drafting 12 tokens for the 8B
-        "llama-3.1-8b-spec": _llama("llama-3.1-8b", 1, "speculative", draft_model="llama-3.2-1b",
-                                    speculative_tokens=12),
-    },
-    "vit": {
-        "tiny": {"model": "tiny", "variant": "eager", "batch_size": 4, "image_size": 32, "dtype": "float32",
-                 **_TINY_TIMING},
-        "vit-s16": _vit("vit-s16", 128),
-        "vit-b16": _vit("vit-b16", 128),
-        "vit-l16": _vit("vit-l16", 64),
-        "vit-h14": _vit("vit-h14", 32),
-    },
-    "attention": {
-        "tiny": {"variant": "sdpa", "batch_size": 2, "heads": 4, "head_dim": 16, "seq_len": 64, "n_groups": 1,
-                 "causal": False, "dtype": "float32", **_TINY_TIMING},
-        # One long-context layer's attention: 16 x 16 heads x 4096 tokens x 128, ~2.2 TFLOP a call.
-        "default": {"variant": "sdpa", "batch_size": 16, "heads": 16, "head_dim": 128, "seq_len": 4096,
-                    "n_groups": 1, "causal": False, "dtype": "bfloat16", **_GPU_TIMING},
-        # Llama-style grouped-query attention: 32 query heads, 8 key/value heads.
-        "gqa": {"variant": "sdpa", "batch_size": 16, "heads": 32, "head_dim": 128, "seq_len": 4096,
-                "n_groups": 4, "causal": True, "dtype": "bfloat16", **_GPU_TIMING},
-    },
-    "train": {
-        "tiny": {"model": "tiny", "variant": "eager", "batch_size": 2, "seq_len": 32, "dtype": "float32",
-                 **_TINY_TIMING},
-        "gpt2": _train("gpt2", 16),
-        "gpt2-medium": _train("gpt2-medium", 8),
-        "gpt2-large": _train("gpt2-large", 4),
-        "gpt2-xl": _train("gpt2-xl", 2),
-    },
-}
-
-DEFAULT_PRESET: dict[str, str] = {"llm": "gpt2", "vit": "vit-b16", "attention": "default", "train": "gpt2"}
-
-#: Which workload parameters each probe uses (the rest must stay None).
-_PROBE_PARAMS: dict[str, tuple[str, ...]] = {
-    "llm": ("model", "batch_size", "prompt_tokens", "output_tokens", "n_groups", "dtype"),
-    "vit": ("model", "batch_size", "image_size", "dtype"),
-    "attention": ("batch_size", "heads", "head_dim", "seq_len", "n_groups", "causal", "dtype"),
-    "train": ("model", "batch_size", "seq_len", "dtype"),
-}
 _WORKLOAD_FIELDS = ("model", "batch_size", "prompt_tokens", "output_tokens", "seq_len", "image_size", "heads",
                     "head_dim", "n_groups", "causal")
 _SPECULATIVE_FIELDS = ("draft_model", "speculative_tokens", "acceptance_rates")
 #: The draft each target gets when the speculative variant names none (seed 004's pairing).
 DEFAULT_DRAFT: dict[str, str] = {"llama-3.1-8b": "llama-3.2-1b", "llama-tiny": "llama-tiny-draft"}
 DEFAULT_SPECULATIVE_TOKENS = 12
-#: The static KV cache's longest context here (a probe, not a server: 131072 positions would be a
-#: 16 GiB cache per sequence for the 8B).
-LLAMA_MAX_CONTEXT = 8192
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
@@ -219,26 +91,6 @@ def params_text(params: dict[str, Any], model: bool = True) -> str:
                      .replace("float32", "fp32"))
     return " ".join(parts)
 
-
-
-def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}: must be an integer, got {value!r}")
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise ValueError(f"{name}: must be {bound}, got {value}")
-    return value
-
-
-def _float(name: str, value: Any, low: float, high: float | None = None, low_inclusive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}: must be a number, got {value!r}")
-    value = float(value)
-    if value != value or (value < low if low_inclusive else value <= low) or (high is not None and value > high):
-        op = ">=" if low_inclusive else ">"
-        bound = f"{op} {low}" + (f" and <= {high}" if high is not None else "")
-        raise ValueError(f"{name}: must be {bound}, got {value}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -310,12 +162,13 @@ class ProbeSpec:
                 f"preset: unknown preset {preset!r} for probe {self.probe!r}; use one of {', '.join(presets)}"
             )
         # Fields a probe does not use must not be set: "--prompt-tokens 64" with vit is a mistake.
-        used = _PROBE_PARAMS[self.probe]
+        kind = probe_kind(self.probe)
+        used = kind.params
         for name in _WORKLOAD_FIELDS:
             if name not in used and getattr(self, name) is not None:
                 raise ValueError(f"{name}: not used by probe {self.probe!r} (it uses {', '.join(used)})")
         for name in _SPECULATIVE_FIELDS:
-            if getattr(self, name) is not None and self.probe != "llm":
+            if getattr(self, name) is not None and kind.llama_module is None:
                 raise ValueError(f"{name}: not used by probe {self.probe!r} (the llm probe's speculative variant)")
         object.__setattr__(self, "preset", preset)
         dtype_given = self.dtype is not None
@@ -323,7 +176,7 @@ class ProbeSpec:
         for key, value in presets[preset].items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
-        if self.probe == "llm":
+        if kind.llama_module is not None:
             self._resolve_speculative(speculative_given)
         # The presets' half precision is for GPUs; a CPU point without a dtype runs float32 (cpu_path.py).
         object.__setattr__(self, "dtype", cpu_dtype(self.dtype, dtype_given, self.is_cuda))
@@ -355,101 +208,24 @@ class ProbeSpec:
             _float("acceptance_rates", rate, 0.0, 1.0)
         object.__setattr__(self, "acceptance_rates", tuple(float(rate) for rate in rates))
 
-    def _validate_llama(self) -> None:
-        """A Llama-family llm point: its variant, positions, and the speculative draft."""
-        cfg = LLAMA_MODELS[self.model]
-        if self.n_groups != 1:
-            raise ValueError(f"n_groups: a Llama model has its own key/value heads "
-                             f"({cfg['num_attention_heads']} query, {cfg['num_key_value_heads']} key/value); use 1")
-        extra = 0
-        if self.variant == "speculative":
-            if self.draft_model not in LLAMA_MODELS:
-                raise ValueError(f"draft_model: unknown Llama model {self.draft_model!r}; use one of "
-                                 f"{', '.join(LLAMA_MODELS)}")
-            if LLAMA_MODELS[self.draft_model]["vocab_size"] != cfg["vocab_size"]:
-                raise ValueError(f"draft_model: {self.draft_model} has a vocabulary of "
-                                 f"{LLAMA_MODELS[self.draft_model]['vocab_size']} tokens, {self.model} of "
-                                 f"{cfg['vocab_size']}: a draft must share the target's vocabulary")
-            low, high = SPECULATIVE_TOKENS_RANGE
-            _int("speculative_tokens", self.speculative_tokens, low, high)
-            if self.output_tokens < 2:
-                raise ValueError("output_tokens: speculative decoding needs at least 2 output tokens")
-            extra = self.speculative_tokens + 1
-        limit = min(cfg["max_position_embeddings"], LLAMA_MAX_CONTEXT)
-        if self.prompt_tokens + self.output_tokens + extra > limit:
-            raise ValueError(f"output_tokens: prompt_tokens + output_tokens{' + speculative_tokens + 1' if extra else ''}"
-                             f" = {self.prompt_tokens + self.output_tokens + extra} exceeds {limit} positions")
-
     # --- validation -------------------------------------------------------------------
 
-    def _validate_variant(self) -> None:
-        """The variant: the llm probe's per model family (GPT2_VARIANTS, LLAMA_VARIANTS)."""
-        probe = self.probe
-        if probe == "llm" and is_llama(self.model):
-            if self.variant not in LLAMA_VARIANTS:
-                raise ValueError(f"variant: {self.variant!r} is not a variant of the llm probe on a Llama model; "
-                                 f"use one of {', '.join(LLAMA_VARIANTS)}")
-        elif probe == "llm" and self.variant not in GPT2_VARIANTS:
-            raise ValueError(f"variant: {self.variant!r} is not a variant of the llm probe on a GPT-2 model; "
-                             f"use one of {', '.join(GPT2_VARIANTS)} ({', '.join(LLAMA_VARIANTS)} on a Llama model)")
-        elif self.variant not in VARIANTS[probe]:
-            raise ValueError(f"variant: {self.variant!r} is not a {probe} variant; use one of {', '.join(VARIANTS[probe])}")
-
-    def _validate_llm(self) -> None:
-        """The llm probe's model, lengths and K/V groups (a Llama model: :meth:`_validate_llama`)."""
-        if self.model not in GPT2_MODELS and not is_llama(self.model):
-            raise ValueError(f"model: unknown llm model {self.model!r}; use one of "
-                             f"{', '.join([*GPT2_MODELS, *LLAMA_MODELS])}")
-        _int("prompt_tokens", self.prompt_tokens, 1)
-        _int("output_tokens", self.output_tokens, 1)
-        _int("n_groups", self.n_groups, 1)
-        if is_llama(self.model):
-            self._validate_llama()
-            return
-        heads = GPT2_MODELS[self.model]["n_head"]
-        if heads % self.n_groups:
-            raise ValueError(f"n_groups: {self.n_groups} does not divide the model's {heads} heads; "
-                             f"use a divisor of {heads}")
-        if self.n_groups > 1 and self.variant != "graph":
-            raise ValueError("n_groups: grouped key/value heads run in the graph variant only; "
-                             "use --variant graph (or n_groups 1)")
-        limit = GPT2_MODELS[self.model]["n_positions"]
-        if self.weights_path is None and self.prompt_tokens + self.output_tokens > limit:
-            raise ValueError(
-                f"output_tokens: prompt_tokens + output_tokens = {self.prompt_tokens + self.output_tokens} "
-                f"exceeds the model's {limit} positions"
-            )
+    def _validate_variant(self, kind: ProbeKind) -> None:
+        """The variant: the kind's own check (the llm probe's per model family), else one of its variants."""
+        if kind.check_variant is not None:
+            kind.check_variant(self)
+        elif self.variant not in kind.variants:
+            raise ValueError(f"variant: {self.variant!r} is not a {self.probe} variant; "
+                             f"use one of {', '.join(kind.variants)}")
 
     def _validate(self) -> None:
         probe = self.probe
-        self._validate_variant()
+        kind = probe_kind(probe)
+        self._validate_variant(kind)
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         _int("batch_size", self.batch_size, 1, 65536)
-        if probe == "llm":
-            self._validate_llm()
-        if probe == "train" and self.model not in GPT2_MODELS:
-            raise ValueError(f"model: unknown GPT-2 model {self.model!r}; use one of {', '.join(GPT2_MODELS)}")
-        if probe == "vit" and self.model not in VIT_MODELS:
-            raise ValueError(f"model: unknown ViT model {self.model!r}; use one of {', '.join(VIT_MODELS)}")
-        if probe == "train":
-            _int("seq_len", self.seq_len, 2)
-            limit = GPT2_MODELS[self.model]["n_positions"]
-            if self.weights_path is None and self.seq_len > limit:
-                raise ValueError(f"seq_len: {self.seq_len} exceeds the model's {limit} positions")
-        if probe == "vit":
-            _int("image_size", self.image_size, 1)
-            patch = VIT_MODELS[self.model]["patch_size"]
-            if self.image_size % patch:
-                raise ValueError(f"image_size: {self.image_size} is not a multiple of the patch size {patch}")
-        if probe == "attention":
-            _int("heads", self.heads, 1)
-            _int("head_dim", self.head_dim, 1, 512)
-            _int("seq_len", self.seq_len, 1)
-            _int("n_groups", self.n_groups, 1)
-            if self.heads % self.n_groups:
-                raise ValueError(f"n_groups: {self.n_groups} does not divide heads={self.heads}")
-            if not isinstance(self.causal, bool):
-                raise ValueError(f"causal: must be true or false, got {self.causal!r}")
+        if kind.check is not None:
+            kind.check(self)
         _int("warmup", self.warmup, 0, 100000)
         _float("warmup_seconds", self.warmup_seconds, 0.0, 600.0)
         _int("repeats", self.repeats, 1, 1000)
@@ -473,10 +249,10 @@ class ProbeSpec:
             path = getattr(self, name)
             if path is not None and not os.path.exists(path):
                 raise ValueError(f"{name}: {path} does not exist (probes never download; give a local path)")
-        if self.weights_path is not None and probe == "attention":
-            raise ValueError("weights_path: the attention probe has no weights")
-        if self.dataset_path is not None and probe == "attention":
-            raise ValueError("dataset_path: the attention probe uses random tensors only")
+        if self.weights_path is not None and not kind.takes_files:
+            raise ValueError(f"weights_path: the {probe} probe has no weights")
+        if self.dataset_path is not None and not kind.takes_files:
+            raise ValueError(f"dataset_path: the {probe} probe uses random tensors only")
         if self.dataset_path is not None and (problem := dataset_problem(self.dataset_path, probe)) is not None:
             raise ValueError(f"dataset_path: {problem}")
 
@@ -495,7 +271,7 @@ class ProbeSpec:
 
     def params(self) -> dict[str, Any]:
         """The workload parameters that identify this point (for results and tables)."""
-        out: dict[str, Any] = {name: getattr(self, name) for name in _PROBE_PARAMS[self.probe]}
+        out: dict[str, Any] = {name: getattr(self, name) for name in probe_kind(self.probe).params}
         out["repeats"] = self.repeats
         out["warmup"] = self.warmup
         if self.iterations is not None:

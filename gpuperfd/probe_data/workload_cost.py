@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuperfd.probe_data.shapes import GPT2_MODELS, LLAMA_MODELS, VIT_MODELS, canonical_dtype, is_llama
+from gpuperfd.probe_data.shapes import GPT2_MODELS, LLAMA_MODELS, VIT_MODELS, canonical_dtype
 
 #: Where a simulated result lists the options its figures do not follow (``ProbeResult.extra``); the
 #: CLI's table and the report name them, so a flat simulated line is never read as a trend.
@@ -235,26 +235,3 @@ def train_cost(model: str, batch: int, seq_len: int, dtype: str) -> WorkCost:
                  kernels=layers * TRAIN_KERNELS_PER_LAYER + 20)
     return WorkCost(dtype, step, float(tokens),
                     MemoryBytes(total * 4, layers * per_layer + logits, optimizer=total * 12))
-
-
-def workload_cost(probe: str, options: Mapping[str, Any]) -> WorkCost:
-    """The cost of ``probe`` at ``options`` (a preset's values with the request's on top).
-
-    KeyError names a missing option; ValueError an unknown probe.
-    """
-    dtype = canonical_dtype(options["dtype"])
-    if probe == "llm" and is_llama(options["model"]):
-        return llama_cost(str(options["model"]), int(options["batch_size"]), int(options["prompt_tokens"]),
-                          int(options["output_tokens"]), dtype)
-    if probe == "llm":
-        return llm_cost(str(options["model"]), int(options["batch_size"]), int(options["prompt_tokens"]),
-                        int(options["output_tokens"]), int(options.get("n_groups") or 1), dtype)
-    if probe == "vit":
-        return vit_cost(str(options["model"]), int(options["batch_size"]), int(options["image_size"]), dtype)
-    if probe == "attention":
-        return attention_cost(int(options["batch_size"]), int(options["heads"]), int(options["head_dim"]),
-                              int(options["seq_len"]), int(options.get("n_groups") or 1),
-                              bool(options.get("causal")), dtype)
-    if probe == "train":
-        return train_cost(str(options["model"]), int(options["batch_size"]), int(options["seq_len"]), dtype)
-    raise ValueError(f"probe: no cost model for {probe!r}")

@@ -9,14 +9,14 @@ from typing import Any
 
 from gpuperfd.console import format_table
 from gpuperfd.probe_data.result import ProbeResult
-from gpuperfd.probe_data.spec import is_llama
+from gpuperfd.probe_data.kinds import is_llama_point
 
 __all__ = ["llama_results", "seed004_table", "speculative_table", "speculative_lines"]
 
 
 def llama_results(results: Sequence[ProbeResult]) -> list[ProbeResult]:
     """The llm probe's Llama points."""
-    return [r for r in results if r.probe == "llm" and is_llama((r.params or {}).get("model"))]
+    return [r for r in results if is_llama_point(r.probe, (r.params or {}).get("model"))]
 
 
 def _mean_ms(result: ProbeResult, name: str) -> float | None:

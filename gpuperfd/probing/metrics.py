@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuperfd.device.base import GpuInfo
+from gpuperfd.probe_data.kinds import KINDS, work_unit
 
 if TYPE_CHECKING:
     from gpuperfd.probing.gates.admission import AdmissionState
@@ -42,16 +43,6 @@ LATENCY_HISTOGRAMS: dict[str, tuple[str, str, tuple[float, ...]]] = {
     "step_seconds": ("gpuperf_probe_step_seconds", "Training step time (forward, backward, optimizer), seconds.",
                      (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)),
 }
-
-#: Which result latency list feeds which histogram, per probe.
-PROBE_LATENCIES: dict[str, dict[str, str]] = {
-    "llm": {"ttft_seconds": "ttft_seconds", "tpot_seconds": "tpot_seconds", "request_seconds": "request_seconds"},
-    "vit": {"batch_seconds": "batch_seconds"},
-    "attention": {"batch_seconds": "iteration_seconds", "iteration_seconds": "iteration_seconds"},
-    "train": {"step_seconds": "step_seconds"},
-}
-
-WORK_UNIT = {"llm": "token", "vit": "image", "attention": "iteration", "train": "token"}
 
 
 def cap_label(watts: float) -> str:
@@ -295,7 +286,7 @@ class ProbeMetrics:
             return
         self.count(gpu, result.probe, result.preset, "ok")
         cap = (*run, cap_label(cap_watts))
-        unit = WORK_UNIT.get(result.probe, result.work_unit)
+        unit = work_unit(result.probe, result.work_unit)
         if result.measured_seconds:
             self.rate.labels(*cap, unit).set(result.units_of_work / result.measured_seconds)
         if result.energy_per_unit_joules is not None:
@@ -318,7 +309,8 @@ class ProbeMetrics:
             self.gpm_dram.labels(*cap).set(result.gpm_dram_active_mean_ratio)
         self.last_run.labels(*run).set(result.started_at + (result.wall_seconds or 0.0))
         if at_operator_cap:
-            for source, target in PROBE_LATENCIES.get(result.probe, {}).items():
+            kind = KINDS.get(result.probe)  # the row says which latency feeds which histogram
+            for source, target in (kind.latency_series if kind else {}).items():
                 histogram = self.histograms[target].labels(*run)
                 for seconds in (result.latencies or {}).get(source, ()):
                     histogram.observe(seconds)

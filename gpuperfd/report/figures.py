@@ -26,6 +26,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import EngFormatter, FixedLocator, NullLocator  # noqa: E402
 
+from gpuperfd.probe_data.kinds import KINDS  # noqa: E402
 from gpuperfd.report.aggregate import Report, Series  # noqa: E402
 from gpuperfd.report.records import LATENCY_TITLES, kind_of  # noqa: E402
 from gpuperfd.report.repeats import repeat_rows, repeat_series  # noqa: E402
@@ -186,7 +187,7 @@ def _draw_cap_column(axes: list, report: Report, workload: tuple[str, str], styl
             names.append("recommended cap")
             ax.legend(handles, names, fontsize=6.5, loc="lower right", framealpha=0.8)
         has = any(y == y for line in ax.get_lines() for y in line.get_ydata())
-        if not has and row == "loss" and workload[0] != "train":
+        if not has and row == "loss" and kind_of(workload[0]) != "training":
             # Not missing data: an inference workload has no loss (the row is there for training's).
             ax.set_yticks([])
             ax.text(0.5, 0.5, "inference: no training loss", ha="center", va="center", transform=ax.transAxes,
@@ -347,13 +348,10 @@ def _metrics(probe: str, unit: str) -> list[tuple[str, str]]:
     """(metric key, y label) columns of the parameter and bar charts for one probe."""
     from gpuperfd.report.records import PRIMARY_LATENCY
 
+    kind = KINDS.get(probe)
+    names = (kind.chart_latencies if kind else ()) or (PRIMARY_LATENCY.get(probe, ""),)
     cols = [("rate", f"throughput ({unit}s/s)")]
-    if probe == "llm":
-        cols += [("lat:ttft_seconds", "time to first token,\nmean (ms)"),
-                 ("lat:tpot_seconds", "time per output token,\nmean (ms)")]
-    else:
-        name = PRIMARY_LATENCY.get(probe, "")
-        cols.append((f"lat:{name}", f"{LATENCY_TITLES.get(name, name)},\nmean (ms)"))
+    cols += [(f"lat:{name}", f"{LATENCY_TITLES.get(name, name)},\nmean (ms)") for name in names]
     cols.append(("memory", "peak memory (MiB)"))
     return cols
 
@@ -725,8 +723,10 @@ def repeat_table(report: Report) -> tuple[list[str], list[list[str]]]:
 
 
 def token_series(report: Report) -> list[Series]:
-    """llm series whose runs traced every output token (JSON input): the per-position curve."""
-    return [s for s in report.series if s.probe == "llm" and len(_base_point(s).token_curve) > 1]
+    """Series timed per output token (llm) whose runs traced every output token (JSON input): the
+    per-position curve."""
+    return [s for s in report.series if s.probe in KINDS and KINDS[s.probe].main_latency == "tpot_seconds"
+            and len(_base_point(s).token_curve) > 1]
 
 
 def _draw_tokens(ax: Any, series: list[Series]) -> None:

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from gpuperfd.probe_data.kinds import work_unit
 from gpuperfd.report.records import (
-    WORK_UNIT,
     GpuId,
     Loaded,
     ReportError,
@@ -233,7 +233,7 @@ def load_prometheus(
             runs.append(Run(
                 time=stamp, gpu=gpu, cap_watts=cap_watts, probe=probe, preset=preset,
                 batch_size=default_batch_size(probe, preset), status="ok",
-                work_unit=labels.get("unit") or WORK_UNIT.get(probe), rate=current[0],
+                work_unit=labels.get("unit") or work_unit(probe), rate=current[0],
                 energy_per_unit=energy, power=power, gpu_busy_ratio=busy.get(key, {}).get(stamp),
                 source=base_url,
             ))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuperfd.probe_data.record import RecordError, finite_or_none, normalize, read_records, record_labels
+from gpuperfd.probe_data.kinds import spec_kinds, work_unit
 from gpuperfd.probe_data.result import MAIN_LATENCY, ProbeResult
 from gpuperfd.probe_data.recommend import work_rate
 from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY
@@ -21,8 +22,8 @@ from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY
 log = logging.getLogger(__name__)
 
 #: Which probes are inference and which are training (the report puts them side by side).
-INFERENCE_PROBES: tuple[str, ...] = ("llm", "vit", "attention")
-TRAINING_PROBES: tuple[str, ...] = ("train",)
+INFERENCE_PROBES: tuple[str, ...] = tuple(kind.name for kind in spec_kinds() if not kind.training)
+TRAINING_PROBES: tuple[str, ...] = tuple(kind.name for kind in spec_kinds() if kind.training)
 PROBE_ORDER: tuple[str, ...] = (*INFERENCE_PROBES, *TRAINING_PROBES)
 
 #: The latency each probe's charts show (all latencies are in the tables and CSV).
@@ -35,8 +36,6 @@ LATENCY_TITLES: dict[str, str] = {
     "iteration_seconds": "iteration time",
     "step_seconds": "step time",
 }
-#: Work unit per probe, as the metrics label it (a result may lack one).
-WORK_UNIT: dict[str, str] = {"llm": "token", "vit": "image", "attention": "iteration", "train": "token"}
 
 
 class ReportError(Exception):
@@ -203,7 +202,7 @@ def run_from_record(record: dict[str, Any], source: str = "") -> Run:
         batch_size=batch,
         status=result.status,
         failure_reason=result.failure_reason,
-        work_unit=result.work_unit or WORK_UNIT.get(result.probe),
+        work_unit=result.work_unit or work_unit(result.probe),
         rate=finite_or_none(work_rate(result)) if ok else None,
         energy_per_unit=finite_or_none(result.energy_per_unit_joules) if ok else None,
         power=finite_or_none(result.average_power_watts) if ok else None,

@@ -14,7 +14,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from gpuperfd.probe_data.spec import PRESETS, is_llama
+from gpuperfd.probe_data.kinds import is_llama_point
+from gpuperfd.probe_data.spec import PRESETS
 from gpuperfd.report.aggregate import CapPoint, Report, Series
 
 __all__ = ["llama_series", "seed004_rows", "speculative_figure", "seed004_html"]
@@ -27,7 +28,7 @@ def model_of(series: Series) -> str:
 
 def llama_series(report: Report) -> list[Series]:
     """The llm probe's series on a Llama model."""
-    return [s for s in report.series if s.probe == "llm" and is_llama(model_of(s))]
+    return [s for s in report.series if is_llama_point(s.probe, model_of(s))]
 
 
 def _point(series: Series) -> CapPoint:

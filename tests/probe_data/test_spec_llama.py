@@ -16,7 +16,8 @@ from gpuperfd.probe_data.spec import (
     unknown_key_message,
 )
 from gpuperfd.probe_data.speculative import expected_tokens, speculative_summary
-from gpuperfd.probe_data.workload_cost import llama_room_bytes, workload_cost
+from gpuperfd.probe_data.kinds import workload_cost
+from gpuperfd.probe_data.workload_cost import llama_room_bytes
 
 
 def test_seed_004s_configuration_is_a_preset() -> None:

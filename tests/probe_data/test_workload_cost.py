@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpuperfd.probe_data.spec import PRESETS
-from gpuperfd.probe_data.workload_cost import attention_cost, llm_cost, train_cost, vit_cost, workload_cost
+from gpuperfd.probe_data.kinds import workload_cost
+from gpuperfd.probe_data.workload_cost import attention_cost, llm_cost, train_cost, vit_cost
 
 
 @pytest.mark.parametrize(("model", "millions"), [("gpt2", 124.4), ("gpt2-medium", 354.8), ("gpt2-large", 774.0),

@@ -35,7 +35,7 @@ from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_child.workloads import data
 from gpuperfd.probe_child.workloads.gpt2_static import StaticGPT2
 from gpuperfd.probe_child.workloads.graphed_steps import failure_text, sdpa_choice
-from gpuperfd.probe_child.workloads.models import build_gpt2, count_parameters
+from gpuperfd.probe_child.workloads.models import attention_entry, build_gpt2, count_parameters
 
 __all__ = ["build", "GraphLLM", "EagerLLM"]
 
@@ -164,7 +164,7 @@ class GraphLLM(_LLMBase):
             "kv_cache_bytes": self.static.kv_cache_bytes,
             "kv_heads": self.static.n_kv,
             "cuda_graph": bool(self.static.graphs),
-            "attention": "sdpa",
+            **attention_entry(),
             "decode_sdpa_backend": self.decode_sdpa_backend,
             "check_decode_sdpa_backend": self.check_sdpa_backend,
         }
@@ -253,7 +253,7 @@ class EagerLLM(_LLMBase):
             "model_parameters": self.n_params,
             "kv_cache": "dynamic",
             "cuda_graph": False,
-            "attention": getattr(self.model.config, "_attn_implementation", None),
+            **attention_entry(self.model),
             "generate_short_outputs": self.generated_short,
         }
 

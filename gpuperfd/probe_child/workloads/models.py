@@ -13,7 +13,14 @@ import torch
 
 from gpuperfd.probe_data.spec import GPT2_MODELS, LLAMA_MODELS, VIT_MODELS, ProbeSpec
 
-__all__ = ["build_gpt2", "build_llama", "build_vit", "count_parameters", "llama_config", "random_llama"]
+__all__ = ["attention_entry", "build_gpt2", "build_llama", "build_vit", "count_parameters", "llama_config",
+           "random_llama"]
+
+
+def attention_entry(model: Any | None = None) -> dict[str, str | None]:
+    """A workload description's ``attention`` entry, spelled once for every workload: the Hugging Face
+    model's attention implementation, or ``sdpa`` for our own forward (``model`` None)."""
+    return {"attention": "sdpa" if model is None else getattr(model.config, "_attn_implementation", None)}
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -22,7 +22,7 @@ from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_child.workloads import data
-from gpuperfd.probe_child.workloads.models import build_gpt2, count_parameters
+from gpuperfd.probe_child.workloads.models import attention_entry, build_gpt2, count_parameters
 
 __all__ = ["build", "TrainWorkload"]
 
@@ -128,7 +128,7 @@ class TrainWorkload:
             "flops_per_token": self.flops_per_token,
             "optimizer": "AdamW(fused)" if self.ctx.is_cuda else "AdamW",
             "autocast_dtype": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
-            "attention": getattr(self.model.config, "_attn_implementation", None),
+            **attention_entry(self.model),
         }
 
 

@@ -32,7 +32,7 @@ from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_child.workloads import data
-from gpuperfd.probe_child.workloads.models import build_vit, count_parameters
+from gpuperfd.probe_child.workloads.models import attention_entry, build_vit, count_parameters
 from gpuperfd.probe_child.workloads.vit_fused import FusedViT
 
 __all__ = ["build", "ViTWorkload", "vit_flops_per_image"]
@@ -164,7 +164,7 @@ class ViTWorkload:
             "implementation": "gpuperfd.vit_fused" if self.fused else "transformers",
             "cuda_graph": self.graph is not None,
             "compile_seconds": self.compile_seconds,
-            "attention": getattr(self.model.config, "_attn_implementation", None),
+            **attention_entry(self.model),
             **({"cuda_graph_error": self.graph_error} if self.graph_error else {}),
         }
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from gpuperfd.config import DEFAULT_CONFIG_PATH, Config, config_with_flags, env_config_path
 from gpuperfd.console import seconds_between
 from gpuperfd.health.verdict import Verdict, node_verdict_json
+from gpuperfd.probe_data.kinds import INTERCONNECT, check_kind
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ def render_table(verdicts: list[Verdict], node: str, summary: dict[str, Any]) ->
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     phases = summary.get("phases_seconds", {})
     lines += details
-    if (interconnect := summary.get("interconnect")) is not None:
+    if (interconnect := summary.get(INTERCONNECT)) is not None:
         lines.append(interconnect_line(interconnect, body))
     lines.append(f"checked in {phases.get('total', 0):.1f} s (open {phases.get('open', 0):.1f}, passive "
                  f"{phases.get('passive', 0):.1f}, probe {phases.get('probe', 0):.1f}); read-only: no power cap changed")
@@ -207,7 +208,7 @@ class CheckOptions:
     simulate: int | None = None
     timeout: float = DEFAULT_TIMEOUT_SECONDS
     require_probe: bool = False
-    probe: str = "llm"
+    probe: str = check_kind().name
     preset: str | None = None
 
     @classmethod
@@ -219,7 +220,7 @@ class CheckOptions:
         """The check the flags ask for; ValueError naming ``--preset`` for another probe's preset."""
         from gpuperfd.probing.check.flow import CheckRequest
 
-        preset = self.preset or ("gpt2" if self.probe == "llm" else DEFAULT_PRESET[self.probe])
+        preset = self.preset or DEFAULT_PRESET[self.probe]
         if preset not in PRESETS[self.probe]:
             raise ValueError(f"--preset: {preset!r} is not a {self.probe} preset ({', '.join(PRESETS[self.probe])})")
         return CheckRequest(gpus=self.gpus, quick=self.quick, timeout_seconds=self.timeout,

@@ -45,6 +45,7 @@ from gpuperfd.health.judge import expected_figure, judge, run_row
 from gpuperfd.health.monitor import snapshot_inputs
 from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.interconnect import InterconnectResult
+from gpuperfd.probe_data.kinds import INTERCONNECT, check_kind
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probing.check.interconnect import INTERCONNECT_SHARE, apply_to_inputs, run_interconnect
 from gpuperfd.probing.executors import Executor, choose_executor, measure_once, starts_children
@@ -58,7 +59,7 @@ log = logging.getLogger(__name__)
 
 #: The check probe: llm at the gpt2 preset (the model, batch and variant of the shipped H100/H200
 #: figures, no compiler) with short windows: the figures apply unchanged, and the build dominates.
-DEFAULT_PROBE, DEFAULT_PRESET = "llm", "gpt2"
+DEFAULT_PROBE, DEFAULT_PRESET = check_kind().name, str(check_kind().default_preset)
 CHECK_TIMING: dict[str, Any] = {"repeats": 2, "measure_seconds": 1.0, "warmup_seconds": 1.0}
 #: The simulated executor's measured window in a check (the simulator builds nothing).
 SIMULATED_MEASURE_SECONDS = 1.0
@@ -106,7 +107,7 @@ class CheckOutcome:
         """The extra ``check`` key of the JSON answer (beside the daemon's shape)."""
         return {"phases_seconds": {k: round(v, 3) for k, v in self.phases.items()},
                 "probed": self.probed, "not_probed": {str(k): v for k, v in self.not_probed.items()},
-                **({"interconnect": self.interconnect} if self.interconnect is not None else {})}
+                **({INTERCONNECT: self.interconnect} if self.interconnect is not None else {})}
 
 
 def _bounded(fn: Callable[[], Any], deadline: float, name: str) -> tuple[bool, Any, BaseException | None]:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuperfd.probe_data.kinds import spec_kinds
+
 __all__ = ["ChildCosts", "MEASURED_COSTS", "COSTS_SOURCE", "REAL_WINDOW_SECONDS", "costs_for", "cost_scale_for",
            "NO_COSTS"]
 
@@ -52,13 +54,8 @@ class ChildCosts:
 
 NO_COSTS = ChildCosts(0.0, 0.0, 0.0)
 
-#: Per probe (default preset); a preset without a row of its own is charged its probe's.
-MEASURED_COSTS: dict[str, ChildCosts] = {
-    "llm": ChildCosts(imports=13.4, build=0.9, overhead=3.4),
-    "vit": ChildCosts(imports=15.4, build=7.3, overhead=1.0),
-    "attention": ChildCosts(imports=3.7, build=0.2, overhead=3.3),
-    "train": ChildCosts(imports=12.3, build=0.2, overhead=2.5),
-}
+#: Per probe (default preset, the registry row's ``child_costs``); a preset is charged its probe's.
+MEASURED_COSTS: dict[str, ChildCosts] = {kind.name: ChildCosts(*kind.child_costs) for kind in spec_kinds()}
 
 
 def costs_for(probe: str, scale: float) -> ChildCosts:

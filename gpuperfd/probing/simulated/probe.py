@@ -5,7 +5,8 @@ figures at 700 W on the default presets, and scaled to every other point by the 
 ``simulated/workload.py``) for a measured window and derives the result from the physics: throughput
 from the SM clock the cap allows, energy from the simulated hardware counter, with realistic noise,
 so sweeps on the simulator show real-looking curves with a known true optimum. What differs per probe (its latencies, rates,
-unit of work and extra fields) is one row of :data:`PROBE_SHAPES`; nothing else names a probe.
+unit of work and extra fields) is one row of :data:`SHAPES`, found through the main latency its registry row
+names (``probe_data/kinds.py``); nothing here names a probe.
 
 It lives on the probing side, not in ``device/``, because it builds a ``ProbeResult`` (probe_data/),
 which the device layer does not import (tests/test_architecture.py).
@@ -27,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data import wire
+from gpuperfd.probe_data.kinds import is_llama_point, probe_kind
 from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import NO_ROOM, ProbeResult
 from gpuperfd.probe_data.settle import wait_steady
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, GPT2_MODELS, PRESETS
-from gpuperfd.probe_data.shapes import is_llama
 from gpuperfd.probe_data.workload_cost import (NOT_MODELLED_KEY, SIMULATED_NOTE_KEY, SPECULATIVE_NOT_SIMULATED,
                                                llama_no_room, llama_room_bytes)
 from gpuperfd.probing.child.standby import take_standby
@@ -100,7 +101,7 @@ def _train_loss(request: ProbeRequest, preset: str, units: float, draw: Callable
     """A train point's loss, as the train probe reports it (``loss`` over the window, ``loss_first``):
     the simulator trains nothing, so it is the cross-entropy of an untrained model of the preset's
     vocabulary (ln V) with a small noisy decrease over the window's tokens."""
-    model = request.options.get("model") or PRESETS["train"].get(preset, {}).get("model", preset)
+    model = request.options.get("model") or PRESETS[request.probe].get(preset, {}).get("model", preset)
     first = math.log(int(GPT2_MODELS.get(str(model), {}).get("vocab_size", 50257)))
     drop = 0.02 * (1.0 - math.exp(-units / 1e5)) + abs(draw())
     return {"loss_first": first, "loss": first * (1.0 - drop)}
@@ -113,17 +114,20 @@ class ProbeShape:
     shape: Callable[[float, list[float], Mapping[str, Any], SimulatedWorkload], Shape]
     #: Extra result fields from (request, preset, units of work, a noise draw); None: none.
     extra: Callable[[ProbeRequest, str, float, Callable[[], float]], dict[str, float]] | None = None
-    #: Whether healthy peers share the answer check's fingerprint.
-    peer_comparable: bool = True
 
 
-#: Every probe the simulator runs; adding a probe adds a row here.
-PROBE_SHAPES: dict[str, ProbeShape] = {
-    "llm": ProbeShape(_llm_shape),
-    "vit": ProbeShape(_vit_shape),
-    "attention": ProbeShape(_attention_shape),
-    "train": ProbeShape(_train_shape, extra=_train_loss, peer_comparable=False),
+#: The simulated result of each kind, by the main latency its registry row names (one kind each).
+SHAPES: dict[str, ProbeShape] = {
+    "tpot_seconds": ProbeShape(_llm_shape),
+    "batch_seconds": ProbeShape(_vit_shape),
+    "iteration_seconds": ProbeShape(_attention_shape),
+    "step_seconds": ProbeShape(_train_shape, extra=_train_loss),
 }
+
+
+def probe_shape(probe: str) -> ProbeShape:
+    """The simulated result shape of ``probe``: its row's main latency names it."""
+    return SHAPES[str(probe_kind(probe).main_latency)]
 
 
 def _correctness(device: SimulatedGpu, probe: str, preset: str) -> dict[str, Any]:
@@ -136,7 +140,7 @@ def _correctness(device: SimulatedGpu, probe: str, preset: str) -> dict[str, Any
         "failed_checks": ["repeat", "slice"] if wrong else [],
         "max_abs_error": 0.5 if wrong else 1e-3, "max_rel_error": 0.4 if wrong else 2e-3,
         "elements_checked": 4096, "fingerprint": hashlib.blake2b(key.encode(), digest_size=8).hexdigest(),
-        "peer_comparable": PROBE_SHAPES[probe].peer_comparable, "precision": "bfloat16", "path": "simulated",
+        "peer_comparable": probe_kind(probe).peer_comparable, "precision": "bfloat16", "path": "simulated",
         "seconds": 0.0,
     }
 
@@ -204,7 +208,7 @@ def no_room(device: SimulatedGpu, probe: str, preset: str, options: Mapping[str,
     from gpuperfd.device.simulated import BASE_MEMORY_BYTES
 
     merged = merged_options(probe, preset, options)
-    if probe != "llm" or not is_llama(merged.get("model")):
+    if not is_llama_point(probe, merged.get("model")):
         return None
     needed = llama_room_bytes(merged)
     memory = device.memory()
@@ -357,7 +361,7 @@ class SimulatedExecutor:
     def _result(self, device: SimulatedGpu, request: ProbeRequest, preset: str, work: SimulatedWorkload,
                 window: _Window) -> ProbeResult:
         """A finished window's result: the rate the cap allows, with noise, shaped as the probe reports it."""
-        row, profile = PROBE_SHAPES[request.probe], work.profile
+        row, profile = probe_shape(request.probe), work.profile
         point = device.operating_point(profile)
         with self._lock:
             rate = self._noisy(point.units_per_second, self.noise)

@@ -26,18 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from gpuperfd.device.roofline import StepTime, step_time
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS
-from gpuperfd.probe_data.workload_cost import Phase, WorkCost, workload_cost
+from gpuperfd.probe_data.kinds import KINDS, probe_kind, workload_cost
+from gpuperfd.probe_data.workload_cost import Phase, WorkCost
 
 if TYPE_CHECKING:
     from gpuperfd.device.simulated import WorkloadProfile
 
-#: Workload options each probe's cost follows (probe_data/workload_cost.py).
-MODELLED_OPTIONS: dict[str, tuple[str, ...]] = {
-    "llm": ("model", "batch_size", "prompt_tokens", "output_tokens", "n_groups", "dtype"),
-    "vit": ("model", "batch_size", "image_size", "dtype"),
-    "attention": ("batch_size", "heads", "head_dim", "seq_len", "n_groups", "causal", "dtype"),
-    "train": ("model", "batch_size", "seq_len", "dtype"),
-}
 #: Options that change a real run but not the simulated one: named when they differ from the
 #: default preset's (the simulated figures are the default variant's, on synthetic data).
 UNMODELLED_OPTIONS: tuple[str, ...] = ("variant", "weights_path", "dataset_path")
@@ -75,7 +69,8 @@ def simulated_workload(probe: str, preset: str | None, options: Mapping[str, Any
     KeyError or ValueError name a missing or bad option.
     """
     merged = merged_options(probe, preset, options)
-    key = tuple(sorted((name, merged.get(name)) for name in MODELLED_OPTIONS[probe]))
+    # the options its cost follows: the kind's workload fields (probe_data/kind_work.py)
+    key = tuple(sorted((name, merged.get(name)) for name in probe_kind(probe).params))
     scaled = _scaled(probe, key)
     return dataclasses.replace(scaled, not_modelled=not_modelled(probe, merged))
 
@@ -90,7 +85,7 @@ def _scaled(probe: str, key: tuple[tuple[str, Any], ...]) -> SimulatedWorkload:
     profile = base if cost == reference else _scale_profile(base, reference, cost, probe, dict(key))
     ttft = None
     if cost.prefill is not None and reference.prefill is not None:
-        ttft = _ttft_per_tpot(base.calibrations[0].model, reference, cost)
+        ttft = _ttft_per_tpot(probe, base.calibrations[0].model, reference, cost)
     return SimulatedWorkload(profile, ttft)
 
 
@@ -121,22 +116,12 @@ def _scale_profile(base: WorkloadProfile, reference: WorkCost, cost: WorkCost, p
         memory_bytes=peak_memory_bytes(base.memory_bytes, reference, cost, probe), calibrations=tuple(calibrations))
 
 
-#: What a probe's process holds at batch 1 beyond its modelled bytes (torch's allocator segments,
-#: cuBLAS/cuDNN workspaces, a compiled graph's pools), bytes: it does not grow with the batch. Measured on
-#: an H100 (tests/data/h100_shape_points.json): vit-b16 at batch 1 peaks 124 MiB above its weights, gpt2
-#: and gpt2-xl 77-131 MiB above weights and KV cache. Without it the default preset's overhead (49 MiB
-#: for vit at batch 128) stood for the floor and small batches came out 18-25 % low (vit b128/b1 2.19
-#: against a measured 1.64). The attention probe holds only its tensors (its real peak is its modelled
-#: bytes); the train probe's modelled bytes exceed its real peak (scaled down instead).
-FRAMEWORK_FLOOR_BYTES: dict[str, int] = {"llm": 90 * 2**20, "vit": 120 * 2**20}
-
-
 def peak_memory_bytes(reference_bytes: int, reference: WorkCost, cost: WorkCost, probe: str | None = None) -> int:
     """Peak memory of ``cost``: its weights (and optimizer state) as modelled, the probe's framework floor
-    (:data:`FRAMEWORK_FLOOR_BYTES`), and its batch-dependent bytes (activations, KV cache) scaled so the
+    (its row's ``framework_floor_bytes``), and its batch-dependent bytes (activations, KV cache) scaled so the
     default preset's real peak (``reference_bytes``) comes out exactly. Where that leaves no room (the
     modelled bytes exceed the real peak), every modelled byte is scaled down by that ratio instead."""
-    floor = FRAMEWORK_FLOOR_BYTES.get(probe or "", 0)
+    floor = KINDS[probe].framework_floor_bytes if probe in KINDS else 0
     fixed = reference.memory.weights + reference.memory.optimizer + floor
     dynamic = reference.memory.activations + reference.memory.kv_cache
     if dynamic > 0 and reference_bytes > fixed:
@@ -149,13 +134,13 @@ def peak_memory_bytes(reference_bytes: int, reference: WorkCost, cost: WorkCost,
     return int(cost.memory.total * reference_bytes / modelled)
 
 
-def _ttft_per_tpot(card: str, reference: WorkCost, cost: WorkCost) -> float:
+def _ttft_per_tpot(probe: str, card: str, reference: WorkCost, cost: WorkCost) -> float:
     """Time to first token over the time of one decode step, calibrated so the default preset keeps
     the measured prefill rate (``LLM_PREFILL_SPEEDUP``: prompt tokens/s over output tokens/s)."""
     from gpuperfd.device.simulated import LLM_PREFILL_SPEEDUP
 
     assert reference.prefill is not None and cost.prefill is not None
-    prompt = int(PRESETS["llm"][DEFAULT_PRESET["llm"]]["prompt_tokens"])
+    prompt = int(PRESETS[probe][DEFAULT_PRESET[probe]]["prompt_tokens"])
     measured = prompt / LLM_PREFILL_SPEEDUP  # the default preset's TTFT per decode step
     modelled = _time(card, reference, reference.prefill).total / _time(card, reference).total
     return measured / modelled * _time(card, cost, cost.prefill).total / _time(card, cost).total
