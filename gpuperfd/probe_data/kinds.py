@@ -37,6 +37,8 @@ class ProbeKind:
     #: The workload fields it uses (the others must stay None) and its variants (the first the default).
     params: tuple[str, ...] = ()
     variants: tuple[str, ...] = ()
+    #: What ``--variant both`` names (empty: every variant).
+    both_variants: tuple[str, ...] = ()
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
     default_preset: str | None = None
     #: The latency tables and charts show, the headline rate, and older latency names still read.
@@ -90,7 +92,7 @@ KINDS: dict[str, ProbeKind] = {kind.name: kind for kind in (
         # graph: own static-KV-cache GPT-2 forward, decode step captured in a CUDA graph.
         # eager: Hugging Face generate() in eager mode (the seeds' method), for comparison.
         # compiled, fused, speculative: the Llama family only (shape_checks.LLAMA_VARIANTS).
-        variants=("graph", "eager", "compiled", "fused", "speculative"),
+        variants=("graph", "eager", "compiled", "fused", "speculative"), both_variants=("graph", "eager"),
         presets=LLM_PRESETS, default_preset="gpt2",
         main_latency="tpot_seconds", primary_metric="output_tokens_per_second",
         chart_latencies=("ttft_seconds", "tpot_seconds"),
@@ -101,7 +103,7 @@ KINDS: dict[str, ProbeKind] = {kind.name: kind for kind in (
                 ("LLM request latency", "gpuperf_probe_request_latency_seconds")),
         preload_modules=(_GPT2_MODEL_CODE, "transformers.models.llama.modeling_llama"),
         llama_module="gpuperfd.probe_child.workloads.llama.probe",
-        child_costs=(13.4, 0.9, 3.4), framework_floor_bytes=90 * 2**20, runs_in_check=True,
+        child_costs=(13.4, 0.6, 2.3), framework_floor_bytes=90 * 2**20, runs_in_check=True,
         check_variant=shape_checks.check_decoder_variant, check=shape_checks.check_decoder,
         cost=kind_work.decoder_cost, parameters=kind_work.decoder_parameters, flops=kind_work.decoder_flops),
     ProbeKind(
@@ -115,7 +117,7 @@ KINDS: dict[str, ProbeKind] = {kind.name: kind for kind in (
         latency_series={"batch_seconds": "batch_seconds"},
         panels=(("ViT batch latency", "gpuperf_probe_batch_latency_seconds"),),
         preload_modules=("transformers.models.vit.modeling_vit",),
-        child_costs=(15.4, 7.3, 1.0), framework_floor_bytes=120 * 2**20, images=True,
+        child_costs=(19.1, 2.3, 0.8), framework_floor_bytes=120 * 2**20, images=True,
         check=shape_checks.check_image,
         cost=kind_work.image_cost, parameters=kind_work.image_parameters, flops=kind_work.image_flops),
     ProbeKind(
@@ -127,7 +129,7 @@ KINDS: dict[str, ProbeKind] = {kind.name: kind for kind in (
         legacy_latencies={"batch_seconds": "iteration_seconds"},
         latency_series={"batch_seconds": "iteration_seconds", "iteration_seconds": "iteration_seconds"},
         panels=(("Attention iteration time", "gpuperf_probe_iteration_seconds"),),
-        child_costs=(3.7, 0.2, 3.3), takes_files=False,
+        child_costs=(3.7, 0.2, 2.0), takes_files=False,
         check=shape_checks.check_sdpa, cost=kind_work.sdpa_cost, flops=kind_work.sdpa_flops),
     ProbeKind(
         "train", "gpuperfd.probe_child.workloads.train", "token",
@@ -137,7 +139,7 @@ KINDS: dict[str, ProbeKind] = {kind.name: kind for kind in (
         latency_series={"step_seconds": "step_seconds"},
         panels=(("Training step time", "gpuperf_probe_step_seconds"),),
         preload_modules=(_GPT2_MODEL_CODE,),
-        child_costs=(12.3, 0.2, 2.5), peer_comparable=False, training=True,
+        child_costs=(12.3, 0.2, 2.0), peer_comparable=False, training=True,
         check=shape_checks.check_training,
         cost=kind_work.training_cost, parameters=kind_work.gpt2_parameters, flops=kind_work.training_flops),
     # The node's copies and all-reduces across its GPUs (issue 44); its verdicts: health/interconnect.py.

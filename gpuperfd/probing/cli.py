@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuperfd.console import ProgressBar, format_duration, format_table
+from gpuperfd.probe_data.kinds import INTERCONNECT
 from gpuperfd.probe_data.result import MAIN_LATENCY, PRIMARY_METRIC, ProbeResult, canonical_latencies, summarize
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec, params_text
 from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY, SIMULATED_NOTE_KEY
@@ -62,7 +63,7 @@ def _number(text: str) -> float:
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     presets = "; ".join(f"{p}: {', '.join(PRESETS[p])} (default {DEFAULT_PRESET[p]})" for p in PROBES)
-    parser.add_argument("probe", nargs="?", choices=(*PROBES, "interconnect"),
+    parser.add_argument("probe", nargs="?", choices=(*PROBES, INTERCONNECT),
                         help="which workload to run (or 'probe' in --config); interconnect: peer copies and "
                              "all-reduce across a set of GPUs (its own flags below)")
     parser.add_argument("--config", metavar="FILE",
@@ -214,7 +215,7 @@ def options_of(args: argparse.Namespace) -> ProbeOptions:
 
 def main(args: argparse.Namespace) -> int:
     """Run the points the flags describe; returns the exit code."""
-    if args.probe == "interconnect":
+    if args.probe == INTERCONNECT:
         return interconnect_cli.main(args)
     options = options_of(args)
     try:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuperfd.probe_data.kinds import probe_kind
 from gpuperfd.probe_data.spec import PROBES, VARIANTS, ProbeSpec
 from gpuperfd.probing.gates.idle import DEFAULT_IDLE_THRESHOLD
 
@@ -157,7 +158,7 @@ def build_specs(options: ProbeOptions) -> list[ProbeSpec]:
     expanded: set[str] = set()
     for variant in _values(options, "variant"):
         if variant in ("both", "all"):
-            every = ("graph", "eager") if probe == "llm" and variant == "both" else VARIANTS[probe]
+            every = (variant == "both" and probe_kind(probe).both_variants) or VARIANTS[probe]
             expanded.update(v for v in every if v not in variants)
             variants.extend(v for v in every if v not in variants)
         elif variant not in variants:
@@ -211,7 +212,7 @@ def _spec_of_point(probe: str, fields: dict[str, Any]) -> ProbeSpec:
     """One point's spec; the speculative options reach only the run's speculative points (a matrix of
     ``--preset llama-3.1-8b llama-3.1-8b-spec --acceptance-rates 0.8`` measures the plain one too)."""
     spec = ProbeSpec(probe=probe, **{k: v for k, v in fields.items() if k not in _SPECULATIVE_OPTIONS})
-    if spec.variant == "speculative" or (probe == "llm" and fields.get("variant") == "speculative"):
+    if "speculative" in (spec.variant, fields.get("variant")):
         return ProbeSpec(probe=probe, **fields)
     return spec
 

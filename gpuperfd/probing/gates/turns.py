@@ -27,7 +27,7 @@ class HolderKind(str, Enum):
     """What holds a GPU."""
 
     ROUND = "round"  # a probe round (ProbeService.run)
-    INTERCONNECT = "interconnect"  # an interconnect run: every GPU of its set
+    INTERCONNECT = "interconnect_run"  # an interconnect run: every GPU of its set
 
 
 @dataclass(frozen=True)

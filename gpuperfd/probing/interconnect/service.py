@@ -26,6 +26,7 @@ from gpuperfd.config import ScheduleConfig
 from gpuperfd.device.base import Device
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.probe_data.interconnect import InterconnectRequest, InterconnectResult
+from gpuperfd.probe_data.kinds import INTERCONNECT
 from gpuperfd.probing.gates.turns import Holder, HolderKind, Turn
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.interconnect.executor import InterconnectExecutor
@@ -36,7 +37,7 @@ __all__ = ["InterconnectService", "request_of", "PROBE", "PRESET"]
 
 log = logging.getLogger(__name__)
 
-PROBE = "interconnect"
+PROBE = INTERCONNECT
 #: The preset label of its counters (the probe has no presets: the collective library it ran on).
 PRESET = "nccl"
 #: Its history records, in their own file beside the per-GPU history.
