@@ -27,6 +27,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 from gpuperfd.probe_data import wire
@@ -155,10 +156,12 @@ class _Session:
     def progress(self, **body: Any) -> None:
         wire.send(self.conn, "progress", body)
 
-    def start(self, t_start: float, defer_build: bool) -> None:
-        """The first ``ready``: after the imports only (deferred), or after the build."""
+    def start(self, t_start: float, defer_build: bool, also: Sequence[tuple[str, str | None]] = ()) -> None:
+        """The first ``ready``: after the imports only (deferred: this probe's and ``also``'s, the other
+        (probe, variant) pairs its round may run), or after the build."""
         if defer_build:
-            self.workloads.preload(self.spec.probe, self.spec.variant)
+            for probe, variant in ((self.spec.probe, self.spec.variant), *also):
+                self.workloads.preload(probe, variant)
             self.import_seconds = time.perf_counter() - t_start
             wire.send(self.conn, "ready", {"import_seconds": self.import_seconds, "deferred": True,
                                            "cuda_initialized": _cuda_initialized()})
@@ -254,12 +257,13 @@ def _close_quietly(conn: Any) -> None:
 
 
 def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, parent_pid: int | None = None,
-         defer_build: bool = False) -> None:
+         defer_build: bool = False, also: Sequence[tuple[str, str | None]] = ()) -> None:
     """Build the probe once, then measure one point per ``measure`` request; exits with os._exit.
 
     ``defer_build``: import torch and what the probe's build needs (:func:`workloads.preload`),
     touch no GPU, say ``ready`` and wait for a ``build``: the parent starts the child before it
-    takes the GPU, so the imports are not GPU time. Every message is JSON
+    takes the GPU, so the imports are not GPU time; ``also``: the other (probe, variant) pairs whose code
+    it imports too (a round runs the GPU's due probes in one child). Every message is JSON
     (:mod:`gpuperfd.probe_data.wire`): the parent never unpickles anything.
     """
     t_start = time.perf_counter()
@@ -270,7 +274,7 @@ def main(spec_dict: dict[str, Any], conn: Any, log_path: str | None = None, pare
         from gpuperfd.probe_data.spec import ProbeSpec
 
         session = _Session(ProbeSpec.from_dict(spec_dict), conn, identity)
-        session.start(t_start, defer_build)
+        session.start(t_start, defer_build, also)
         session.serve()
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
         code = _send_error(conn, exc, identity)
@@ -291,10 +295,13 @@ def _cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--spec", required=True, help="the ProbeSpec as JSON")
     parser.add_argument("--defer-build", action="store_true",
                         help="import only (no GPU call), then wait for a build request")
+    parser.add_argument("--preload-also", default="[]",
+                        help="with --defer-build: JSON [[probe, variant], ...] whose code is imported too")
     parser.add_argument("--log", default=None)
     parser.add_argument("--parent-pid", type=int, default=None)
     args = parser.parse_args(argv)
-    main(json.loads(args.spec), wire.Channel.from_fd(args.fd), args.log, args.parent_pid, args.defer_build)
+    also = [(str(probe), None if variant is None else str(variant)) for probe, variant in json.loads(args.preload_also)]
+    main(json.loads(args.spec), wire.Channel.from_fd(args.fd), args.log, args.parent_pid, args.defer_build, also)
 
 
 if __name__ == "__main__":

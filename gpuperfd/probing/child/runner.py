@@ -362,6 +362,9 @@ class ProbeChild:
         on_peak: Callable[[str, int], None] | None = None,
     ) -> None:
         self.spec = spec
+        #: With a deferred build: the other (probe, variant) pairs whose code the child imports before its
+        #: GPU is taken (the probes its round may run after ``spec``'s).
+        self.also_preload: tuple[tuple[str, str | None], ...] = ()
         #: Told (probe, peak host RSS in bytes) for each probe this child ran, once it has exited.
         self.on_peak = on_peak
         #: The child's peak resident memory in bytes, once it has exited (``ru_maxrss``).
@@ -418,7 +421,8 @@ class ProbeChild:
         fd, self._log_path = tempfile.mkstemp(prefix=f"gpuperfd-probe-{self.spec.probe}-", suffix=".log")
         args = [sys.executable, "-m", CHILD_MODULE, "--fd", str(theirs.fileno()), "--log", self._log_path,
                 "--parent-pid", str(os.getpid()), "--spec", json.dumps(self.spec.to_dict()),
-                *(["--defer-build"] if defer_build else [])]
+                *(["--defer-build"] if defer_build else []),
+                *(["--preload-also", json.dumps(self.also_preload)] if defer_build and self.also_preload else [])]
         try:
             popen = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, pass_fds=(theirs.fileno(),),

@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -285,13 +285,26 @@ class ChildProcessExecutor:
         """What its children get on top of the daemon's environment."""
         return compile_cache_env(self.state_dir) if self.compile_cache else {}
 
-    def new_child(self, device: Device, request: ProbeRequest) -> ProbeChild:
+    def new_child(self, device: Device, request: ProbeRequest, also: Sequence[ProbeRequest] = ()) -> ProbeChild:
         """A child for ``request`` on ``device``'s GPU, not started, watching no GPU yet (a standby child:
-        :class:`~gpuperfd.probing.child.standby.StandbyChildren` gives it the GPU to watch when a round takes it)."""
+        :class:`~gpuperfd.probing.child.standby.StandbyChildren` gives it the GPU to watch when a round takes it);
+        with a deferred build it imports ``also``'s code too (each probe and variant once; a request whose
+        spec is not valid here is left to its own round, which says why)."""
         from gpuperfd.probing.child.runner import ProbeChild
 
-        return ProbeChild(self.spec(device, request), device=None, own_pids=(os.getpid(),),
-                          record_dir=self.state_dir, env=self.child_env(), on_peak=self.on_peak)
+        spec = self.spec(device, request)
+        pairs: list[tuple[str, str | None]] = []
+        for other in also:
+            try:
+                pair = (other.probe, self.spec(device, other).variant)
+            except ValueError:
+                continue
+            if pair != (spec.probe, spec.variant) and pair not in pairs:
+                pairs.append(pair)
+        child = ProbeChild(spec, device=None, own_pids=(os.getpid(),), record_dir=self.state_dir,
+                           env=self.child_env(), on_peak=self.on_peak)
+        child.also_preload = tuple(pairs)
+        return child
 
     def open(self, device: Device | None, request: ProbeRequest, abort: threading.Event,
              carried: ProbeChild | None = None, on_progress: ProgressCallback | None = None) -> WarmChildSession:

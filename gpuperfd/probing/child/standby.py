@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -96,11 +96,13 @@ class _Slot:
 class StandbyChildren:
     """At most one child per GPU started ahead of its qualifying moment; thread-safe.
 
-    ``make_child(device, request)``: a new, not yet started probe child for ``request`` on ``device``'s
-    GPU that watches no GPU yet (a user's job may be on it while the child imports).
+    ``make_child(device, request, also)``: a new, not yet started probe child for ``request`` on ``device``'s
+    GPU that watches no GPU yet (a user's job may be on it while the child imports), importing the code
+    of the ``also`` requests too (the round that takes it may run them after ``request``).
     """
 
-    def __init__(self, make_child: Callable[[Device, ProbeRequest], ProbeChild], timeout_seconds: float,
+    def __init__(self, make_child: Callable[[Device, ProbeRequest, Sequence[ProbeRequest]], ProbeChild],
+                 timeout_seconds: float,
                  admission: Admission | None = None, clock: Callable[[], float] = time.monotonic,
                  ready_seconds: float = DEFAULT_READY_SECONDS, lead_margin_seconds: float = LEAD_MARGIN_SECONDS) -> None:
         self.make_child = make_child
@@ -131,9 +133,11 @@ class StandbyChildren:
             slot = self._slots.get(gpu)
             return slot is not None and slot.ticket is not None
 
-    def ensure(self, device: Device, request: ProbeRequest, need_bytes: int, abort: threading.Event) -> bool:
+    def ensure(self, device: Device, request: ProbeRequest, need_bytes: int, abort: threading.Event,
+               also: Sequence[ProbeRequest] = ()) -> bool:
         """A child for ``device``'s GPU started now (in a thread) unless one is there; False when the
-        admission has no room for it at once (a standby child never waits for memory: a round may need it)."""
+        admission has no room for it at once (a standby child never waits for memory: a round may need it).
+        ``also``: the requests the round may run after ``request``, whose code the child imports too."""
         gpu = device.index
         with self._lock:
             if gpu in self._slots:
@@ -145,7 +149,7 @@ class StandbyChildren:
             ticket = self.admission.try_acquire(gpu, need_bytes)
             if not ticket.granted:
                 return False
-        slot = _Slot(self.make_child(device, request), ticket, self.clock())
+        slot = _Slot(self.make_child(device, request, also), ticket, self.clock())
         slot.child.should_abort = slot.cancel.is_set
         if getattr(slot.child, "starts_at_once", False):  # no process, no thread: its imports are a time
             slot.child.start(time.monotonic() + self.timeout_seconds, defer_build=True)

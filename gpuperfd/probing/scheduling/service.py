@@ -321,7 +321,10 @@ class ProbeService:
         if self.standby is None or self.abort.is_set() or schedule.probe not in PER_GPU_PROBES:
             return False
         need = self._child_bytes(gpu, schedule) if self.admission is not None else 0
-        return self.standby.ensure(self.devices[gpu], request_from_schedule(schedule), need, self.abort)
+        # the round that takes it may run the GPU's other due probes in it: their code is imported too
+        others = [request_from_schedule(s) for s in self.config.schedules
+                  if s is not schedule and (s.gpus is None or gpu in s.gpus) and s.probe in PER_GPU_PROBES]
+        return self.standby.ensure(self.devices[gpu], request_from_schedule(schedule), need, self.abort, others)
 
     def _gate(self, device: Device, gpu: int, info: GpuInfo, schedule: ScheduleConfig,
               source: RoundSource | None) -> RunOutcome | None:

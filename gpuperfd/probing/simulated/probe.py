@@ -21,7 +21,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -258,8 +258,10 @@ class SimulatedExecutor:
     def costs(self, probe: str) -> ChildCosts:
         return costs_for(probe, self.cost_scale)
 
-    def new_child(self, device: Device, request: ProbeRequest) -> SimulatedChild:
-        """A standby child for ``request``: its imports' time, paid before the GPU qualifies."""
+    def new_child(self, device: Device, request: ProbeRequest, also: Sequence[ProbeRequest] = ()) -> SimulatedChild:
+        """A standby child for ``request``: its imports' time, paid before the GPU qualifies. They stand for
+        ``also``'s too: a round's later probe pays none in the carried child, as in a real child that
+        imported their code with its own."""
         return SimulatedChild(device, request, self.costs(request.probe).imports)
 
     def open(self, device: Device, request: ProbeRequest, abort: threading.Event,

@@ -21,6 +21,7 @@ from gpuperfd.probing.gates.idle import IdleTracker
 from gpuperfd.probing.metrics import ProbeMetrics
 from gpuperfd.probing.scheduling.scheduler import ProbeScheduler
 from gpuperfd.probing.scheduling.service import ProbeService
+from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probing.child.standby import StandbyChildren
 from gpuperfd.telemetry.collectors.base import Point
 from gpuperfd.telemetry.sampler import Reading
@@ -264,7 +265,7 @@ def test_the_next_results_child_starts_while_a_round_runs_and_the_rounds_end_lea
 
     device = SimulatedBackend(SimulationConfig(gpus=1, seed=5)).devices()[0]
     admission = Admission(8 << 30, "test budget")
-    standby = StandbyChildren(lambda dev, request: SimulatedChild(dev, request, 0.0), 60, admission)
+    standby = StandbyChildren(lambda dev, request, also: SimulatedChild(dev, request, 0.0), 60, admission)
     abort = threading.Event()
     assert standby.ensure(device, ProbeRequest("llm", "tiny"), 1 << 30, abort)
     llm = standby.take(0, device)  # the llm round starts in it
@@ -277,3 +278,47 @@ def test_the_next_results_child_starts_while_a_round_runs_and_the_rounds_end_lea
     assert isinstance(vit, SimulatedChild) and vit.spec.probe == "vit" and vit.alive
     standby.round_ended(0)
     assert admission.state().reserved_bytes == 0 and standby.taken == 2
+
+
+def test_a_standby_child_imports_the_code_of_every_probe_its_round_may_run(node):
+    """A round runs the GPU's due probes in one child; a later probe's imports (ViT's model code and the
+    compiler: 4-5 s on an H200) were paid on the GPU, in its turn. The standby child imports them too."""
+    n = node()
+    attention = ScheduleConfig(probe="attention", preset="tiny", interval_seconds=3600, settle_seconds=0,
+                               options={"repeats": 1})
+    config = n.config.model_copy(update={"schedules": [LLM, attention]})
+    n.service.config = config
+    n.scheduler.apply(config)
+    n.fire()
+    assert n.dispatch() == 0
+    n.wait_ready()  # the child took the extra argument and imported both probes' code
+    spec = n.executor.spec(n.devices[0], ProbeRequest("attention", "tiny"))
+    assert n.slot().child.also_preload == (("attention", spec.variant),)
+
+
+def test_the_executor_names_each_other_probe_and_variant_once_and_leaves_out_an_invalid_one(tmp_path):
+    executor = ChildProcessExecutor(60, torch_device="cpu", state_dir=tmp_path, compile_cache=False)
+    device = SimulatedBackend(SimulationConfig(gpus=1, seed=5)).devices()[0]
+    also = [ProbeRequest("vit", "tiny"), ProbeRequest("vit", "tiny", {"batch_size": 2}), ProbeRequest("llm", "tiny"),
+            ProbeRequest("vit", "no-such-preset")]
+    child = executor.new_child(device, ProbeRequest("llm", "tiny"), also)
+    vit = executor.spec(device, ProbeRequest("vit", "tiny")).variant
+    assert child.also_preload == (("vit", vit),)  # once; llm is its own probe; the bad preset left out
+
+
+def test_the_child_imports_each_pair_it_is_told_before_it_says_ready(monkeypatch):
+    from gpuperfd.probe_child import child as child_module
+    from gpuperfd.probe_data.spec import ProbeSpec
+
+    sent = []
+
+    class Conn:
+        def send_bytes(self, data: bytes) -> None:
+            sent.append(data)
+
+    session = child_module._Session(ProbeSpec("llm", preset="tiny", device="cpu"), Conn(), {})
+    loaded = []
+    monkeypatch.setattr(session.workloads, "preload", lambda probe, variant: loaded.append((probe, variant)))
+    session.start(time.perf_counter(), defer_build=True, also=[("vit", "compiled"), ("attention", None)])
+    assert loaded == [("llm", session.spec.variant), ("vit", "compiled"), ("attention", None)]
+    assert len(sent) == 1 and b"ready" in sent[0]
