@@ -25,7 +25,8 @@ import sys
 import time
 
 import pytest
-from conftest import DaemonProcess, FakeClock
+from conftest import DaemonProcess
+from manual_clock import FakeClock
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import (
