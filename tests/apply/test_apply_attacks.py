@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from persisted_boards import ORIGINAL, apply_config as config, board_limits, operator_sets, wait_for
+from persisted_boards import ORIGINAL, apply_config as config, board_limits, operator_sets
+from waiting import wait_for
 
 HAND = 600.0  # the operator's own cap on GPU 1, set by hand (neither theirs before nor any cap we set)
 
