@@ -15,6 +15,7 @@ import pytest
 import requests
 
 import gpuperfd.cli  # noqa: F401  (hands the config its vocabulary, as every command does)
+from child_processes import end
 from manual_clock import FakeClock
 
 # The daemon requires the kubelet's answer before probing inside a Kubernetes pod
@@ -71,15 +72,9 @@ class DaemonProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        returncode = end(self.proc, timeout, sig)
         self._log.close()
-        return self.proc.returncode
+        return returncode
 
 
 @pytest.fixture
