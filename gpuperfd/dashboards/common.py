@@ -81,6 +81,15 @@ def query_variable(name: str, label: str, metric: str, label_name: str, multi: b
     )
 
 
+def probe_variables(metric: str) -> list[g.Template]:
+    """The probe, then the preset of the probes chosen: both from ``metric``'s labels (a series every probe
+    publishes), so a preset list names only presets of the chosen probes."""
+    return [
+        query_variable("probe", "Probe", metric, "probe"),
+        query_variable("preset", "Preset", f'{metric}{{probe=~"$probe"}}', "preset"),
+    ]
+
+
 def interval_variable(name: str, label: str, options: str, default: str) -> g.Template:
     return g.Template(name=name, label=label, query=options, type="interval", default=default)
 
