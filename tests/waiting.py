@@ -9,8 +9,8 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 30.0, what: str = "condition",
-             log: Callable[[], str] = lambda: "", interval: float = 0.05) -> T:
+def wait_for(predicate: Callable[[], T], timeout: float = 30.0, log: Callable[[], str] = lambda: "",
+             what: str = "condition", interval: float = 0.05) -> T:
     """``predicate()``'s first true answer, asked every ``interval`` seconds; after ``timeout`` seconds
     fails naming ``what``, with the end of ``log()`` (a daemon's log, say) where one is given."""
     deadline = time.monotonic() + timeout
