@@ -15,6 +15,8 @@ import pytest
 import requests
 
 import gpuperfd.cli  # noqa: F401  (hands the config its vocabulary, as every command does)
+from child_processes import end
+from manual_clock import FakeClock
 
 # The daemon requires the kubelet's answer before probing inside a Kubernetes pod
 # (attribution.kubernetes.required: auto); a CI runner that is itself a pod must not
@@ -22,24 +24,6 @@ import gpuperfd.cli  # noqa: F401  (hands the config its vocabulary, as every co
 os.environ.pop("KUBERNETES_SERVICE_HOST", None)
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
 
 
 @pytest.fixture
@@ -88,15 +72,9 @@ class DaemonProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        returncode = end(self.proc, timeout, sig)
         self._log.close()
-        return self.proc.returncode
+        return returncode
 
 
 @pytest.fixture

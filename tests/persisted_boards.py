@@ -8,12 +8,7 @@ real daemons mid-sweep or while apply mode holds a cap.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
-
-T = TypeVar("T")
 
 #: The operator's caps the boards start at (GPU index -> watts, as the state file keys them).
 ORIGINAL = {"0": 650.0, "1": 640.0}
@@ -73,12 +68,3 @@ def apply_config(state: Path, mode: str = "on", first_run: float = 0.1, interval
     """The config text of a daemon in apply ``mode`` on the two boards, its state in ``state``."""
     return APPLY_CONFIG.format(state=state, boards=boards(state), mode=mode, first_run=first_run, interval=interval,
                                measure=measure)
-
-
-def wait_for(what: Callable[[], T], timeout: float = 30.0, log: Callable[[], str] = lambda: "") -> T:
-    """``what()``'s first true answer, asked every 50 ms; fails with the end of ``log()`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not (got := what()):
-        assert time.monotonic() < deadline, log()[-3000:]
-        time.sleep(0.05)
-    return got

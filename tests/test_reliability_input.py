@@ -25,7 +25,8 @@ import sys
 import time
 
 import pytest
-from conftest import DaemonProcess, FakeClock
+from conftest import DaemonProcess
+from manual_clock import FakeClock
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import (
@@ -364,16 +365,18 @@ def test_hundreds_of_half_open_connections_do_not_slow_scrapes(daemon):
             sock.close()
 
 
-@pytest.mark.slow
-def test_real_daemon_cuts_off_a_trickling_client_within_its_request_timeout(daemon):
-    sock = socket.create_connection(("127.0.0.1", daemon.port), timeout=REQUEST_TIMEOUT_SECONDS + 10)
+def seconds_until_cut_off(sock: socket.socket, within: float, recv_timeout: float | None = None) -> float | None:
+    """Trickle a request head's header value into ``sock`` a byte per read (each read waits the socket's
+    timeout, or ``recv_timeout`` once set) until the server closes: the seconds that took, None if it
+    had not closed within ``within`` seconds. Closes ``sock``."""
     sock.sendall(b"GET /metrics HTTP/1.1\r\nX-Trickle: ")
     start = time.monotonic()
     cut = None
-    while time.monotonic() - start < REQUEST_TIMEOUT_SECONDS + 10:
+    while time.monotonic() - start < within:
         try:
-            sock.sendall(b"a")  # one byte a second keeps a per-read timeout happy forever
-            sock.settimeout(1.0)
+            sock.sendall(b"a")
+            if recv_timeout is not None:
+                sock.settimeout(recv_timeout)
             if sock.recv(1024) == b"":
                 cut = time.monotonic() - start
                 break
@@ -383,6 +386,14 @@ def test_real_daemon_cuts_off_a_trickling_client_within_its_request_timeout(daem
             cut = time.monotonic() - start
             break
     sock.close()
+    return cut
+
+
+@pytest.mark.slow
+def test_real_daemon_cuts_off_a_trickling_client_within_its_request_timeout(daemon):
+    sock = socket.create_connection(("127.0.0.1", daemon.port), timeout=REQUEST_TIMEOUT_SECONDS + 10)
+    # one byte a second keeps a per-read timeout happy forever
+    cut = seconds_until_cut_off(sock, REQUEST_TIMEOUT_SECONDS + 10, recv_timeout=1.0)
     print(f"\ntrickling client cut off after {cut} s (request timeout {REQUEST_TIMEOUT_SECONDS} s)")
     assert cut is not None and cut <= REQUEST_TIMEOUT_SECONDS + 2, cut
 
@@ -405,21 +416,8 @@ def test_half_request_is_closed_after_the_request_timeout(small_server):
 
 def test_trickling_request_head_is_cut_off_at_the_deadline_not_per_read(small_server):
     sock = socket.create_connection(("127.0.0.1", small_server.port), timeout=0.2)
-    sock.sendall(b"GET /metrics HTTP/1.1\r\nX-Trickle: ")
-    start = time.monotonic()
-    cut = None
-    while time.monotonic() - start < 6:
-        try:
-            sock.sendall(b"a")  # a byte every 0.2 s: a 1 s per-read timeout would never fire
-            if sock.recv(1024) == b"":
-                cut = time.monotonic() - start
-                break
-        except socket.timeout:
-            continue
-        except (BrokenPipeError, ConnectionResetError):
-            cut = time.monotonic() - start
-            break
-    sock.close()
+    # a byte every 0.2 s: a 1 s per-read timeout would never fire
+    cut = seconds_until_cut_off(sock, 6)
     assert cut is not None and cut < 2.0, cut
 
 

@@ -81,16 +81,28 @@ def query_variable(name: str, label: str, metric: str, label_name: str, multi: b
     )
 
 
+def probe_variables(metric: str) -> list[g.Template]:
+    """The probe, then the preset of the probes chosen: both from ``metric``'s labels (a series every probe
+    publishes), so a preset list names only presets of the chosen probes."""
+    return [
+        query_variable("probe", "Probe", metric, "probe"),
+        query_variable("preset", "Preset", f'{metric}{{probe=~"$probe"}}', "preset"),
+    ]
+
+
 def interval_variable(name: str, label: str, options: str, default: str) -> g.Template:
     return g.Template(name=name, label=label, query=options, type="interval", default=default)
 
 
+def _panel_basics(title: str, queries: list[g.Target], description: str) -> dict[str, Any]:
+    """What every panel carries, whatever its kind: its title, its description (none when empty), the one
+    data source and its queries."""
+    return {"title": title, "description": description or None, "dataSource": DATASOURCE, "targets": queries}
+
+
 def timeseries(title: str, queries: list[g.Target], unit: str = "", description: str = "", **kwargs) -> g.TimeSeries:
     return g.TimeSeries(
-        title=title,
-        description=description or None,
-        dataSource=DATASOURCE,
-        targets=queries,
+        **_panel_basics(title, queries, description),
         unit=unit,
         legendDisplayMode="table",
         legendPlacement="bottom",
@@ -104,9 +116,7 @@ def timeseries(title: str, queries: list[g.Target], unit: str = "", description:
 def stat(title: str, queries: list[g.Target], unit: str = "none", description: str = "", **kwargs) -> g.Stat:
     kwargs.setdefault("reduceCalc", "lastNotNull")
     kwargs.setdefault("graphMode", "none")
-    return g.Stat(
-        title=title, description=description or None, dataSource=DATASOURCE, targets=queries, format=unit, **kwargs
-    )
+    return g.Stat(**_panel_basics(title, queries, description), format=unit, **kwargs)
 
 
 def table(
@@ -119,10 +129,7 @@ def table(
         {"id": "organize", "options": {"excludeByName": exclude, "renameByName": {}}},
     ]
     return g.Table(
-        title=title,
-        description=description or None,
-        dataSource=DATASOURCE,
-        targets=queries,
+        **_panel_basics(title, queries, description),
         unit=unit,
         transformations=transformations,
         filterable=True,
@@ -141,10 +148,7 @@ def column(ref: str, header: str, unit: str) -> dict:
 def bar_gauge(title: str, queries: list[g.Target], unit: str = "", description: str = "") -> g.BarGauge:
     """Horizontal bars, one per series (instant queries); written in the Grafana 8+ options format."""
     return g.BarGauge(
-        title=title,
-        description=description or None,
-        dataSource=DATASOURCE,
-        targets=queries,
+        **_panel_basics(title, queries, description),
         format=unit,
         displayMode="gradient",
         thresholds=[g.Threshold("blue", 0, 0.0)],
@@ -166,10 +170,7 @@ def heatmap_query(bucket_metric: str, selector: str) -> tuple[str, str]:
 def heatmap(title: str, queries: list[g.Target], unit: str = "s", description: str = "") -> g.Heatmap:
     """The histogram's observations per bucket and time slot (buckets de-cumulated by Grafana)."""
     return g.Heatmap(
-        title=title,
-        description=description or None,
-        dataSource=DATASOURCE,
-        targets=queries,
+        **_panel_basics(title, queries, description),
         dataFormat="tsbuckets",
         yBucketBound="upper",
         hideZeroBuckets=True,
@@ -182,10 +183,7 @@ def heatmap(title: str, queries: list[g.Target], unit: str = "s", description: s
 def state_timeline(title: str, queries: list[g.Target], unit: str = "", description: str = "", **kwargs) -> g.StateTimeline:
     """One lane per series, coloured by value (value mappings name the states)."""
     return g.StateTimeline(
-        title=title,
-        description=description or None,
-        dataSource=DATASOURCE,
-        targets=queries,
+        **_panel_basics(title, queries, description),
         extraJson={"fieldConfig": {"defaults": {"unit": unit}}} if unit else None,
         **kwargs,
     )

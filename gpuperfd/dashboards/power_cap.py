@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from gpuperfd.dashboards.common import AT_CAP, RUN, Panel, Row, column, dashboard, query_variable
+from gpuperfd.dashboards.common import AT_CAP, RUN, Panel, Row, column, dashboard, probe_variables, query_variable
 
 TITLE = "gpuperfd / Power-cap efficiency"
 UID = "gpuperfd-power-cap"
@@ -142,6 +142,5 @@ def build() -> g.Dashboard:
         query_variable("model", "GPU model", "gpuperf_gpu_info", "name"),
         query_variable("instance", "Instance", 'gpuperf_gpu_info{name=~"$model"}', "instance"),
         query_variable("gpu", "GPU", 'gpuperf_gpu_info{name=~"$model", instance=~"$instance"}', "gpu"),
-        query_variable("probe", "Probe", "gpuperf_probe_power_cap_watts", "probe"),
-        query_variable("preset", "Preset", 'gpuperf_probe_power_cap_watts{probe=~"$probe"}', "preset"),
+        *probe_variables("gpuperf_probe_power_cap_watts"),
     ])

@@ -20,6 +20,7 @@ from gpuperfd.dashboards.common import (
     dashboard,
     heatmap_query,
     interval_variable,
+    probe_variables,
     query_variable,
 )
 from gpuperfd.probe_data.kinds import KINDS
@@ -118,7 +119,6 @@ def build() -> g.Dashboard:
     return dashboard(TITLE, UID, DESCRIPTION, ROWS, [
         query_variable("instance", "Instance", "gpuperf_gpu_up", "instance"),
         query_variable("gpu", "GPU", 'gpuperf_gpu_up{instance=~"$instance"}', "gpu"),
-        query_variable("probe", "Probe", "gpuperf_probe_runs_total", "probe"),
-        query_variable("preset", "Preset", 'gpuperf_probe_runs_total{probe=~"$probe"}', "preset"),
+        *probe_variables("gpuperf_probe_runs_total"),
         interval_variable("window", "Quantile window", "15m,1h,6h,1d", "1h"),
     ])

@@ -466,15 +466,20 @@ def _rows_size(rows: list) -> tuple[float, float]:
     return 4 * COLUMN_INCHES, ROW_INCHES * 1.3 * len(rows) + 0.4
 
 
-@_with_report_scale
-def axes_figure(report: Report) -> Figure | None:
-    """Throughput, latency and peak memory against each parameter that varies (None if none varies)."""
-    rows = axis_rows(report)
+def _rows_figure(rows: list, draw: Any) -> Figure | None:
+    """A figure of its own for ``rows``, one drawn by ``draw`` under the other (None when there are none):
+    the axes and bar figures alike, which the combined figure draws as parts of one."""
     if not rows:
         return None
     fig = Figure(figsize=_rows_size(rows), dpi=DPI, layout="constrained")
-    _draw_rows(fig, rows, _draw_axis_row)
+    _draw_rows(fig, rows, draw)
     return fig
+
+
+@_with_report_scale
+def axes_figure(report: Report) -> Figure | None:
+    """Throughput, latency and peak memory against each parameter that varies (None if none varies)."""
+    return _rows_figure(axis_rows(report), _draw_axis_row)
 
 
 def bar_groups(report: Report) -> list[tuple[str, list[str], list[str], list[Series]]]:
@@ -528,12 +533,7 @@ def _draw_bar_row(axes: list, probe: str, compare: list[str], groups: list[str],
 @_with_report_scale
 def bar_figure(report: Report) -> Figure | None:
     """Grouped bars comparing variants, GPUs or hosts per configuration (None when nothing to compare)."""
-    rows = bar_groups(report)
-    if not rows:
-        return None
-    fig = Figure(figsize=_rows_size(rows), dpi=DPI, layout="constrained")
-    _draw_rows(fig, rows, _draw_bar_row)
-    return fig
+    return _rows_figure(bar_groups(report), _draw_bar_row)
 
 
 def _kind_columns(workloads: list[tuple[str, str]]) -> list[tuple[str, list[tuple[str, str]]]]:

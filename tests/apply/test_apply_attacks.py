@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from persisted_boards import ORIGINAL, apply_config as config, board_limits, operator_sets, wait_for
+from persisted_boards import ORIGINAL, apply_config as config, board_limits, operator_sets
+from waiting import wait_for
 
 HAND = 600.0  # the operator's own cap on GPU 1, set by hand (neither theirs before nor any cap we set)
 
@@ -86,6 +87,16 @@ def sweep_on_gpu_1(tmp_path: Path, state_dir: Path, measure: float = 3.0) -> sub
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def sweep_killed_at_700(tmp_path: Path, state: Path, journal_dir: Path) -> None:
+    """A :func:`sweep_on_gpu_1` journaling in ``journal_dir``, SIGKILLed once GPU 1's board (its limit in
+    ``state``) reads its first point, 700 W: its cap stays on the board, its journal entry in the dir."""
+    sweep = sweep_on_gpu_1(tmp_path, journal_dir)
+    wait_for(lambda: board_limits(state)["1"] == 700.0 or sweep.poll() is not None)
+    assert sweep.poll() is None, sweep.communicate()[1]
+    sweep.kill()
+    sweep.wait()
+
+
 @pytest.mark.parametrize("where", ["same_state_dir", "other_state_dir"])
 def test_a_killed_sweeps_cap_on_an_applied_gpu_is_not_taken_for_an_operators(start_daemon, tmp_path, where) -> None:  # type: ignore[no-untyped-def]
     """A CLI sweep SIGKILLed at its 700 W point on an applied GPU: before issue 51 the daemon called the GPU
@@ -94,11 +105,7 @@ def test_a_killed_sweeps_cap_on_an_applied_gpu_is_not_taken_for_an_operators(sta
     daemon = start_daemon(config_text=config(state))
     wait_for(lambda: applied(state), log=daemon.log)
     other = state if where == "same_state_dir" else tmp_path / "other-state"
-    sweep = sweep_on_gpu_1(tmp_path, other)
-    wait_for(lambda: board_limits(state)["1"] == 700.0 or sweep.poll() is not None)
-    assert sweep.poll() is None, sweep.communicate()[1]
-    sweep.kill()
-    sweep.wait()
+    sweep_killed_at_700(tmp_path, state, other)
     assert board_limits(state)["1"] == 700.0
     # The controller's next pass: the cap is the dead sweep's (its journaled pair), not an operator's.
     got = wait_for(lambda: (g := gpu_state(daemon, 1))["applied_watts"] is None and g, log=daemon.log)
@@ -268,11 +275,7 @@ def test_a_killed_sweeps_cap_is_put_back_by_the_running_daemon_at_its_next_pass(
     state = tmp_path / "state"
     daemon = start_daemon(config_text=config(state, first_run=3600))
     other = state if where == "same_state_dir" else tmp_path / "other-state"
-    sweep = sweep_on_gpu_1(tmp_path, other)
-    wait_for(lambda: board_limits(state)["1"] == 700.0 or sweep.poll() is not None)
-    assert sweep.poll() is None, sweep.communicate()[1]
-    sweep.kill()
-    sweep.wait()
+    sweep_killed_at_700(tmp_path, state, other)
     wait_for(lambda: board_limits(state)["1"] == ORIGINAL["1"], timeout=10, log=daemon.log)
     wait_for(lambda: "died with its cap journaled in" in daemon.log(), timeout=10, log=daemon.log)  # logged after
     assert not list(other.glob("*.cap.json")) and gpu_state(daemon, 1)["reason"] == "no_recommendation"

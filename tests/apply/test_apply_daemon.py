@@ -13,7 +13,8 @@ from pathlib import Path
 
 import requests
 
-from persisted_boards import ORIGINAL, apply_config as config, board_limits, wait_for
+from persisted_boards import ORIGINAL, apply_config as config, board_limits
+from waiting import wait_for
 
 #: GPU 1 reports XID 48 (double-bit ECC error) at start: its verdict, from the daemon's own health monitor.
 XID_ON_GPU_1 = "  xid_events: [{gpu: 1, xid: 48}]\n"

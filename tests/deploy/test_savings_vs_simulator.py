@@ -31,6 +31,7 @@ from gpuperfd.config import ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import WORKLOAD_PROFILES, SimulatedBackend
 from gpuperfd.fleet.prometheus import LOOPBACK_OPENER, free_ports
 from gpuperfd.probing.executors import SIMULATED_PROFILE, simulated_executor
+from child_processes import end
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules" / "recording.yml"
@@ -181,12 +182,7 @@ def prometheus_with(tmp_path: Path):  # type: ignore[no-untyped-def]
 
     yield start
     for process in processes:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        end(process)
 
 
 @pytest.mark.parametrize(("probe", "preset", "unit"), [("vit", "vit-b16", "image"), ("llm", "gpt2", "token")])

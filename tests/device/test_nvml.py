@@ -32,6 +32,7 @@ from gpuperfd.device.errors import (
     UnknownDeviceError,
 )
 from gpuperfd.device.nvml import NvmlBackend, NvmlDevice, _translate
+from nvml_fakes import backend, gpu, handle_at, nvml_error  # noqa: F401  (backend, gpu: fixtures)
 
 pynvml = nvml_module.pynvml
 
@@ -73,16 +74,6 @@ NVML_FUNCTIONS = (
 GIB = 1024**3
 
 
-def nvml_error(code: int) -> pynvml.NVMLError:
-    """A real pynvml error (NVMLError(code) returns the matching subclass)."""
-    return pynvml.NVMLError(code)
-
-
-def handle_at(address: int) -> pynvml.c_nvmlDevice_t:
-    """A device handle as NVML returns it: an opaque pointer."""
-    return ctypes.cast(ctypes.c_void_p(address), pynvml.c_nvmlDevice_t)
-
-
 HANDLE_ADDRESSES = (0x7F00_0000_1000, 0x7F00_0000_2000)
 
 
@@ -96,20 +87,6 @@ def nvml() -> Iterator[SimpleNamespace]:
         fake.nvmlSystemGetDriverVersion.return_value = "580.159.04"
         fake.nvmlEventSetCreate.return_value = pynvml.c_nvmlEventSet_t()
         yield fake
-
-
-@pytest.fixture
-def backend(nvml: SimpleNamespace) -> Iterator[NvmlBackend]:
-    b = NvmlBackend()
-    yield b
-    b.close()
-
-
-@pytest.fixture
-def gpu(backend: NvmlBackend) -> NvmlDevice:
-    device = backend.devices()[0]
-    assert isinstance(device, NvmlDevice)
-    return device
 
 
 def address_of(handle: object) -> int | None:

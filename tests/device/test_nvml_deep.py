@@ -19,6 +19,7 @@ from gpuperfd.device import nvml as nvml_module
 from gpuperfd.device.base import GPM_FIELDS, PcieLink
 from gpuperfd.device.errors import GpuLost, NoPermission, NotSupported
 from gpuperfd.device.nvml import GPM_METRICS, NvmlBackend, NvmlDevice
+from nvml_fakes import backend, gpu, handle_at, nvml_error  # noqa: F401  (backend, gpu: fixtures)
 
 pynvml = nvml_module.pynvml
 
@@ -77,14 +78,6 @@ def address(pointer: object) -> int | None:
     return ctypes.cast(pointer, ctypes.c_void_p).value
 
 
-def handle_at(address: int) -> pynvml.c_nvmlDevice_t:
-    return ctypes.cast(ctypes.c_void_p(address), pynvml.c_nvmlDevice_t)
-
-
-def nvml_error(code: int) -> pynvml.NVMLError:
-    return pynvml.NVMLError(code)
-
-
 def field_value(field_id: int, value: float | None, value_type: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT):
     """One c_nvmlFieldValue_t as NVML fills it; value None: NOT_SUPPORTED for that entry."""
     out = pynvml.c_nvmlFieldValue_t()
@@ -140,20 +133,6 @@ def nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
 
         fake.nvmlGpmMetricsGet.side_effect = metrics_get
         yield fake
-
-
-@pytest.fixture
-def backend(nvml: SimpleNamespace) -> Iterator[NvmlBackend]:
-    b = NvmlBackend()
-    yield b
-    b.close()
-
-
-@pytest.fixture
-def gpu(backend: NvmlBackend) -> NvmlDevice:
-    device = backend.devices()[0]
-    assert isinstance(device, NvmlDevice)
-    return device
 
 
 # --- GPM -----------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from gpuperfd.device.simulated import (
     SimulatedBackend,
     SimulatedGpu,
 )
+from manual_clock import FakeClock
 
 TRAIN = WORKLOAD_PROFILES["train/gpt2"]
 DECODE = WORKLOAD_PROFILES["llm/gpt2"]
@@ -69,26 +70,6 @@ DEVICE_CALLS = (
 )
 
 
-class FakeClock:
-    """A monotonic clock that only moves when told; ``sleep`` records and optionally advances."""
-
-    def __init__(self, start: float = 1000.0, sleep_advances: bool = False) -> None:
-        self.now = start
-        self.sleeps: list[float] = []
-        self.sleep_advances = sleep_advances
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        if self.sleep_advances:
-            self.now += seconds
-
-
 def make_backend(clock: FakeClock, **config: object) -> SimulatedBackend:
     config.setdefault("seed", 1)
     return SimulatedBackend(SimulationConfig(**config), clock=clock, sleep=clock.sleep)
@@ -102,7 +83,7 @@ def caps_for(model_key: str, step: float = 25.0) -> list[float]:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(sleep_advances=False)
 
 
 @pytest.fixture
@@ -483,16 +464,16 @@ def test_timeout_fault_sleeps_its_delay_before_raising(clock: FakeClock) -> None
     backend = make_backend(clock, gpus=1, faults=[FaultConfig(call="energy_joules", kind="timeout", delay_seconds=3.0)])
     with pytest.raises(DeviceTimeout):
         backend.devices()[0].energy_joules()
-    assert clock.sleeps == [3.0]
+    assert clock.slept == [3.0]
 
 
 def test_slow_fault_sleeps_its_delay_then_answers(clock: FakeClock) -> None:
     backend = make_backend(clock, gpus=1, faults=[FaultConfig(call="clocks", kind="slow", delay_seconds=1.5)])
     gpu = backend.devices()[0]
     assert gpu.clocks().sm_hertz == pytest.approx(345e6)
-    assert clock.sleeps == [1.5]
+    assert clock.slept == [1.5]
     gpu.memory()
-    assert clock.sleeps == [1.5]
+    assert clock.slept == [1.5]
 
 
 def test_a_slow_call_holds_the_library_until_it_counts_as_hung(clock: FakeClock) -> None:
@@ -603,8 +584,8 @@ def test_runtime_inject_and_clear_faults(clock: FakeClock, backend: SimulatedBac
 def test_xid_events_come_due_once_per_repeat(clock: FakeClock) -> None:
     backend = make_backend(clock, gpus=2, xid_events=[XidConfig(gpu=1, xid=79, after_seconds=5.0, repeat=3)])
     assert backend.wait_xid_events(1.0) == []
-    assert sum(clock.sleeps) == pytest.approx(1.0)
-    assert max(clock.sleeps) <= 0.1 + 1e-9  # sleeps in small steps
+    assert sum(clock.slept) == pytest.approx(1.0)
+    assert max(clock.slept) <= 0.1 + 1e-9  # sleeps in small steps
     clock.advance(7.0)  # read 2 s after the events fell due
     events = backend.wait_xid_events(1.0)
     assert [(e.gpu_index, e.xid) for e in events] == [(1, 79)] * 3
@@ -618,13 +599,13 @@ def test_wait_xid_events_returns_early_when_an_event_falls_due() -> None:
     backend = make_backend(clock, gpus=1, xid_events=[XidConfig(gpu=0, xid=48, after_seconds=0.35)])
     events = backend.wait_xid_events(10.0)
     assert [(e.gpu_index, e.xid) for e in events] == [(0, 48)]
-    assert sum(clock.sleeps) == pytest.approx(0.35, abs=0.01)
+    assert sum(clock.slept) == pytest.approx(0.35, abs=0.01)
 
 
 def test_injected_xid_is_returned_once_without_sleeping(clock: FakeClock, backend: SimulatedBackend) -> None:
     backend.inject_xid(0, 31)
     assert [(e.gpu_index, e.xid) for e in backend.wait_xid_events(5.0)] == [(0, 31)]
-    assert clock.sleeps == []
+    assert clock.slept == []
     assert backend.wait_xid_events(0.0) == []
 
 

@@ -8,7 +8,7 @@ import signal
 
 import requests
 
-from persisted_boards import wait_for
+from waiting import wait_for
 
 CONFIG = """
 device: {{backend: simulated}}

@@ -19,13 +19,20 @@ from gpuperfd.probe_child.loop import run_loop  # noqa: E402
 from gpuperfd.probe_data.spec import ProbeSpec  # noqa: E402
 
 
-def test_kineto_events_give_the_busy_ratio_of_the_exported_trace() -> None:
+def profiled_window() -> profile:
+    """The profiler's record of 0.2 s of the tiny attention probe on the CPU, inside the busy window's
+    record_function as the probe's busy pass runs it."""
     prepared = prepare(ProbeSpec("attention", preset="tiny", device="cpu"))
     clock = prepared.ctx.new_clock()
     with profile(use_cpu=True, use_kineto=True) as prof:
         with record_function(busy._BUSY_WINDOW):
             n, wall = run_loop(prepared.ctx, prepared.workload, clock, 0.2, None)
     prepared.workload.end(clock, n, wall)
+    return prof
+
+
+def test_kineto_events_give_the_busy_ratio_of_the_exported_trace() -> None:
+    prof = profiled_window()
     direct, info = busy.busy_ratio_from_trace(busy._trace_events(prof), "cpu")
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
@@ -109,12 +116,7 @@ def test_busy_ratio_without_activity_type_as_torch_2_11_gives_it() -> None:
     H100): the categories read from device_type() and is_user_annotation() give the same busy ratio
     and count as the activity types do; the device side of the window's record_function (spanning the
     whole window) counts as no busy time, kernels and copies do."""
-    prepared = prepare(ProbeSpec("attention", preset="tiny", device="cpu"))
-    clock = prepared.ctx.new_clock()
-    with profile(use_cpu=True, use_kineto=True) as prof:
-        with record_function(busy._BUSY_WINDOW):
-            n, wall = run_loop(prepared.ctx, prepared.workload, clock, 0.2, None)
-    prepared.workload.end(clock, n, wall)
+    prof = profiled_window()
     real = list(prof.kineto_results.events())
     if not hasattr(real[0], "activity_type"):
         pytest.skip("this torch has no activity_type() to compare with")  # the 2.11 path runs anyway below

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 from pathlib import Path
@@ -10,20 +9,11 @@ from pathlib import Path
 import pytest
 
 from gpuperfd.probing import cli, matrix
+from probe_cli_args import options, parse
 from gpuperfd.probe_data.record import CSV_COLUMNS, build_record, record_row
 from gpuperfd.probe_data.result import ProbeResult
 
 FAST = ["--preset", "tiny", "--repeats", "2", "--measure-seconds", "0.1", "--no-progress"]
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="gpuperfd")
-    cli.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["probe", *argv])
-
-
-def options(argv: list[str]) -> matrix.ProbeOptions:
-    return cli.options_of(parse(argv))
 
 
 def test_register_wires_main() -> None:

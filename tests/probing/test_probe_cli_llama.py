@@ -3,7 +3,6 @@ output, the speculative options, 'both'/'all' per model family, and bad input (e
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -11,18 +10,9 @@ import pytest
 
 from gpuperfd.probe_data.workload_cost import SPECULATIVE_NOT_SIMULATED
 from gpuperfd.probing import cli, matrix
+from probe_cli_args import options, parse
 
 FAST = ["--repeats", "2", "--measure-seconds", "0.1", "--no-progress"]
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="gpuperfd")
-    cli.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["probe", *argv])
-
-
-def options(argv: list[str]) -> matrix.ProbeOptions:
-    return cli.options_of(parse(argv))
 
 
 def test_both_and_all_expand_per_model_family() -> None:

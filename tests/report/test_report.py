@@ -12,7 +12,6 @@ import csv
 import json
 import re
 import shutil
-import signal
 import statistics
 import struct
 import subprocess
@@ -25,6 +24,7 @@ import numpy as np
 import pytest
 import requests
 from conftest import free_port
+from child_processes import end
 
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.report import cli
@@ -498,12 +498,7 @@ def test_report_from_a_real_prometheus(start_daemon, tmp_path, capsys):
         out = tmp_path / "report"
         assert run_cli("--prometheus", url, "--start", "now-10m", "--end", "now", "--step", "1s", "--out", str(out)) == 0
     finally:
-        prom.send_signal(signal.SIGTERM)
-        try:
-            prom.wait(15)
-        except subprocess.TimeoutExpired:
-            prom.kill()
-            prom.wait()
+        end(prom)
         log.close()
     assert "1 GPU(s), 2 series, 7 runs" in capsys.readouterr().out
     rates = gauge_values(metrics, "gpuperf_probe_work_units_per_second")

@@ -224,6 +224,18 @@ def test_framing(serve, mode: str, name: str) -> None:
     assert statuses(again) == [200]
 
 
+def close_after(sock: socket.socket, pause: float) -> bytes:
+    """After ``pause`` seconds (the request before it handled on its own), a last request that asks the
+    server to close; everything the server sent on ``sock`` until it closed. Closes ``sock``."""
+    time.sleep(pause)
+    sock.sendall(GET_CLOSE)
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    sock.close()
+    return received
+
+
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 def test_small_body_keeps_the_connection_and_nothing_is_smuggled(serve, tls: bool) -> None:
     served = serve(tls=tls)
@@ -231,13 +243,7 @@ def test_small_body_keeps_the_connection_and_nothing_is_smuggled(serve, tls: boo
     sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(SMUGGLED))
     time.sleep(0.2)  # the body arrives later, in its own packet
     sock.sendall(SMUGGLED)
-    time.sleep(0.3)
-    sock.sendall(GET_CLOSE)
-    received = b""
-    while chunk := sock.recv(65536):
-        received += chunk
-    sock.close()
-    assert statuses(received) == [200, 200]
+    assert statuses(close_after(sock, pause=0.3)) == [200, 200]
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
@@ -250,13 +256,7 @@ def test_chunked_body_in_pieces_keeps_the_connection_and_nothing_is_smuggled(ser
     for i in range(0, len(body), 7):
         time.sleep(0.02)
         sock.sendall(body[i:i + 7])
-    time.sleep(0.2)
-    sock.sendall(GET_CLOSE)
-    received = b""
-    while chunk := sock.recv(65536):
-        received += chunk
-    sock.close()
-    assert statuses(received) == [200, 200]
+    assert statuses(close_after(sock, pause=0.2)) == [200, 200]
 
 
 # --- bounded connections ---------------------------------------------------------------------

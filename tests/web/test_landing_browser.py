@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.recommend import SweepPoint, recommend
 from gpuperfd.web.landing import landing_page
 from landing_fakes import FakeSampler
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,16 +105,6 @@ def parse(text: str) -> Rows:
     rows = Rows()
     rows.feed(text)
     return rows
-
-
-def wait_for(predicate, timeout=60.0, what="condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def gauges(metrics: str, name: str, gpu: str, probe: str) -> dict[int, float]:

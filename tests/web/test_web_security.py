@@ -29,6 +29,7 @@ import pytest
 import requests
 import yaml
 from conftest import free_port
+from child_processes import end
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -785,12 +786,7 @@ def test_prometheus_scrapes_over_mtls_with_basic_auth(serve, pki: PKI, password_
                 samples = json.load(answer)["data"]["result"]
             assert [s["metric"]["job"] for s in samples] == ["gpuperfd"]
         finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            end(proc)
 
 
 def test_web_config_examples_in_the_docs_load(pki: PKI, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["GraphedSteps", "REPRODUCIBLE_SDPA", "failure_text", "sdpa_choice"]
+__all__ = ["GraphedSteps", "REPRODUCIBLE_SDPA", "failure_text", "graph_failure", "sdpa_choice"]
 
 #: Attention kernels whose forward pass gives the same bits for the same inputs. cuDNN's, which
 #: torch prefers on Hopper for the decode step (one query token against a masked cache), does not:
@@ -25,6 +25,16 @@ def failure_text(exc: BaseException) -> str:
     """A fallback's reason as a result publishes it (``extra.cuda_graph_error``, ``compile_error``,
     ``fused_error``): the exception's type and message, at most 500 characters."""
     return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def graph_failure(exc: BaseException, *statics: GraphedSteps) -> str:
+    """After a failed CUDA graph capture: the work it queued waited out and every graph of ``statics``
+    dropped, so their steps run eagerly (the point measures the same forward launched eagerly); the
+    failure's text, which the result records (``extra.cuda_graph_error``), never hidden."""
+    torch.cuda.synchronize()
+    for static in statics:
+        static.graphs = {}
+    return failure_text(exc)
 
 
 def sdpa_choice(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, reproducible: bool = False) -> str | None:

@@ -34,7 +34,7 @@ from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_child.workloads import data
 from gpuperfd.probe_child.workloads.gpt2_static import StaticGPT2
-from gpuperfd.probe_child.workloads.graphed_steps import failure_text, sdpa_choice
+from gpuperfd.probe_child.workloads.graphed_steps import graph_failure, sdpa_choice
 from gpuperfd.probe_child.workloads.models import attention_entry, build_gpt2, count_parameters
 
 __all__ = ["build", "GraphLLM", "EagerLLM"]
@@ -116,12 +116,8 @@ class GraphLLM(_LLMBase):
             if ctx.is_cuda:
                 try:
                     self.static.capture()
-                except RuntimeError as exc:
-                    # Recorded (extra.cuda_graph_error, extra.cuda_graph = False), never hidden:
-                    # the point then measures the same forward launched eagerly.
-                    torch.cuda.synchronize()
-                    self.static.graphs = {}
-                    self.graph_error = failure_text(exc)
+                except RuntimeError as exc:  # recorded (extra.cuda_graph = False); the steps run eagerly
+                    self.graph_error = graph_failure(exc, self.static)
         self.decode_sdpa_backend = _sdpa_choice(self.static)
         self.check_sdpa_backend = _sdpa_choice(self.static, reproducible=True)
 

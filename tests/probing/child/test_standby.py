@@ -7,6 +7,7 @@ simulated GPU; the idle tracker's clock is the test's, so "idle for 45 s" takes 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -25,10 +26,10 @@ from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probing.child.standby import StandbyChildren
 from gpuperfd.telemetry.collectors.base import Point
 from gpuperfd.telemetry.sampler import Reading
+from hand_scheduler import dispatch, fire, nodes_stopped_after
 from manual_clock import Clock
 
 LLM = ScheduleConfig(probe="llm", preset="tiny", interval_seconds=3600, settle_seconds=0, options={"repeats": 1})
-JOB = "0-llm-gpu0"
 IDLE_SECONDS = 60.0
 
 
@@ -94,15 +95,14 @@ class Node:
             self.tracker.observe(0, "utilization", reading(self.clock, 0.0))
 
     def fire(self) -> None:
-        job = self.scheduler.scheduler.get_job(JOB)
-        job.func(*job.args, **job.kwargs)
+        fire(self.scheduler)
 
     def dispatch(self) -> int:
-        started = self.scheduler.dispatch_once()
-        deadline = time.monotonic() + 120
-        while self.scheduler._running and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return started
+        return dispatch(self.scheduler, timeout=120)
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+        self.service.stop()
 
     def slot(self):
         return self.standby._slots.get(0)
@@ -122,16 +122,7 @@ class Node:
 
 @pytest.fixture
 def node(tmp_path):
-    made = []
-
-    def make(**kwargs):
-        made.append(Node(tmp_path, **kwargs))
-        return made[-1]
-
-    yield make
-    for n in made:
-        n.scheduler.stop()
-        n.service.stop()
+    yield from nodes_stopped_after(functools.partial(Node, tmp_path))
 
 
 def test_the_run_at_the_qualifying_moment_builds_in_a_child_started_while_the_job_ran(node):

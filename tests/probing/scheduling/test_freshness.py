@@ -7,6 +7,7 @@ dispatcher's passes are called one at a time (:meth:`ProbeScheduler.dispatch_onc
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from datetime import datetime, timedelta, timezone
@@ -25,9 +26,9 @@ from gpuperfd.probing.scheduling.scheduler import ProbeScheduler
 from gpuperfd.probing.scheduling.service import ProbeService, RunOutcome
 from gpuperfd.telemetry.collectors.base import Point
 from gpuperfd.telemetry.sampler import Reading
+from hand_scheduler import JOB, dispatch, fire, nodes_stopped_after
 
 LLM = ScheduleConfig(probe="llm", interval_seconds=3600, settle_seconds=0)
-JOB = "0-llm-gpu0"
 
 
 def idle_reading() -> Reading:
@@ -53,15 +54,13 @@ class Node:
         self.uuid = self.device.info().uuid
 
     def fire(self, job_id=JOB) -> None:
-        job = self.scheduler.scheduler.get_job(job_id)
-        job.func(*job.args, **job.kwargs)
+        fire(self.scheduler, job_id)
 
     def dispatch(self) -> int:
-        started = self.scheduler.dispatch_once()
-        deadline = time.monotonic() + 30
-        while self.scheduler._running and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return started
+        return dispatch(self.scheduler)
+
+    def stop(self) -> None:
+        self.scheduler.stop()
 
     def value(self, name, probe="llm", **labels):
         labels = {"gpu": "0", "uuid": self.uuid, "probe": probe,
@@ -74,15 +73,7 @@ class Node:
 
 @pytest.fixture
 def node(tmp_path):
-    made = []
-
-    def make(**kwargs):
-        made.append(Node(tmp_path, **kwargs))
-        return made[-1]
-
-    yield make
-    for n in made:
-        n.scheduler.stop()
+    yield from nodes_stopped_after(functools.partial(Node, tmp_path))
 
 
 def test_a_result_due_on_a_busy_gpu_runs_at_its_first_gap_not_an_interval_later(node):

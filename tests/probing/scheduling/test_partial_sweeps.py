@@ -24,9 +24,9 @@ from gpuperfd.probing.scheduling.scheduler import ProbeScheduler
 from gpuperfd.probing.scheduling.service import ProbeService
 from gpuperfd.telemetry.collectors.base import Point
 from gpuperfd.telemetry.sampler import Reading
+from hand_scheduler import JOB, dispatch, fire
 
 SWEEP = ScheduleConfig(probe="llm", interval_seconds=3600, caps=["max", 600, 500, 400], settle_seconds=0)
-JOB = "0-llm-gpu0"
 
 
 def idle_reading() -> Reading:
@@ -52,18 +52,6 @@ def node(tmp_path):
     scheduler.stop()
 
 
-def fire(scheduler) -> None:  # type: ignore[no-untyped-def]
-    job = scheduler.scheduler.get_job(JOB)
-    job.func(*job.args, **job.kwargs)
-
-
-def settle(scheduler) -> None:  # type: ignore[no-untyped-def]
-    scheduler.dispatch_once()
-    deadline = time.monotonic() + 30
-    while scheduler._running and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
 def test_a_sweep_that_gave_way_measures_only_the_caps_left_in_the_next_gap_and_joins(node, caplog):
     device, tracker, service, scheduler, registry, measured = node
     caplog.set_level(logging.INFO)
@@ -81,7 +69,7 @@ def test_a_sweep_that_gave_way_measures_only_the_caps_left_in_the_next_gap_and_j
     device.remove_foreign_process(999_999)
     tracker.observe(0, "utilization", idle_reading())
     measured.append([])
-    settle(scheduler)
+    dispatch(scheduler)
     assert measured[1] == [500, 400]  # only the caps left; each part a whole owned sweep of its own
     assert "llm sweep joined from its parts (4 caps): recommended cap" in caplog.text
     assert scheduler.due.get(JOB, 0) is None and device.power_limits().enforced_watts == 700.0  # operator's cap back

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 
 import requests
 
 from persisted_boards import ORIGINAL, board_limits, boards
+from waiting import wait_for
 
 CONFIG = """
 log_level: debug
@@ -27,16 +27,6 @@ log_level: debug
       caps: [max, 500, 400, 300, 200]
       settle_seconds: 0.2
 """
-
-
-def wait_for(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def sweeping(state):

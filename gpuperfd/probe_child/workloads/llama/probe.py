@@ -35,7 +35,7 @@ import torch
 from gpuperfd.probe_child import correctness
 from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_child.workloads import data
-from gpuperfd.probe_child.workloads.graphed_steps import failure_text, sdpa_choice
+from gpuperfd.probe_child.workloads.graphed_steps import failure_text, graph_failure, sdpa_choice
 from gpuperfd.probe_child.workloads.llama.fused import fused_unavailable
 from gpuperfd.probe_child.workloads.llama.static import StaticLlama
 from gpuperfd.probe_child.workloads.llm import EagerLLM, GraphLLM, _LLMBase
@@ -207,18 +207,15 @@ class GraphLlama(_RooflineMixin, GraphLLM):
             self.static.capture()
             return
         except Exception as exc:  # noqa: BLE001 - recorded, then the plain functions are tried
-            torch.cuda.synchronize()
-            self.static.graphs = {}
+            error = graph_failure(exc, self.static)
             if not compiled:
-                self.graph_error = failure_text(exc)
+                self.graph_error = error
                 return
             self._uncompile(exc)
         try:
             self.static.capture()
         except RuntimeError as exc:
-            torch.cuda.synchronize()
-            self.static.graphs = {}
-            self.graph_error = failure_text(exc)
+            self.graph_error = graph_failure(exc, self.static)
 
     def _compile_on_cpu(self) -> None:
         s = self.static
@@ -311,9 +308,7 @@ class SpeculativeLlama:
                     self.target.capture()
                     self.draft.capture(decode_steps=self.k)
                 except RuntimeError as exc:
-                    torch.cuda.synchronize()
-                    self.target.graphs, self.draft.graphs = {}, {}
-                    self.graph_error = failure_text(exc)
+                    self.graph_error = graph_failure(exc, self.target, self.draft)
             self._start_round(self.prompts[0])
             self.target_decode_seconds = self._time_target_decode()
 

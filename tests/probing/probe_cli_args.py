@@ -1,0 +1,19 @@
+"""``gpuperfd probe``'s command line as the tests of tests/probing/test_probe_cli*.py read it."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuperfd.probing import cli, matrix
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """``gpuperfd probe ARGV`` parsed by the real parser (usage errors exit 2 as on the command line)."""
+    parser = argparse.ArgumentParser(prog="gpuperfd")
+    cli.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["probe", *argv])
+
+
+def options(argv: list[str]) -> matrix.ProbeOptions:
+    """The probe options ``gpuperfd probe ARGV`` runs with."""
+    return cli.options_of(parse(argv))
