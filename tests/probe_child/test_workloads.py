@@ -208,3 +208,11 @@ def test_a_compiled_variants_preload_imports_the_compiler_without_touching_a_gpu
         out = subprocess.run([sys.executable, "-c", code, variant], capture_output=True, text=True, timeout=300,
                              check=True)
         assert out.stdout.split() == expected.split(), (variant, out.stdout, out.stderr)
+
+
+def test_preload_imports_what_the_build_imports_list_names() -> None:
+    from gpuperfd.probe_child import workloads
+
+    assert workloads.build_imports("vit", "compiled")[-len(workloads.COMPILER_MODULES):] == workloads.COMPILER_MODULES
+    assert not set(workloads.COMPILER_MODULES) & set(workloads.build_imports("vit", "eager"))
+    assert workloads.build_imports("llm")[0] == "gpuperfd.probe_child.workloads.llm"

@@ -24,14 +24,19 @@ if TYPE_CHECKING:
 COMPILER_MODULES: tuple[str, ...] = ("torch._dynamo", "torch._inductor.compile_fx")
 
 
+def build_imports(probe: str, variant: str | None = None) -> tuple[str, ...]:
+    """The modules building ``probe`` (``variant``) imports that touch no GPU, in import order."""
+    kind = probe_kind(probe)
+    compiler = COMPILER_MODULES if variant == "compiled" else ()
+    return tuple(name for name in (kind.workload_module, kind.llama_module, *kind.preload_modules, *compiler)
+                 if name is not None)
+
+
 def preload(probe: str, variant: str | None = None) -> None:
     """Import what building ``probe`` (``variant``) needs, without building it: CPU work only (no CUDA
     call), so a child can do it before the GPU is taken and the build then starts from the model code."""
-    kind = probe_kind(probe)
-    compiler = COMPILER_MODULES if variant == "compiled" else ()
-    for name in (kind.workload_module, kind.llama_module, *kind.preload_modules, *compiler):
-        if name is not None:
-            importlib.import_module(name)
+    for name in build_imports(probe, variant):
+        importlib.import_module(name)
 
 
 def build(spec: ProbeSpec, ctx: ProbeContext) -> Workload:

@@ -297,19 +297,32 @@ def test_the_executor_names_each_other_probe_and_variant_once_and_leaves_out_an_
     assert child.also_preload == (("vit", vit),)  # once; llm is its own probe; the bad preset left out
 
 
-def test_the_child_imports_each_pair_it_is_told_before_it_says_ready(monkeypatch):
+def test_the_child_says_ready_after_its_own_imports_and_imports_the_rest_while_nothing_is_asked(monkeypatch):
+    """Importing every probe of its round before saying ready made llm's child ready 6 s later on a lent
+    H200; the others' code is imported after ``ready``, a module at a time, and stops at a request."""
+    import importlib
+
     from gpuperfd.probe_child import child as child_module
     from gpuperfd.probe_data.spec import ProbeSpec
 
-    sent = []
+    events = []
 
     class Conn:
-        def send_bytes(self, data: bytes) -> None:
-            sent.append(data)
+        def __init__(self, request_after: int) -> None:
+            self.request_after = request_after
 
-    session = child_module._Session(ProbeSpec("llm", preset="tiny", device="cpu"), Conn(), {})
-    loaded = []
-    monkeypatch.setattr(session.workloads, "preload", lambda probe, variant: loaded.append((probe, variant)))
-    session.start(time.perf_counter(), defer_build=True, also=[("vit", "compiled"), ("attention", None)])
-    assert loaded == [("llm", session.spec.variant), ("vit", "compiled"), ("attention", None)]
-    assert len(sent) == 1 and b"ready" in sent[0]
+        def send_bytes(self, data: bytes) -> None:
+            events.append("ready" if b"ready" in data else data)
+
+        def poll(self, timeout: float = 0.0) -> bool:  # a request waits once that many modules are in
+            return sum(1 for e in events if "." in e) >= self.request_after
+
+    monkeypatch.setattr(importlib, "import_module", lambda name: events.append(name))
+    for request_after, imported in ((99, ["vit.model", "vit.compiler", "attention.model"]), (1, ["vit.model"])):
+        events.clear()
+        session = child_module._Session(ProbeSpec("llm", preset="tiny", device="cpu"), Conn(request_after), {})
+        monkeypatch.setattr(session.workloads, "preload", lambda probe, variant: events.append(f"own {probe}"))
+        monkeypatch.setattr(session.workloads, "build_imports",
+                            lambda probe, variant: (f"{probe}.model", f"{probe}.compiler")[:2 if variant else 1])
+        session.start(time.perf_counter(), defer_build=True, also=[("vit", "compiled"), ("attention", None)])
+        assert events == ["own llm", "ready", *imported], request_after
