@@ -154,11 +154,9 @@ def mean(values: list[float]) -> float | None:
 class WindowSampler:
     """Background NVML sampling during a window (no-op without a device)."""
 
-    def __init__(self, device: Device | None, interval: float, gpm: bool = True) -> None:
+    def __init__(self, device: Device | None, interval: float) -> None:
         self.device = device
         self.interval = interval
-        #: Take GPM samples at the window bounds (the settle loop needs only power and clocks).
-        self.gpm = gpm
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.data = Telemetry()
@@ -181,10 +179,9 @@ class WindowSampler:
         self.data = Telemetry()
         # GPM: a sample at the window's start; the one at stop gives the mean over the window.
         self._gpm_started = False
-        if self.gpm:
-            with contextlib.suppress(DeviceError):
-                self.device.gpm_metrics()
-                self._gpm_started = True
+        with contextlib.suppress(DeviceError):
+            self.device.gpm_metrics()
+            self._gpm_started = True
         self._thread = threading.Thread(target=self._run, name="gpuperfd-probe-sampler", daemon=True)
         self._thread.start()
 

@@ -262,9 +262,9 @@ class _Windows:
 
 def _plan(prepared: Prepared, settle_seconds: float) -> _Plan:
     """A further point of a warm sweep: the workload was built, compiled and loaded moments ago, so
-    the settle loop (which runs it until power and SM clock are steady) is its warmup, the profiled
-    busy pass of the first point stands for the sweep, and its windows are shorter. Every sweep
-    point (settled under load, or a further one) stops once its windows agree."""
+    the windows it sets aside until power and SM clock are steady (:class:`_Settle`) are its warmup,
+    the profiled busy pass of the first point stands for the sweep, and its windows are shorter. Every
+    sweep point (settled under load, or a further one) stops once its windows agree."""
     spec, ctx = prepared.spec, prepared.ctx
     later = prepared.measured_points > 1
     settles_under_load = settle_seconds > 0 and ctx.nvml is not None
@@ -286,7 +286,7 @@ def _warm_up(prepared: Prepared, plan: _Plan) -> tuple[int, float]:
     with ctx.nvtx("gpuperfd:warmup"):
         if spec.warmup <= 0 and spec.warmup_seconds <= 0:
             return 0, 0.0
-        # under a settle loop (which runs the load until power and clock are steady): the warmup's
+        # settled on its windows (set aside until power and clock are steady): the warmup's
         # iterations only, not its seconds (a training step's first window after a pause ran 6% slow
         # on an H200 without the iterations)
         seconds = 0.0 if plan.settles_under_load else spec.warmup_seconds

@@ -90,20 +90,3 @@ def _wait_for_samples(sampler: WindowSampler) -> None:
     deadline = time.monotonic() + 10.0
     while sampler.data.samples < 2 and time.monotonic() < deadline:
         time.sleep(0.005)
-
-
-def test_a_sampler_without_gpm_takes_no_gpm_sample():
-    """The settle loop's sampler reads power and clocks only: no GPM sample at its bounds."""
-    clock = Clock()
-    backend = SimulatedBackend(SimulationConfig(gpus=1, seed=3), clock=clock, sleep=lambda s: None)
-    gpu = backend.devices()[0]
-    calls = []
-    real = gpu.gpm_metrics
-    gpu.gpm_metrics = lambda: calls.append(1) or real()  # type: ignore[method-assign]
-    sampler = WindowSampler(gpu, interval=0.001, gpm=False)
-    sampler.start()
-    clock.now += 1.0
-    _wait_for_samples(sampler)
-    window = sampler.cut()
-    sampler.close()
-    assert calls == [] and window.gpm == [] and window.sm_clock and window.power
