@@ -107,7 +107,7 @@ def test_probe_child_window_sampler(fake: FakeNvml) -> None:
     from gpuperfd.probe_child.context import WindowSampler
 
     device = NvmlBackend().devices()[0]
-    sampler = WindowSampler(device, interval=0.002, gpm=True)
+    sampler = WindowSampler(device, interval=0.002)
     sampler.prime_gpm()
     sampler.start()
     end = time.monotonic() + 0.8
