@@ -160,6 +160,8 @@ class WindowSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.data = Telemetry()
+        #: A GPM sample was taken at the running window's start (the cut's sample gives its mean).
+        self._gpm_started = False
 
     def prime_gpm(self) -> None:
         """Take the device's first GPM sample pair now, outside any window (the first read waits
@@ -220,7 +222,7 @@ class WindowSampler:
         from gpuperfd.device.errors import DeviceError
 
         window, self.data = self.data, Telemetry()
-        if self.device is not None and getattr(self, "_gpm_started", False):
+        if self.device is not None and self._gpm_started:
             with contextlib.suppress(DeviceError):
                 gpm = self.device.gpm_metrics()
                 window.gpm.append((gpm.interval_seconds, dict(gpm.values)))
