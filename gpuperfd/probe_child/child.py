@@ -182,8 +182,6 @@ class _Session:
                 if self.conn.poll(0):
                     return
                 importlib.import_module(name)
-            if variant == "compiled" and not self.conn.poll(0):
-                self.workloads.warm_compiler_keys()
 
     def serve(self) -> None:
         """Answer requests until ``stop`` or the parent's end closes."""

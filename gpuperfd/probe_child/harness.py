@@ -39,7 +39,6 @@ from typing import Any
 import torch
 
 from gpuperfd.probe_child import workloads
-from gpuperfd.probe_child.build_ramp import queue_ramp
 from gpuperfd.probe_child.busy import measure_busy
 from gpuperfd.probe_child.context import (
     ProbeContext,
@@ -69,8 +68,6 @@ class Prepared:
     measured_points: int = 0
     #: Where the first point's time went before its windows: "context" (device, NVML, CUDA context).
     phase_seconds: dict[str, float] = field(default_factory=dict)
-    #: Dense products queued on the GPU during the build (:mod:`~gpuperfd.probe_child.build_ramp`).
-    ramp_products: int = 0
 
 
 def execute(
@@ -90,10 +87,8 @@ def prepare(
     spec: ProbeSpec,
     progress: Callable[..., None] | None = None,
     identity: dict[str, Any] | None = None,
-    ramp: bool = True,
 ) -> Prepared:
-    """Build the workload once: model, buffers, ``torch.compile``, CUDA graphs. A compiled variant's
-    build on a GPU runs beside a queued load (``ramp``; :mod:`~gpuperfd.probe_child.build_ramp`)."""
+    """Build the workload once: model, buffers, ``torch.compile``, CUDA graphs."""
     t_start = time.perf_counter()
     report = progress or (lambda **_: None)
     ctx = ProbeContext(spec)
@@ -101,17 +96,12 @@ def prepare(
         identity.update(ctx.identity())
     ctx.apply_memory_limit(spec.memory_limit_bytes)
     context_seconds = time.perf_counter() - t_start
-    ramped = (queue_ramp(ctx.device, ctx.dtype, budget_bytes=spec.memory_limit_bytes)
-              if ramp and ctx.is_cuda and spec.variant == "compiled" else 0)
     report(phase="setup")
     with ctx.nvtx("gpuperfd:setup"):
         workload = workloads.build(spec, ctx)
     ctx.synchronize()
-    if ramped:
-        torch.cuda.empty_cache()  # the ramp's buffers, idle since the synchronize
     prepared = Prepared(spec, ctx, workload, time.perf_counter() - t_start)
     prepared.phase_seconds["context"] = context_seconds
-    prepared.ramp_products = ramped
     return prepared
 
 
@@ -464,7 +454,6 @@ def measure(
         "point_index": prepared.measured_points - 1,
         "settle_seconds": settle_wait,
         "settle_steady": settled,
-        "ramp_products": prepared.ramp_products if setup_seconds else 0,
         "warmup_iterations": n_warm,
         "warmup_seconds": warm_seconds,
         "gpu_busy_method": busy_method,

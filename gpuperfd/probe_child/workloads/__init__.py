@@ -37,18 +37,6 @@ def preload(probe: str, variant: str | None = None) -> None:
     call), so a child can do it before the GPU is taken and the build then starts from the model code."""
     for name in build_imports(probe, variant):
         importlib.import_module(name)
-    if variant == "compiled":
-        warm_compiler_keys()
-
-
-def warm_compiler_keys() -> None:
-    """torch.compile's code keys, computed now: hashes of torch's and Triton's files (libtriton's
-    included) that a process's first compile computes before its cache lookup (0.13 and 0.32 s on a
-    2-core VM, in the GPU's time when left to the build). Files only, no CUDA call."""
-    from torch._inductor.codecache import torch_key, triton_key
-
-    torch_key()
-    triton_key()
 
 
 def build(spec: ProbeSpec, ctx: ProbeContext) -> Workload:

@@ -318,12 +318,10 @@ def test_the_child_says_ready_after_its_own_imports_and_imports_the_rest_while_n
             return sum(1 for e in events if "." in e) >= self.request_after
 
     monkeypatch.setattr(importlib, "import_module", lambda name: events.append(name))
-    for request_after, imported in ((99, ["vit.model", "vit.compiler", "vit keys", "attention.model"]),
-                                    (1, ["vit.model"])):
+    for request_after, imported in ((99, ["vit.model", "vit.compiler", "attention.model"]), (1, ["vit.model"])):
         events.clear()
         session = child_module._Session(ProbeSpec("llm", preset="tiny", device="cpu"), Conn(request_after), {})
         monkeypatch.setattr(session.workloads, "preload", lambda probe, variant: events.append(f"own {probe}"))
-        monkeypatch.setattr(session.workloads, "warm_compiler_keys", lambda: events.append("vit keys"))
         monkeypatch.setattr(session.workloads, "build_imports",
                             lambda probe, variant: (f"{probe}.model", f"{probe}.compiler")[:2 if variant else 1])
         session.start(time.perf_counter(), defer_build=True, also=[("vit", "compiled"), ("attention", None)])
