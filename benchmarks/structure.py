@@ -16,6 +16,24 @@ For each tree (the ``--before`` commit, checked out in a temporary worktree, and
 * ``duplicates``: the pairs of places sharing six or more lines (the ``duplicates`` tool), in all and in
   the package alone.
 * ``getattr_on_objects``: ``getattr(x, "name"...)`` calls on a name other than ``args`` in probing/.
+
+``--sweep-cpu RUNS`` measures instead the sweep's CPU cost on the daemon's side (issue 62: the refactor must
+not make the daemon work harder per sweep):
+
+    python3 benchmarks/structure.py --before cc12f16 --sweep-cpu 12 --json sweep-cpu.json
+
+Each run is a fresh Python process on one tree (that tree first on PYTHONPATH; no torch is imported): a
+simulated GPU, the simulated executor (``measure_seconds`` 0.02, no child costs), a ``ProbeService`` set up as
+the walk's (caps changed, journal in a temporary state directory, no history file) with ``stop_early`` off, and
+``--sweeps`` sweeps of llm over five caps (max and 0.9/0.8/0.7/0.6 of it, settle 0) through
+``ProbeService.run``, after ``--warmup`` uncounted ones. Per sweep it takes the process's CPU time
+(``time.process_time``: every thread, user and system) and subtracts the CPU time the calling thread spent in
+the simulated executor's ``measure`` (the simulated window and its result: what the probe child does); what
+is left is the daemon's own: turns and gates, the owned sweep, caps and journal, the observer, metrics,
+decoding the child's result. Runs alternate between the trees (before first in even rounds, after first in
+odd ones) so that drift on a shared machine falls on both. Reported: per tree, the median over runs of each
+run's median CPU seconds per sweep (and per point); the ratio after/before of those, and each round's own
+ratio.
 """
 
 from __future__ import annotations
@@ -24,17 +42,21 @@ import argparse
 import ast
 import json
 import os
+import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-WALK = textwrap.dedent("""
+#: A ProbeService on one simulated GPU, idle, with the simulated executor (the walk's and the sweep-CPU runs').
+SERVICE = textwrap.dedent("""
     import json, sys, tempfile
     from pathlib import Path
     from prometheus_client import CollectorRegistry
@@ -47,13 +69,19 @@ WALK = textwrap.dedent("""
     from gpuperfd.telemetry.collectors.base import Point
     from gpuperfd.telemetry.sampler import Reading
 
-    tmp = Path(tempfile.mkdtemp())
-    devices = SimulatedBackend(SimulationConfig(gpus=1, seed=5)).devices()
-    tracker = IdleTracker(0.05)
-    tracker.observe(0, "utilization", Reading((Point("gpuperf_gpu_utilization_ratio", 0.0),), True, None, 0, 0))
-    config = ProbesConfig(read_only=False, state_dir=tmp / "state", idle_seconds=0.0, history={"path": None})
-    service = ProbeService(config, devices, simulated_executor(0.05, seed=1), ProbeMetrics(CollectorRegistry()),
-                          tracker, None)
+    def simulated_service(measure_seconds, **probes):
+        tmp = Path(tempfile.mkdtemp())
+        devices = SimulatedBackend(SimulationConfig(gpus=1, seed=5)).devices()
+        tracker = IdleTracker(0.05)
+        tracker.observe(0, "utilization", Reading((Point("gpuperf_gpu_utilization_ratio", 0.0),), True, None, 0, 0))
+        config = ProbesConfig(read_only=False, state_dir=tmp / "state", idle_seconds=0.0, history={"path": None},
+                              **probes)
+        executor = simulated_executor(measure_seconds, seed=1)
+        return ProbeService(config, devices, executor, ProbeMetrics(CollectorRegistry()), tracker, None), executor
+""")
+
+WALK = SERVICE + textwrap.dedent("""
+    service, _ = simulated_service(0.05)
     schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=["max"], settle_seconds=0)
     CORE = ("gpuperfd.probing", "gpuperfd.caps")
     rooms = []
@@ -71,12 +99,50 @@ WALK = textwrap.dedent("""
 """)
 
 
-def _walk(tree: Path) -> dict[str, object]:
+SWEEP_CPU = SERVICE + textwrap.dedent("""
+    import statistics, threading, time
+    sweeps, warmup = int(sys.argv[1]), int(sys.argv[2])
+    service, executor = simulated_service(0.02, stop_early=False)
+    schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=[1.0, 0.9, 0.8, 0.7, 0.6], settle_seconds=0)
+    child = [0.0]  # CPU seconds of this thread in the simulated executor's measure: the probe child's part
+    measure = executor.measure
+    def timed_measure(*args, **kwargs):
+        start = time.thread_time()
+        try:
+            return measure(*args, **kwargs)
+        finally:
+            child[0] += time.thread_time() - start
+    executor.measure = timed_measure
+    rows = []
+    for number in range(warmup + sweeps):
+        child[0] = 0.0
+        cpu, wall = time.process_time(), time.perf_counter()
+        outcome = service.run(schedule, 0)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        statuses = [point.result.status for point in outcome.points]
+        if outcome.result != "ok" or statuses != ["ok"] * 5:
+            raise SystemExit(f"sweep {number}: {outcome.result} {statuses}")
+        if number >= warmup:
+            rows.append({"process_cpu": cpu, "child_cpu": child[0], "daemon_cpu": cpu - child[0], "wall": wall,
+                         "points": len(statuses)})
+    print(json.dumps({"sweeps": rows, "points_per_sweep": 5, "threads": threading.active_count(),
+                      "torch_imported": "torch" in sys.modules,
+                      "median_daemon_cpu": statistics.median(r["daemon_cpu"] for r in rows)}))
+""")
+
+
+def _run_script(tree: Path, script: str, *args: str) -> dict[str, object]:
+    """``script`` in a fresh interpreter with ``tree`` first on PYTHONPATH; its last line of stdout, as JSON."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    proc = subprocess.run([sys.executable, "-c", WALK], capture_output=True, text=True, timeout=600, cwd=tree, env=env)
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=600,
+                          cwd=tree, env=env)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-3:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _walk(tree: Path) -> dict[str, object]:
+    return _run_script(tree, WALK)
 
 
 def _module_name(tree: Path, path: Path) -> str:
@@ -171,10 +237,66 @@ def measure(tree: Path) -> dict[str, object]:
             "duplicates": _duplicates(tree), "getattr_on_service_or_args": _getattr_on_objects(tree)}
 
 
+def _sweep_cpu(trees: dict[str, Path], args: argparse.Namespace) -> int:
+    """The daemon's CPU seconds per sweep on each tree: ``args.sweep_cpu`` runs each, alternated."""
+    labels = list(trees)
+    runs: list[dict[str, object]] = []
+    for number in range(args.sweep_cpu):
+        for label in labels if number % 2 == 0 else labels[::-1]:
+            run = _run_script(trees[label], SWEEP_CPU, str(args.sweeps), str(args.warmup))
+            runs.append({"round": number, "tree": label, **run})
+            if "error" in run:
+                print(f"{label}: {run['error']}", file=sys.stderr)
+                return 1
+            print(f"round {number} {label:24s} {1e3 * run['median_daemon_cpu']:7.2f} ms CPU per sweep (daemon)",
+                  flush=True)
+    summary: dict[str, dict[str, float]] = {}
+    for label in labels:
+        mine = [r for r in runs if r["tree"] == label]
+        points = mine[0]["points_per_sweep"]
+        cpu = statistics.median(r["median_daemon_cpu"] for r in mine)
+        summary[label] = {
+            "runs": len(mine), "sweeps_per_run": args.sweeps, "points_per_sweep": points,
+            "daemon_cpu_per_sweep": cpu, "daemon_cpu_per_point": cpu / points,
+            "process_cpu_per_sweep": statistics.median(statistics.median(s["process_cpu"] for s in r["sweeps"])
+                                                       for r in mine),
+            "child_cpu_per_sweep": statistics.median(statistics.median(s["child_cpu"] for s in r["sweeps"])
+                                                     for r in mine),
+            "wall_per_sweep": statistics.median(statistics.median(s["wall"] for s in r["sweeps"]) for r in mine),
+        }
+    result: dict[str, object] = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+                                 "python": platform.python_version(), "cpu_count": os.cpu_count(),
+                                 "machine": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                 "summary": summary, "runs": runs}
+    print(f"\n{'per sweep (median of runs)':34s}" + "".join(f"{label:>26s}" for label in labels))
+    for key, unit in (("daemon_cpu_per_sweep", "daemon CPU, ms"), ("daemon_cpu_per_point", "daemon CPU per point, ms"),
+                      ("child_cpu_per_sweep", "simulated child CPU, ms"), ("process_cpu_per_sweep", "process CPU, ms"),
+                      ("wall_per_sweep", "wall, ms")):
+        print(f"{unit:34s}" + "".join(f"{1e3 * summary[label][key]:26.2f}" for label in labels))
+    if len(labels) == 2:
+        before, after = labels
+        per_round = []
+        for number in range(args.sweep_cpu):
+            pair = {r["tree"]: r["median_daemon_cpu"] for r in runs if r["round"] == number}
+            per_round.append(pair[after] / pair[before])
+        ratio = summary[after]["daemon_cpu_per_sweep"] / summary[before]["daemon_cpu_per_sweep"]
+        result["ratio_after_before"] = ratio
+        result["ratio_per_round"] = per_round
+        print(f"daemon CPU per sweep, after/before: {ratio:.3f} (rounds: {min(per_round):.3f} .. "
+              f"{max(per_round):.3f}, median {statistics.median(per_round):.3f})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default=None, help="a commit to measure beside this tree")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--sweep-cpu", type=int, default=0, metavar="RUNS",
+                        help="measure the daemon's CPU time per sweep instead, RUNS processes per tree, alternated")
+    parser.add_argument("--sweeps", type=int, default=25, help="counted sweeps per --sweep-cpu run (default 25)")
+    parser.add_argument("--warmup", type=int, default=3, help="uncounted sweeps first in each run (default 3)")
     args = parser.parse_args()
     trees: dict[str, Path] = {}
     scratch = None
@@ -185,6 +307,8 @@ def main() -> int:
     trees["after (this tree)"] = ROOT
     report = {}
     try:
+        if args.sweep_cpu:
+            return _sweep_cpu(trees, args)
         for label, tree in trees.items():
             report[label] = measure(tree)
     finally:
