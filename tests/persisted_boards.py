@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from daemon_configs import probes_section
+
 #: The operator's caps the boards start at (GPU index -> watts, as the state file keys them).
 ORIGINAL = {"0": 650.0, "1": 640.0}
 
@@ -46,13 +48,7 @@ APPLY_CONFIG = """
 log_level: info
 sampler: {{interval_seconds: 0.2}}
 {boards}health: {{interval_seconds: 0.5}}
-probes:
-  read_only: false
-  state_dir: {state}
-  history: {{path: {state}/history.jsonl}}
-  idle_seconds: 0
-  jitter_seconds: 0
-  first_run_delay_seconds: {first_run}
+{probes}  first_run_delay_seconds: {first_run}
   simulated_measure_seconds: {measure}
   schedules:
     - probe: llm
@@ -66,5 +62,5 @@ apply: {{mode: {mode}, workload: llm, budget_ratio: 0.1, interval_seconds: 1}}
 def apply_config(state: Path, mode: str = "on", first_run: float = 0.1, interval: float = 3600,
                  measure: float = 0.05) -> str:
     """The config text of a daemon in apply ``mode`` on the two boards, its state in ``state``."""
-    return APPLY_CONFIG.format(state=state, boards=boards(state), mode=mode, first_run=first_run, interval=interval,
-                               measure=measure)
+    return APPLY_CONFIG.format(boards=boards(state), probes=probes_section(state, writable=True), mode=mode,
+                               first_run=first_run, interval=interval, measure=measure)

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import requests
+from daemon_configs import simulated_daemon
 
 BASE = """
-device: {{backend: simulated}}
-simulation: {{gpus: 1, seed: 2}}
-probes:
-  state_dir: {state}
-  history: {{path: null}}
-  idle_seconds: 0
-  jitter_seconds: 0
-  first_run_delay_seconds: 0.2
+{daemon}  first_run_delay_seconds: 0.2
   simulated_measure_seconds: 0.2
   schedules:
 {schedules}
 """
+
+
+def daemon_config(state: Path, schedules: str, writable: bool = False) -> str:
+    """A one-GPU daemon's config: ``schedules`` (YAML list items) in BASE, no history kept."""
+    return BASE.format(daemon=simulated_daemon(state, gpus=1, seed=2, writable=writable, history=False), schedules=schedules)
 
 
 def runs(url: str, probe: str) -> float:
@@ -41,19 +41,19 @@ def wait_for(predicate, timeout=20.0):
 
 def test_sighup_applies_a_good_config_and_rejects_a_bad_one(start_daemon, tmp_path):
     state = tmp_path / "state"
-    daemon = start_daemon(config_text=BASE.format(state=state, schedules="    - {probe: vit, interval_seconds: 3600}"))
+    daemon = start_daemon(config_text=daemon_config(state, "    - {probe: vit, interval_seconds: 3600}"))
     config = tmp_path / "gpuperfd.yaml"
     assert wait_for(lambda: runs(daemon.url, "vit") == 1)
     assert runs(daemon.url, "attention") == 0
 
     # a good config: a new schedule appears and runs, without a restart (same pid)
-    config.write_text(BASE.format(state=state, schedules="    - {probe: attention, interval_seconds: 3600}"))
+    config.write_text(daemon_config(state, "    - {probe: attention, interval_seconds: 3600}"))
     daemon.proc.send_signal(signal.SIGHUP)
     assert wait_for(lambda: runs(daemon.url, "attention") == 1), daemon.log()
     assert "configuration reloaded: 1 probe schedule(s)" in daemon.log()
 
     # a bad config: rejected with a clear line, the old one keeps running
-    config.write_text(BASE.format(state=state, schedules="    - {probe: attention, interval_seconds: -1}"))
+    config.write_text(daemon_config(state, "    - {probe: attention, interval_seconds: -1}"))
     daemon.proc.send_signal(signal.SIGHUP)
     assert wait_for(lambda: "reload rejected, keeping the running configuration" in daemon.log())
     assert "probes.schedules.0.interval_seconds" in daemon.log()
@@ -110,7 +110,7 @@ def test_case7_a_reload_that_changes_nothing_keeps_every_next_run_time(tmp_path)
 def test_case7_sighup_storm_neither_adds_runs_nor_starves_a_schedule(start_daemon, tmp_path):
     state = tmp_path / "state"
     schedules = "    - {probe: vit, interval_seconds: 3600}\n    - {probe: attention, interval_seconds: 10}"
-    daemon = start_daemon(config_text=BASE.format(state=state, schedules=schedules))
+    daemon = start_daemon(config_text=daemon_config(state, schedules))
     assert wait_for(lambda: runs(daemon.url, "vit") == 1 and runs(daemon.url, "attention") == 1)
     deadline = time.monotonic() + 12.5
     while time.monotonic() < deadline:  # a SIGHUP every 0.5 s, no change: before the fix 0 more attention runs
@@ -128,7 +128,7 @@ def test_case3_reload_changing_state_dir_warns_and_keeps_the_journal_where_it_wa
     state, other = tmp_path / "state", tmp_path / "other"
     config = tmp_path / "gpuperfd.yaml"
     sweep = "    - {probe: vit, interval_seconds: 3600, caps: [max, 300], settle_seconds: 0}"
-    text = BASE.format(state=state, schedules=sweep).replace("probes:\n", "probes:\n  read_only: false\n")
+    text = daemon_config(state, sweep, writable=True)
     daemon = start_daemon(config_text=text)
     assert wait_for(lambda: runs(daemon.url, "vit") == 2)  # two caps
     config.write_text(text.replace(f"state_dir: {state}", f"state_dir: {other}")
@@ -145,14 +145,13 @@ def test_case3_reload_changing_state_dir_warns_and_keeps_the_journal_where_it_wa
 
 def test_issue50_a_reload_with_an_interval_shorter_than_the_probe_or_a_bad_share_changes_nothing(start_daemon, tmp_path):
     state = tmp_path / "state"
-    good = BASE.format(state=state, schedules="    - {probe: vit, interval_seconds: 3600}")
+    good = daemon_config(state, "    - {probe: vit, interval_seconds: 3600}")
     daemon = start_daemon(config_text=good)
     config = tmp_path / "gpuperfd.yaml"
     assert wait_for(lambda: runs(daemon.url, "vit") == 1)
     # 3 caps x 0.2 s measured is 0.6 s: fine; 200 caps would be 40 s, longer than a 10 s interval
     caps = ", ".join(str(100 + w) for w in range(200))
-    bad = BASE.format(state=state, schedules=f"    - {{probe: vit, interval_seconds: 10, caps: [{caps}]}}")
-    config.write_text(bad.replace("  idle_seconds: 0", "  read_only: false\n  idle_seconds: 0"))
+    config.write_text(daemon_config(state, f"    - {{probe: vit, interval_seconds: 10, caps: [{caps}]}}", writable=True))
     daemon.proc.send_signal(signal.SIGHUP)
     assert wait_for(lambda: daemon.log().count("reload rejected") == 1)
     assert "probes.schedules.0.interval_seconds: 10 s is shorter than one run" in daemon.log()

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 LIST_PATH = "/v1.PodResourcesLister/List"
 #: A node's List answer is a few KiB; anything past this is refused, not buffered.
 MAX_RESPONSE_BYTES = 8 << 20
+
+T = TypeVar("T")
 
 
 class PodResourcesError(Exception):
@@ -109,41 +112,36 @@ def _message(value: bytes | int) -> bytes:
     return value
 
 
-def _devices(buf: bytes) -> ContainerDevices:
-    resource, ids = "", []
+def _layout(buf: bytes, strings: int, item: Callable[[bytes | int], T]) -> tuple[list[str], tuple[T, ...]]:
+    """The layout of all three messages we decode: fields 1 to ``strings`` are strings ("" when absent) and
+    field ``strings + 1`` repeats, each value read by ``item``; any other field is skipped."""
+    texts, items = [""] * strings, []
     for number, value in _fields(buf):
-        if number == 1:
-            resource = _text(value)
-        elif number == 2:
-            ids.append(_text(value))
-    return ContainerDevices(resource, tuple(ids))
+        if number <= strings:
+            texts[number - 1] = _text(value)
+        elif number == strings + 1:
+            items.append(item(value))
+    return texts, tuple(items)
 
 
-def _container(buf: bytes) -> ContainerResources:
-    name, devices = "", []
-    for number, value in _fields(buf):
-        if number == 1:
-            name = _text(value)
-        elif number == 2:
-            devices.append(_devices(_message(value)))
-    return ContainerResources(name, tuple(devices))
+def _devices(value: bytes | int) -> ContainerDevices:
+    (resource,), ids = _layout(_message(value), 1, _text)
+    return ContainerDevices(resource, ids)
 
 
-def _pod(buf: bytes) -> PodResources:
-    name, namespace, containers = "", "", []
-    for number, value in _fields(buf):
-        if number == 1:
-            name = _text(value)
-        elif number == 2:
-            namespace = _text(value)
-        elif number == 3:
-            containers.append(_container(_message(value)))
-    return PodResources(name, namespace, tuple(containers))
+def _container(value: bytes | int) -> ContainerResources:
+    (name,), devices = _layout(_message(value), 1, _devices)
+    return ContainerResources(name, devices)
+
+
+def _pod(value: bytes | int) -> PodResources:
+    (name, namespace), containers = _layout(_message(value), 2, _container)
+    return PodResources(name, namespace, containers)
 
 
 def decode_list_response(buf: bytes) -> list[PodResources]:
     """ListPodResourcesResponse bytes -> pods (field 1, repeated PodResources)."""
-    return [_pod(_message(value)) for number, value in _fields(buf) if number == 1]
+    return [_pod(value) for number, value in _fields(buf) if number == 1]
 
 
 def grpc_message(body: bytes) -> bytes:

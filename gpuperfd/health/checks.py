@@ -208,6 +208,16 @@ CHECKS: tuple[Check, ...] = (
           "the saved verdicts could not be read ({error}); unknown until a probe passes"),
 )
 
+
+def _against_reference(id: str, field: str, bad: str, summary: str, threshold: Threshold) -> Check:
+    """A row of kind ``expected``: the check's probe ``field`` against the shipped figure of the GPU's model,
+    ``bad`` when it is below (or above) the threshold's share of it."""
+    return Check(id, "expected", f"the check's probe {field} vs the shipped figure of the model", "degraded",
+                 "check_hardware", "condition",
+                 "gpuperfd/device/reference_figures.py (our H100/H200 measurements at 700 W)",
+                 summary, threshold, field=field, bad=bad)
+
+
 #: The one-shot ``gpuperfd check``'s active rows (docs/health.md, "gpuperfd check"): they judge the
 #: short probe it runs on each idle GPU, with the passive rows above and ``probe_slower_than_peers``
 #: (the same peer rule as the daemon's). The daemon does not evaluate them: its probes are judged
@@ -220,19 +230,14 @@ ACTIVE_CHECKS: tuple[Check, ...] = (
           "unhealthy", "contact_support", "condition", _SDC_ACTION,
           "{probe}/{preset}: results differ from the reference (max abs error {max_abs_error}, "
           "max rel error {max_rel_error})"),
-    Check("check_below_expected", "expected", "the check's probe units_per_second vs the shipped figure of the model",
-          "degraded", "check_hardware", "condition",
-          "gpuperfd/device/reference_figures.py (our H100/H200 measurements at 700 W)",
-          "{probe}/{preset}: {ratio:.0%} of the expected {expected:,.0f} {unit}/s of an {model} at {power_limit:.0f} W",
-          Threshold("expected_ratio", 0.85, "ratio", "throughput below this share of the expected figure fires"),
-          field="units_per_second", bad="below"),
-    Check("check_energy_above_expected", "expected",
-          "the check's probe energy_per_unit_joules vs the shipped figure of the model",
-          "degraded", "check_hardware", "condition",
-          "gpuperfd/device/reference_figures.py (our H100/H200 measurements at 700 W)",
-          "{probe}/{preset}: {ratio:.0%} of the expected energy per {unit} of an {model} at {power_limit:.0f} W",
-          Threshold("expected_energy_ratio", 1.15, "ratio", "energy per unit above this share of the expected fires"),
-          field="energy_per_unit_joules", bad="above"),
+    _against_reference(
+        "check_below_expected", "units_per_second", "below",
+        "{probe}/{preset}: {ratio:.0%} of the expected {expected:,.0f} {unit}/s of an {model} at {power_limit:.0f} W",
+        Threshold("expected_ratio", 0.85, "ratio", "throughput below this share of the expected figure fires")),
+    _against_reference(
+        "check_energy_above_expected", "energy_per_unit_joules", "above",
+        "{probe}/{preset}: {ratio:.0%} of the expected energy per {unit} of an {model} at {power_limit:.0f} W",
+        Threshold("expected_energy_ratio", 1.15, "ratio", "energy per unit above this share of the expected fires")),
     Check("interconnect_wrong_unattributed", "failure_reason",
           "the check's interconnect probe (failure_reason wrong_result) beside each GPU's own probe", "unknown", "none",
           "condition", "this command: a wrong sum is charged to the GPU whose own probe gave wrong answers "

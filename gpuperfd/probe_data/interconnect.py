@@ -16,6 +16,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuperfd.probe_data.dict_fields import refuse_unknown_fields
+
 __all__ = ["InterconnectRequest", "PeerCopy", "AllReduce", "InterconnectResult", "bus_bandwidth", "INTERCONNECT_SCHEMA_VERSION"]
 
 INTERCONNECT_SCHEMA_VERSION = 1
@@ -126,10 +128,7 @@ class InterconnectResult:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InterconnectResult:
         """From :meth:`to_dict`'s output (JSON), unknown keys refused by name."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"InterconnectResult: unknown field(s) {', '.join(unknown)}")
+        refuse_unknown_fields(cls, data)
         values = dict(data)
         values["gpus"] = tuple(values.get("gpus", ()))
         values["copies"] = tuple(PeerCopy(**c) for c in values.get("copies", ()))

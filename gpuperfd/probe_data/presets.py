@@ -7,6 +7,7 @@ the others are sized to keep an H100/H200 busy. Pure Python (the daemon imports 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gpuperfd.probe_data.shapes import VIT_MODELS
@@ -60,16 +61,18 @@ def _vit(model: str, batch: int) -> dict[str, Any]:
             "image_size": VIT_MODELS[model]["image_size"], "dtype": "bfloat16", **_GPU_TIMING}
 
 
+def _per_model(preset: Callable[[str, int], dict[str, Any]], batches: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """One preset per model, named after it: ``preset(model, batch)`` for each model and its batch size."""
+    return {model: preset(model, batch) for model, batch in batches.items()}
+
+
 #: The llm probe's presets: GPT-2 sizes and the Llama family (seed 004).
 LLM_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"model": "tiny", "variant": "graph", "batch_size": 2, "prompt_tokens": 16, "output_tokens": 8,
              "n_groups": 1, "dtype": "float32", **_TINY_TIMING},
     "tiny-x2": {"model": "tiny-x2", "variant": "graph", "batch_size": 2, "prompt_tokens": 16, "output_tokens": 8,
                 "n_groups": 1, "dtype": "float32", **_TINY_TIMING},
-    "gpt2": _llm("gpt2", 128),
-    "gpt2-medium": _llm("gpt2-medium", 128),
-    "gpt2-large": _llm("gpt2-large", 64),
-    "gpt2-xl": _llm("gpt2-xl", 32),
+    **_per_model(_llm, {"gpt2": 128, "gpt2-medium": 128, "gpt2-large": 64, "gpt2-xl": 32}),
     # The Llama family (seed 004): batch 1, as the seed runs it (--batch-size 32 for the served case).
     "llama-tiny": _LLAMA_TINY,
     "llama-tiny-spec": {**_LLAMA_TINY, "variant": "speculative", "draft_model": "llama-tiny-draft",
@@ -85,10 +88,7 @@ LLM_PRESETS: dict[str, dict[str, Any]] = {
 VIT_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"model": "tiny", "variant": "eager", "batch_size": 4, "image_size": 32, "dtype": "float32",
              **_TINY_TIMING},
-    "vit-s16": _vit("vit-s16", 128),
-    "vit-b16": _vit("vit-b16", 128),
-    "vit-l16": _vit("vit-l16", 64),
-    "vit-h14": _vit("vit-h14", 32),
+    **_per_model(_vit, {"vit-s16": 128, "vit-b16": 128, "vit-l16": 64, "vit-h14": 32}),
 }
 
 #: The attention probe's presets.
@@ -107,8 +107,5 @@ ATTENTION_PRESETS: dict[str, dict[str, Any]] = {
 TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"model": "tiny", "variant": "eager", "batch_size": 2, "seq_len": 32, "dtype": "float32",
              **_TINY_TIMING},
-    "gpt2": _train("gpt2", 16),
-    "gpt2-medium": _train("gpt2-medium", 8),
-    "gpt2-large": _train("gpt2-large", 4),
-    "gpt2-xl": _train("gpt2-xl", 2),
+    **_per_model(_train, {"gpt2": 16, "gpt2-medium": 8, "gpt2-large": 4, "gpt2-xl": 2}),
 }

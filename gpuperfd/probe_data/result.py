@@ -19,6 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuperfd.probe_data.dict_fields import known_fields
 from gpuperfd.probe_data.kinds import KINDS, spec_kinds
 
 __all__ = [
@@ -144,7 +145,7 @@ class RepeatResult(WindowStats):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RepeatResult:
-        return cls(**_known(cls, data))
+        return cls(**known_fields(cls, data))
 
 
 @dataclass
@@ -223,7 +224,7 @@ class ProbeResult(WindowStats):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProbeResult:
-        values = _known(cls, data)
+        values = known_fields(cls, data)
         values["repeats"] = [RepeatResult.from_dict(r) for r in values.get("repeats", [])]
         probe = str(values.get("probe") or "")
         if isinstance(values.get("latencies"), dict):
@@ -249,12 +250,6 @@ class ProbeResult(WindowStats):
             probe=probe, variant=variant, preset=preset, status=status, failure_reason=reason,
             error_message=message, **fields,
         )
-
-
-def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    """Keep only the dataclass's fields: newer writers may add keys old readers ignore."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
 
 
 # --- statistics -------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from gpuperfd.probe_data.shape_checks import (GPT2_VARIANTS, LLAMA_VARIANTS,  # 
 from gpuperfd.probe_data.shapes import (DTYPES, GPT2_MODELS, LLAMA_MODELS, VIT_MODELS,  # noqa: F401 - spec's names
                                         canonical_dtype)
 from gpuperfd.probe_data.datasets import dataset_problem
+from gpuperfd.probe_data.dict_fields import refuse_unknown_fields
 
 __all__ = [
     "PROBES",
@@ -293,10 +294,7 @@ class ProbeSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProbeSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{unknown[0]}: unknown ProbeSpec field")
+        refuse_unknown_fields(cls, data)
         return cls(**data)
 
     def replace(self, **changes: Any) -> ProbeSpec:

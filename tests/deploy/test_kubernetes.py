@@ -59,29 +59,17 @@ def _kustomize(directory: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-@pytest.fixture(scope="module")
-def base() -> list[dict[str, Any]]:
-    return _kustomize(BASE)
+def _rendered(directory: Path):  # type: ignore[no-untyped-def]
+    """A module-scoped fixture: the documents of ``directory``, rendered once for every test that asks."""
+
+    @pytest.fixture(scope="module")
+    def documents() -> list[dict[str, Any]]:
+        return _kustomize(directory)
+
+    return documents
 
 
-@pytest.fixture(scope="module")
-def overlay() -> list[dict[str, Any]]:
-    return _kustomize(OVERLAY)
-
-
-@pytest.fixture(scope="module")
-def telemetry() -> list[dict[str, Any]]:
-    return _kustomize(TELEMETRY)
-
-
-@pytest.fixture(scope="module")
-def advise() -> list[dict[str, Any]]:
-    return _kustomize(ADVISE)
-
-
-@pytest.fixture(scope="module")
-def canary() -> list[dict[str, Any]]:
-    return _kustomize(CANARY)
+base, overlay, telemetry, advise, canary = (_rendered(d) for d in (BASE, OVERLAY, TELEMETRY, ADVISE, CANARY))
 
 
 def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -168,43 +156,50 @@ _LABEL_SELECTOR = {
     "properties": {"matchLabels": _STRING_MAP, "matchExpressions": {"type": "array"}},
     "additionalProperties": False,
 }
+
+
+def _operator_object(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A monitoring.coreos.com/v1 ``kind``: the envelope all the operator's objects share, around ``spec``."""
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": kind},
+            "metadata": _METADATA,
+            "spec": spec,
+        },
+        "additionalProperties": False,
+    }
+
+
 #: monitoring.coreos.com/v1 ServiceMonitor: the fields of the operator's CRD that gpuperfd's manifest may use.
-SERVICE_MONITOR_SCHEMA = {
+SERVICE_MONITOR_SCHEMA = _operator_object("ServiceMonitor", {
     "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "required": ["selector", "endpoints"],
     "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "ServiceMonitor"},
-        "metadata": _METADATA,
-        "spec": {
+        "selector": _LABEL_SELECTOR,
+        "namespaceSelector": {"type": "object", "properties": {
+            "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}},
+            "additionalProperties": False},
+        "jobLabel": {"type": "string"},
+        "targetLabels": {"type": "array", "items": {"type": "string"}},
+        "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+        "endpoints": {"type": "array", "minItems": 1, "items": {
             "type": "object",
-            "required": ["selector", "endpoints"],
             "properties": {
-                "selector": _LABEL_SELECTOR,
-                "namespaceSelector": {"type": "object", "properties": {
-                    "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}},
-                    "additionalProperties": False},
-                "jobLabel": {"type": "string"},
-                "targetLabels": {"type": "array", "items": {"type": "string"}},
-                "podTargetLabels": {"type": "array", "items": {"type": "string"}},
-                "endpoints": {"type": "array", "minItems": 1, "items": {
-                    "type": "object",
-                    "properties": {
-                        "port": {"type": "string"}, "path": {"type": "string"},
-                        "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
-                        "interval": _DURATION, "scrapeTimeout": _DURATION, "honorLabels": {"type": "boolean"},
-                        "relabelings": {"type": "array", "items": _RELABEL},
-                        "metricRelabelings": {"type": "array", "items": _RELABEL},
-                        "tlsConfig": {"type": "object"}, "basicAuth": {"type": "object"},
-                    },
-                    "additionalProperties": False,
-                }},
+                "port": {"type": "string"}, "path": {"type": "string"},
+                "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+                "interval": _DURATION, "scrapeTimeout": _DURATION, "honorLabels": {"type": "boolean"},
+                "relabelings": {"type": "array", "items": _RELABEL},
+                "metricRelabelings": {"type": "array", "items": _RELABEL},
+                "tlsConfig": {"type": "object"}, "basicAuth": {"type": "object"},
             },
             "additionalProperties": False,
-        },
+        }},
     },
     "additionalProperties": False,
-}
+})
 _RULE = {
     "type": "object",
     "required": ["expr"],
@@ -219,30 +214,20 @@ _RULE = {
     "additionalProperties": False,
 }
 #: monitoring.coreos.com/v1 PrometheusRule, from the operator's CRD.
-PROMETHEUS_RULE_SCHEMA = {
+PROMETHEUS_RULE_SCHEMA = _operator_object("PrometheusRule", {
     "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "PrometheusRule"},
-        "metadata": _METADATA,
-        "spec": {
-            "type": "object",
-            "properties": {"groups": {"type": "array", "items": {
-                "type": "object",
-                "required": ["name", "rules"],
-                "properties": {
-                    "name": {"type": "string", "minLength": 1}, "interval": _DURATION, "query_offset": _DURATION,
-                    "limit": {"type": "integer"}, "labels": _STRING_MAP,
-                    "rules": {"type": "array", "items": _RULE},
-                },
-                "additionalProperties": False,
-            }}},
-            "additionalProperties": False,
+    "properties": {"groups": {"type": "array", "items": {
+        "type": "object",
+        "required": ["name", "rules"],
+        "properties": {
+            "name": {"type": "string", "minLength": 1}, "interval": _DURATION, "query_offset": _DURATION,
+            "limit": {"type": "integer"}, "labels": _STRING_MAP,
+            "rules": {"type": "array", "items": _RULE},
         },
-    },
+        "additionalProperties": False,
+    }}},
     "additionalProperties": False,
-}
+})
 CRD_SCHEMAS = {"ServiceMonitor": SERVICE_MONITOR_SCHEMA, "PrometheusRule": PROMETHEUS_RULE_SCHEMA}
 
 

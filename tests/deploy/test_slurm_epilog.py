@@ -12,6 +12,7 @@ from pathlib import Path
 
 import bcrypt
 import requests
+from daemon_configs import simulated_daemon
 
 ROOT = Path(__file__).resolve().parents[2]
 EPILOG = ROOT / "deploy/slurm/epilog-gpuperfd.sh"
@@ -68,18 +69,16 @@ def test_no_gpu_list_hands_the_node_and_no_curl_still_exits_0(tmp_path) -> None:
 
 
 CONFIG = """
-device: {{backend: simulated}}
-simulation: {{gpus: 2, seed: 9}}
-probes:
-  state_dir: {state}
-  history: {{path: null}}
-  idle_seconds: 3600
-  jitter_seconds: 0
-  first_run_delay_seconds: 0.2
+{daemon}  first_run_delay_seconds: 0.2
   simulated_measure_seconds: 0.2
   schedules:
     - {{probe: llm, interval_seconds: 3600, settle_seconds: 0}}
 """
+
+
+def config(tmp_path: Path) -> str:
+    """Two GPUs whose probe waits out an hour of idleness unless the Epilog hands its GPU over."""
+    return CONFIG.format(daemon=simulated_daemon(tmp_path / "state", gpus=2, seed=9, history=False, idle_seconds=3600))
 
 
 def ok_runs(url: str, auth, gpu: str) -> float:  # type: ignore[no-untyped-def]
@@ -105,7 +104,7 @@ def test_a_gpu_handed_over_by_the_epilog_is_probed_without_waiting_out_idle_seco
 
 
 def test_without_basic_auth_the_daemon_refuses_the_hand_off(start_daemon, tmp_path) -> None:
-    daemon = start_daemon(config_text=CONFIG.format(state=tmp_path / "state"))
+    daemon = start_daemon(config_text=config(tmp_path))
     answer = requests.post(daemon.url + "/api/v1/free", timeout=5)
     assert answer.status_code == 403 and "basic auth" in answer.json()["error"]
     assert requests.post(daemon.url + "/metrics", timeout=5).status_code == 405  # other paths: no writes
@@ -130,8 +129,7 @@ def _behind_basic_auth(start_daemon, tmp_path):  # type: ignore[no-untyped-def]
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
     web = tmp_path / "web.yml"
     web.write_text(f"basic_auth_users:\n  slurm: {hashed}\n")
-    daemon = start_daemon(["--web.config.file", str(web)], config_text=CONFIG.format(state=tmp_path / "state"),
-                          ready=False)
+    daemon = start_daemon(["--web.config.file", str(web)], config_text=config(tmp_path), ready=False)
     auth = ("slurm", "s3cret")
     wait_for(lambda: _answers(daemon.url, auth))
     return daemon, auth

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import requests
 from conftest import free_port
+from daemon_configs import simulated_daemon
 from child_processes import end
 
 from gpuperfd.probe_data.result import ProbeResult
@@ -421,15 +422,7 @@ def test_prometheus_gauges_become_one_run_per_change():
 # --- end to end through a real Prometheus ----------------------------------------------------
 
 DAEMON_CONFIG = """
-device: {{backend: simulated}}
-simulation: {{gpus: 1, seed: 4}}
-probes:
-  read_only: false
-  state_dir: {state}
-  history: {{path: {state}/history.jsonl}}
-  idle_seconds: 0
-  jitter_seconds: 0
-  first_run_delay_seconds: 0.5
+{daemon}  first_run_delay_seconds: 0.5
   simulated_measure_seconds: 0.3
   schedules:
     - probe: llm
@@ -468,7 +461,7 @@ def gauge_values(metrics: str, name: str) -> dict[tuple[str, str], float]:
 def test_report_from_a_real_prometheus(start_daemon, tmp_path, capsys):
     exe = shutil.which("prometheus")
     assert exe, "prometheus is required (apt-get install prometheus); scripts/test.sh installs it"
-    daemon = start_daemon(config_text=DAEMON_CONFIG.format(state=tmp_path / "state"))
+    daemon = start_daemon(config_text=DAEMON_CONFIG.format(daemon=simulated_daemon(tmp_path / "state", gpus=1, seed=4, writable=True)))
     port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(

@@ -20,23 +20,14 @@ import requests
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.recommend import SweepPoint, recommend
 from gpuperfd.web.landing import landing_page
+from daemon_configs import simulated_daemon
 from landing_fakes import FakeSampler
 from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = """
-device: {{backend: simulated}}
-simulation:
-  gpus: 2
-  seed: 3
-probes:
-  read_only: false
-  stop_early: false  # the page shows every cap
-  state_dir: {state}
-  history: {{path: {state}/history.jsonl}}
-  idle_seconds: 0
-  jitter_seconds: 0
+{daemon}  stop_early: false  # the page shows every cap
   first_run_delay_seconds: 0.5
   simulated_measure_seconds: 0.3
   max_slowdown: 0.10
@@ -119,7 +110,7 @@ def gauges(metrics: str, name: str, gpu: str, probe: str) -> dict[int, float]:
 
 def test_landing_page_in_headless_chromium(start_daemon, tmp_path):
     state = tmp_path / "state"
-    daemon = start_daemon(config_text=CONFIG.format(state=state))
+    daemon = start_daemon(config_text=CONFIG.format(daemon=simulated_daemon(state, gpus=2, seed=3, writable=True)))
 
     def done() -> bool:  # every cap of both sweeps on both GPUs published, every cap restored
         metrics = requests.get(daemon.url + "/metrics", timeout=5).text

@@ -102,6 +102,35 @@ class Collector(abc.ABC):
         """
 
 
+
+@dataclass(frozen=True)
+class Field:
+    """One gauge of a :class:`FieldsCollector`: its metric, the reading's attribute it publishes, its help."""
+
+    metric: str
+    attribute: str
+    help: str
+
+
+class FieldsCollector(Collector):
+    """A collector whose every series is one attribute of one device reading (memory, clocks, PCIe...):
+    it names the reading and its fields, and the read, the same for all of them, is written once here."""
+
+    #: The :class:`Device` method that returns the reading.
+    reading: ClassVar[str]
+    #: What it publishes; an attribute that is None (a field this GPU lacks) is left out.
+    fields: ClassVar[tuple[Field, ...]]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.metrics = tuple(MetricSpec(field.metric, field.help) for field in cls.fields)
+
+    def read(self, device: Device) -> list[Point]:
+        reading = getattr(device, self.reading)()
+        values = ((field.metric, getattr(reading, field.attribute)) for field in self.fields)
+        return [Point(metric, value) for metric, value in values if value is not None]
+
+
 COLLECTORS: dict[str, type[Collector]] = {}
 
 

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-from gpuperfd.device.base import Device
-from gpuperfd.telemetry.collectors.base import Collector, MetricSpec, Point, register
+from gpuperfd.telemetry.collectors.base import Field, FieldsCollector, register
 
 
 @register
-class MemoryCollector(Collector):
+class MemoryCollector(FieldsCollector):
     name = "memory"
     help = "Device memory used and total"
-    metrics = (
-        MetricSpec("gpuperf_memory_used_bytes", "Device memory in use, bytes."),
-        MetricSpec("gpuperf_memory_total_bytes", "Device memory in total, bytes."),
+    reading = "memory"
+    fields = (
+        Field("gpuperf_memory_used_bytes", "used_bytes", "Device memory in use, bytes."),
+        Field("gpuperf_memory_total_bytes", "total_bytes", "Device memory in total, bytes."),
     )
-
-    def read(self, device: Device) -> list[Point]:
-        mem = device.memory()
-        return [
-            Point("gpuperf_memory_used_bytes", mem.used_bytes),
-            Point("gpuperf_memory_total_bytes", mem.total_bytes),
-        ]

@@ -6,31 +6,26 @@ reading it more often adds cost without adding truth.
 
 from __future__ import annotations
 
-from gpuperfd.device.base import Device
-from gpuperfd.telemetry.collectors.base import Collector, MetricSpec, Point, register
+from gpuperfd.telemetry.collectors.base import Field, FieldsCollector, register
 
 
 @register
-class PcieCollector(Collector):
+class PcieCollector(FieldsCollector):
     name = "pcie"
     help = "PCIe transmit and receive throughput"
     slow = True
     default_interval_seconds = 30.0
-    metrics = (
-        MetricSpec("gpuperf_pcie_tx_bytes_per_second", "PCIe transmit throughput over the driver's 20 ms window, bytes per second."),
-        MetricSpec("gpuperf_pcie_rx_bytes_per_second", "PCIe receive throughput over the driver's 20 ms window, bytes per second."),
+    reading = "pcie_throughput"
+    fields = (
+        Field("gpuperf_pcie_tx_bytes_per_second", "tx_bytes_per_second",
+              "PCIe transmit throughput over the driver's 20 ms window, bytes per second."),
+        Field("gpuperf_pcie_rx_bytes_per_second", "rx_bytes_per_second",
+              "PCIe receive throughput over the driver's 20 ms window, bytes per second."),
     )
-
-    def read(self, device: Device) -> list[Point]:
-        pcie = device.pcie_throughput()
-        return [
-            Point("gpuperf_pcie_tx_bytes_per_second", pcie.tx_bytes_per_second),
-            Point("gpuperf_pcie_rx_bytes_per_second", pcie.rx_bytes_per_second),
-        ]
 
 
 @register
-class PcieLinkCollector(Collector):
+class PcieLinkCollector(FieldsCollector):
     """Link generation and width, current and maximum: a link trained below its maximum while
     busy is a hardware problem (riser, connector, slot) the health checks report.
 
@@ -41,18 +36,10 @@ class PcieLinkCollector(Collector):
 
     name = "pcie_link"
     help = "PCIe link generation and width, current and maximum"
-    metrics = (
-        MetricSpec("gpuperf_pcie_link_generation", "PCIe link generation the link trained at now (drops at idle)."),
-        MetricSpec("gpuperf_pcie_link_width", "PCIe link width (lanes) the link trained at now."),
-        MetricSpec("gpuperf_pcie_link_max_generation", "Highest PCIe generation the GPU and its slot support."),
-        MetricSpec("gpuperf_pcie_link_max_width", "Widest PCIe link (lanes) the GPU and its slot support."),
+    reading = "pcie_link"
+    fields = (
+        Field("gpuperf_pcie_link_generation", "generation", "PCIe link generation the link trained at now (drops at idle)."),
+        Field("gpuperf_pcie_link_width", "width", "PCIe link width (lanes) the link trained at now."),
+        Field("gpuperf_pcie_link_max_generation", "max_generation", "Highest PCIe generation the GPU and its slot support."),
+        Field("gpuperf_pcie_link_max_width", "max_width", "Widest PCIe link (lanes) the GPU and its slot support."),
     )
-
-    def read(self, device: Device) -> list[Point]:
-        link = device.pcie_link()
-        return [
-            Point("gpuperf_pcie_link_generation", link.generation),
-            Point("gpuperf_pcie_link_width", link.width),
-            Point("gpuperf_pcie_link_max_generation", link.max_generation),
-            Point("gpuperf_pcie_link_max_width", link.max_width),
-        ]

@@ -29,18 +29,13 @@ import requests
 from gpuperfd.caps.journal import CapJournal, restore_pending
 from gpuperfd.config import SimulationConfig
 from gpuperfd.device.simulated import GPU_MODELS, SimulatedBackend, simulated_uuid
+from daemon_configs import probes_section
 from persisted_boards import ORIGINAL, board_limits, boards
 
 SWEEP_CONFIG = """
 log_level: info
 sampler: {{interval_seconds: 0.2}}
-{boards}probes:
-  read_only: false
-  state_dir: {state}
-  history: {{path: {state}/history.jsonl}}
-  idle_seconds: 0
-  jitter_seconds: 0
-  first_run_delay_seconds: {first_run}
+{boards}{probes}  first_run_delay_seconds: {first_run}
   simulated_measure_seconds: 0.05
   schedules:
     - probe: llm
@@ -73,8 +68,8 @@ def kill_campaign(start_daemon, tmp_path: Path, iterations: int, seed: int) -> d
     # window below assumes. With the real costs scaled to these windows, it began ~0.3 s after ready and
     # only 2 of 10 kills landed in it (1 under a loaded CI machine: the test failed its own floor).
     at_once = boards(state) + "  cost_scale: 0\n"
-    sweeping = SWEEP_CONFIG.format(state=state, boards=at_once, first_run=0.1)
-    checking = SWEEP_CONFIG.format(state=state, boards=at_once, first_run=3600)
+    sweeping = SWEEP_CONFIG.format(boards=at_once, probes=probes_section(state, writable=True), first_run=0.1)
+    checking = SWEEP_CONFIG.format(boards=at_once, probes=probes_section(state, writable=True), first_run=3600)
     stats = {"iterations": 0, "cap_changed_at_kill": 0, "journal_at_kill": 0, "before_ready": 0, "restored_logged": 0}
     for i in range(iterations):
         if i % 10 == 9:  # now and then, kill during start-up (imports, restore, first sample)
@@ -419,13 +414,7 @@ simulation:
   seed: 1
   initial_power_limits: {{0: 650}}
   state_file: {sim}/sim-limits.json
-probes:
-  read_only: false
-  state_dir: {state_dir}
-  history: {{path: null}}
-  idle_seconds: 0
-  jitter_seconds: 0
-  first_run_delay_seconds: {first_run}
+{probes}  first_run_delay_seconds: {first_run}
   simulated_measure_seconds: 0.5  # a 2 s window with the cap lowered: the SIGKILL lands inside it
   schedules:
     - probe: llm
@@ -433,6 +422,12 @@ probes:
       caps: [max, 500, 400, 300, 200]
       settle_seconds: 0
 """
+
+
+def reload_config(sim: Path, state_dir: Path, first_run: float) -> str:
+    """RELOAD_CONFIG with its boards' limits in ``sim`` and the probes' state in ``state_dir``."""
+    return RELOAD_CONFIG.format(sim=sim, probes=probes_section(state_dir, writable=True, history=False),
+                                first_run=first_run)
 
 
 def _wait(condition, what: str, timeout: float = 30.0) -> None:
@@ -448,11 +443,11 @@ def test_state_dir_changed_by_sighup_then_sigkill_mid_sweep_restores_at_restart(
     restart with the new config: the operator's 650 W is back (before issue 33: 500 W stayed)."""
     sim, old, new = tmp_path / "sim", tmp_path / "old-state", tmp_path / "new-state"
     sim.mkdir()
-    daemon = start_daemon(config_text=RELOAD_CONFIG.format(sim=sim, state_dir=old, first_run=1.5))
+    daemon = start_daemon(config_text=reload_config(sim, old, 1.5))
     config_file = tmp_path / "gpuperfd.yaml"
     with open(config_file, "r+") as handle:  # in place, as an editor that keeps the inode would
         handle.truncate(0)
-        handle.write(RELOAD_CONFIG.format(sim=sim, state_dir=new, first_run=3600))
+        handle.write(reload_config(sim, new, 3600))
     daemon.proc.send_signal(signal.SIGHUP)
     wait_for_log(daemon, "reload: probes.state_dir changed")
     _wait(lambda: journal_files(old) and board_limits(sim)["0"] < 650, "the sweep never changed the cap")
@@ -460,7 +455,7 @@ def test_state_dir_changed_by_sighup_then_sigkill_mid_sweep_restores_at_restart(
     assert board_limits(sim)["0"] < 650 and journal_files(old) and not journal_files(new)
 
     if restorer == "daemon":
-        checker = start_daemon(config_text=RELOAD_CONFIG.format(sim=sim, state_dir=new, first_run=3600))
+        checker = start_daemon(config_text=reload_config(sim, new, 3600))
         log = wait_for_log(checker, "listening on")
         assert "restored original power cap 650 W" in log
         assert log.index("restored original power cap") < log.index("listening on")

@@ -7,18 +7,13 @@ import signal
 
 import requests
 
+from daemon_configs import probes_section
 from persisted_boards import ORIGINAL, board_limits, boards
 from waiting import wait_for
 
 CONFIG = """
 log_level: debug
-{boards}probes:
-  read_only: false
-  state_dir: {state}
-  history: {{path: {state}/history.jsonl}}
-  idle_seconds: 0
-  jitter_seconds: 0
-  first_run_delay_seconds: 0.5
+{boards}{probes}  first_run_delay_seconds: 0.5
   simulated_measure_seconds: 1.0
   stop_early: false  # every cap runs: the series of all five are checked
   schedules:
@@ -39,7 +34,7 @@ def sweeping(state):
 
 def test_probe_series_appear_with_expected_labels(start_daemon, tmp_path):
     state = tmp_path / "state"
-    daemon = start_daemon(config_text=CONFIG.format(state=state, boards=boards(state)))
+    daemon = start_daemon(config_text=CONFIG.format(boards=boards(state), probes=probes_section(state, writable=True)))
     text = wait_for(
         lambda: (t := requests.get(daemon.url + "/metrics", timeout=5).text).count("gpuperf_probe_energy_per_unit_joules{") >= 10 and t,
         timeout=60, what="a full sweep on both GPUs",
@@ -52,7 +47,7 @@ def test_probe_series_appear_with_expected_labels(start_daemon, tmp_path):
 
 def test_sigterm_mid_sweep_restores_the_original_cap(start_daemon, tmp_path):
     state = tmp_path / "state"
-    daemon = start_daemon(config_text=CONFIG.format(state=state, boards=boards(state)))
+    daemon = start_daemon(config_text=CONFIG.format(boards=boards(state), probes=probes_section(state, writable=True)))
     wait_for(lambda: sweeping(state), what="the sweep to change a cap")
     assert daemon.stop(signal.SIGTERM) == 0
     assert board_limits(state) == ORIGINAL
@@ -62,7 +57,7 @@ def test_sigterm_mid_sweep_restores_the_original_cap(start_daemon, tmp_path):
 
 def test_sigkill_mid_sweep_then_restart_restores_before_any_probe(start_daemon, tmp_path):
     state = tmp_path / "state"
-    config = CONFIG.format(state=state, boards=boards(state))
+    config = CONFIG.format(boards=boards(state), probes=probes_section(state, writable=True))
     first = start_daemon(config_text=config)
     wait_for(lambda: sweeping(state), what="the sweep to change a cap")
     first.stop(signal.SIGKILL)
