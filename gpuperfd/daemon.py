@@ -235,14 +235,15 @@ def build_health(config: Config, sampler: Sampler, backend: Backend) -> HealthMo
 def build_apply(config: Config, devices: list[Device], probes: ProbeService, health: HealthMonitor | None,
                 tracker: IdleTracker, sampler: Sampler) -> ApplyController:
     """Apply mode (docs/apply.md): the controller reads the probe service's points and the verdicts,
-    shares the service's journal, and tells the sampler and the service about the caps it holds."""
+    shares the service's journal and GPU turns (its changes wait in line with the rounds), and tells the
+    sampler and the service about the caps it holds."""
     idle_seconds = config.probes.idle_seconds
     controller = ApplyController(
         ApplySettings.from_config(config.apply), devices, probes.journal,
         verdicts=health.verdicts if health is not None else None,
         idle=lambda index: tracker.idle_for(index) >= idle_seconds,
         metrics=ApplyMetrics(), held_caps=probes.held_caps, on_cap_change=sampler.cap_changed,
-        busy_now=probes.claimed_now)
+        busy_now=probes.claimed_now, turns=probes.turns)
     probes.point_listeners.append(controller.observe)
     probes.turns.listeners.append(controller.gpu_released)
     if problems := controller.refusals(controller.settings):

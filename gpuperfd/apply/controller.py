@@ -2,11 +2,16 @@
 give it back by itself.
 
 One pass per GPU (:meth:`ApplyController.tick`, every ``apply.interval_seconds`` on its own thread).
-A pass first *looks* without the GPU's cap lock (:class:`~gpuperfd.caps.ownership.GpuLock`): a
-pass that changes no cap (the applied cap holds, a GPU held back for the same reason) never takes it, so a
-probe round never waits for it. Only a pass with a change due (apply, roll back, leave, restore a dead
-writer's cap) takes the lock and decides again under it, as every writer does. A sweep that owns the cap
-now is left alone (it returns to the applied cap itself, :class:`~gpuperfd.caps.guard.CapGuard`).
+A pass first *looks* without the GPU's turn or its cap lock (:class:`~gpuperfd.caps.ownership.GpuLock`):
+a pass that changes no cap (the applied cap holds, a GPU held back for the same reason) takes neither, so
+a probe round never waits for it. Only a pass with a change due (apply, roll back, leave, restore a dead
+writer's cap), or one that cannot look because a writer holds the cap lock, takes the GPU's turn (in the
+daemon: :class:`~gpuperfd.probing.gates.turns.GpuTurns`, the line the rounds and interconnect runs wait
+in), then the lock, and decides again under both, as every writer does. So no round of the daemon ever
+finds the cap lock held by apply mode; the lock still keeps out other processes (a CLI sweep, whose
+GPU is looked at again in the next pass). A sweep that owns the cap now is left alone (it returns to the
+applied cap itself, :class:`~gpuperfd.caps.guard.CapGuard`). Without turns (the controller built
+outside the daemon) the cap lock alone guards the change.
 A GPU without an applied cap is judged by :func:`~gpuperfd.apply.policy.decide`; one with a cap by
 :func:`~gpuperfd.apply.policy.check_applied`, which rolls it back (verdict, drift, a failed probe at the
 applied cap, a loss over budget) or, when someone else changed it, leaves it to them.
@@ -25,7 +30,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +45,7 @@ from gpuperfd.device.base import Device, PowerLimits
 from gpuperfd.device.errors import DeviceError
 from gpuperfd.health.verdict import Verdict
 from gpuperfd.probe_data.recommend import SweepPoint
-from gpuperfd.probing.gates.turns import Release
+from gpuperfd.probing.gates.turns import GpuTurns, Holder, HolderKind, Release, Turn
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +105,11 @@ class GpuApply:
     hold: GpuLock | None = field(default=None, repr=False)
 
 
+#: Apply mode's holder of a GPU's turn: a pass's change, and a revert (a reload, the daemon's stop).
+PASS_HOLDER = Holder(HolderKind.APPLY, "apply pass")
+REVERT_HOLDER = Holder(HolderKind.APPLY, "apply revert")
+
+
 class _ChangeDue(Exception):
     """A look (a pass without the cap lock) reached a cap change: the pass takes the lock and decides again."""
 
@@ -113,6 +124,7 @@ class ApplyController:
                  held_caps: dict[int, float] | None = None,
                  on_cap_change: Callable[[int], None] | None = None,
                  busy_now: Callable[[Device], str | None] | None = None,
+                 turns: GpuTurns | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.devices = {d.index: d for d in devices}
@@ -127,10 +139,17 @@ class ApplyController:
         #: (a foreign compute process, a pod's allocation), or None. The idle tracker's window alone
         #: lags a job that just started (issue 51).
         self.busy_now = busy_now
+        #: The daemon's GPU turns (the probe service's): a change waits for the GPU's turn in line with
+        #: the rounds. None (no daemon): the cap lock alone guards a change.
+        self.turns = turns
         self.clock = clock
         self.book = PointBook()
         self.states = {index: GpuApply() for index in self.devices}
         self._pass = threading.Lock()
+        #: Callers other than the passes' thread waiting for ``_pass`` (a reload, a stop): a pass
+        #: waiting for GPU turns gives up its wait for them.
+        self._callers = 0
+        self._callers_lock = threading.Lock()
         #: True while a pass looks without the cap lock (under ``_pass``): a cap change raises _ChangeDue.
         self._looking = False
         self._stop = threading.Event()
@@ -198,37 +217,92 @@ class ApplyController:
     # --- the pass ----------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """One pass over every GPU; a GPU's failure is logged and is that GPU's alone."""
+        """One pass over every GPU; a GPU's failure is logged and is that GPU's alone. GPUs with a change
+        due are changed under their turns (:meth:`_in_turns`)."""
         with self._pass:
+            started = time.monotonic()
+            due: dict[int, tuple[str, GpuLock]] = {}
             for device in self.devices.values():
                 try:
-                    self._step(device)
+                    found = self._step(device)
                 except Exception:  # noqa: BLE001 - one GPU's bug must not stop the others
                     log.exception("gpu %d: apply pass failed", device.index)
+                    continue
+                if found is not None and self.turns is None:  # no daemon: the cap lock alone
+                    self._change_logged(device.index, *found)
+                elif found is not None:
+                    due[device.index] = found
+            if due:
+                self._in_turns(due, started + self.interval_seconds)
 
-    def _step(self, device: Device) -> None:
+    def _in_turns(self, due: dict[int, tuple[str, GpuLock]], deadline: float) -> None:
+        """Each GPU of ``due`` changed under its turn, waiting in line (arrival order) with the rounds and
+        interconnect runs: a GPU a round holds is changed as soon as the round gives it back, ahead of any
+        round that came later. All the GPUs wait at once, so a held GPU never holds up a free one, and
+        the wait ends when the next pass is due (``deadline``: the pass's start plus ``interval_seconds``;
+        a reload or a stop ends it at once): a change that becomes due on another GPU meanwhile waits no
+        longer than it would between passes, and the holder's release wakes the next pass anyway."""
+        assert self.turns is not None
+        left = self.turns.take_each(sorted(due), PASS_HOLDER, deadline - time.monotonic(),
+                                    lambda index: self._change_logged(index, *due[index]), self._give_way)
+        for index in left:
+            holder = self.turns.holder(index)
+            log.debug("gpu %d: apply change waits for the GPU's turn (held by %s); the next pass looks again",
+                      index, holder.name if holder is not None else "-")
+            self._not_now(index, due[index][0], self.states[index])
+
+    def _give_way(self) -> bool:
+        """True when a pass waiting for turns must stop waiting: the controller stops, or a reload or a
+        stop waits for the pass."""
+        return self._stop.is_set() or self._callers > 0
+
+    def _step(self, device: Device) -> tuple[str, GpuLock] | None:
+        """The look at one GPU, without its turn or cap lock. Returns its UUID and cap lock when a change
+        is due or the look could not tell (a writer holds the lock): decided again under both."""
         try:
             uuid = device.info().uuid
         except DeviceError as exc:
             log.debug("gpu %d: apply skipped: %s", device.index, exc)
-            return
+            return None
         state = self.states[device.index]
         lock = self.journal.lock(safe_name(uuid))
-        if lock.owner() is None:  # nobody writes the cap now: look first, lock only for a change
+        if lock.owner() is None:  # nobody writes the cap now: look first, turn and lock only for a change
             try:
                 if self._look(device, uuid, state, lock):
                     self._publish(device.index, uuid, state)
-                    return
+                    return None
             except DeviceError as exc:  # a lost or failing GPU: an applied cap stays journaled for the next start
                 log.warning("gpu %d: apply pass: %s", device.index, exc)
                 self._publish(device.index, uuid, state)
-                return
+                return None
+        elif self.settings.mode in ("off", "advise") and state.applied_watts is None:
+            self._not_now(device.index, uuid, state)  # these modes change no cap: no turn to wait for
+            return None
+        return uuid, lock
+
+    def _change_logged(self, index: int, uuid: str, lock: GpuLock) -> bool:
+        """:meth:`_change`, its failure logged as that GPU's alone; True: the cap may have changed."""
+        try:
+            self._change(self.devices[index], uuid, lock)
+        except Exception:  # noqa: BLE001 - one GPU's bug must not stop the others
+            log.exception("gpu %d: apply pass failed", index)
+        return True
+
+    def _not_now(self, index: int, uuid: str, state: GpuApply) -> None:
+        """A change that cannot be made now (a writer holds the GPU): the next pass looks again, and the
+        state so far stays on /metrics meanwhile, with what the writer's sweep measured."""
+        self._publish(index, uuid, state)
+        if state.applied_watts is not None and not state.overridden:
+            self._publish_realized(index, uuid, state, self.book.of(index))
+
+    def _change(self, device: Device, uuid: str, lock: GpuLock) -> None:
+        """Under the GPU's turn (in the daemon): take the cap lock, decide again and change. A lock held
+        now is another process's (a CLI sweep; the daemon's own writers hold the turn)."""
+        state = self.states[device.index]
         try:
             lock.acquire()
         except GpuBusy:  # a sweep or a CLI run owns the cap now; the next pass looks again
-            self._publish(device.index, uuid, state)  # the state so far stays on /metrics meanwhile,
-            if state.applied_watts is not None and not state.overridden:  # and what the sweep measured
-                self._publish_realized(device.index, uuid, state, self.book.of(device.index))
+            self._not_now(device.index, uuid, state)
             return
         except OSError as exc:
             log.warning("gpu %d: apply cannot lock the cap in %s: %s", device.index, self.journal.state_dir, exc)
@@ -612,8 +686,24 @@ class ApplyController:
         """Take a (re)loaded ``apply:`` section. A GPU no longer allowed to hold its cap (mode off or
         advise, out of the canary, another workload or budget) gets the operator's cap back; a new
         mode or workload lets GPUs that left apply mode try again. Returns what was rolled back."""
-        with self._pass:  # never beside a pass of the controller's thread
+        with self._pass_for_caller():  # never beside a pass of the controller's thread
             return self._configure(settings)
+
+    @contextmanager
+    def _pass_for_caller(self) -> Iterator[None]:
+        """The pass lock for a caller other than the passes' thread (a reload, a stop): a pass waiting for
+        GPU turns stops waiting at once (its GPUs are looked at again in the next pass), so the caller
+        never waits out a round."""
+        with self._callers_lock:
+            self._callers += 1
+        try:
+            if self.turns is not None:
+                self.turns.nudge()  # the waiting pass reads _give_way now
+            with self._pass:
+                yield
+        finally:
+            with self._callers_lock:
+                self._callers -= 1
 
     def _configure(self, settings: ApplySettings) -> list[str]:
         if (note := self.canary_note(settings)) is not None:
@@ -646,14 +736,30 @@ class ApplyController:
         return True
 
     def _revert_one(self, index: int, reason: str, detail: str, wait_seconds: float = 5.0) -> list[str]:
-        device, state = self.devices[index], self.states[index]
+        """The operator's cap back on one GPU, under its turn (in the daemon: a round running on it is
+        waited for up to ``wait_seconds``) and its cap lock."""
+        device = self.devices[index]
         try:
             uuid = device.info().uuid
         except DeviceError as exc:
             return [f"gpu {index}: cannot read it ({exc}); the journal restores it at the next start"]
+        if self.turns is None:
+            return self._revert_locked(index, uuid, reason, detail, wait_seconds)
+        if self.turns.take(index, REVERT_HOLDER, wait_seconds) is not Turn.GRANTED:
+            holder = self.turns.holder(index)
+            return [f"gpu {index}: not reverted now ({holder.kind.value if holder is not None else 'another'} "
+                    f"holds the GPU); the journal keeps the operator's cap"]
+        try:
+            return self._revert_locked(index, uuid, reason, detail, wait_seconds)
+        finally:
+            self.turns.release(index, wrote=True)
+
+    def _revert_locked(self, index: int, uuid: str, reason: str, detail: str, wait_seconds: float) -> list[str]:
+        """:meth:`_revert_one` under the GPU's cap lock (another process's sweep is waited for)."""
+        device, state = self.devices[index], self.states[index]
         lock = self.journal.lock(safe_name(uuid))
         try:
-            lock.acquire(wait_seconds=wait_seconds)  # a sweep returns to the applied cap within its point
+            lock.acquire(wait_seconds=wait_seconds)  # another process's (a CLI sweep, a check): waited for
         except (GpuBusy, OSError) as exc:
             return [f"gpu {index}: not reverted now ({exc}); the journal keeps the operator's cap"]
         try:
@@ -669,7 +775,7 @@ class ApplyController:
 
     def revert_all(self, reason: str = "stopped", detail: str = "gpuperfd stops") -> list[str]:
         """Every applied cap back to the operator's (daemon stop, mode off), verified by reading back."""
-        with self._pass:
+        with self._pass_for_caller():
             done: list[str] = []
             for index, state in self.states.items():
                 if state.applied_watts is not None:
@@ -691,16 +797,20 @@ class ApplyController:
 
     def gpu_released(self, done: Release) -> None:
         """The GPU turns' listener (:class:`~gpuperfd.probing.gates.turns.GpuTurns`): a round or an
-        interconnect run that held the GPU's cap lock gave the GPU back. The next pass runs now; one
-        with a change due takes the lock while the next round waits for it (CAP_LOCK_WAIT_SECONDS); on
-        GPUs swept back to back, a pass every ``interval_seconds`` could miss every gap between their rounds."""
-        if done.wrote:
+        interconnect run that held the GPU's cap lock gave the GPU back. The next pass runs now: what
+        the holder left is judged at once, not up to ``interval_seconds`` later. Apply mode's own
+        releases wake nothing (its pass already judged the GPU)."""
+        if done.wrote and done.holder.kind is not HolderKind.APPLY:
             self._wake.set()
 
     def _run(self) -> None:
+        """A pass every ``interval_seconds`` from the last one's start (a pass that waited for turns
+        does not push the next one back), or at once when woken."""
+        started = time.monotonic()
         while not self._stop.is_set():
-            self._wake.wait(self.interval_seconds)
+            self._wake.wait(max(0.0, self.interval_seconds - (time.monotonic() - started)))
             self._wake.clear()
+            started = time.monotonic()
             if not self._stop.is_set() and self.settings.mode != "off":
                 self.tick()
 
@@ -708,6 +818,8 @@ class ApplyController:
         """Stop the passes and give every applied cap back (the operator's cap, read back)."""
         self._stop.set()
         self._wake.set()
+        if self.turns is not None:
+            self.turns.nudge()  # a pass waiting for turns stops waiting
         if self._thread is not None:
             self._thread.join(timeout=self.interval_seconds + 10)
         done = self.revert_all()

@@ -368,7 +368,7 @@ def test_an_unchanged_pass_renders_nothing_and_a_change_renders_once(tmp_path) -
 
 def test_a_probe_round_does_not_wait_for_a_pass_that_changes_no_cap(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A pass that only looks (the applied cap holds) takes no cap lock: a round that starts during it
-    runs at once instead of waiting CAP_LOCK_WAIT_SECONDS and giving up with ``busy``."""
+    runs at once instead of finding the lock held and giving up with ``busy``."""
     node = applied_node(tmp_path, gpus=1)
     applied = node.controller.states[0].applied_watts
     in_pass, go_on = threading.Event(), threading.Event()

@@ -1,8 +1,10 @@
 """Who holds each GPU now, and who gets it next: the daemon's one owner of GPU turns (issue 62).
 
-A probe round and an interconnect run (every GPU of its set) each need a GPU to themselves. Each
-takes the GPU's turn here: one holder per GPU at a time, the others queued in arrival order and
-served one at a time, the queue's head as soon as the holder gives it back. On a serial node
+A probe round, an interconnect run (every GPU of its set) and apply mode's cap change each need a GPU
+to themselves. Each takes the GPU's turn here: one holder per GPU at a time, the others queued in
+arrival order and served one at a time, the queue's head as soon as the holder gives it back. Apply
+mode queues for several GPUs at once (:meth:`GpuTurns.take_each`): a round on one GPU does not hold
+up its change on another, and its place in each GPU's line is kept meanwhile. On a serial node
 (``probes.parallel_gpus`` off) a round also takes the node's turn, so one round runs on the node at a
 time. Whoever needs to know when a GPU is given back (our load's tail, the GPU-time ledger, apply
 mode's next pass) listens here instead of asking each holder.
@@ -28,6 +30,7 @@ class HolderKind(str, Enum):
 
     ROUND = "round"  # a probe round (ProbeService.run)
     INTERCONNECT = "interconnect_run"  # an interconnect run: every GPU of its set
+    APPLY = "apply"  # apply mode's cap change or revert (ApplyController, in the daemon)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,52 @@ class GpuTurns:
             slot.holder = None
             self._cond.notify_all()
 
+    def take_each(self, gpus: Iterable[int], holder: Holder, timeout: float, work: Callable[[int], bool],
+                  stop: Callable[[], bool] | None = None) -> list[int]:
+        """Queue for every GPU of ``gpus`` at once (each in its own line, by the one rule) and, as each
+        GPU's turn comes, hold it, run ``work(gpu)`` and give it back (``wrote``: what ``work`` returned).
+        One claimant of several GPUs never leaves a free GPU waiting on a held one. Returns the GPUs whose
+        turn did not come within ``timeout``, or before ``stop()`` (checked at every :meth:`nudge`)."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        tokens = {gpu: object() for gpu in gpus}
+        with self._cond:
+            for gpu, token in tokens.items():
+                self._slots[gpu].queue.append(token)
+        try:
+            while (gpu := self._next_turn(tokens, holder, deadline, stop)) is not None:
+                wrote = True  # a ``work`` that raised may have changed the cap
+                try:
+                    wrote = work(gpu)
+                finally:
+                    self.release(gpu, wrote=wrote)
+            return list(tokens)
+        finally:
+            with self._cond:
+                for gpu, token in tokens.items():
+                    self._slots[gpu].queue.remove(token)
+                self._cond.notify_all()  # the next in line may be the head now
+
+    def _next_turn(self, tokens: dict[int, object], holder: Holder, deadline: float,
+                   stop: Callable[[], bool] | None) -> int | None:
+        """The first GPU of ``tokens`` whose turn comes (taken, its token out of ``tokens`` and of its
+        line); None once ``stop()`` is true, the deadline passed or no GPU is left."""
+        with self._cond:
+            while tokens:
+                if stop is not None and stop():
+                    return None
+                for gpu, token in tokens.items():
+                    slot = self._slots[gpu]
+                    if self._grant(slot, token, holder):
+                        del tokens[gpu]
+                        slot.queue.remove(token)
+                        self._cond.notify_all()
+                        return gpu
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            return None
+
     def take_node(self, holder: Holder, timeout: float, stop: Callable[[], bool] | None = None) -> bool:
         """The node's turn (a serial node's one round at a time), in arrival order; False after
         ``timeout`` or once ``stop()`` is true (checked at every :meth:`nudge`)."""
@@ -138,8 +187,7 @@ class GpuTurns:
                 while True:
                     if served is not None and served():
                         return Turn.SERVED
-                    if slot.holder is None and slot.queue[0] is token:
-                        slot.holder = holder
+                    if self._grant(slot, token, holder):
                         return Turn.GRANTED
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
@@ -148,3 +196,11 @@ class GpuTurns:
             finally:
                 slot.queue.remove(token)
                 self._cond.notify_all()  # the next in line may be the head now
+
+    @staticmethod
+    def _grant(slot: _Slot, token: object, holder: Holder) -> bool:
+        """The one rule (under the lock): the head of the line gets the turn once nobody holds it."""
+        if slot.holder is None and slot.queue[0] is token:
+            slot.holder = holder
+            return True
+        return False

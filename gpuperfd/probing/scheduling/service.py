@@ -66,11 +66,6 @@ def preset_of(schedule: ScheduleConfig) -> str:
     return schedule.preset or DEFAULT_PRESET[schedule.probe]
 
 
-#: How long a round waits for the GPU's cap lock before it counts the GPU owned: the apply controller
-#: (apply/controller.py) holds it for a moment on each pass, which must not cost the round its turn.
-CAP_LOCK_WAIT_SECONDS = 2.0
-
-
 class ProbeService:
     """Runs scheduled probes on GPUs; thread-safe, one run per GPU at a time."""
 
@@ -108,7 +103,8 @@ class ProbeService:
         #: The power-cap journal (the daemon's is registered in the node's registry of state directories).
         self.journal = journal if journal is not None else CapJournal(config.state_dir)
         self.abort = threading.Event()
-        #: Who holds each GPU and who gets it next: rounds here, interconnect runs (probing/interconnect).
+        #: Who holds each GPU and who gets it next: rounds here, interconnect runs (probing/interconnect),
+        #: apply mode's cap changes (the daemon hands these turns to its controller).
         self.turns = GpuTurns(self.devices)
         self.turns.listeners.append(self._released)
         #: Per GPU: the round running on it, the runs queued for it, and whom a round served.
@@ -283,7 +279,7 @@ class ProbeService:
 
     def _released(self, done: Release) -> None:
         """A GPU given back (a round, an interconnect run): our load's tail starts now and its span goes
-        into the GPU-time ledger."""
+        into the GPU-time ledger. An apply change ran no load (``load`` None): nothing to book."""
         if done.load is not None:
             self._own_load_ended[done.gpu] = done.load[1]
             self._took(done.gpu, *done.load)
@@ -482,8 +478,10 @@ class ProbeService:
             finished(schedule, results[id(schedule)])
 
         request = SweepRequest(map(planned_from_schedule, _ending(schedules, done_early)), None,
-                               read_only=self.config.read_only,
-                               wait_seconds=CAP_LOCK_WAIT_SECONDS,
+                               # no wait for the cap lock: the daemon's other writers (interconnect runs, apply
+                               # mode's changes) take the GPU's turn first, which this round holds; a lock
+                               # held now is another process's (a CLI sweep): the GPU is counted busy at once
+                               read_only=self.config.read_only, wait_seconds=0.0,
                                stop_early=self.config.max_slowdown if self.config.stop_early else None,
                                wanted=lambda: self._wanted(device), current_watts=self.held_caps.get(device.index))
 

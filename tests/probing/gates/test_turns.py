@@ -169,3 +169,86 @@ def test_wait_released_waits_for_every_holder() -> None:
 def test_releasing_a_gpu_nobody_holds_is_a_bug() -> None:
     with pytest.raises(AssertionError):
         GpuTurns([0]).release(0)
+
+
+APPLY = Holder(HolderKind.APPLY, "apply pass")
+
+
+def test_an_apply_change_waits_in_arrival_order_with_the_rounds() -> None:
+    """Apply mode's change is one more claimant in the GPU's line: after the round that came first,
+    before the round that came after it."""
+    turns = GpuTurns([0])
+    assert turns.take(0, ROUND, 0) is Turn.GRANTED
+    served: list[str] = []
+    first = claim(turns, 0, Holder(HolderKind.ROUND, "first"), served)
+    queued(turns, 0, 1)
+    applying = threading.Thread(target=lambda: turns.take_each([0], APPLY, 10, lambda gpu: bool(served.append("apply"))))
+    applying.start()
+    queued(turns, 0, 2)
+    last = claim(turns, 0, Holder(HolderKind.ROUND, "last"), served)
+    queued(turns, 0, 3)
+    turns.release(0)
+    for thread in (first, applying, last):
+        thread.join(10)
+    assert served == ["first", "apply", "last"] and turns.holder(0) is None
+
+
+def test_take_each_serves_a_free_gpu_while_keeping_its_place_behind_a_held_one() -> None:
+    """GPU 1 is free: its change runs at once. GPU 0 is held: the claimant keeps its place there (a round
+    arriving later queues behind it) and gets GPU 0 when it is given back; each release is heard as a write."""
+    turns = GpuTurns([0, 1])
+    heard: list[tuple[int, Holder, bool]] = []
+    turns.listeners.append(lambda done: heard.append((done.gpu, done.holder, done.wrote)))
+    assert turns.take(0, ROUND, 0) is Turn.GRANTED
+    worked: list[tuple[int, Holder | None]] = []
+    left: list[list[int]] = []
+
+    def work(gpu: int) -> bool:
+        worked.append((gpu, turns.holder(gpu)))
+        return True
+
+    thread = threading.Thread(target=lambda: left.append(turns.take_each([0, 1], APPLY, 10, work)))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not worked and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert worked == [(1, APPLY)] and turns.holder(1) is None  # GPU 1 done and given back already
+    served: list[str] = []
+    later = claim(turns, 0, Holder(HolderKind.ROUND, "later"), served)
+    queued(turns, 0, 2)  # behind the apply claimant
+    turns.release(0)
+    thread.join(10)
+    later.join(10)
+    assert worked == [(1, APPLY), (0, APPLY)] and left == [[]] and served == ["later"]
+    assert [(g, h.kind, w) for g, h, w in heard] == [(1, HolderKind.APPLY, True), (0, HolderKind.ROUND, False),
+                                                     (0, HolderKind.APPLY, True), (0, HolderKind.ROUND, False)]
+
+
+def test_take_each_gives_up_a_held_gpu_after_its_timeout_or_at_stop_and_leaves_its_line() -> None:
+    turns = GpuTurns([0, 1])
+    assert turns.take(0, ROUND, 0) is Turn.GRANTED
+    started = time.monotonic()
+    assert turns.take_each([0, 1], APPLY, 0.2, lambda gpu: False) == [0]
+    assert time.monotonic() - started >= 0.2 and turns.holder(1) is None and not turns._slots[0].queue
+    stop = threading.Event()
+    left: list[list[int]] = []
+    thread = threading.Thread(target=lambda: left.append(turns.take_each([0], APPLY, 30, lambda gpu: False, stop.is_set)))
+    thread.start()
+    queued(turns, 0, 1)
+    stop.set()
+    turns.nudge()
+    thread.join(5)
+    assert left == [[0]] and not turns._slots[0].queue and turns.holder(0) == ROUND
+
+
+def test_take_each_gives_the_gpu_back_when_its_work_fails() -> None:
+    turns = GpuTurns([0])
+    heard: list[bool] = []
+    turns.listeners.append(lambda done: heard.append(done.wrote))
+
+    def fail(gpu: int) -> bool:
+        raise RuntimeError("injected")
+
+    with pytest.raises(RuntimeError):
+        turns.take_each([0], APPLY, 1, fail)
+    assert turns.holder(0) is None and heard == [True] and not turns._slots[0].queue

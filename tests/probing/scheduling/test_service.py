@@ -582,14 +582,25 @@ def test_a_sweep_in_progress_is_kept_point_by_point_and_cleared(tmp_path):
     assert all(s.since > 0 for s in seen if s is not None)
 
 
-def test_a_cap_lock_held_for_a_moment_does_not_cost_the_round_its_turn(tmp_path):
-    """The apply controller takes the GPU's cap lock for a moment on each pass: a round that starts
-    then waits for it (up to CAP_LOCK_WAIT_SECONDS) instead of counting the GPU owned by another."""
+def test_a_round_waits_in_line_for_apply_modes_turn_and_not_for_a_cap_lock_held_without_it(tmp_path):
+    """Apply mode changes a cap under the GPU's turn (HolderKind.APPLY): a round that comes meanwhile waits
+    in the GPU's line and runs once the turn is given back. A cap lock held without the turn is another
+    process's (a CLI sweep): the round does not wait for it, the GPU is counted busy at once."""
     from gpuperfd.caps.ownership import GpuLock, safe_name
+    from gpuperfd.probing.gates.turns import Holder, HolderKind, Turn
 
     backend, devices, registry, service = make(tmp_path)
+    schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=[700, 500], settle_seconds=0)
     lock = GpuLock(service.journal.state_dir, safe_name(devices[0].info().uuid))
     lock.acquire()
-    threading.Timer(0.5, lock.release).start()
-    schedule = ScheduleConfig(probe="llm", interval_seconds=60, caps=[700, 500], settle_seconds=0)
+    try:
+        started = time.monotonic()
+        outcome = service.run(schedule, 0)
+    finally:
+        lock.release()
+    assert (outcome.result, outcome.reason) == ("skipped", "busy") and time.monotonic() - started < 1.5
+    assert service.turns.take(0, Holder(HolderKind.APPLY, "apply pass"), 0) is Turn.GRANTED
+    threading.Timer(0.5, lambda: service.turns.release(0, wrote=True)).start()
+    started = time.monotonic()
     assert service.run(schedule, 0).result == "ok"
+    assert time.monotonic() - started >= 0.5 and devices[0].power_limits().enforced_watts == 680.0
