@@ -40,6 +40,11 @@ def main() -> int:
                              "when the GPU will qualify within a child's start (probing/child/standby.py); both: each run twice")
     parser.add_argument("--busy-profile-seconds", type=float, default=None,
                         help="the probes' busy pass length (default: the preset's)")
+    parser.add_argument("--ahead", default="",
+                        help="other probes scheduled on the GPU (comma list): a standby child imports their code after "
+                             "saying ready, as the daemon's does for the GPU's other schedules")
+    parser.add_argument("--ahead-wait", type=float, default=0.0,
+                        help="seconds to wait after the standby child is ready (its import-ahead done), before the run")
     parser.add_argument("--json", default=None)
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="check the script without a GPU: simulated GPUs, probe children on the CPU, tiny presets")
@@ -54,7 +59,9 @@ def main() -> int:
     config = config_from_mapping({
         "web": {"listen_address": "127.0.0.1:0"},
         "device": {"gpus": [args.gpu], **({"backend": "simulated"} if args.cpu_smoke else {})},
-        "probes": {"state_dir": str(state), "history": {"path": None}, "idle_seconds": 0, "read_only": True, **smoke},
+        "probes": {"state_dir": str(state), "history": {"path": None}, "idle_seconds": 0, "read_only": True, **smoke,
+                   "schedules": [{"probe": p, "interval_seconds": 86400, **({"preset": "tiny"} if args.cpu_smoke else {})}
+                                 for p in args.ahead.split(",") if p]},
         "health": {"enabled": False},
         # a lent machine is a container of Kubernetes with no kubelet socket: the daemon would rightly call
         # every GPU allocated there (the benchmark's own GPU is known to be free: it refuses one in use)
@@ -82,6 +89,7 @@ def main() -> int:
                         continue
                     slot = daemon.probes.standby._slots[args.gpu]
                     slot.done.wait(600)
+                    time.sleep(args.ahead_wait)
                 results = []
                 daemon.probes.point_listeners.append(lambda gpu, p, preset, point: results.append(point.result))
                 t0 = time.perf_counter()
