@@ -59,7 +59,10 @@ def busy_ratio_from_trace(events: list[dict[str, Any]], device_kind: str) -> tup
     return min(busy / length, 1.0), {"busy_window_seconds": length / 1e6, "busy_activities": count}
 
 
-def measure_busy(ctx: ProbeContext, workload: Workload, seconds: float) -> tuple[float | None, dict[str, Any]]:
+def measure_busy(ctx: ProbeContext, workload: Workload, seconds: float,
+                 iterations: int | None = None) -> tuple[float | None, dict[str, Any]]:
+    """The profiled pass: ``iterations`` steps if given (the windows' count for ``seconds`` on the
+    GPU), else steps for ``seconds`` of host time; (busy ratio, details)."""
     # torch.autograd's kineto profiler, not torch.profiler.profile: the latter's start asks
     # ``hasattr(torch, "_inductor")``, which imports Inductor, Dynamo and SymPy (~800 modules: 1.7 s
     # on a CPU, ~4.5 s as an attention child's first busy pass on an H100) to read one flag.
@@ -70,7 +73,7 @@ def measure_busy(ctx: ProbeContext, workload: Workload, seconds: float) -> tuple
         with profile(use_cpu=True, use_device="cuda" if ctx.is_cuda else None, use_kineto=True) as prof:
             with record_function(_BUSY_WINDOW):
                 ctx.synchronize()
-                n, wall = run_loop(ctx, workload, clock, seconds, None)
+                n, wall = run_loop(ctx, workload, clock, seconds, iterations)
     workload.end(clock, n, wall)
     ratio, info = busy_ratio_from_trace(_trace_events(prof), "cuda" if ctx.is_cuda else "cpu")
     info["busy_iterations"] = n

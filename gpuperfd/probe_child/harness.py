@@ -364,7 +364,21 @@ def _measure_window(prepared: Prepared, plan: _Plan, sampler: WindowSampler, ind
     return _Window(seconds, telemetry, stats, energy, n)
 
 
-def _busy_pass(prepared: Prepared, plan: _Plan, telemetry: Telemetry,
+def _busy_iterations(repeats: list[RepeatResult], seconds: float) -> int | None:
+    """How many iterations the busy pass runs: as many as the windows say fill ``seconds`` on the GPU
+    (at least one), or None (no window told: the pass runs for ``seconds`` of host time).
+
+    A pass timed on the host ran two LLM requests for its 0.1 s (the host enqueues the next request
+    before the GPU ends the first): 43,610 kernel records and 1.0-1.4 s of a daemon probe's turn on a
+    lent H200 (issue 60), where one request has the whole pattern of prefill and decode."""
+    done = [(r.iterations, r.measured_seconds) for r in repeats if r.iterations > 0 and r.measured_seconds > 0]
+    if not done:
+        return None
+    per_iteration = sum(t for _, t in done) / sum(n for n, _ in done)
+    return max(1, math.ceil(seconds / per_iteration))
+
+
+def _busy_pass(prepared: Prepared, plan: _Plan, windows: _Windows,
                report: Callable[..., None]) -> tuple[float | None, str | None, dict[str, Any]]:
     """The GPU-busy fraction (profiler pass, else NVML's utilization): (ratio, method, details).
 
@@ -378,7 +392,8 @@ def _busy_pass(prepared: Prepared, plan: _Plan, telemetry: Telemetry,
     if spec.busy_profile_seconds > 0 and not (plan.later and ctx.nvml is not None):  # later points: NVML's view
         report(phase="busy_profile")
         try:
-            busy, busy_info = measure_busy(ctx, prepared.workload, spec.busy_profile_seconds)
+            busy, busy_info = measure_busy(ctx, prepared.workload, spec.busy_profile_seconds,
+                                           _busy_iterations(windows.repeats, spec.busy_profile_seconds))
             busy_method = "profiler_kernel_union" if ctx.is_cuda else "profiler_cpu_op_union"
         except Exception as exc:  # noqa: BLE001 - fall back to NVML's view rather than lose the point
             busy_info = {"busy_error": f"{type(exc).__name__}: {exc}"}
@@ -386,8 +401,8 @@ def _busy_pass(prepared: Prepared, plan: _Plan, telemetry: Telemetry,
         if busy is not None:
             busy_info["cpu_op_busy_ratio"] = busy
         return None, busy_method, busy_info
-    if busy is None and telemetry.gpu_util:
-        busy = mean(telemetry.gpu_util)
+    if busy is None and windows.telemetry.gpu_util:
+        busy = mean(windows.telemetry.gpu_util)
         busy_method = "nvml_utilization"
     return busy, busy_method, busy_info
 
@@ -448,7 +463,7 @@ def measure(
     with phases("check"):
         checked = _check(prepared)
     with phases("busy"):
-        busy, busy_method, busy_info = _busy_pass(prepared, plan, windows.telemetry, report)
+        busy, busy_method, busy_info = _busy_pass(prepared, plan, windows, report)
     extra: dict[str, Any] = {
         "setup_seconds": setup_seconds,
         "point_index": prepared.measured_points - 1,
