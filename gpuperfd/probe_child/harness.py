@@ -14,8 +14,9 @@ that energy over the window's wall time. The host never runs more than two
 iterations ahead of the GPU, so a fixed-time window ends close to its nominal
 length and the GPU never starves for work either.
 
-GPU-busy fraction (why this method): after the windows, the same loop runs for
-``busy_profile_seconds`` under ``torch.profiler`` (CUPTI), and the ratio is the
+GPU-busy fraction (why this method): after the windows, the same loop runs under
+``torch.profiler`` (CUPTI) for the iterations that fill ``busy_profile_seconds``
+on the GPU (:func:`_busy_iterations`), and the ratio is the
 union of kernel/memcpy/memset intervals over the wall time of that pass. That is
 exactly "share of time the GPU was executing work", at microsecond resolution,
 and it sees kernels inside CUDA graphs. It runs outside the measured windows
