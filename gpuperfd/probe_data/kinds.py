@@ -103,7 +103,7 @@ KINDS: dict[str, ProbeKind] = {kind.name: kind for kind in (
                 ("LLM request latency", "gpuperf_probe_request_latency_seconds")),
         preload_modules=(_GPT2_MODEL_CODE, "transformers.models.llama.modeling_llama"),
         llama_module="gpuperfd.probe_child.workloads.llama.probe",
-        child_costs=(13.4, 0.6, 2.3), framework_floor_bytes=90 * 2**20, runs_in_check=True,
+        child_costs=(13.4, 0.5, 1.5), framework_floor_bytes=90 * 2**20, runs_in_check=True,
         check_variant=shape_checks.check_decoder_variant, check=shape_checks.check_decoder,
         cost=kind_work.decoder_cost, parameters=kind_work.decoder_parameters, flops=kind_work.decoder_flops),
     ProbeKind(
@@ -129,7 +129,7 @@ KINDS: dict[str, ProbeKind] = {kind.name: kind for kind in (
         legacy_latencies={"batch_seconds": "iteration_seconds"},
         latency_series={"batch_seconds": "iteration_seconds", "iteration_seconds": "iteration_seconds"},
         panels=(("Attention iteration time", "gpuperf_probe_iteration_seconds"),),
-        child_costs=(3.7, 0.2, 2.0), takes_files=False,
+        child_costs=(3.7, 0.15, 2.1), takes_files=False,
         check=shape_checks.check_sdpa, cost=kind_work.sdpa_cost, flops=kind_work.sdpa_flops),
     ProbeKind(
         "train", "gpuperfd.probe_child.workloads.train", "token",
@@ -139,7 +139,7 @@ KINDS: dict[str, ProbeKind] = {kind.name: kind for kind in (
         latency_series={"step_seconds": "step_seconds"},
         panels=(("Training step time", "gpuperf_probe_step_seconds"),),
         preload_modules=(_GPT2_MODEL_CODE,),
-        child_costs=(12.3, 0.2, 2.0), peer_comparable=False, training=True,
+        child_costs=(12.3, 0.2, 1.5), peer_comparable=False, training=True,
         check=shape_checks.check_training,
         cost=kind_work.training_cost, parameters=kind_work.gpt2_parameters, flops=kind_work.training_flops),
     # The node's copies and all-reduces across its GPUs (issue 44); its verdicts: health/interconnect.py.

@@ -16,9 +16,11 @@ presets and windows, read-only. ``imports``: the child's spawn and imports with 
 with the compile cache warm, attention 3.7 s, train 12.3 s; vit's 19.1 adds the 3.7 s of Dynamo and
 Inductor a compiled variant's child now imports before its build, benchmarks/results/i60/h200-child-costs).
 ``build`` and ``overhead``: the same probes run in a ready standby child, the compile cache warm, the
-settle judged from the windows (benchmarks/results/i60/h200-busy-4/q2r.json, 2026-11-29, second runs):
-build = the child's setup (context, model, compile); overhead = the point's wall less build, settle and
-windows (warm-up, answer checks, busy pass, hand-offs).
+settle judged from the windows and the busy pass counted from them (llm, attention, train:
+benchmarks/results/i60/h200-busy-pass/q2r.json, 2026-11-29, the median of two runs; vit:
+benchmarks/results/i60/h200-busy-4/q2r.json, its second run, before the count, which took 0.02 s off
+its pass): build = the child's setup (context, model, compile); overhead = the point's wall less build,
+settle and windows (warm-up, answer checks, busy pass, hand-offs).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ __all__ = ["ChildCosts", "MEASURED_COSTS", "COSTS_SOURCE", "REAL_WINDOW_SECONDS"
            "NO_COSTS"]
 
 COSTS_SOURCE = ("lent NVIDIA H200, driver 580.159.04, torch 2.11.0+cu130: benchmarks/results/i50/h200x2/q2r.json "
-                "(imports) and benchmarks/results/i60/h200-busy-4/q2r.json (build, overhead)")
+                "(imports) and benchmarks/results/i60/h200-busy-pass/q2r.json, h200-busy-4/q2r.json (vit) "
+                "(build, overhead)")
 
 #: The measured windows of a real point at the probes' defaults on that H200 (2.0-2.7 s): the simulated
 #: window (``probes.simulated_measure_seconds``, 3 s by default) compressed below this compresses the
