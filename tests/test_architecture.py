@@ -259,7 +259,7 @@ def test_top_takes_only_the_gpus_parser_from_probing() -> None:
     """top/ reads the daemon over HTTP: of the probing flow it imports check_cli's --gpus parser, nothing else."""
     used = {module for path in _modules_under("top") for _, module, _ in _imports(path)
             if module.startswith("gpuperfd.probing")}
-    assert used <= {"gpuperfd.probing.check.cli", "gpuperfd.probing.check.cli.gpu_list"}, used
+    assert used <= {"gpuperfd.commands.check", "gpuperfd.commands.check.gpu_list"}, used
 
 
 def test_nothing_outside_the_child_package_imports_it() -> None:
