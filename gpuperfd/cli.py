@@ -128,8 +128,8 @@ COMMAND_MODULES: dict[str, str] = {
     "restore-caps": "gpuperfd.commands.sweep",
     "apply": "gpuperfd.commands.apply",
     "dashboards": "gpuperfd.commands.dashboards",
-    "install": "gpuperfd.system.install",
-    "uninstall": "gpuperfd.system.install",
+    "install": "gpuperfd.commands.install",
+    "uninstall": "gpuperfd.commands.install",
     "report": "gpuperfd.commands.report",
     "top": "gpuperfd.commands.top",
 }
