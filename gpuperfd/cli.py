@@ -1,10 +1,10 @@
-"""Command line: ``gpuperfd run``, ``check-config``, ``collectors``, the probe tools and ``top``.
+"""Command line: ``gpuperfd run``, ``check-config``, ``collectors``; every other command is a module of commands/.
 
 Exit codes (also in docs/operations.md):
   0 success; 1 runtime failure; 2 invalid configuration or usage;
   3 no usable GPU backend (e.g. no NVIDIA driver); 4 cannot listen on the address.
 ``gpuperfd check`` has its own: 0 healthy, 10 degraded, 11 unhealthy, 12 could not check
-(no driver included), 2 usage (gpuperfd/probing/check/cli.py).
+(no driver included), 2 usage (gpuperfd/commands/check.py).
 """
 
 from __future__ import annotations
@@ -122,16 +122,16 @@ def _add_collectors(subparsers: Any) -> None:
 
 #: The module whose ``register`` adds each command's parser, in the order ``--help`` lists them.
 COMMAND_MODULES: dict[str, str] = {
-    "check": "gpuperfd.probing.check.cli",
-    "probe": "gpuperfd.probing.cli",
-    "sweep": "gpuperfd.probing.sweep.cli",
-    "restore-caps": "gpuperfd.probing.sweep.cli",
-    "apply": "gpuperfd.apply.cli",
-    "dashboards": "gpuperfd.dashboards.cli",
-    "install": "gpuperfd.system.install",
-    "uninstall": "gpuperfd.system.install",
-    "report": "gpuperfd.report.cli",
-    "top": "gpuperfd.top.cli",
+    "check": "gpuperfd.commands.check",
+    "probe": "gpuperfd.commands.probe",
+    "sweep": "gpuperfd.commands.sweep",
+    "restore-caps": "gpuperfd.commands.sweep",
+    "apply": "gpuperfd.commands.apply",
+    "dashboards": "gpuperfd.commands.dashboards",
+    "install": "gpuperfd.commands.install",
+    "uninstall": "gpuperfd.commands.install",
+    "report": "gpuperfd.commands.report",
+    "top": "gpuperfd.commands.top",
 }
 
 

@@ -211,10 +211,9 @@ def _package_imports(folder: str) -> set[str]:
         ("telemetry", ("gpuperfd.telemetry", "gpuperfd.device", "gpuperfd.attribution", "gpuperfd.config")),
         # web serves what telemetry renders, the health verdict and the shared probe data; never probing
         ("web", ("gpuperfd.web", "gpuperfd.telemetry", "gpuperfd.health", "gpuperfd.probe_data", "gpuperfd.config")),
-        # top reads the daemon over HTTP (web's shape) or the device through the collectors; from the
-        # probing flow only check_cli's --gpus parser; the CLIs' shared console helpers
-        ("top", ("gpuperfd.top", "gpuperfd.web", "gpuperfd.telemetry", "gpuperfd.device", "gpuperfd.config",
-                 "gpuperfd.probing", "gpuperfd.console")),
+        # top reads the daemon over HTTP (web's shape) or the device through the collectors; nothing of
+        # the probing flow (the --gpus parser and the console helpers are its command's, commands/top.py)
+        ("top", ("gpuperfd.top", "gpuperfd.web", "gpuperfd.telemetry", "gpuperfd.device", "gpuperfd.config")),
         # the report reads run records and imports the recommendation rule, never the sweeper (offline)
         ("report", ("gpuperfd.report", "gpuperfd.probe_data")),
         # apply acts on the probing flow's results and the verdict through caps/ (journal, locks, holds);
@@ -255,11 +254,12 @@ def test_probing_never_imports_apply() -> None:
     assert not bad, "probing/ imports apply/:\n" + "\n".join(bad)
 
 
-def test_top_takes_only_the_gpus_parser_from_probing() -> None:
-    """top/ reads the daemon over HTTP: of the probing flow it imports check_cli's --gpus parser, nothing else."""
+def test_top_takes_nothing_from_probing() -> None:
+    """top/ reads the daemon over HTTP: it imports nothing of the probing flow (its command takes the --gpus
+    parser from commands/check.py, command to command)."""
     used = {module for path in _modules_under("top") for _, module, _ in _imports(path)
             if module.startswith("gpuperfd.probing")}
-    assert used <= {"gpuperfd.probing.check.cli", "gpuperfd.probing.check.cli.gpu_list"}, used
+    assert not used, used
 
 
 def test_nothing_outside_the_child_package_imports_it() -> None:
@@ -273,6 +273,50 @@ def test_nothing_outside_the_child_package_imports_it() -> None:
             if module.startswith("gpuperfd.probe_child"):
                 bad.append(f"{path.relative_to(ROOT)}:{line} ({func}) imports {module}")
     assert not bad, "nothing outside probe_child/ may import the child package:\n" + "\n".join(bad)
+
+
+#: Where the commands may be imported from: the entry point registers them, and they import each other.
+COMMAND_IMPORTERS = ("commands", "cli")
+
+
+def _command_importers(package: Path) -> list[str]:
+    """Every import of gpuperfd.commands by a module of ``package`` outside commands/ and cli.py."""
+    bad = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        if (rel.parts[0] if len(rel.parts) > 1 else rel.stem) in COMMAND_IMPORTERS:
+            continue
+        bad += [f"{path.relative_to(package.parent)}:{line} ({func}) imports {module}"
+                for line, module, func in _imports(path, ".".join((package.name, *rel.parent.parts)))
+                if module == "gpuperfd.commands" or module.startswith("gpuperfd.commands.")]
+    return bad
+
+
+def test_nothing_outside_the_commands_imports_them() -> None:
+    """Issue 62: the commands call down into the library, never the other way; a library module that needs
+    something of a command's module means that something belongs in the library (function-level imports
+    included)."""
+    assert (PACKAGE / "commands").is_dir() and _modules_under("commands")
+    bad = _command_importers(PACKAGE)
+    assert not bad, "only commands/ and cli.py may import gpuperfd.commands:\n" + "\n".join(bad)
+
+
+def test_the_commands_check_sees_violations(tmp_path: Path) -> None:
+    """The checker itself: a library module's function-level import and relative import of a command are
+    seen; cli.py's and one command's import of another are not."""
+    package = tmp_path / "gpuperfd"
+    for folder in ("commands", "probing", "top"):
+        (package / folder).mkdir(parents=True)
+    (package / "cli.py").write_text("from gpuperfd.commands import probe\n")
+    (package / "commands" / "top.py").write_text("from gpuperfd.commands.check import gpu_list\n")
+    (package / "probing" / "matrix.py").write_text("def f():\n    from gpuperfd.commands import probe\n")
+    (package / "top" / "local.py").write_text("from ..commands.check import gpu_list\n")
+    assert _command_importers(package) == [
+        "gpuperfd/probing/matrix.py:2 (f) imports gpuperfd.commands",
+        "gpuperfd/probing/matrix.py:2 (f) imports gpuperfd.commands.probe",
+        "gpuperfd/top/local.py:1 (None) imports gpuperfd.commands.check",
+        "gpuperfd/top/local.py:1 (None) imports gpuperfd.commands.check.gpu_list",
+    ]
 
 
 def test_the_parent_names_the_child_module_only() -> None:
@@ -491,7 +535,7 @@ def test_the_circle_check_sees_a_circle(tmp_path: Path) -> None:
 #: Where modules use each other's objects through declared names only: no getattr/hasattr with a literal
 #: name on a service or turns object (a typed object is asked directly), no other object's private
 #: attribute (``x._name`` with x not self or cls).
-DECLARED_NAMES_ONLY = ("probing/scheduling", "probing/interconnect", "probing/gates")
+DECLARED_NAMES_ONLY = ("probing/scheduling", "probing/interconnect", "probing/gates", "commands")
 
 
 def _reaching_in(path: Path) -> list[str]:

@@ -2,5 +2,5 @@
 
 ``policy`` decides from plain inputs (no device, no I/O); ``controller`` is the daemon's side that
 journals the operator's cap, sets the cap, watches it and rolls it back; ``metrics`` publishes what
-it did and what it saved; ``cli`` is ``gpuperfd apply --status/--revert``. docs/apply.md.
+it did and what it saved (``gpuperfd apply --status/--revert`` is :mod:`gpuperfd.commands.apply`). docs/apply.md.
 """

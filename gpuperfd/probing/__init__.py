@@ -3,7 +3,7 @@
 ``sweep/`` (the one owned sweep and the caps' safety), ``executors.py`` (the one choice of where a
 probe runs: ``child/`` a probe child process, or ``simulated/``), ``observer.py``, ``metrics.py`` and
 ``history.py`` (where a result goes); ``interconnect/`` (the node probe) and ``check/`` (``gpuperfd
-check``) are flows of their own; ``cli.py`` is ``gpuperfd probe``.
+check``) are flows of their own. The commands that drive them are in :mod:`gpuperfd.commands`.
 
 Nothing here imports torch: the workloads run in a child process (:mod:`gpuperfd.probe_child`).
 """

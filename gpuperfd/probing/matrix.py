@@ -1,7 +1,7 @@
 """``gpuperfd probe``'s run matrix: its typed options (the flags, under them a ``--config`` file's
 values), every point's spec, each input checked before anything runs, and the time the matrix takes.
 
-The command (:mod:`gpuperfd.probing.cli`) parses the flags into :class:`ProbeOptions` and prints; what
+The command (:mod:`gpuperfd.commands.probe`) parses the flags into :class:`ProbeOptions` and prints; what
 the options mean is decided here, once.
 """
 
@@ -75,9 +75,9 @@ def load_config_file(path: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ProbeOptions:
-    """``gpuperfd probe``'s flags, typed once (:func:`gpuperfd.probing.cli.options_of`; see its parser for
+    """``gpuperfd probe``'s flags, typed once (:func:`gpuperfd.commands.probe.options_of`; see its parser for
     what each means); the interconnect probe's own are
-    :class:`~gpuperfd.probing.interconnect.cli.InterconnectOptions`."""
+    :class:`~gpuperfd.commands.interconnect.InterconnectOptions`."""
 
     probe: str | None = None
     config: str | None = None

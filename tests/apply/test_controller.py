@@ -6,7 +6,7 @@ import dataclasses
 import threading
 import time
 
-from gpuperfd.apply.cli import revert
+from gpuperfd.commands.apply import revert
 from gpuperfd.apply.policy import ApplySettings
 from gpuperfd.caps.journal import CapJournal, restore_all
 from gpuperfd.config import FaultConfig

@@ -17,7 +17,7 @@ import yaml
 pytest.importorskip("grafanalib", reason="pip install 'gpuperfd[dashboards]'")
 
 from gpuperfd.dashboards import all_panel_queries, substitute_variables  # noqa: E402
-from gpuperfd.dashboards import cli as dashboards_cli  # noqa: E402
+from gpuperfd.commands import dashboards as dashboards_cli  # noqa: E402
 from gpuperfd.dashboards.generate import dashboards_json, render_all  # noqa: E402
 from gpuperfd.dashboards.queries import iter_panels  # noqa: E402
 

@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpuperfd.probing.check.cli import EXIT_DEGRADED, EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN, EXIT_USAGE
+from gpuperfd.commands.check import EXIT_DEGRADED, EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN, EXIT_USAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 PROLOG = ROOT / "deploy/slurm/prolog-gpuperfd.sh"

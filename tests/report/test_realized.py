@@ -37,7 +37,7 @@ def test_realized_savings_per_gpu_model_and_all_from_history(tmp_path) -> None: 
 
 
 def test_the_report_page_and_summary_carry_the_realized_savings(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from gpuperfd.report.cli import main
+    from gpuperfd.commands.report import main
     import argparse
 
     history = tmp_path / "history.jsonl"

@@ -28,7 +28,7 @@ from daemon_configs import simulated_daemon
 from child_processes import end
 
 from gpuperfd.probe_data.result import ProbeResult
-from gpuperfd.report import cli
+from gpuperfd.commands import report as cli
 from gpuperfd.report.outliers import split_outliers
 from gpuperfd.report.prometheus import load_prometheus, parse_time
 from gpuperfd.report.records import GpuId, ReportError, Run

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpuperfd.report.cli import register
+from gpuperfd.commands.report import register
 from gpuperfd.report.prometheus import load_prometheus
 from gpuperfd.report.records import ReportError
 

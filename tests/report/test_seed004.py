@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gpuperfd.probing import cli as probe_cli  # noqa: E402
+from gpuperfd.commands import probe as probe_cli  # noqa: E402
 from gpuperfd.report import build_report, write_report  # noqa: E402
 from gpuperfd.report.records import load_history  # noqa: E402
 from gpuperfd.report.seed004 import seed004_rows, speculative_figure  # noqa: E402

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuperfd.commands.install import register
 from gpuperfd.system import install
 from gpuperfd.system.install import Installer
 
@@ -20,7 +21,7 @@ WANTS = "etc/systemd/system/multi-user.target.wants/gpuperfd.service"
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuperfd")
-    install.register(parser.add_subparsers())
+    register(parser.add_subparsers())
     return parser
 
 

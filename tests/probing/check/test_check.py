@@ -18,7 +18,7 @@ from gpuperfd.caps.ownership import GpuLock, safe_name
 from gpuperfd.config import config_from_mapping
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probing.check import flow as check_mod
-from gpuperfd.probing.check.cli import (EXIT_DEGRADED, EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN, EXIT_USAGE,
+from gpuperfd.commands.check import (EXIT_DEGRADED, EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN, EXIT_USAGE,
                                         CheckOptions)
 from gpuperfd.probing.check.flow import CheckRequest, run_check
 from gpuperfd.probing.executors import PerPointExecutor, measure_once
@@ -187,7 +187,7 @@ def test_bad_flags_are_usage_errors(tmp_path: Path, args: list[str]) -> None:
 def _parse_check(args: list[str], capsys) -> tuple[int, str]:
     import argparse
 
-    from gpuperfd.probing.check.cli import register
+    from gpuperfd.commands.check import register
 
     parser = argparse.ArgumentParser(prog="gpuperfd")
     register(parser.add_subparsers())

@@ -20,7 +20,7 @@ from gpuperfd.health.judge import judge, run_row
 from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probing.check.interconnect import apply_to_inputs
 from gpuperfd.probing.check.flow import CheckRequest, run_check
-from gpuperfd.probing.check.cli import render_table
+from gpuperfd.commands.check import render_table
 from gpuperfd.probing.interconnect.runner import ProcessInterconnectExecutor
 
 

@@ -144,7 +144,7 @@ def test_progress_reports_every_repeat(results: dict) -> None:
 
 
 def test_parent_does_not_import_torch() -> None:
-    code = ("import sys, gpuperfd.probing.executors, gpuperfd.probe_data.spec, gpuperfd.probing.child.runner, gpuperfd.probing.cli, gpuperfd.probe_data.result, gpuperfd.probing.check.flow;"
+    code = ("import sys, gpuperfd.probing.executors, gpuperfd.probe_data.spec, gpuperfd.probing.child.runner, gpuperfd.commands.probe, gpuperfd.probe_data.result, gpuperfd.probing.check.flow;"
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 

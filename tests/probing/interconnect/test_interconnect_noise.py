@@ -19,7 +19,7 @@ from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.health.interconnect import NODE_FLOOR_RATIO, held_to_node, interconnect_inputs, slow_pairs
 from gpuperfd.probe_data.interconnect import InterconnectResult, PeerCopy
 from gpuperfd.probing.check.flow import CheckRequest, run_check
-from gpuperfd.probing.check.cli import render_table
+from gpuperfd.commands.check import render_table
 from gpuperfd.probing.executors import choose_interconnect_executor, slow_pairs_on
 from gpuperfd.probing.interconnect.executor import RetestingExecutor
 from gpuperfd.probing.interconnect.runner import ProcessInterconnectExecutor

@@ -24,7 +24,7 @@ from gpuperfd.probe_data.request import ProbeRequest
 from gpuperfd.probe_data.result import ProbeResult
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS
 from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY, llm_cost
-from gpuperfd.probing import cli
+from gpuperfd.commands import probe as cli
 from gpuperfd.probing.simulated.probe import simulated_executor
 from gpuperfd.probing.simulated.workload import simulated_workload
 

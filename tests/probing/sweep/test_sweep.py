@@ -320,7 +320,7 @@ def test_a_sweep_that_gives_way_to_a_users_job_restores_the_operators_cap(tmp_pa
     operator had comes back, and the CLI's table says skipped (preempted)."""
     from gpuperfd.probing.observer import Observers
     from gpuperfd.probing.scheduling.schedule_request import planned_from_schedule
-    from gpuperfd.probing.sweep.cli import _print_results
+    from gpuperfd.commands.sweep import _print_results
     from gpuperfd.probing.sweep.owned import OwnedStatus, SweepRequest, run_owned_sweep
 
     gpu = SimulatedBackend(SimulationConfig(gpus=1, seed=3, initial_power_limits={0: 650.0})).devices()[0]
@@ -420,7 +420,7 @@ def test_a_simulated_sweep_without_a_state_dir_writes_nothing_outside_a_temporar
 def test_a_sweep_whose_lower_caps_were_ruled_out_says_so_not_zero_percent(capsys):
     """700 W measured, 300 W skipped by the early stop: the CLI once printed "recommended cap: 700 W:
     0.0% less energy per token, 0.0% slower than 700 W"; the landing page said "no recommendation"."""
-    from gpuperfd.probing.sweep.cli import _print_results
+    from gpuperfd.commands.sweep import _print_results
 
     ok = ProbeResult(probe="llm", variant="graph", preset="gpt2", started_at=1.0, measured_seconds=1.0,
                      units_of_work=1000.0, work_unit="token", energy_per_unit_joules=0.4, average_power_watts=400.0)

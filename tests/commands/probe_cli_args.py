@@ -1,10 +1,11 @@
-"""``gpuperfd probe``'s command line as the tests of tests/probing/test_probe_cli*.py read it."""
+"""``gpuperfd probe``'s command line as the tests of tests/commands/test_probe_cli*.py read it."""
 
 from __future__ import annotations
 
 import argparse
 
-from gpuperfd.probing import cli, matrix
+from gpuperfd.commands import probe as cli
+from gpuperfd.probing import matrix
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

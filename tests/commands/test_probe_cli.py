@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuperfd.probing import cli, matrix
+from gpuperfd.commands import probe as cli
+from gpuperfd.probing import matrix
 from probe_cli_args import options, parse
 from gpuperfd.probe_data.record import CSV_COLUMNS, build_record, record_row
 from gpuperfd.probe_data.result import ProbeResult

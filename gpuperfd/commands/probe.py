@@ -16,7 +16,7 @@ This module is the command: it parses the flags into :class:`~gpuperfd.probing.m
 Exit codes: 0 every point ok; 1 some point failed or was aborted; 2 bad input
 (the message names the field); 3 a CUDA point on a node without an NVIDIA driver (as every command).
 
-Also runnable without the main CLI: ``python -m gpuperfd.probing.cli llm --preset tiny``.
+Also runnable without the main CLI: ``python -m gpuperfd.commands.probe llm --preset tiny``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from gpuperfd.probe_data.result import MAIN_LATENCY, PRIMARY_METRIC, ProbeResult
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PRESETS, PROBES, VARIANTS, ProbeSpec, params_text
 from gpuperfd.probe_data.workload_cost import NOT_MODELLED_KEY, SIMULATED_NOTE_KEY
 from gpuperfd.probing.gates.idle import DEFAULT_IDLE_THRESHOLD
-from gpuperfd.probing.interconnect import cli as interconnect_cli
+from gpuperfd.commands import interconnect as interconnect_cli
 from gpuperfd.probing.matrix import ProbeOptions, UsageError, checked, estimate_seconds, refined_estimate
 from gpuperfd.probing.points import Points, write_results
 

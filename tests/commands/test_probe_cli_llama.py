@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpuperfd.probe_data.workload_cost import SPECULATIVE_NOT_SIMULATED
-from gpuperfd.probing import cli, matrix
+from gpuperfd.commands import probe as cli
+from gpuperfd.probing import matrix
 from probe_cli_args import options, parse
 
 FAST = ["--repeats", "2", "--measure-seconds", "0.1", "--no-progress"]

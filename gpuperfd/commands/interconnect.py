@@ -28,7 +28,7 @@ from typing import Any
 from gpuperfd.console import format_table
 from gpuperfd.device.errors import DeviceError, DriverNotFound
 from gpuperfd.probe_data.interconnect import InterconnectRequest, InterconnectResult
-from gpuperfd.probing.check.cli import gpu_list
+from gpuperfd.commands.check import gpu_list
 from gpuperfd.probing.gates.idle import DEFAULT_IDLE_THRESHOLD
 
 __all__ = ["InterconnectOptions", "add_arguments", "byte_size", "build_request", "result_tables", "write_output",

@@ -12,7 +12,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuperfd.cli import main
-from gpuperfd.top import cli as top_cli
+from gpuperfd.commands import top as top_cli
 from gpuperfd.top.frame import fmt_rate
 from conftest import free_port
 

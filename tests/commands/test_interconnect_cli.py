@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuperfd.probe_data.interconnect import InterconnectResult
-from gpuperfd.probing.interconnect import cli as interconnect_cli
-from gpuperfd.probing import cli
+from gpuperfd.commands import interconnect as interconnect_cli
+from gpuperfd.commands import probe as cli
 
 FAST = ["--device", "cpu", "--copy-size", "16KiB", "--size", "4KiB", "64KiB", "--repeats", "2", "--warmup", "0"]
 

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from gpuperfd.config import DEFAULT_CONFIG_PATH, Config, config_with_flags, env_config_path
 from gpuperfd.console import seconds_between
-from gpuperfd.probing.check.cli import gpu_list
+from gpuperfd.commands.check import gpu_list
 from gpuperfd.top.client import DaemonAddress, DaemonSource, Source, TopError, daemon_url
 from gpuperfd.top.frame import render
 

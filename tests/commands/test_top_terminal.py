@@ -15,7 +15,7 @@ import sys
 import termios
 import time
 
-from gpuperfd.top.cli import ENTER, LEAVE
+from gpuperfd.commands.top import ENTER, LEAVE
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
