@@ -576,3 +576,23 @@ def test_the_reaching_in_check_sees_violations(tmp_path: Path) -> None:
         "scheduler.py:5 self.service._info",
         "scheduler.py:5 service.turns._slots",
     ]
+
+
+def test_the_documented_walk_is_the_measured_one() -> None:
+    """docs/architecture.md's walk of a GPU through a probe round is the traced one
+    (benchmarks/structure.py's walk): the modules in the order the round first enters them."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("structure_benchmark", ROOT / "benchmarks" / "structure.py")
+    assert spec is not None and spec.loader is not None
+    structure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(structure)
+    walk = structure._walk(ROOT)
+    assert walk["result"] == "ok", walk
+    first_visits = list(dict.fromkeys(name.removeprefix("gpuperfd.") for name in walk["path"]))
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("<!-- walk:start -->", 1)[1].split("<!-- walk:end -->", 1)[0]
+    documented = re.findall(r"^\| \d+ \| `([\w.]+)` \|", block, flags=re.M)
+    assert documented == first_visits
+    assert f"{walk['rooms']} modules, {walk['stays']} stays, {walk['returns']} returns" in text
