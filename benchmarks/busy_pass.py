@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The profiled busy pass, side by side: timed on the host (as before) against the iterations the
-windows say fill its seconds (``harness._busy_iterations``, issue 60), per probe, in one process.
+windows say fill its seconds (``harness.busy_iterations``, issue 60), per probe, in one process.
 
     python3 benchmarks/busy_pass.py --gpu 0 --probes llm,vit,attention,train --rounds 3 --json busy.json
 
@@ -43,7 +43,7 @@ def main() -> int:
                 else ProbeSpec(probe, device=f"cuda:{args.gpu}"))
         prepared = harness.prepare(spec)
         result = harness.measure(prepared)
-        counted = harness._busy_iterations(result.repeats, spec.busy_profile_seconds)
+        counted = harness.busy_iterations(result.repeats, spec.busy_profile_seconds)
         rows: dict[str, list[dict[str, float]]] = {"host_timed": [], "windows_counted": []}
         for _ in range(args.rounds):
             for name, iterations in (("host_timed", None), ("windows_counted", counted)):

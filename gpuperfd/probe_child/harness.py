@@ -16,7 +16,7 @@ length and the GPU never starves for work either.
 
 GPU-busy fraction (why this method): after the windows, the same loop runs under
 ``torch.profiler`` (CUPTI) for the iterations that fill ``busy_profile_seconds``
-on the GPU (:func:`_busy_iterations`), and the ratio is the
+on the GPU (:func:`busy_iterations`), and the ratio is the
 union of kernel/memcpy/memset intervals over the wall time of that pass. That is
 exactly "share of time the GPU was executing work", at microsecond resolution,
 and it sees kernels inside CUDA graphs. It runs outside the measured windows
@@ -365,7 +365,7 @@ def _measure_window(prepared: Prepared, plan: _Plan, sampler: WindowSampler, ind
     return _Window(seconds, telemetry, stats, energy, n)
 
 
-def _busy_iterations(repeats: list[RepeatResult], seconds: float) -> int | None:
+def busy_iterations(repeats: list[RepeatResult], seconds: float) -> int | None:
     """How many iterations the busy pass runs: as many as the windows say fill ``seconds`` on the GPU
     (at least one), or None (no window told: the pass runs for ``seconds`` of host time).
 
@@ -394,7 +394,7 @@ def _busy_pass(prepared: Prepared, plan: _Plan, windows: _Windows,
         report(phase="busy_profile")
         try:
             busy, busy_info = measure_busy(ctx, prepared.workload, spec.busy_profile_seconds,
-                                           _busy_iterations(windows.repeats, spec.busy_profile_seconds))
+                                           busy_iterations(windows.repeats, spec.busy_profile_seconds))
             busy_method = "profiler_kernel_union" if ctx.is_cuda else "profiler_cpu_op_union"
         except Exception as exc:  # noqa: BLE001 - fall back to NVML's view rather than lose the point
             busy_info = {"busy_error": f"{type(exc).__name__}: {exc}"}

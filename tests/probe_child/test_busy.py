@@ -172,20 +172,20 @@ def test_the_busy_pass_runs_the_iterations_that_fill_its_seconds_on_the_device()
     """Timed on the host, the pass ran two LLM requests for its 0.1 s (the host enqueues the next before
     the GPU ends the first): twice the kernel records, 1.0-1.4 s of the daemon's turn on an H200. Its
     count now comes from the windows: enough iterations to fill its seconds, at least one."""
-    from gpuperfd.probe_child.harness import _busy_iterations, measure
+    from gpuperfd.probe_child.harness import busy_iterations, measure
     from gpuperfd.probe_data.result import RepeatResult
 
     def window(iterations: int, seconds: float) -> RepeatResult:
         return RepeatResult(index=0, measured_seconds=seconds, units_of_work=1.0, iterations=iterations)
 
-    assert _busy_iterations([window(17, 2.69)], 0.1) == 1  # H200 llm: 0.158 s a request
-    assert _busy_iterations([window(190, 2.0), window(190, 2.02)], 0.1) == 10  # ViT: 10.6 ms a batch
-    assert _busy_iterations([window(0, 1.0)], 0.1) is None  # no window told: host time, as before
-    assert _busy_iterations([], 0.1) is None
+    assert busy_iterations([window(17, 2.69)], 0.1) == 1  # H200 llm: 0.158 s a request
+    assert busy_iterations([window(190, 2.0), window(190, 2.02)], 0.1) == 10  # ViT: 10.6 ms a batch
+    assert busy_iterations([window(0, 1.0)], 0.1) is None  # no window told: host time, as before
+    assert busy_iterations([], 0.1) is None
 
     prepared = prepare(ProbeSpec("llm", preset="tiny", device="cpu", repeats=2, measure_seconds=0.3,
                                  busy_profile_seconds=0.2))
     result = measure(prepared)
-    expected = _busy_iterations(result.repeats, 0.2)
+    expected = busy_iterations(result.repeats, 0.2)
     assert expected is not None and expected >= 1
     assert result.extra["busy_iterations"] == expected
