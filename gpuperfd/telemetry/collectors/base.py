@@ -102,7 +102,6 @@ class Collector(abc.ABC):
         """
 
 
-
 @dataclass(frozen=True)
 class Field:
     """One gauge of a :class:`FieldsCollector`: its metric, the reading's attribute it publishes, its help."""
@@ -116,8 +115,6 @@ class FieldsCollector(Collector):
     """A collector whose every series is one attribute of one device reading (memory, clocks, PCIe...):
     it names the reading and its fields, and the read, the same for all of them, is written once here."""
 
-    #: The :class:`Device` method that returns the reading.
-    reading: ClassVar[str]
     #: What it publishes; an attribute that is None (a field this GPU lacks) is left out.
     fields: ClassVar[tuple[Field, ...]]
 
@@ -125,8 +122,12 @@ class FieldsCollector(Collector):
         super().__init_subclass__(**kwargs)
         cls.metrics = tuple(MetricSpec(field.metric, field.help) for field in cls.fields)
 
+    @abc.abstractmethod
+    def reading(self, device: Device) -> object:
+        """The device reading whose attributes the fields name (one typed device call)."""
+
     def read(self, device: Device) -> list[Point]:
-        reading = getattr(device, self.reading)()
+        reading = self.reading(device)
         values = ((field.metric, getattr(reading, field.attribute)) for field in self.fields)
         return [Point(metric, value) for metric, value in values if value is not None]
 

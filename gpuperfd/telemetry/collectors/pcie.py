@@ -6,6 +6,7 @@ reading it more often adds cost without adding truth.
 
 from __future__ import annotations
 
+from gpuperfd.device.base import Device
 from gpuperfd.telemetry.collectors.base import Field, FieldsCollector, register
 
 
@@ -15,13 +16,15 @@ class PcieCollector(FieldsCollector):
     help = "PCIe transmit and receive throughput"
     slow = True
     default_interval_seconds = 30.0
-    reading = "pcie_throughput"
     fields = (
         Field("gpuperf_pcie_tx_bytes_per_second", "tx_bytes_per_second",
               "PCIe transmit throughput over the driver's 20 ms window, bytes per second."),
         Field("gpuperf_pcie_rx_bytes_per_second", "rx_bytes_per_second",
               "PCIe receive throughput over the driver's 20 ms window, bytes per second."),
     )
+
+    def reading(self, device: Device) -> object:
+        return device.pcie_throughput()
 
 
 @register
@@ -36,10 +39,12 @@ class PcieLinkCollector(FieldsCollector):
 
     name = "pcie_link"
     help = "PCIe link generation and width, current and maximum"
-    reading = "pcie_link"
     fields = (
         Field("gpuperf_pcie_link_generation", "generation", "PCIe link generation the link trained at now (drops at idle)."),
         Field("gpuperf_pcie_link_width", "width", "PCIe link width (lanes) the link trained at now."),
         Field("gpuperf_pcie_link_max_generation", "max_generation", "Highest PCIe generation the GPU and its slot support."),
         Field("gpuperf_pcie_link_max_width", "max_width", "Widest PCIe link (lanes) the GPU and its slot support."),
     )
+
+    def reading(self, device: Device) -> object:
+        return device.pcie_link()
