@@ -45,9 +45,6 @@ def main() -> int:
                              "saying ready, as the daemon's does for the GPU's other schedules")
     parser.add_argument("--ahead-wait", type=float, default=0.0,
                         help="seconds to wait after the standby child is ready (its import-ahead done), before the run")
-    parser.add_argument("--aot", choices=["on", "off", "both"], default="on",
-                        help="vit's compiled forward from an AOT package (on: the daemon's way), traced by torch.compile "
-                             "(off), or both, alternated run by run (side by side in one call)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="check the script without a GPU: simulated GPUs, probe children on the CPU, tiny presets")
@@ -71,8 +68,6 @@ def main() -> int:
         "attribution": {"kubernetes": {"required": False}},
     })
     daemon = Daemon(config)
-    aot = {"on": True}
-    _aot_switch(aot)
     try:
         daemon.sampler.sample_once()
         device = daemon.probes.devices[args.gpu]
@@ -87,9 +82,7 @@ def main() -> int:
                                                **({"busy_profile_seconds": args.busy_profile_seconds}
                                                   if args.busy_profile_seconds is not None else {})})
             modes = {"off": [False], "on": [True], "both": [False, True]}[args.standby]
-            aots = {"off": [False], "on": [True], "both": [True, False]}[args.aot]
-            for run, standby, aot["on"] in ((r, m, a) for r in range(1, args.runs + 1) for m in modes
-                                            for a in (aots if r % 2 else aots[::-1])):
+            for run, standby in ((r, m) for r in range(1, args.runs + 1) for m in modes):
                 if standby:  # the child imports before the qualifying moment; the clock starts when it is ready
                     if not daemon.probes.stand_by(args.gpu, schedule):
                         print(f"{probe} run {run}: no standby child (no room, or no child executor)", file=sys.stderr)
@@ -117,19 +110,16 @@ def main() -> int:
                 cpu = start + prepare + imports  # spawn and imports: the child makes no CUDA call before its build
                 phases = {k: round(float(v), 3) for k, v in (extra.get("phase_seconds") or {}).items()}
                 checks = (result.correctness or {}).get("seconds")
-                row = {"probe": probe, "run": run, "standby": standby, "aot": aot["on"], "busy_profile_seconds": args.busy_profile_seconds, "total_seconds": total, "cpu_only_seconds": cpu,
+                row = {"probe": probe, "run": run, "standby": standby, "busy_profile_seconds": args.busy_profile_seconds, "total_seconds": total, "cpu_only_seconds": cpu,
                        "phase_seconds": phases, "correctness_seconds": checks,
                        "settle_seconds": extra.get("settle_seconds"), "warmup_seconds": extra.get("warmup_seconds"),
                        "gpu_seconds": max(0.0, total - cpu), "child_start_seconds": start,
                        "child_prepare_seconds": prepare, "setup_gpu_seconds": setup, "point_seconds": point,
                        "measured_seconds": measured, "measured_share": measured / total if total else None,
                        **{key: extra.get(key) for key in ("settle_steady", "windows_measured", "busy_window_seconds",
-                                                          "busy_activities", "busy_iterations", "compile_seconds",
-                                                          "aot_package", "aot_package_seconds", "aot_package_error",
-                                                          "cuda_graph")},
-                       "throughput": result.throughput}
+                                                          "busy_activities", "busy_iterations", "compile_seconds")}}
                 rows.append(row)
-                print(f"{probe:9s} run {run} standby {'on ' if standby else 'off'} aot {extra.get('aot_package', '-')}: total {total:6.1f} s | CPU only (spawn, imports) {cpu:5.1f} | "
+                print(f"{probe:9s} run {run} standby {'on ' if standby else 'off'}: total {total:6.1f} s | CPU only (spawn, imports) {cpu:5.1f} | "
                       f"GPU held {row['gpu_seconds']:5.1f} (start {start:.1f}, prepare {prepare:.1f}, build "
                       f"{setup:.1f}) | measured {measured:4.1f} ({100 * (row['measured_share'] or 0):.0f} %) | phases {phases}")
         if args.json:
@@ -139,21 +129,6 @@ def main() -> int:
         daemon.web.stop()
         daemon.backend.close()
     return 0
-
-
-def _aot_switch(state: dict[str, bool]) -> None:
-    """Children started while ``state["on"]`` is False get no AOT package folder (vit then traces its
-    forward with torch.compile, as before the packages): the side-by-side switch of ``--aot both``."""
-    from gpuperfd.probe_data.spec import AOT_CACHE_ENV
-    from gpuperfd.probing.child import session
-
-    original = session.compile_cache_env
-
-    def chosen(state_dir: object) -> dict[str, str]:
-        env = original(state_dir)  # type: ignore[arg-type]
-        return env if state["on"] else {k: v for k, v in env.items() if k != AOT_CACHE_ENV}
-
-    session.compile_cache_env = chosen  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

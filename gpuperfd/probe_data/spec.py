@@ -60,9 +60,6 @@ FAULTS: tuple[str, ...] = ("exception", "hang", "oom", "crash", "cuda_error", "w
 #: in the child where the output is perturbed. No config or CLI field carries ``inject_fault``.
 WRONG_RESULT_FAULTS: tuple[str, ...] = ("wrong_result_element", "wrong_result_bit")
 TEST_FAULTS_ENV = "GPUPERFD_TEST_FAULTS"
-#: The child's folder of AOT-compiled packages (set by the daemon beside its compile caches; see
-#: :mod:`gpuperfd.probe_child.workloads.aot_package`). Unset: a compiled forward is traced by torch.compile.
-AOT_CACHE_ENV = "GPUPERFD_AOT_CACHE_DIR"
 
 #: Speculative decoding: the acceptance rates whose tokens/s are reported when none are named (random
 #: weights accept nothing meaningful).

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 #: What a ``compiled`` variant's build imports on top: torch.compile's Dynamo and Inductor (~800 modules).
 #: Left to the build, they were most of ViT's 6 s build in a ready child on an H200 (its compile, the cache
 #: warm, took 1.6-2.1 s of it: benchmarks/child_costs.py); importing them makes no CUDA call.
-COMPILER_MODULES: tuple[str, ...] = ("torch._dynamo", "torch._inductor.compile_fx", "torch._inductor.package")
+COMPILER_MODULES: tuple[str, ...] = ("torch._dynamo", "torch._inductor.compile_fx")
 
 
 def build_imports(probe: str, variant: str | None = None) -> tuple[str, ...]:

@@ -33,8 +33,7 @@ from gpuperfd.probe_child.context import Clock, ProbeContext, WindowStats
 from gpuperfd.probe_data.spec import ProbeSpec
 from gpuperfd.probe_child.workloads import data
 from gpuperfd.probe_child.workloads.models import attention_entry, build_vit, count_parameters
-from gpuperfd.probe_child.workloads import aot_package
-from gpuperfd.probe_child.workloads.vit_fused import ExportableViT, FusedViT
+from gpuperfd.probe_child.workloads.vit_fused import FusedViT
 
 __all__ = ["build", "ViTWorkload", "vit_flops_per_image"]
 
@@ -74,18 +73,16 @@ class ViTWorkload:
         self.compiled = spec.variant == "compiled"
         self.fused = spec.variant in ("compiled", "fused")
         self.fn: Any = None
-        #: The AOT package the compiled forward came from (None: torch.compile) and why not, if it failed.
-        self.aot: aot_package.Loaded | None = None
-        self.aot_error: str | None = None
-        self.marks: list[int] = []
-        self.graph_error: str | None = None
-        #: Seconds of the compile (or the AOT package's load) and CUDA-graph capture inside the build.
-        self.compile_seconds = 0.0
-        t_compile = time.perf_counter()
         if self.fused:
             with torch.inference_mode():
                 fused = FusedViT(self.model)
-            self.fn = self._compiled(fused) if self.compiled else fused
+            self.fn = torch.compile(fused.__call__) if self.compiled else fused
+        self.marks: list[int] = []
+        self.graph_error: str | None = None
+        #: Seconds of torch.compile and CUDA-graph capture inside the build (a sweep's cost part).
+        self.compile_seconds = 0.0
+        t_compile = time.perf_counter()
+        if self.fused:
             with torch.inference_mode():
                 if ctx.is_cuda:
                     try:
@@ -99,22 +96,6 @@ class ViTWorkload:
                 elif self.compiled:
                     self._forward()  # compile now, not in the warmup
             self.compile_seconds = time.perf_counter() - t_compile
-
-    def _compiled(self, fused: FusedViT) -> Any:
-        """The fused forward compiled: from an AOT package where the child has a folder for them
-        (loaded in milliseconds after the first child), else (or if that fails) torch.compile."""
-        folder = aot_package.cache_dir()
-        if folder is not None:
-            weights = fused.weights()
-            constants = f"heads={fused.heads} patch={fused.patch} eps={fused.eps!r} layers={len(fused.layers)}"
-            try:
-                self.aot = aot_package.load_or_compile(ExportableViT(fused), (self.input, *weights), constants, folder)
-            except Exception as exc:  # noqa: BLE001 - torch.compile still gives the compiled forward
-                self.aot_error = failure_text(exc)
-            else:
-                forward = self.aot.forward
-                return lambda pixels: forward(pixels, *weights)
-        return torch.compile(fused.__call__)
 
     def _forward(self) -> torch.Tensor:
         if self.fn is not None:
@@ -183,9 +164,6 @@ class ViTWorkload:
             "implementation": "gpuperfd.vit_fused" if self.fused else "transformers",
             "cuda_graph": self.graph is not None,
             "compile_seconds": self.compile_seconds,
-            **({"aot_package": self.aot.source, "aot_package_seconds": self.aot.seconds} if self.aot else {}),
-            **({"aot_package_replaced": self.aot.replaced} if self.aot and self.aot.replaced else {}),
-            **({"aot_package_error": self.aot_error} if self.aot_error else {}),
             **attention_entry(self.model),
             **({"cuda_graph_error": self.graph_error} if self.graph_error else {}),
         }

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ExportableViT", "FusedViT", "gelu"]
+__all__ = ["FusedViT", "gelu"]
 
 
 @torch.library.custom_op("gpuperfd::gelu", mutates_args=())
@@ -114,49 +114,21 @@ class FusedViT:
         self.lnf_w, self.lnf_b = vit.layernorm.weight, vit.layernorm.bias
         self.head_w, self.head_b = model.classifier.weight, model.classifier.bias
 
-    def weights(self) -> list[torch.Tensor]:
-        """Every tensor the forward reads, in :meth:`apply`'s order (a missing QKV bias: an empty tensor)."""
-        flat = [self.patch_w, self.patch_b, self.cls, self.pos]
-        for p in self.layers:
-            qkv_b = p.qkv_b if p.qkv_b is not None else p.qkv_w.new_empty(0)
-            flat += [p.ln1_w, p.ln1_b, p.qkv_w, qkv_b, p.o_w, p.o_b, p.ln2_w, p.ln2_b, p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b]
-        return flat + [self.lnf_w, self.lnf_b, self.head_w, self.head_b]
-
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.apply(pixels, *self.weights())
-
-    def apply(self, pixels: torch.Tensor, *w: torch.Tensor) -> torch.Tensor:
-        """The forward with every weight an argument (:meth:`weights`' order): the form an AOT package
-        is compiled from, so the package holds code only and runs on whatever weights are passed."""
         B, C, height, width = pixels.shape
         D, H, P = self.d, self.heads, self.patch
         gh, gw = height // P, width // P
-        patch_w, patch_b, cls_token, pos = w[:4]
         patches = pixels.view(B, C, gh, P, gw, P).permute(0, 2, 4, 1, 3, 5).reshape(B * gh * gw, C * P * P)
-        x = F.linear(patches, patch_w, patch_b).view(B, gh * gw, D)
-        x = torch.cat([cls_token.expand(B, -1, -1), x], dim=1) + pos
+        x = F.linear(patches, self.patch_w, self.patch_b).view(B, gh * gw, D)
+        x = torch.cat([self.cls.expand(B, -1, -1), x], dim=1) + self.pos
         N = x.shape[1]
         x = x.reshape(B * N, D)
-        for i in range(len(self.layers)):
-            ln1_w, ln1_b, qkv_w, qkv_b, o_w, o_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b = w[4 + 12 * i:16 + 12 * i]
-            h = F.layer_norm(x, (D,), ln1_w, ln1_b, self.eps)
-            bias = qkv_b if qkv_b.numel() else None
-            qkv = F.linear(h, qkv_w, bias).view(B, N, 3, H, D // H).permute(2, 0, 3, 1, 4)
+        for p in self.layers:
+            h = F.layer_norm(x, (D,), p.ln1_w, p.ln1_b, self.eps)
+            qkv = F.linear(h, p.qkv_w, p.qkv_b).view(B, N, 3, H, D // H).permute(2, 0, 3, 1, 4)
             a = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])  # [B, H, N, Dh]
-            x = x + F.linear(a.transpose(1, 2).reshape(B * N, D), o_w, o_b)
-            h = F.layer_norm(x, (D,), ln2_w, ln2_b, self.eps)
-            x = x + F.linear(gelu(F.linear(h, fc1_w, fc1_b)), fc2_w, fc2_b)
-        lnf_w, lnf_b, head_w, head_b = w[-4:]
-        cls = F.layer_norm(x.view(B, N, D)[:, 0], (D,), lnf_w, lnf_b, self.eps)
-        return F.linear(cls, head_w, head_b)
-
-
-class ExportableViT(torch.nn.Module):
-    """:meth:`FusedViT.apply` as a module for ``torch.export``: pixels and every weight are inputs."""
-
-    def __init__(self, fused: FusedViT) -> None:
-        super().__init__()
-        self.fused = fused
-
-    def forward(self, pixels: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
-        return self.fused.apply(pixels, *weights)
+            x = x + F.linear(a.transpose(1, 2).reshape(B * N, D), p.o_w, p.o_b)
+            h = F.layer_norm(x, (D,), p.ln2_w, p.ln2_b, self.eps)
+            x = x + F.linear(gelu(F.linear(h, p.fc1_w, p.fc1_b)), p.fc2_w, p.fc2_b)
+        cls = F.layer_norm(x.view(B, N, D)[:, 0], (D,), self.lnf_w, self.lnf_b, self.eps)
+        return F.linear(cls, self.head_w, self.head_b)

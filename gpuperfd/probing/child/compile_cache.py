@@ -3,16 +3,13 @@
 A probe's first point pays for ``torch.compile`` and Triton's kernel builds; by default their caches
 live under /tmp (``torchinductor_<user>``), which systemd's PrivateTmp and a container's tmpfs empty at
 every restart. In the state directory they survive, so every run after the first loads compiled
-kernels instead of building them. ViT's compiled forward is kept whole as an AOT package (``aot``,
-:mod:`gpuperfd.probe_child.workloads.aot_package`): a later child loads it instead of tracing it again.
+kernels instead of building them.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-
-from gpuperfd.probe_data.spec import AOT_CACHE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +27,10 @@ def compile_cache_env(state_dir: Path | str | None) -> dict[str, str]:
         return {}
     root = Path(state_dir) / COMPILE_CACHE_DIR
     try:
-        for sub in ("", "inductor", "triton", "aot"):
+        for sub in ("", "inductor", "triton"):
             (root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         log.warning("no compile cache in %s (%s): every run compiles from scratch", root, exc)
         return {}
     return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
-            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-            AOT_CACHE_ENV: str(root / "aot")}
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
