@@ -1,7 +1,8 @@
 """The daemon's probe service: gate, sweep, run, publish.
 
 For one scheduled probe on one GPU it: takes the GPU's turn (:class:`~gpuperfd.probing.gates.turns.GpuTurns`:
-never two holders of one GPU; the host memory of the round's child is booked in the same step), checks the GPU has been idle long enough, resolves the cap list, runs the
+never two holders of one GPU; the host memory of the round's child is booked in the same step), checks
+the GPU has been idle long enough, resolves the cap list, runs the
 sweep (each point through an executor: a child process for real GPUs, the
 simulator's physics for simulated ones), and publishes every result to the
 metrics and the history file. Every outcome, skipped runs included, is counted
