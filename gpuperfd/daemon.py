@@ -45,6 +45,7 @@ from gpuperfd.health.verdict import node_verdict_json
 from gpuperfd.probe_data.interconnect import InterconnectResult
 from gpuperfd.probing.child.standby import StandbyChildren
 from gpuperfd.probing.gates.admission import Admission, memory_limit
+from gpuperfd.probing.gates.turns import GpuTurns
 from gpuperfd.probing.gates.idle import IdleTracker
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.interconnect.metrics import InterconnectMetrics, result_publisher
@@ -178,6 +179,9 @@ def build_probe_service(
     """The probe service: its executor and host-memory admission, history file, allocation gate,
     and the sampler re-reading a GPU's cap after each change."""
     executor, admission = probe_executor(config, backend_name, metrics)
+    # who holds each GPU, and the host memory of its child: the rounds', standby children's and
+    # (through the service) interconnect runs' and apply mode's one owner of GPU turns
+    turns = GpuTurns([device.index for device in devices], admission)
     history = config.probes.history
     kubernetes = config.attribution.kubernetes
     service = ProbeService(
@@ -195,12 +199,13 @@ def build_probe_service(
         # Every journal write first records its directory in the node's registry (fixed, not a
         # setting), so a later start finds it whatever probes.state_dir then says.
         journal=CapJournal.for_config(config),
-        standby=standby_children(executor, admission),
+        standby=standby_children(executor, turns),
+        turns=turns,
     )
     return service
 
 
-def standby_children(executor: Executor, admission: Admission | None) -> StandbyChildren | None:
+def standby_children(executor: Executor, turns: GpuTurns) -> StandbyChildren | None:
     """Children started before their GPU qualifies, where probes run in children (issue 50: the spawn
     and imports, most of a probe's time from the qualifying moment, are then paid before it), and where
     the simulator charges a child's imports (issue 60: it saves them as the real one does)."""
@@ -211,7 +216,7 @@ def standby_children(executor: Executor, admission: Admission | None) -> Standby
         return None  # nothing to save
     if not isinstance(executor, (ChildProcessExecutor, SimulatedExecutor)):
         return None
-    executor.standby = StandbyChildren(executor.new_child, executor.timeout_seconds, admission)
+    executor.standby = StandbyChildren(executor.new_child, executor.timeout_seconds, turns)
     return executor.standby
 
 

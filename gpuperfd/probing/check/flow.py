@@ -12,7 +12,8 @@ Parent side (no torch here). Everything runs under one deadline (``--timeout``):
    parallel, through the one executor choice (:func:`~gpuperfd.probing.executors.choose_executor`: a probe
    child on real GPUs, the simulator's physics with ``--simulate``), one session of one point
    each (:func:`~gpuperfd.probing.executors.measure_once`, as the daemon's sessions run), as many children at once
-   as the host memory holds (:mod:`~gpuperfd.probing.gates.admission`, the daemon's rule): the others queue, and one
+   as the host memory holds (each takes its GPU's turn with its child's memory, :mod:`~gpuperfd.probing.gates.turns`,
+   the daemon's one rule; :mod:`~gpuperfd.probing.gates.admission`, the book): the others queue, and one
    that gets no room before the deadline is not probed, with the reason. A gpuperfd probe child on
    a GPU (a daemon's with another state directory, whose lock the check cannot see) is waited for
    within the deadline, before the probe or when it preempts the probe mid-run, never given way to as
@@ -51,6 +52,7 @@ from gpuperfd.probing.check.interconnect import INTERCONNECT_SHARE, apply_to_inp
 from gpuperfd.probing.executors import Executor, choose_executor, measure_once, starts_children
 from gpuperfd.probing.gates.admission import Admission, memory_limit
 from gpuperfd.probing.gates.idle import BusyKind, busy_reason, mig_reason
+from gpuperfd.probing.gates.turns import GpuTurns, Holder, HolderKind, Turn
 from gpuperfd.probing.interconnect.executor import InterconnectExecutor
 from gpuperfd.telemetry.collectors import COLLECTORS
 from gpuperfd.telemetry.sampler import Sampler
@@ -326,26 +328,31 @@ def probe_all(config: Config, backend: Backend, devices: Sequence[Device], reque
     probe = ProbeRequest(probe=request.probe, preset=request.preset, options=options, settle_seconds=0.0)
     abort = threading.Event()
     admission = check_admission(config, backend.name)
+    # each GPU's probe takes the GPU's turn with its child's host memory: the daemon's one rule
+    turns = GpuTurns([device.index for device in devices], admission)
+    need = admission.peaks.expected([request.probe]) if admission is not None else 0
     results: dict[int, dict[str, Any]] = {}
     threads = {}
     for device in devices:
         def run(d: Device = device) -> None:
-            ticket = None
+            taken = False
             try:
-                if admission is not None:
-                    ticket = admission.acquire(d.index, admission.peaks.expected([request.probe]), abort,
-                                               deadline - grace)
-                    if not ticket.granted:
-                        results[d.index] = {"not_probed": not_admitted_text(ticket.reason, ticket.bytes)}
-                        return
+                wait = max(0.0, deadline - grace - time.monotonic())
+                turn = turns.take(d.index, Holder(HolderKind.CHECK, "gpuperfd check"), wait, stop=abort.is_set,
+                                  memory=need, memory_timeout=wait)
+                taken = turn is Turn.GRANTED
+                if not taken:
+                    reason = "memory_budget" if turn is Turn.REFUSED else "deadline"
+                    results[d.index] = {"not_probed": not_admitted_text(reason, need)}
+                    return
                 results[d.index] = measure_beside_gpuperfd(executor, d, probe, abort, config, deadline - grace)
             except Exception as exc:  # noqa: BLE001 - a bug is this GPU's "could not check", never a crash
                 log.exception("gpu %d: check probe failed", d.index)
                 results[d.index] = {"probe": request.probe, "preset": request.preset, "status": "failed",
                                     "failure_reason": "exception", "error_message": str(exc)}
             finally:
-                if ticket is not None and admission is not None:
-                    admission.release(ticket)
+                if taken:
+                    turns.release(d.index)  # and its child's memory
         thread = threading.Thread(target=run, name=f"check-probe-gpu{device.index}", daemon=True)
         thread.start()
         threads[device.index] = thread
@@ -374,7 +381,7 @@ def probe_all(config: Config, backend: Backend, devices: Sequence[Device], reque
 
 
 def check_admission(config: Config, backend_name: str) -> Admission | None:
-    """The host-memory admission of the check's probe children (None on the simulator)."""
+    """The host-memory book of the check's probe children, which its GPU turns book them in (None on the simulator)."""
     if not starts_children(config, backend_name):
         return None
     return Admission(*memory_limit(config.probes.memory_budget))

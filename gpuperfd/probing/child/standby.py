@@ -5,7 +5,8 @@ child's spawn and its imports of torch and the model code (13 of 19 s for llm on
 ``benchmarks/qualify_to_result.py``), none of it on the GPU. So when a result is due (or falls due
 within about that time), its child is started now, busy GPU or not (the scheduler decides: issue 60):
 it only imports (no CUDA call before its build, so a user's job loses nothing and is not seen by it),
-its host memory is reserved with the admission like any child's, it waits through the job, and the run
+its host memory is reserved with the GPU turns like any child's (:meth:`GpuTurns.reserve_now
+<gpuperfd.probing.gates.turns.GpuTurns.reserve_now>`: at once or not at all), it waits through the job, and the run
 that starts when the GPU qualifies builds in it (:meth:`ChildProcessExecutor.open` takes it as the
 carried child). A result no longer due, a round waiting for host memory, a shutdown: the child ends and
 its reservation goes.
@@ -37,7 +38,8 @@ from gpuperfd.device.base import Device
 
 if TYPE_CHECKING:
     from gpuperfd.probe_data.request import ProbeRequest
-    from gpuperfd.probing.gates.admission import Admission, Ticket
+    from gpuperfd.probing.gates.admission import Ticket
+    from gpuperfd.probing.gates.turns import GpuTurns
     from gpuperfd.probing.child.runner import ProbeChild
 
 log = logging.getLogger(__name__)
@@ -103,13 +105,14 @@ class StandbyChildren:
 
     def __init__(self, make_child: Callable[[Device, ProbeRequest, Sequence[ProbeRequest]], ProbeChild],
                  timeout_seconds: float,
-                 admission: Admission | None = None, clock: Callable[[], float] = time.monotonic,
+                 turns: GpuTurns | None = None, clock: Callable[[], float] = time.monotonic,
                  ready_seconds: float = DEFAULT_READY_SECONDS, lead_margin_seconds: float = LEAD_MARGIN_SECONDS) -> None:
         self.make_child = make_child
         #: A child's time to be ready before one was measured, and how much earlier than that it starts.
         self.default_ready_seconds, self.lead_margin_seconds = ready_seconds, lead_margin_seconds
         self.timeout_seconds = timeout_seconds
-        self.admission = admission
+        #: Where a child's host memory is reserved (None: nowhere, e.g. a test's children).
+        self.turns = turns
         self.clock = clock
         self._slots: dict[int, _Slot] = {}
         #: Slots whose child a round took, by GPU, until :meth:`round_ended`.
@@ -136,7 +139,7 @@ class StandbyChildren:
     def ensure(self, device: Device, request: ProbeRequest, need_bytes: int, abort: threading.Event,
                also: Sequence[ProbeRequest] = ()) -> bool:
         """A child for ``device``'s GPU started now (in a thread) unless one is there; False when the
-        admission has no room for it at once (a standby child never waits for memory: a round may need it).
+        host memory has no room for it at once (a standby child never waits for memory: a round may need it).
         ``also``: the requests the round may run after ``request``, whose code the child imports too."""
         gpu = device.index
         with self._lock:
@@ -144,11 +147,9 @@ class StandbyChildren:
                 return True
             if self.clock() < self._failed_at.get(gpu, -FAILED_BACKOFF_SECONDS) + FAILED_BACKOFF_SECONDS:
                 return False
-        ticket = None
-        if self.admission is not None:
-            ticket = self.admission.try_acquire(gpu, need_bytes)
-            if not ticket.granted:
-                return False
+        ticket = self.turns.reserve_now(gpu, need_bytes) if self.turns is not None else None
+        if ticket is not None and not ticket.granted:
+            return False
         slot = _Slot(self.make_child(device, request, also), ticket, self.clock())
         slot.child.should_abort = slot.cancel.is_set
         if getattr(slot.child, "starts_at_once", False):  # no process, no thread: its imports are a time
@@ -160,11 +161,14 @@ class StandbyChildren:
             slot.thread = threading.Thread(target=self._start, args=(gpu, slot), name=f"probe-standby-gpu{gpu}",
                                            daemon=True)
         with self._lock:
-            if gpu in self._slots or abort.is_set():  # raced with another ensure, or stopping
-                self._release_now(slot)
-                return gpu in self._slots
-            self._slots[gpu] = slot
-            self.started += 1
+            raced = gpu in self._slots or abort.is_set()  # raced with another ensure, or stopping
+            present = gpu in self._slots
+            if not raced:
+                self._slots[gpu] = slot
+                self.started += 1
+        if raced:
+            self._release_now(slot)  # outside the lock: the turns ask ``reserved`` under theirs
+            return present
         log.info("gpu %d: %s's child starts now (imports on the CPU) so that it is ready when the GPU qualifies",
                  gpu, request.probe)
         if slot.thread is not None:
@@ -268,8 +272,8 @@ class StandbyChildren:
         """End what ``slot`` holds: its child (unless a round took and closed it) and its reservation."""
         if slot.close_child:
             slot.child.close()
-        if slot.ticket is not None and self.admission is not None:
-            self.admission.release(slot.ticket)
+        if slot.ticket is not None and self.turns is not None:
+            self.turns.free(slot.ticket)
             slot.ticket = None
 
 

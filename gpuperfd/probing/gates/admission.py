@@ -1,10 +1,16 @@
-"""How many probe children may run at once: a host-memory budget, reserved per round, FIFO.
+"""How many probe children may run at once: the host-memory book of their reservations.
 
 Why: each probe child (torch, a model, CUDA's host allocations) peaks at about 1.6-2.0 GiB of
 host memory; with ``probes.parallel_gpus`` every idle GPU starts one at the same moment, and a
 container sized for one child is OOM-killed on every round (3.54 GiB on a 2-GPU H200 node,
 ~14 GiB on 8 GPUs). So a round reserves its child's expected peak before it starts one, and a
 GPU whose reservation does not fit waits, in arrival order, until a running child ends.
+
+Who waits and who goes is decided in one place: the GPU turns' one rule
+(:class:`~gpuperfd.probing.gates.turns.GpuTurns`: a claimant states its child's memory when it queues for
+the GPU, and gets the GPU and the memory in one step). This module is the book that rule reads: the
+budget, what is reserved, the state the series show, and the words of a wait and of a refusal. It
+queues nobody.
 
 The budget: ``limit - the daemon's own RSS - HEADROOM_BYTES``, where the limit is the smaller of
 the cgroup's memory limit and ``probes.memory_budget`` (:func:`memory_limit`). No limit at all:
@@ -22,7 +28,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -116,7 +121,9 @@ class AdmissionState:
 
 
 class Admission:
-    """Reservations of host memory for probe children: at most what the budget holds, first come first served."""
+    """The book of host-memory reservations for probe children (thread-safe): the budget, what is
+    reserved, the refusal's words. It decides nothing on its own: :class:`~gpuperfd.probing.gates.turns.GpuTurns`
+    asks it (under the turns' lock) whether a reservation fits and records what it decides here."""
 
     def __init__(self, limit_bytes: int | None, source: str = "cgroup memory limit", peaks: PeakBook | None = None,
                  daemon_rss: Callable[[], int | None] = lambda: status_bytes("VmRSS"),
@@ -125,26 +132,25 @@ class Admission:
         self.peaks = peaks or PeakBook()
         self.headroom_bytes = headroom_bytes
         self._daemon_rss, self._clock = daemon_rss, clock
-        self._cv = threading.Condition()
-        self._queue: deque[object] = deque()
-        self._reserved = self._running = 0
+        self._lock = threading.RLock()
+        self._reserved = self._running = self._waiting = 0
         self._wait_total = 0.0
         self._warned = False
-        #: The daemon's RSS last read, and when (the admission's clock); read again when older than
-        #: RSS_READ_SECONDS, or at once after a child ended (a release) or the limit changed.
+        #: The daemon's RSS last read, and when (the book's clock); read again when older than
+        #: RSS_READ_SECONDS, or at once after a child ended (a release), a grant or the limit changed.
         self._rss: tuple[int | None, float] | None = None
-        #: Told the new :class:`AdmissionState` after every change (outside the lock).
+        #: Told the new :class:`AdmissionState` after every change (the turns tell it under their lock:
+        #: a listener must not take a GPU's turn).
         self.listeners: list[Callable[[AdmissionState], None]] = []
 
     def set_limit(self, limit_bytes: int | None, source: str) -> None:
-        """A new limit (a reload changed ``probes.memory_budget``); waiters look again, and a budget
-        too small for one child is logged once more."""
-        with self._cv:
+        """A new limit (a reload changed ``probes.memory_budget``); a budget too small for one child
+        is logged once more. The waiters look again at their next poll (or the turns' nudge)."""
+        with self._lock:
             if (limit_bytes, source) != (self.limit_bytes, self.source):
                 self.limit_bytes, self.source, self._warned = limit_bytes, source, False
                 self._rss = None
-                self._cv.notify_all()
-        self._publish()
+        self.publish()
 
     def describe(self) -> str:
         """One line for the start-up log: the limit, the budget, and how many default-sized children fit."""
@@ -156,11 +162,16 @@ class Admission:
                 f"(less the daemon and {self.headroom_bytes / MIB:.0f} MiB headroom): {fits} child(ren) of "
                 f"~{self.peaks.default_bytes / MIB:.0f} MiB at once until measured; the others wait their turn")
 
+    def now(self) -> float:
+        """The book's clock (a wait's seconds are measured on it)."""
+        return self._clock()
+
     def budget_bytes(self) -> int | None:
         """Memory the children may use together now: limit - daemon RSS - headroom (None: no limit)."""
-        if self.limit_bytes is None:
-            return None
-        return self.limit_bytes - (self._rss_bytes() or 0) - self.headroom_bytes
+        with self._lock:
+            if self.limit_bytes is None:
+                return None
+            return self.limit_bytes - (self._rss_bytes() or 0) - self.headroom_bytes
 
     def _rss_bytes(self) -> int | None:
         """The daemon's RSS, read from /proc at most every RSS_READ_SECONDS (not at every waiter's wake-up)."""
@@ -171,104 +182,75 @@ class Admission:
         return kept[0]
 
     def state(self) -> AdmissionState:
-        with self._cv:
-            return AdmissionState(self.budget_bytes(), self.source, self._running, len(self._queue), self._wait_total,
+        with self._lock:
+            return AdmissionState(self.budget_bytes(), self.source, self._running, self._waiting, self._wait_total,
                                   self._reserved, self.peaks.peaks())
 
-    def acquire(self, gpu: int, need: int, abort: threading.Event, deadline: float | None = None) -> Ticket:
-        """Reserve ``need`` bytes for GPU ``gpu``'s child, waiting (FIFO) until it fits, ``abort`` is
-        set or the monotonic ``deadline`` passes; a granted ticket must be released (:meth:`release`)."""
-        with self._cv:
-            token = object()
-            self._queue.append(token)
-            try:
-                ticket = self._wait(token, gpu, need, abort, deadline)
-            finally:
-                self._queue.remove(token)
-                self._cv.notify_all()
-        self._publish()
-        return ticket
-
-    def _wait(self, token: object, gpu: int, need: int, abort: threading.Event, deadline: float | None) -> Ticket:
-        """The queue's rule, under the lock: the head of the queue goes once its reservation fits."""
-        start, told = self._clock(), False
-        while True:
+    def fits(self, need: int) -> bool:
+        """Whether ``need`` more bytes fit beside what is reserved now."""
+        with self._lock:
             budget = self.budget_bytes()
-            if budget is not None and need > budget:
-                return self._too_small(gpu, need, budget, start)
-            if abort.is_set() or (deadline is not None and self._clock() >= deadline):
-                return self._refuse(gpu, need, start, "aborted" if abort.is_set() else "deadline")
-            if self._queue[0] is token and (budget is None or self._reserved + need <= budget):
-                return self._grant(gpu, need, start, told)
-            if not told:
-                told = True
+            return budget is None or self._reserved + need <= budget
+
+    def never_fits(self, gpu: int, need: int) -> bool:
+        """Whether ``need`` is more than the whole budget (it would never fit): the first time since a
+        child last fitted, one error line says what to change."""
+        with self._lock:
+            budget = self.budget_bytes()
+            if budget is None or need <= budget:
+                return False
+            if not self._warned:
+                self._warned = True
+                limit = self.limit_bytes or 0
+                log.error("no probes run: a probe child needs ~%.0f MiB of host memory, but the %s of %.0f MiB "
+                          "leaves %.0f MiB for children (less the daemon's %.0f MiB and %.0f MiB headroom); raise "
+                          "the container's memory limit (and probes.memory_budget, if set) to at least %.0f MiB "
+                          "for one child at a time (docs/operations.md, sizing)",
+                          need / MIB, self.source, limit / MIB, budget / MIB,
+                          (limit - budget - self.headroom_bytes) / MIB, self.headroom_bytes / MIB,
+                          (limit - budget + need) / MIB)
+            return True
+
+    def set_waiting(self, gpu: int, need: int, waiting: int, told: bool = False) -> None:
+        """How many claimants wait for memory now; ``told``: GPU ``gpu``'s claimant, needing ``need``,
+        just began to wait (its one log line)."""
+        with self._lock:
+            self._waiting = waiting
+            if told:
                 log.info("gpu %d waits for host memory: its probe child needs ~%.0f MiB, %d child(ren) hold "
                          "%.0f MiB of the %.0f MiB budget", gpu, need / MIB, self._running, self._reserved / MIB,
-                         (budget or 0) / MIB)
-                self._publish()  # the waiting count (listeners run under the lock, a re-entrant one)
-            timeout = POLL_SECONDS if deadline is None else min(POLL_SECONDS, deadline - self._clock())
-            self._cv.wait(max(0.0, timeout))
+                         (self.budget_bytes() or 0) / MIB)
 
-    def try_acquire(self, gpu: int, need: int) -> Ticket:
-        """Reserve ``need`` bytes now if they fit and no round waits, else refuse (``no_room``): a
-        reservation that must never queue before a round's (a standby child, :mod:`~gpuperfd.probing.child.standby`)."""
-        with self._cv:
-            start = self._clock()
-            budget = self.budget_bytes()
-            if self._queue or (budget is not None and self._reserved + need > budget):
-                return self._refuse(gpu, need, start, "no_room")
-            ticket = self._grant(gpu, need, start, False)
-        self._publish()
-        return ticket
-
-    def release(self, ticket: Ticket) -> None:
-        """End a granted reservation (the round's child is gone); wakes the waiters."""
-        if not ticket.granted:
-            return
-        with self._cv:
-            self._reserved -= ticket.bytes
-            self._running -= 1
-            self._rss = None  # a decision is due: the waiters' next look reads the RSS afresh
-            self._cv.notify_all()
-        self._publish()
-
-    def wake(self) -> None:
-        """Make waiters look at their abort events now (the service is stopping)."""
-        with self._cv:
-            self._cv.notify_all()
-
-    def _grant(self, gpu: int, need: int, start: float, told: bool) -> Ticket:
-        waited = self._clock() - start
-        self._reserved += need
-        self._running += 1
-        self._wait_total += waited
-        self._warned = False
-        #: The daemon's RSS last read, and when (the admission's clock); read again when older than
-        #: RSS_READ_SECONDS, or at once after a child ended (a release) or the limit changed.
-        self._rss: tuple[int | None, float] | None = None
+    def reserve(self, gpu: int, need: int, waited: float = 0.0, told: bool = False) -> Ticket:
+        """Book ``need`` bytes for GPU ``gpu``'s child (the turns found they fit); ``told``: it waited
+        and said so, and now says how long. Released by :meth:`release`."""
+        with self._lock:
+            self._reserved += need
+            self._running += 1
+            self._wait_total += waited
+            self._warned = False
+            self._rss = None  # a decision was made: the next look reads the RSS afresh
         if told:
             log.info("gpu %d: host memory for its probe child after %.1f s of waiting", gpu, waited)
         return Ticket(gpu, need, waited)
 
-    def _refuse(self, gpu: int, need: int, start: float, reason: str) -> Ticket:
-        waited = self._clock() - start
-        self._wait_total += waited
+    def refuse(self, gpu: int, need: int, waited: float, reason: str) -> Ticket:
+        """A reservation not made (``reason``), its wait counted."""
+        with self._lock:
+            self._wait_total += waited
         return Ticket(gpu, need, waited, reason)
 
-    def _too_small(self, gpu: int, need: int, budget: int, start: float) -> Ticket:
-        """Refused for good: one error line (until a child fits again) saying what to change."""
-        if not self._warned:
-            self._warned = True
-            limit = self.limit_bytes or 0
-            log.error("no probes run: a probe child needs ~%.0f MiB of host memory, but the %s of %.0f MiB leaves "
-                      "%.0f MiB for children (less the daemon's %.0f MiB and %.0f MiB headroom); raise the "
-                      "container's memory limit (and probes.memory_budget, if set) to at least %.0f MiB "
-                      "for one child at a time (docs/operations.md, sizing)",
-                      need / MIB, self.source, limit / MIB, budget / MIB, (limit - budget - self.headroom_bytes) / MIB,
-                      self.headroom_bytes / MIB, (limit - budget + need) / MIB)
-        return self._refuse(gpu, need, start, "memory_budget")
+    def release(self, ticket: Ticket) -> None:
+        """End a granted reservation (its child is gone); the turns wake their memory waiters."""
+        if not ticket.granted:
+            return
+        with self._lock:
+            self._reserved -= ticket.bytes
+            self._running -= 1
+            self._rss = None  # a decision is due: the waiters' next look reads the RSS afresh
 
-    def _publish(self) -> None:
+    def publish(self) -> None:
+        """Tell the listeners the state now."""
         state = self.state()
         for listener in self.listeners:
             listener(state)

@@ -489,8 +489,7 @@ class ProbeScheduler:
             if entry.schedule.probe != INTERCONNECT and entry.job_id not in in_round.get(entry.gpu, ()):
                 first.setdefault(entry.gpu, entry)
         soon = self._falling_due_soon(jobs, standby.lead_seconds, in_round)
-        admission = self.service.admission
-        rounds_wait = admission is not None and admission.state().waiting > 0
+        rounds_wait = self.service.turns.memory_waiters() > 0
         for gpu in self.gpus:
             entry = first.get(gpu)
             schedule = entry.schedule if entry is not None else soon.get(gpu)

@@ -1,7 +1,8 @@
 """The daemon's probe service: gate, sweep, run, publish.
 
 For one scheduled probe on one GPU it: takes the GPU's turn (:class:`~gpuperfd.probing.gates.turns.GpuTurns`:
-never two holders of one GPU), checks the GPU has been idle long enough, resolves the cap list, runs the
+never two holders of one GPU; the host memory of the round's child is booked in the same step), checks
+the GPU has been idle long enough, resolves the cap list, runs the
 sweep (each point through an executor: a child process for real GPUs, the
 simulator's physics for simulated ones), and publishes every result to the
 metrics and the history file. Every outcome, skipped runs included, is counted
@@ -31,8 +32,8 @@ from gpuperfd.probe_data.recommend import SweepPoint, comparison_words, cut_shor
 from gpuperfd.probe_data.result import PREEMPTED
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PROBES as PER_GPU_PROBES
 from gpuperfd.probing.executors import Executor
-from gpuperfd.probing.gates.admission import Admission, Ticket, memory_limit
-from gpuperfd.probing.gates.turns import GpuTurns, Holder, HolderKind, Release, Turn
+from gpuperfd.probing.gates.admission import Admission, memory_limit
+from gpuperfd.probing.gates.turns import GpuTurns, Holder, HolderKind, Memory, Release, Turn
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.scheduling.gpu_time import GpuTimeLedger
 from gpuperfd.probing.gates.idle import (BusyKind, BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason,
@@ -83,6 +84,7 @@ class ProbeService:
         admission: Admission | None = None,
         journal: CapJournal | None = None,
         standby: StandbyChildren | None = None,
+        turns: GpuTurns | None = None,
     ) -> None:
         self.config = config
         #: Children started before their GPU qualifies (the child executor's; None: none are).
@@ -103,9 +105,11 @@ class ProbeService:
         #: The power-cap journal (the daemon's is registered in the node's registry of state directories).
         self.journal = journal if journal is not None else CapJournal(config.state_dir)
         self.abort = threading.Event()
-        #: Who holds each GPU and who gets it next: rounds here, interconnect runs (probing/interconnect),
-        #: apply mode's cap changes (the daemon hands these turns to its controller).
-        self.turns = GpuTurns(self.devices)
+        #: Who holds each GPU and who gets it next, with the host memory of its child: rounds here,
+        #: interconnect runs (probing/interconnect), apply mode's cap changes (the daemon hands these turns
+        #: to its controller), standby children's reservations (the daemon builds them with these turns).
+        self.turns = turns if turns is not None else GpuTurns(self.devices, admission)
+        assert self.turns.memory is admission, "the turns keep the service's memory book"
         self.turns.listeners.append(self._released)
         #: Per GPU: the round running on it, the runs queued for it, and whom a round served.
         self._rounds = {index: GpuRounds(self.turns.nudge) for index in self.devices}
@@ -151,6 +155,7 @@ class ProbeService:
         self.metrics.set_gpu_time_budget(config.max_gpu_time_ratio)
         if self.admission is not None:
             self.admission.set_limit(*memory_limit(config.memory_budget))
+            self.turns.nudge()  # rounds waiting for memory look at the new budget now
         scheduled: dict[int, set[tuple[str, str, str]]] = {}
         for index, device in self.devices.items():
             try:
@@ -193,9 +198,7 @@ class ProbeService:
         self.abort.set()
         if self.standby is not None:
             self.standby.drop_all("stopping")
-        if self.admission is not None:
-            self.admission.wake()  # rounds waiting for memory give up now
-        self.turns.nudge()  # rounds waiting for the node's turn give up now
+        self.turns.nudge()  # rounds waiting for a GPU's turn, its memory or the node's turn give up now
         self.turns.wait_released(timeout)
 
     def info(self, gpu: int) -> GpuInfo:
@@ -231,7 +234,10 @@ class ProbeService:
             return RunOutcome("in_round", "served")
         if turn is Turn.TIMEOUT:
             return self._skip(info, schedule, "overlap")
-        node_taken, ticket, load = False, None, None
+        if turn is not Turn.GRANTED:  # its child's memory never fits, or the service stops
+            return self._skip_claimed(info, schedule, source,
+                                      "memory_budget" if turn is Turn.REFUSED else "shutting_down")
+        node_taken, load = False, None
         try:
             if not self.config.parallel_gpus:
                 node_taken = self.turns.take_node(Holder(HolderKind.ROUND, key), self.config.timeout_seconds,
@@ -239,11 +245,6 @@ class ProbeService:
                 if not node_taken:
                     reason = "shutting_down" if self.abort.is_set() else "node_busy"
                     return self._skip_claimed(info, schedule, source, reason)
-            # host memory for the round's child, before the idle checks (a standby child holds it already)
-            ticket = None if self.standby is not None and self.standby.reserved(gpu) else self._admit(gpu, schedule)
-            if ticket is not None and not ticket.granted:
-                reason = "memory_budget" if ticket.reason == "memory_budget" else "shutting_down"
-                return self._skip_claimed(info, schedule, source, reason)
             refused = self._gate(device, gpu, info, schedule, source)
             if refused is not None:
                 return refused
@@ -256,24 +257,25 @@ class ProbeService:
                 load = (started, time.monotonic())
                 release_free_memory()  # a round's results and messages: back to the idle footprint
         finally:
-            if ticket is not None and self.admission is not None:
-                self.admission.release(ticket)  # the round's child is closed by now
             if node_taken:
                 self.turns.release_node()
             if self.standby is not None:
                 self.standby.round_ended(gpu)  # its child (if the round took it) is closed by now
-            self.turns.release(gpu, load, wrote=load is not None)
+            self.turns.release(gpu, load, wrote=load is not None)  # and the memory booked with it
 
     def _wait_turn(self, gpu: int, key: str, schedule: ScheduleConfig, joinable: bool) -> Turn:
-        """Queue for ``gpu``'s turn (at most ``queue_seconds``). ``joinable``: a running round may take
-        this run in (its schedule then runs in that round's child: SERVED); otherwise it only queues."""
+        """Queue for ``gpu``'s turn (at most ``queue_seconds``) and the host memory of the round's child
+        (as long as it takes, until the service stops). ``joinable``: a running round may take this run in
+        (its schedule then runs in that round's child: SERVED); otherwise it only queues."""
+        memory = self._round_memory(gpu, schedule)
         holder = Holder(HolderKind.ROUND, key)
         if not joinable:
-            return self.turns.take(gpu, holder, self.config.queue_seconds)
+            return self.turns.take(gpu, holder, self.config.queue_seconds, stop=self.abort.is_set, memory=memory)
         rounds = self._rounds[gpu]
         first = rounds.queue(key, schedule)
         try:
-            return self.turns.take(gpu, holder, self.config.queue_seconds, lambda: rounds.served_since(key, first))
+            return self.turns.take(gpu, holder, self.config.queue_seconds, lambda: rounds.served_since(key, first),
+                                   stop=self.abort.is_set, memory=memory)
         finally:
             rounds.unqueue(key, schedule)
 
@@ -296,12 +298,13 @@ class ProbeService:
             except Exception:  # noqa: BLE001 - a listener's bug must not fail the round that ran
                 log.exception("gpu %d: outcome listener failed", gpu)
 
-    def _admit(self, gpu: int, schedule: ScheduleConfig) -> Ticket | None:
-        """The round's reservation of host memory (:meth:`_child_bytes`); waits its turn until it fits
-        or the service stops. None where no child is started."""
+    def _round_memory(self, gpu: int, schedule: ScheduleConfig) -> Memory | None:
+        """The host memory the round states when it queues (None where no child is started): asked when the
+        GPU's turn comes, before the idle checks, it is :meth:`_child_bytes`, or none where the GPU's standby
+        child holds a reservation then (the round takes that child)."""
         if self.admission is None:
             return None
-        return self.admission.acquire(gpu, self._child_bytes(gpu, schedule), self.abort)
+        return lambda: 0 if self.standby is not None and self.standby.reserved(gpu) else self._child_bytes(gpu, schedule)
 
     def _child_bytes(self, gpu: int, schedule: ScheduleConfig) -> int:
         """The expected peak of a round's one child: the largest of the probes this GPU's schedules run

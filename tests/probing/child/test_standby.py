@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from gpuperfd.config import ProbesConfig, ScheduleConfig, SimulationConfig
 from gpuperfd.device.simulated import SimulatedBackend
 from gpuperfd.probing.gates.admission import Admission
+from gpuperfd.probing.gates.turns import GpuTurns, Holder, HolderKind, Turn
 from gpuperfd.probing.child.session import ChildProcessExecutor
 from gpuperfd.probing.gates.idle import IdleTracker
 from gpuperfd.probing.metrics import ProbeMetrics
@@ -75,10 +76,12 @@ class Node:
         self.admission = Admission(limit_bytes, "test budget")
         self.executor = ChildProcessExecutor(300, torch_device="cpu", state_dir=tmp_path / "state",
                                              compile_cache=False, on_peak=self.admission.peaks.record)
-        self.standby = StandbyChildren(self.executor.new_child, 300, self.admission, clock=self.clock)
+        # GPU 1 has no device: a line of the node's turns where a test's round on another GPU waits for memory
+        self.turns = GpuTurns([0, 1], self.admission)
+        self.standby = StandbyChildren(self.executor.new_child, 300, self.turns, clock=self.clock)
         self.executor.standby = self.standby
         self.service = ProbeService(self.config, self.devices, self.executor, ProbeMetrics(self.registry),
-                                    self.tracker, admission=self.admission, standby=self.standby)
+                                    self.tracker, admission=self.admission, standby=self.standby, turns=self.turns)
         self.scheduler = ProbeScheduler(self.service, [0], recheck_seconds=0.0)
         self.scheduler.scheduler.start(paused=True)
         self.scheduler.apply(self.config)
@@ -177,7 +180,8 @@ def test_a_round_waiting_for_host_memory_goes_before_a_busy_gpus_standby_child(n
 
     def round_on_another_gpu() -> None:
         waiting.set()
-        granted.append(n.admission.acquire(1, budget - (1 << 20), abort, deadline=time.monotonic() + 30))
+        granted.append(n.turns.take(1, Holder(HolderKind.ROUND, "gpu 1"), 30, stop=abort.is_set,
+                                    memory=budget - (1 << 20), memory_timeout=30))
 
     thread = threading.Thread(target=round_on_another_gpu)
     thread.start()
@@ -185,11 +189,13 @@ def test_a_round_waiting_for_host_memory_goes_before_a_busy_gpus_standby_child(n
     deadline = time.monotonic() + 5
     while n.admission.state().waiting == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert n.turns.memory_waiters() == 1 and n.turns.holder(1) is None  # it waits for memory, holding no GPU
     n.scheduler.dispatch_once()  # the busy GPU's standby child gives its memory to the waiting round
     thread.join(10)
-    assert granted and granted[0].granted
+    assert granted == [Turn.GRANTED]
     assert n.slot() is None
-    n.admission.release(granted[0])
+    n.turns.release(1)
+    assert released(n)
 
 
 def test_a_round_gives_way_at_once_to_a_job_that_arrives_while_its_child_imports(node, monkeypatch):
@@ -256,7 +262,8 @@ def test_the_next_results_child_starts_while_a_round_runs_and_the_rounds_end_lea
 
     device = SimulatedBackend(SimulationConfig(gpus=1, seed=5)).devices()[0]
     admission = Admission(8 << 30, "test budget")
-    standby = StandbyChildren(lambda dev, request, also: SimulatedChild(dev, request, 0.0), 60, admission)
+    standby = StandbyChildren(lambda dev, request, also: SimulatedChild(dev, request, 0.0), 60,
+                              GpuTurns([0], admission))
     abort = threading.Event()
     assert standby.ensure(device, ProbeRequest("llm", "tiny"), 1 << 30, abort)
     llm = standby.take(0, device)  # the llm round starts in it

@@ -101,17 +101,20 @@ def test_a_budget_too_small_for_one_child_skips_every_run_and_says_so_once(tmp_p
 
 def test_stop_wakes_a_round_waiting_for_memory(tmp_path) -> None:
     service, children, _, _ = _service(tmp_path, CHILD)
-    held = service.admission.acquire(99, CHILD, threading.Event())  # type: ignore[union-attr]
+    held = service.turns.reserve_now(99, CHILD)  # a child holding the whole budget (a standby child's, say)
+    assert held is not None and held.granted
     outcome: list = []  # type: ignore[type-arg]
     waiter = threading.Thread(target=lambda: outcome.append(service.run(SCHEDULE, 0)))
     waiter.start()
     while service.admission.state().waiting < 1:  # type: ignore[union-attr]
         time.sleep(0.01)
+    assert service.turns.holder(0) is None  # waiting for memory, it holds no GPU
     service.stop(timeout=2)
     waiter.join(2)
     assert not waiter.is_alive() and (outcome[0].result, outcome[0].reason) == ("skipped", "shutting_down")
     assert children.calls == 0
-    service.admission.release(held)  # type: ignore[union-attr]
+    service.turns.free(held)
+    assert service.admission.state().running == 0  # type: ignore[union-attr]
 
 
 def test_the_admission_series_are_absent_without_an_admission_and_lint_clean(tmp_path) -> None:
