@@ -87,8 +87,9 @@ def main() -> int:
                     if not daemon.probes.stand_by(args.gpu, schedule):
                         print(f"{probe} run {run}: no standby child (no room, or no child executor)", file=sys.stderr)
                         continue
-                    slot = daemon.probes.standby._slots[args.gpu]
-                    slot.done.wait(600)
+                    if not daemon.probes.standby.wait_ready(args.gpu, 600):
+                        print(f"{probe} run {run}: the standby child did not start", file=sys.stderr)
+                        continue
                     time.sleep(args.ahead_wait)
                 results = []
                 daemon.probes.point_listeners.append(lambda gpu, p, preset, point: results.append(point.result))

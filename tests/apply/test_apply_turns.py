@@ -122,7 +122,7 @@ def test_a_pass_stops_waiting_for_a_held_gpu_when_the_next_pass_is_due(tmp_path)
         node.controller.tick()
         took = time.monotonic() - started
         assert 0.3 <= took < 5 and cap(node, 0) == 700.0 and node.controller.states[1].reason == "applied"
-        assert not node.service.turns._slots[0].queue  # it left GPU 0's line
+        assert not node.service.turns.queued(0)  # it left GPU 0's line
     finally:
         give_back(node, 0, lock)
     node.controller.tick()
@@ -138,7 +138,7 @@ def test_a_reload_does_not_wait_out_a_pass_waiting_for_a_round(tmp_path) -> None
         passing = threading.Thread(target=node.controller.tick)
         passing.start()
         deadline = time.monotonic() + 10
-        while not node.service.turns._slots[0].queue and time.monotonic() < deadline:
+        while not node.service.turns.queued(0) and time.monotonic() < deadline:
             time.sleep(0.01)
         started = time.monotonic()
         node.controller.configure(ApplySettings(mode="advise", probe="llm", budget_ratio=0.10))

@@ -136,6 +136,13 @@ class StandbyChildren:
             slot = self._slots.get(gpu)
             return slot is not None and slot.ticket is not None
 
+    def wait_ready(self, gpu: int, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until ``gpu``'s standby child has started; True if it is ready
+        (False: none there, it failed, or it is still starting)."""
+        with self._lock:
+            slot = self._slots.get(gpu)
+        return slot is not None and slot.done.wait(timeout) and not slot.failed
+
     def ensure(self, device: Device, request: ProbeRequest, need_bytes: int, abort: threading.Event,
                also: Sequence[ProbeRequest] = ()) -> bool:
         """A child for ``device``'s GPU started now (in a thread) unless one is there; False when the
