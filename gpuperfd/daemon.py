@@ -248,7 +248,7 @@ def build_apply(config: Config, devices: list[Device], probes: ProbeService, hea
         verdicts=health.verdicts if health is not None else None,
         idle=lambda index: tracker.idle_for(index) >= idle_seconds,
         metrics=ApplyMetrics(), held_caps=probes.held_caps, on_cap_change=sampler.cap_changed,
-        busy_now=probes.claimed_now, turns=probes.turns)
+        busy_now=probes.gate.claimed_now, turns=probes.turns)
     probes.point_listeners.append(controller.observe)
     probes.turns.listeners.append(controller.gpu_released)
     if problems := controller.refusals(controller.settings):

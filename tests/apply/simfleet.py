@@ -71,7 +71,7 @@ def make_node(tmp_path: Path, gpus: int = 4, settings: ApplySettings | None = No
     node = Node(backend, service, None, metrics, service.journal)  # type: ignore[arg-type]
     node.controller = ApplyController(settings, devices, service.journal, verdicts=node.verdicts,
                                       idle=lambda i: node.idle.get(i, True), metrics=metrics,
-                                      held_caps=service.held_caps, busy_now=service.claimed_now,
+                                      held_caps=service.held_caps, busy_now=service.gate.claimed_now,
                                       turns=service.turns)
     service.point_listeners.append(node.controller.observe)
     service.turns.listeners.append(node.controller.gpu_released)

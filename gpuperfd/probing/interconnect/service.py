@@ -1,8 +1,8 @@
 """The daemon's interconnect schedule (``probe: interconnect``): one node probe over a set of GPUs.
 
 It runs only when *every* GPU of the set may be probed now, by the same gate as a round
-(:meth:`ProbeService.refusal`: not lost, not allocated, not in MIG mode, idle long enough, not
-busy), and it holds every GPU of the set for the whole run: each GPU's turn
+(:meth:`~gpuperfd.probing.gates.gate.GpuGate.refusal`: not lost, not allocated, not in MIG mode, idle
+long enough, not busy), and it holds every GPU of the set for the whole run: each GPU's turn
 (:class:`~gpuperfd.probing.gates.turns.GpuTurns`, shared with the rounds: no single-GPU round starts on
 one of them meanwhile, and it waits in line for a round that is running) and
 each GPU's cross-process lock (:class:`~gpuperfd.caps.ownership.GpuLock`: no CLI sweep or ``gpuperfd
@@ -106,7 +106,7 @@ class InterconnectService:
                     return self._skip(gpus, "overlap", f"GPU {gpu}: a round kept it")
                 held.append((gpu, time.monotonic()))
             for gpu in gpus:
-                refused = service.refusal(service.devices[gpu], gpu)
+                refused = service.gate.refusal(service.devices[gpu])
                 if refused is not None:
                     return self._skip(gpus, refused[0], f"GPU {gpu}: {refused[1]}")
             for gpu in gpus:
@@ -120,7 +120,7 @@ class InterconnectService:
             for lock in locks:
                 lock.release()
             for gpu, since in held:  # our load's tail starts now; where it held the cap locks, apply's turn
-                service.tracker.mark_ours(gpu, False)
+                service.gate.tracker.mark_ours(gpu, False)
                 turns.release(gpu, (since, time.monotonic()), wrote=bool(locks))
 
     def _lock(self, device: Device) -> tuple[GpuLock | None, str | None]:
@@ -139,7 +139,7 @@ class InterconnectService:
         service = self.service
         devices = [service.devices[gpu] for gpu in gpus]
         for gpu in gpus:
-            service.tracker.mark_ours(gpu, True)
+            service.gate.tracker.mark_ours(gpu, True)
         request = request_of(schedule, gpus, service.config.timeout_seconds)
         log.info("interconnect probe on GPUs %s", ",".join(map(str, gpus)))
         try:

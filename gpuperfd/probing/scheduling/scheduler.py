@@ -105,9 +105,10 @@ class ProbeScheduler:
         self.recheck_seconds = recheck_seconds
         self._refused_until: dict[int, float] = {}
         #: The idle tracker's clock (monotonic): qualifying moments and GPU time are measured on it.
-        self.clock = clock or service.tracker.clock
+        tracker = service.gate.tracker
+        self.clock = clock or tracker.clock
         self.due = DueRuns()
-        self.qualifying = Qualifying(service.tracker.idle_for, self.clock, rng, service.tracker.handed_since)
+        self.qualifying = Qualifying(tracker.idle_for, self.clock, rng, tracker.handed_since)
         #: GPUs a run of ours holds now (inline or dispatched): the dispatcher leaves them be.
         self._running: set[int] = set()
         #: The jobs the round running on each GPU runs (its leader and the members it claimed): the GPU's
@@ -294,7 +295,7 @@ class ProbeScheduler:
         of this node among them."""
         ours = [gpu for gpu in gpus if gpu in self.gpus]
         for gpu in ours:
-            self.service.tracker.hand_off(gpu)
+            self.service.gate.tracker.hand_off(gpu)
             self._refused_until.pop(gpu, None)  # the scheduler's word: ask the gate again now
         if ours:
             threading.Thread(target=self._dispatch_quietly, name="probe-handoff", daemon=True).start()
@@ -312,7 +313,7 @@ class ProbeScheduler:
         holds it), ``gap_open`` (free now), ``no_gap`` (no free stretch seen since the daemon started, or
         none kept), ``gaps_too_short`` (every recent one shorter than ``needs_seconds``: idle_seconds and
         the due probes' last cost from their turn to their result), else ``waiting``."""
-        tracker, config = self.service.tracker, self.service.config
+        tracker, config = self.service.gate.tracker, self.service.config
         due: dict[int, list[str]] = {}
         for entry in self.due.ordered():
             if entry.schedule.probe != INTERCONNECT:
@@ -456,7 +457,7 @@ class ProbeScheduler:
                 continue
             if not self._budget_allows(entry) or now < self._refused_until.get(gpu, -1.0):
                 continue
-            refused = self.service.refusal(self.service.devices[gpu], gpu, wait=False)
+            refused = self.service.gate.refusal(self.service.devices[gpu], wait=False)
             if refused is not None:
                 if refused[0] != "own_tail":  # our own run's tail passes by itself: look again next pass
                     self._refused_until[gpu] = now + self.recheck_seconds
@@ -479,7 +480,7 @@ class ProbeScheduler:
         refused the GPU for a reason no job explains (lost, MIG), the GPU-time share is spent, or a round
         waits for host memory (then on busy GPUs: a round goes first). On a GPU a round of ours holds, the
         child is for the next result the round does not run: it is ready when the round ends."""
-        standby, tracker = self.service.standby, self.service.tracker
+        standby, tracker = self.service.standby, self.service.gate.tracker
         if standby is None:
             return
         with self._running_lock:

@@ -1,8 +1,9 @@
 """The daemon's probe service: gate, sweep, run, publish.
 
 For one scheduled probe on one GPU it: takes the GPU's turn (:class:`~gpuperfd.probing.gates.turns.GpuTurns`:
-never two holders of one GPU; the host memory of the round's child is booked in the same step), checks
-the GPU has been idle long enough, resolves the cap list, runs the
+never two holders of one GPU; the host memory of the round's child is booked in the same step), asks
+the node's gate (:class:`~gpuperfd.probing.gates.gate.GpuGate`: not lost, not allocated, idle long
+enough, not busy) whether the GPU may be probed now, resolves the cap list, runs the
 sweep (each point through an executor: a child process for real GPUs, the
 simulator's physics for simulated ones), and publishes every result to the
 metrics and the history file. Every outcome, skipped runs included, is counted
@@ -12,10 +13,8 @@ with its reason.
 from __future__ import annotations
 
 import dataclasses
-
+import functools
 import logging
-import math
-import os
 import threading
 import time
 import uuid as uuidlib
@@ -33,11 +32,11 @@ from gpuperfd.probe_data.result import PREEMPTED
 from gpuperfd.probe_data.spec import DEFAULT_PRESET, PROBES as PER_GPU_PROBES
 from gpuperfd.probing.executors import Executor
 from gpuperfd.probing.gates.admission import Admission, memory_limit
+from gpuperfd.probing.gates.gate import GpuGate
 from gpuperfd.probing.gates.turns import GpuTurns, Holder, HolderKind, Memory, Release, Turn
 from gpuperfd.probing.history import HistoryWriter
 from gpuperfd.probing.scheduling.gpu_time import GpuTimeLedger
-from gpuperfd.probing.gates.idle import (BusyKind, BusyReason, IdleTracker, allocated_reason, busy_after_own_run, mig_reason,
-                                   not_idle_text, pod_reason)
+from gpuperfd.probing.gates.idle import IdleTracker
 from gpuperfd.probing.child.standby import StandbyChildren
 from gpuperfd.probing.metrics import ProbeMetrics, cap_label
 from gpuperfd.probing.scheduling.rounds import GpuRounds, RoundSource
@@ -48,10 +47,6 @@ from gpuperfd.probing.sweep.owned import OwnedStatus, OwnedSweep, PlannedProbe, 
 from gpuperfd.system.memory import release_free_memory
 
 log = logging.getLogger(__name__)
-
-
-#: Seconds after our own run on a GPU during which its utilization is read as our run's tail.
-OWN_LOAD_GRACE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -91,31 +86,30 @@ class ProbeService:
         self.standby = standby
         #: Host memory for probe children (None: the executor starts none, e.g. the simulator).
         self.admission = admission
-        #: The kubelet's latest pod allocations (None: not on Kubernetes, processes only).
-        self.allocations = allocations
-        #: Where the kubelet must answer before any probe runs (inside a pod); None on bare metal.
-        self.kubelet_socket = kubelet_socket
         #: Told the GPU index after every cap change (the daemon re-reads its power collector).
         self.on_cap_change = on_cap_change
         self.devices = {d.index: d for d in devices}
         self.executor = executor
         self.metrics = metrics
-        self.tracker = tracker
         self.history = history
         #: The power-cap journal (the daemon's is registered in the node's registry of state directories).
         self.journal = journal if journal is not None else CapJournal(config.state_dir)
         self.abort = threading.Event()
+        #: May each GPU be probed now (lost, allocated, MIG, not idle, busy, our own tail): asked by the
+        #: round here, the scheduler's gap dispatcher, interconnect runs and apply mode's cap writes.
+        #: ``allocations``: the kubelet's latest pod allocations (None: not on Kubernetes, processes
+        #: only); ``kubelet_socket``: where the kubelet must answer first (inside a pod).
+        self.gate = GpuGate(config, tracker, self.abort, allocations, kubelet_socket)
         #: Who holds each GPU and who gets it next, with the host memory of its child: rounds here,
         #: interconnect runs (probing/interconnect), apply mode's cap changes (the daemon hands these turns
         #: to its controller), standby children's reservations (the daemon builds them with these turns).
         self.turns = turns if turns is not None else GpuTurns(self.devices, admission)
         assert self.turns.memory is admission, "the turns keep the service's memory book"
+        self.turns.listeners.append(self.gate.released)  # our load's tail starts at a release, then its GPU time
         self.turns.listeners.append(self._released)
         #: Per GPU: the round running on it, the runs queued for it, and whom a round served.
         self._rounds = {index: GpuRounds(self.turns.nudge) for index in self.devices}
         self._infos: dict[int, GpuInfo] = {}
-        #: Monotonic time our last run on each GPU ended (its utilization tail is ours).
-        self._own_load_ended: dict[int, float] = {}
         #: The latest point per (gpu, probe, preset, cap) and each GPU's sweep in progress, for the landing page.
         self.shown = ShownPoints()
         #: The operator's cap per GPU as last recorded ("current" in a cap list means this one).
@@ -151,6 +145,7 @@ class ProbeService:
         are checked at the next reload.
         """
         self.config = config
+        self.gate.config = config
         self.gpu_time.ratio = config.max_gpu_time_ratio
         self.metrics.set_gpu_time_budget(config.max_gpu_time_ratio)
         if self.admission is not None:
@@ -245,7 +240,7 @@ class ProbeService:
                 if not node_taken:
                     reason = "shutting_down" if self.abort.is_set() else "node_busy"
                     return self._skip_claimed(info, schedule, source, reason)
-            refused = self._gate(device, gpu, info, schedule, source)
+            refused = self._gate(device, info, schedule, source)
             if refused is not None:
                 return refused
             rounds.open(key, schedule.probe)
@@ -280,10 +275,9 @@ class ProbeService:
             rounds.unqueue(key, schedule)
 
     def _released(self, done: Release) -> None:
-        """A GPU given back (a round, an interconnect run): our load's tail starts now and its span goes
-        into the GPU-time ledger. An apply change ran no load (``load`` None): nothing to book."""
+        """A GPU given back (a round, an interconnect run): its load's span goes into the GPU-time ledger
+        (the gate, told first, starts our load's tail). An apply change ran no load (``load`` None)."""
         if done.load is not None:
-            self._own_load_ended[done.gpu] = done.load[1]
             self._took(done.gpu, *done.load)
 
     def _took(self, gpu: int, started: float, ended: float) -> None:
@@ -325,36 +319,12 @@ class ProbeService:
                   if s is not schedule and (s.gpus is None or gpu in s.gpus) and s.probe in PER_GPU_PROBES]
         return self.standby.ensure(self.devices[gpu], request_from_schedule(schedule), need, self.abort, others)
 
-    def _gate(self, device: Device, gpu: int, info: GpuInfo, schedule: ScheduleConfig,
+    def _gate(self, device: Device, info: GpuInfo, schedule: ScheduleConfig,
               source: RoundSource | None) -> RunOutcome | None:
-        """The skip (lost, allocated, MIG, not idle, busy) of a GPU that must not be probed now, or None."""
-        refused = self.refusal(device, gpu)
+        """The skip of a GPU the gate refuses now (lost, allocated, MIG, not idle, busy), or None."""
+        refused = self.gate.refusal(device)
         if refused is not None:
             return self._skip_claimed(info, schedule, source, *refused)
-        return None
-
-    def refusal(self, device: Device, gpu: int, wait: bool = True) -> tuple[str, str] | None:
-        """(reason, detail) why ``gpu`` must not be probed now (lost, allocated, MIG, not idle long
-        enough, busy), or None: the one gate of a round and of the interconnect probe's every GPU.
-        ``wait`` False: never sleep for our own run's utilization tail (reason ``own_tail`` at once):
-        the gap dispatcher asks for every GPU on one thread, and a wait for one GPU held all the others
-        (seen in the busy-fleet test: every GPU's gap went unseen for the grace)."""
-        try:
-            device.info()  # a lost GPU is skipped with its reason, not raised into the scheduler
-        except DeviceError as exc:
-            return exc.reason, str(exc)
-        state = self.allocations() if self.allocations is not None else None
-        held = allocated_reason(device, state, self.config.ours, (os.getpid(),), self.kubelet_socket)
-        if held is not None:  # someone's GPU, even at zero utilization
-            return "allocated", str(held)
-        if (why := mig_reason(device, self.config.allow_mig)) is not None:
-            return "mig", str(why)
-        idle_for = self.tracker.idle_for(gpu)
-        if idle_for < self.config.idle_seconds and self.tracker.handed_since(gpu) is None:
-            return "not_idle", not_idle_text(idle_for, self.config.idle_seconds)
-        reason = self._busy_reason(device, gpu, wait)
-        if reason is not None:
-            return ("own_tail" if reason.kind is BusyKind.OWN_TAIL and not wait else "busy"), str(reason)
         return None
 
     def _skip_claimed(self, info: GpuInfo, schedule: ScheduleConfig, source: RoundSource | None, reason: str,
@@ -424,25 +394,6 @@ class ProbeService:
                 self._tell(gpu, key_of[member_id], outcome)
         return outcomes[id(schedule)]
 
-    def claimed_now(self, device: Device) -> str | None:
-        """Why a user's job holds this GPU now, read live (a pod's allocation, a compute process not
-        ours), or None: apply mode's check at the moment it writes a cap (issue 51)."""
-        state = self.allocations() if self.allocations is not None else None
-        held = allocated_reason(device, state, self.config.ours, (os.getpid(),), self.kubelet_socket)
-        return None if held is None else str(held)
-
-    def _wanted(self, device: Device) -> str | None:
-        """Why a pod now holds this GPU (asked between a round's points), or None."""
-        state = self.allocations() if self.allocations is not None else None
-        reason = pod_reason(device, state, self.config.ours)
-        return None if reason is None else str(reason)
-
-    def _busy_reason(self, device: Device, gpu: int, wait: bool = True) -> BusyReason | None:
-        """The one busy check, with the grace for our own run's utilization tail on this GPU."""
-        since = time.monotonic() - self._own_load_ended.get(gpu, -math.inf)
-        return busy_after_own_run(device, self.config.idle_utilization_threshold, (os.getpid(),), since,
-                                  OWN_LOAD_GRACE_SECONDS, self.abort, wait=wait)
-
     def _info(self, device: Device) -> GpuInfo:
         """The GPU's identity, or the last one read while it answered (for labels of a lost GPU)."""
         try:
@@ -486,7 +437,7 @@ class ProbeService:
                                # held now is another process's (a CLI sweep): the GPU is counted busy at once
                                read_only=self.config.read_only, wait_seconds=0.0,
                                stop_early=self.config.max_slowdown if self.config.stop_early else None,
-                               wanted=lambda: self._wanted(device), current_watts=self.held_caps.get(device.index))
+                               wanted=functools.partial(self.gate.wanted, device), current_watts=self.held_caps.get(device.index))
 
         results: dict[int, RunOutcome] = {}
         planned: dict[int, int] = {}  # id(schedule) -> how many points its sweep was to measure
@@ -610,7 +561,7 @@ class ServiceObserver:
         service.metrics.set_sweep_cap(self.info, watts)
 
     def on_measuring(self, running: bool) -> None:
-        self.service.tracker.mark_ours(self.device.index, running)
+        self.service.gate.tracker.mark_ours(self.device.index, running)
 
     def on_point(self, point: SweepPoint) -> None:
         point = dataclasses.replace(point, sweep_id=self.sweep_id)  # the one rule asks which sweep (recommend.py)

@@ -178,8 +178,8 @@ def test_a_gpu_the_gate_refused_is_asked_again_only_after_the_recheck(node):
     seen yet) does not: its device reads are not repeated every pass."""
     n = node(recheck=3600.0)
     asked = []
-    real = n.service.refusal
-    n.service.refusal = lambda device, gpu, wait=True: asked.append(gpu) or real(device, gpu, wait)
+    real = n.service.gate.refusal
+    n.service.gate.refusal = lambda device, wait=True: asked.append(device.index) or real(device, wait)
     n.device.add_foreign_process(pid=999_999, memory_bytes=1 << 30)
     n.fire()  # its own gate refuses it (counted skipped, as before)
     asked.clear()

@@ -216,7 +216,7 @@ def test_a_pod_allocated_the_gpu_between_points_ends_the_round_as_preempted(tmp_
             for cap in ("500", "300")}
     watcher = PodResourcesWatcher(str(tmp_path / "kubelet.sock"))
     watcher.apply([])
-    service.allocations = watcher.state
+    service.gate.allocations = watcher.state
     inner = service.executor.measure
 
     def measure_then_allocate(device, sched, abort, settle, hold=0.0):
@@ -351,7 +351,7 @@ def test_allocated_but_idle_gpu_is_never_probed_and_a_free_one_is(tmp_path):
     backend, devices, registry, service = make(tmp_path)
     watcher = PodResourcesWatcher(str(tmp_path / "kubelet.sock"))
     watcher.apply(_pods(("ml", "trainer-0", "nvidia.com/gpu", devices[0].info().uuid)))
-    service.allocations = watcher.state
+    service.gate.allocations = watcher.state
     assert devices[0].utilization().gpu_ratio == 0.0  # idle: utilization alone would let it run
     schedule = ScheduleConfig(probe="vit", interval_seconds=60, caps=["max", 500], settle_seconds=0)
     outcome = service.run(schedule, 0)
@@ -369,7 +369,7 @@ def test_mig_device_of_a_gpu_held_by_a_pod_makes_the_gpu_allocated(tmp_path):
     migs = devices[1].set_mig_devices(3)
     watcher = PodResourcesWatcher(str(tmp_path / "kubelet.sock"))
     watcher.apply(_pods(("ml", "infer", "nvidia.com/mig-1g.10gb", migs[2])))
-    service.allocations = watcher.state
+    service.gate.allocations = watcher.state
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1).reason == "allocated"
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
 
@@ -381,7 +381,7 @@ def test_operator_marked_pods_are_ours_to_probe(tmp_path):
     watcher = PodResourcesWatcher(str(tmp_path / "kubelet.sock"))
     watcher.apply(_pods(("gpuperfd", "reserve", "nvidia.com/gpu", devices[0].info().uuid),
                         ("default", "probe-hold-1", "nvidia.com/gpu", devices[1].info().uuid)))
-    service.allocations = watcher.state
+    service.gate.allocations = watcher.state
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1).result == "ok"
     # ...but a foreign pod sharing the GPU (time-slicing) makes it someone's again
@@ -394,9 +394,9 @@ def test_kubelet_that_never_answered_leaves_every_gpu_allocated(tmp_path):
     from gpuperfd.attribution.allocations import AllocationState
 
     backend, devices, registry, service = make(tmp_path)
-    service.allocations = lambda: AllocationState(seen=True, answered=False, ok=False, reason="timeout")
+    service.gate.allocations = lambda: AllocationState(seen=True, answered=False, ok=False, reason="timeout")
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).reason == "allocated"
-    service.allocations = lambda: AllocationState()  # no kubelet on this node: processes decide
+    service.gate.allocations = lambda: AllocationState()  # no kubelet on this node: processes decide
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
 
 
@@ -405,19 +405,19 @@ def test_in_a_pod_without_the_kubelet_socket_every_gpu_is_allocated(tmp_path, ca
 
     backend, devices, registry, service = make(tmp_path)
     socket = str(tmp_path / "kubelet.sock")
-    service.kubelet_socket = socket  # required: the daemon runs inside a Kubernetes pod
-    service.allocations = lambda: AllocationState()  # socket never seen (not mounted)
+    service.gate.kubelet_socket = socket  # required: the daemon runs inside a Kubernetes pod
+    service.gate.allocations = lambda: AllocationState()  # socket never seen (not mounted)
     with caplog.at_level("INFO", logger="gpuperfd.probing.scheduling.service"):
         outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60, caps=["max", 500]), 0)
     assert (outcome.result, outcome.reason) == ("skipped", "allocated")
     assert f"no kubelet PodResources socket at {socket}" in caplog.text  # the log names what is missing
     assert "attribution.kubernetes.required" in caplog.text
     assert devices[0].power_limits().enforced_watts == 680.0
-    service.allocations = None  # the allocation collector switched off: still unknown
+    service.gate.allocations = None  # the allocation collector switched off: still unknown
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).reason == "allocated"
     watcher = PodResourcesWatcher(socket)
     watcher.apply(_pods(("ml", "trainer-0", "nvidia.com/gpu", devices[1].info().uuid)))
-    service.allocations = watcher.state  # the kubelet answered: its map decides
+    service.gate.allocations = watcher.state  # the kubelet answered: its map decides
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1).reason == "allocated"
 
@@ -475,7 +475,7 @@ def test_our_own_runs_utilization_tail_does_not_make_the_gpu_busy(tmp_path, monk
     still reads busy (an H200 skipped the next probe 1 ms after one ended). Within the grace the
     reading is taken again; long after our run, or for a foreign load, busy stays busy."""
     import gpuperfd.probing.gates.idle as idle_module
-    import gpuperfd.probing.scheduling.service as service_module
+    import gpuperfd.probing.gates.gate as gate_module
     from gpuperfd.probing.gates.idle import BusyKind, BusyReason
 
     backend, devices, registry, service = make(tmp_path)
@@ -485,19 +485,19 @@ def test_our_own_runs_utilization_tail_does_not_make_the_gpu_busy(tmp_path, monk
         readings.append("read")
         return BusyReason(BusyKind.UTILIZATION, "utilization 100% above 5%") if len(readings) == 1 else None
 
-    monkeypatch.setattr(service_module, "OWN_LOAD_GRACE_SECONDS", 0.3)
+    monkeypatch.setattr(gate_module, "OWN_LOAD_GRACE_SECONDS", 0.3)
     monkeypatch.setattr(idle_module, "busy_reason", tail_then_idle)
-    service._own_load_ended[0] = time.monotonic()  # our run ended just now
+    service.gate.load_ended(0, time.monotonic())  # our run ended just now
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
     assert len(readings) == 2  # read again once the grace was over
     readings.clear()
-    service._own_load_ended[1] = time.monotonic() - 10  # long ago: a high reading is someone's load
+    service.gate.load_ended(1, time.monotonic() - 10)  # long ago: a high reading is someone's load
     outcome = service.run(ScheduleConfig(probe="vit", interval_seconds=60), 1)
     assert (outcome.result, outcome.reason) == ("skipped", "busy") and len(readings) == 1
     readings.clear()
     monkeypatch.setattr(idle_module, "busy_reason", lambda *a, **k: readings.append(1) or BusyReason(
         BusyKind.FOREIGN_PROCESS, "compute process(es) 42 running"))
-    service._own_load_ended[0] = time.monotonic()
+    service.gate.load_ended(0, time.monotonic())
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).reason == "busy" and len(readings) == 1
 
 
@@ -505,7 +505,17 @@ def test_a_run_records_when_our_load_ended(tmp_path):
     backend, devices, registry, service = make(tmp_path)
     before = time.monotonic()
     assert service.run(ScheduleConfig(probe="vit", interval_seconds=60), 0).result == "ok"
-    assert before <= service._own_load_ended[0] <= time.monotonic()
+    ended = service.gate.last_load_end(0)
+    assert ended is not None and before <= ended <= time.monotonic()
+
+
+def test_a_reload_reaches_the_gate(tmp_path):
+    """The gate reads the probes config a reload hands the service: idle_seconds lowered, the GPU passes."""
+    backend, devices, registry, service = make(tmp_path, idle_seconds=3600.0)
+    schedule = ScheduleConfig(probe="vit", interval_seconds=60)
+    assert service.run(schedule, 0).reason == "not_idle"
+    service.apply_config(service.config.model_copy(update={"idle_seconds": 0.0}))
+    assert service.gate.config is service.config and service.run(schedule, 0).result == "ok"
 
 
 def test_simulated_wrong_results_fail_runs_and_count(tmp_path):
