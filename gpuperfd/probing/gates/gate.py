@@ -59,9 +59,9 @@ class GpuGate:
             device.info()  # a lost GPU is skipped with its reason, not raised into the scheduler
         except DeviceError as exc:
             return exc.reason, str(exc)
-        held = allocated_reason(device, self._state(), self.config.ours, (os.getpid(),), self.kubelet_socket)
+        held = self.claimed_now(device)
         if held is not None:  # someone's GPU, even at zero utilization
-            return "allocated", str(held)
+            return "allocated", held
         if (why := mig_reason(device, self.config.allow_mig)) is not None:
             return "mig", str(why)
         idle_for = self.tracker.idle_for(gpu)
