@@ -1,6 +1,6 @@
 """What a probe child's imports cost on this machine, and who pulls in the heavy optional packages.
 
-    python3 benchmarks/diag/child_imports.py llm [variant]   # prints the wall, the 25 costliest modules
+    python3 benchmarks/diag/child_imports.py [--no-guard] llm [variant]   # prints the wall, the 25 costliest modules
                                                             # (self + children, -X importtime), and the import
                                                             # chain of scipy, sklearn, pandas, pyarrow if loaded
 
@@ -23,6 +23,9 @@ class Finder:
         return None
 sys.meta_path.insert(0, Finder())
 t = time.perf_counter()
+if GUARD:  # as the child's process entry does
+    from gpuperfd.probe_child.import_guard import mark_unused_absent
+    mark_unused_absent()
 import gpuperfd.probe_child.child
 from gpuperfd.probe_child import workloads
 workloads.preload(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
@@ -34,8 +37,11 @@ for top, chain in chains.items():
 
 
 def main() -> None:
-    args = sys.argv[1:] or ["llm"]
-    done = subprocess.run([sys.executable, "-X", "importtime", "-c", CODE, *args], capture_output=True, text=True)
+    args = sys.argv[1:]
+    guard = "--no-guard" not in args  # --no-guard: as children started before the import guard
+    args = [a for a in args if a != "--no-guard"] or ["llm"]
+    code = CODE.replace("if GUARD:", f"if {guard}:")
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", code, *args], capture_output=True, text=True)
     print(done.stdout.strip())
     rows = []
     for line in done.stderr.splitlines():

@@ -302,6 +302,10 @@ def _cli(argv: list[str] | None = None) -> None:
     import argparse
     import json
 
+    from gpuperfd.probe_child.import_guard import mark_unused_absent
+
+    mark_unused_absent()  # before anything imports torch or transformers
+
     parser = argparse.ArgumentParser(prog="gpuperfd.probe_child.child")
     parser.add_argument("--fd", type=int, required=True, help="the socket to the parent (inherited)")
     parser.add_argument("--spec", required=True, help="the ProbeSpec as JSON")

@@ -106,6 +106,34 @@ def test_fused_vit_matches_hugging_face() -> None:
         assert _rel(FusedViT(model)(pixels), model(pixel_values=pixels).logits) < 1e-5
 
 
+def test_compiled_vit_compiles_one_layer_for_every_layer_and_matches_hugging_face() -> None:
+    """Regional compilation (issue 60): the layers share one compiled graph (one frame compiled, one
+    graph, however many layers), and the answer is still Hugging Face's; the eager fused forward
+    calls the same layer function uncompiled."""
+    from torch._dynamo.utils import counters
+
+    spec = ProbeSpec("vit", preset="tiny")
+    torch.manual_seed(3)
+    model = build_vit(spec, CPU, torch.float32)
+    assert model.config.num_hidden_layers > 1
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+    pixels = torch.randn(2, 3, spec.image_size, spec.image_size)
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.inference_mode():
+        fused = FusedViT(model)
+        fused.compile_layers()
+        first = fused(pixels)
+        again = fused(pixels * 0.5)  # other values, same shapes: no recompile
+        expected = model(pixel_values=pixels * 0.5).logits
+    assert counters["frames"]["ok"] == 1
+    assert counters["stats"]["unique_graphs"] == 1
+    assert _rel(first, model(pixel_values=pixels).logits) < 1e-5
+    assert _rel(again, expected) < 1e-5
+
+
 def test_vit_b16_flop_count() -> None:
     from transformers import ViTConfig
 

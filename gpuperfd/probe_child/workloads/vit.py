@@ -10,8 +10,9 @@ Variants:
 
 * ``compiled`` (GPU presets): :class:`~gpuperfd.probe_child.workloads.vit_fused.FusedViT` (same
   weights and function as the Hugging Face module; one QKV matmul, the patch
-  embedding as a matmul) under ``torch.compile`` (inductor fuses each residual
-  add with the next layer norm) and, on CUDA, captured in a CUDA graph, so small
+  embedding as a matmul), its encoder layer under ``torch.compile`` (one graph every
+  layer calls; inductor fuses each residual add with the next layer norm) and, on CUDA,
+  the whole forward captured in a CUDA graph, so small
   batches are not limited by Python launch overhead either. Compiling the Hugging
   Face module itself is not used: on torch 2.11 / transformers 5.17 inductor
   decomposes its SDPA call into fp32 batched matmuls and a softmax, which is twice
@@ -76,7 +77,9 @@ class ViTWorkload:
         if self.fused:
             with torch.inference_mode():
                 fused = FusedViT(self.model)
-            self.fn = torch.compile(fused.__call__) if self.compiled else fused
+            if self.compiled:
+                fused.compile_layers()  # one layer's graph for every layer (vit_fused's docstring)
+            self.fn = fused
         self.marks: list[int] = []
         self.graph_error: str | None = None
         #: Seconds of torch.compile and CUDA-graph capture inside the build (a sweep's cost part).
