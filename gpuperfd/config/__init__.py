@@ -501,7 +501,8 @@ class ProbesConfig(_Strict):
     #: How long a run waits for another run on the same GPU to end before it is skipped.
     queue_seconds: Annotated[float, Field(ge=0)] = 900.0
     #: One probe child per GPU per round: when a schedule's run starts on a GPU, the other schedules
-    #: of that GPU due within this many seconds (and at most a tenth of their own interval) run in
+    #: of that GPU due within this many seconds (and at most a tenth of their own interval, or a
+    #: child's start where that is longer: ProbeScheduler.claim) run in
     #: the same child right after it, and runs that queue on the GPU meanwhile join; 0: every run
     #: its own child (docs/configuration.md, "Probe rounds").
     round_window_seconds: Annotated[float, Field(ge=0, le=86400)] = 300.0

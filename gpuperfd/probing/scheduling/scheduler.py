@@ -570,10 +570,16 @@ class ProbeScheduler:
         self.interconnect.run(schedule)
 
     def claim(self, job_id: str, group: list[int], exclude: Collection[str]) -> list[tuple[str, ScheduleConfig]]:
-        """The other jobs of ``group`` due within the round window: their next run moves past the claimed one."""
+        """The other jobs of ``group`` due within the round window: their next run moves past the claimed one.
+
+        Within the window, a job joins when it falls due within a tenth of its interval, or before a child
+        of its own could be ready (the standby child's lead): the round's child took the GPU's one standby
+        slot, so its own child would start only now and the result would wait for its imports (issue 60,
+        2x H200: vit due 13 s after llm's round began waited 8-11 s for its child)."""
         window = self.service.config.round_window_seconds
         if window <= 0:
             return []
+        standby = self.service.standby
         now = datetime.now(timezone.utc)
         claimed: list[tuple[str, ScheduleConfig]] = []
         for job in self.scheduler.get_jobs():
@@ -587,7 +593,9 @@ class ProbeScheduler:
                 claimed.append((job.id, schedule))
                 continue
             planned = job.next_run_time
-            horizon = window if schedule.interval_seconds is None else min(window, schedule.interval_seconds / 10)
+            lead = standby.lead_seconds(schedule.probe) if standby is not None else 0.0
+            horizon = window if schedule.interval_seconds is None else min(window, max(schedule.interval_seconds / 10,
+                                                                                       lead))
             if planned is None or planned > now + timedelta(seconds=horizon):
                 continue
             # The trigger's next time after this run: an interval counts from now (the round's

@@ -36,7 +36,7 @@ JOBS = {"llm": "0-llm-gpu0", "vit": "1-vit-gpu0"}
 class Node:
     """A simulated node with the daemon's probe service and scheduler, and a log of opened sessions."""
 
-    def __init__(self, tmp_path, monkeypatch, schedules, gpus=1, **probes) -> None:
+    def __init__(self, tmp_path, monkeypatch, schedules, gpus=1, standby=None, **probes) -> None:
         self.backend = SimulatedBackend(SimulationConfig(gpus=gpus, seed=5, initial_power_limits={0: 680.0}))
         self.devices = self.backend.devices()
         self.registry = CollectorRegistry()
@@ -49,7 +49,8 @@ class Node:
                                       **probes})
         self.history = tmp_path / "history.jsonl"
         self.service = ProbeService(self.config, self.devices, simulated_executor(0.05, seed=1),
-                                    ProbeMetrics(self.registry), tracker, HistoryWriter(self.history))
+                                    ProbeMetrics(self.registry), tracker, HistoryWriter(self.history),
+                                    standby=standby)
         self.scheduler = ProbeScheduler(self.service, [d.index for d in self.devices])
         self.scheduler.scheduler.start(paused=True)  # real jobs and triggers; nothing fires by the clock
         self.scheduler.apply(self.config)
@@ -202,6 +203,34 @@ def test_schedules_due_beyond_the_window_or_a_tenth_of_their_interval_are_not_pu
     n.due_in(JOBS["vit"], 30)
     n.fire(JOBS["vit"])
     assert n.opened[1:] == [(0, "vit", False)] and n.job(JOBS["llm"]).next_run_time == far
+
+
+def test_a_schedule_due_before_its_own_child_could_be_ready_joins_though_a_tenth_of_its_interval_is_less(node):
+    """Issue 60 (2x H200): vit every 60 s fell due 13 s after llm's round began; a tenth of its interval
+    (6 s) kept it out, and its own child, started only when the round took the GPU's standby slot, was
+    not ready: 8-11 s from its turn to its result. Within the standby child's lead it joins instead."""
+    from gpuperfd.probing.child.standby import StandbyChildren
+
+    def no_child(*args):
+        raise AssertionError("no standby child is started in this test")
+
+    standby = StandbyChildren(no_child, timeout_seconds=60.0)
+    lead = standby.lead_seconds("vit")
+    every_minute = ScheduleConfig(probe="vit", interval_seconds=60, settle_seconds=0)
+    assert 60 / 10 < lead - 5
+    n = node(round_window_seconds=300, schedules=[LLM, every_minute], standby=standby)
+    n.due_in(JOBS["vit"], lead - 5)
+    n.fire(JOBS["llm"])
+    assert n.opened == [(0, "llm", False), (0, "vit", True)]
+    n.opened.clear()
+    planned = n.due_in(JOBS["vit"], lead + 5)  # its own child has time to be ready: it keeps its turn
+    n.fire(JOBS["llm"])
+    assert n.opened == [(0, "llm", False)] and n.job(JOBS["vit"]).next_run_time == planned
+    n.opened.clear()
+    window_only = node(round_window_seconds=3, schedules=[LLM, every_minute], standby=standby)
+    planned = window_only.due_in(JOBS["vit"], lead - 5)  # the window still bounds it
+    window_only.fire(JOBS["llm"])
+    assert window_only.opened == [(0, "llm", False)] and window_only.job(JOBS["vit"]).next_run_time == planned
 
 
 def test_cron_schedule_joins_only_when_its_time_is_within_the_window(node):
