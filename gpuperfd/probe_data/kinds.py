@@ -117,7 +117,7 @@ KINDS: dict[str, ProbeKind] = {kind.name: kind for kind in (
         latency_series={"batch_seconds": "batch_seconds"},
         panels=(("ViT batch latency", "gpuperf_probe_batch_latency_seconds"),),
         preload_modules=("transformers.models.vit.modeling_vit",),
-        child_costs=(19.1, 2.3, 0.8), framework_floor_bytes=120 * 2**20, images=True,
+        child_costs=(19.1, 2.0, 0.64), framework_floor_bytes=120 * 2**20, images=True,
         check=shape_checks.check_image,
         cost=kind_work.image_cost, parameters=kind_work.image_parameters, flops=kind_work.image_flops),
     ProbeKind(
