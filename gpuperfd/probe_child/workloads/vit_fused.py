@@ -17,8 +17,9 @@ the same function (exact GELU, per-token layer norms, logits from [CLS]) with:
 * the 12 (24, 32) encoder layers as calls of one function, :func:`encoder_layer`, so
   ``torch.compile`` traces and compiles one layer and every layer runs that graph
   (:meth:`FusedViT.compile_layers`; regional compilation). The whole forward as one
-  graph compiled 12 copies of the same layer: 1.6-2.1 s of a child's build with the
-  compile cache warm on an H200, 16-18 s cold (issue 60). Each call starts with the
+  graph compiled 12 copies of the same layer: on an H200 the cold compile (a node's
+  first vit child) went from 15.0 to 5.0 s, the warm one in a ready child from 1.6-2.1
+  to 1.24 s, images/s unchanged (issue 60, docs/benchmarks.md). Each call starts with the
   residual add of the layer before it (``x + delta``), so the compiler still fuses that
   add with the layer norm that follows it, as it did across layers in one graph;
 * GELU as an opaque custom op (``gpuperfd::gelu``, the aten kernel): inductor's own
