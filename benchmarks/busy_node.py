@@ -29,6 +29,7 @@ import json
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -135,7 +136,9 @@ def main() -> int:
     parser.add_argument("--state-dir", default=None,
                         help="the daemon's state directory (its compile cache: one a node's daemon has filled before)")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--keep", default=None, help="copy the daemon's log here")
+    parser.add_argument("--keep", default=None,
+                        help="copy the daemon's log here, and its history (every result with its phases' seconds) "
+                             "beside it as history.jsonl")
     parser.add_argument("--no-kubelet", action="store_true",
                         help="attribution.kubernetes.required: false (a container with no kubelet socket)")
     args = parser.parse_args()
@@ -233,6 +236,8 @@ probes:
     log_text = log_path.read_text(errors="replace")
     if args.keep:
         Path(args.keep).write_text(log_text)
+        if (work / "history.jsonl").exists():  # where each turn's time went (build, settle, windows)
+            shutil.copyfile(work / "history.jsonl", Path(args.keep).with_name("history.jsonl"))
     windows = windows_from_history(work / "history.jsonl")
     per_probe: dict[str, dict] = {}
     for gpu, probe, qualified, turn in PUBLISHED.findall(log_text):
