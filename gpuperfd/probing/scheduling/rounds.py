@@ -29,7 +29,9 @@ class RoundSource(Protocol):
     """The scheduler's side of a round: which other schedules are due, and what they are now."""
 
     def claim(self, gpu: int, exclude: Collection[str]) -> list[tuple[str, ScheduleConfig]]:
-        """The (key, schedule) pairs due on ``gpu`` within the window, their next runs moved past this one."""
+        """The (key, schedule) pairs due on ``gpu`` within the window, their next runs moved past this one
+        (not those in ``exclude``). Asked when the round begins and again when its members are done: a
+        schedule that fell due meanwhile runs in the round's child, not in a child of its own started late."""
 
     def claimed(self) -> list[tuple[str, ScheduleConfig]]:
         """What this firing claimed so far (a serial node's job covers several GPUs)."""

@@ -362,6 +362,12 @@ class ProbeService:
                     for _, joined in pending:
                         log.info("gpu %d: %s joins the round of %s (queued on the GPU)", gpu, joined.probe,
                                  schedule.probe)
+                if not pending and source is not None:  # fell due while the round ran: its child is warm
+                    pending = source.claim(gpu, {key} | handed | claimed_keys)
+                    if pending:
+                        rounds.add(pending)
+                        claimed_keys.update(k for k, _ in pending)
+                        promised.extend(pending)
                 if not pending:
                     return
                 member_key, member = pending.pop(0)

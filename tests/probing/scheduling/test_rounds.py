@@ -233,6 +233,25 @@ def test_a_schedule_due_before_its_own_child_could_be_ready_joins_though_a_tenth
     assert window_only.opened == [(0, "llm", False)] and window_only.job(JOBS["vit"]).next_run_time == planned
 
 
+def test_a_schedule_that_falls_due_while_the_round_runs_joins_it_at_its_end(node):
+    """Issue 60 (2x H200): attention fell due while a round of its GPU ran, then waited 9.2 s for a
+    child of its own, started late; it runs in the round's child instead, once, and its next run is an
+    interval later."""
+    n = node(round_window_seconds=300)
+    n.due_in(JOBS["vit"], 3000)  # not due when the round begins
+
+    def vit_falls_due(schedule):
+        if schedule.probe == "llm":
+            n.due_in(JOBS["vit"], 30)  # ... and due soon while llm runs
+
+    n.on_open = vit_falls_due
+    n.fire(JOBS["llm"])
+    assert n.opened == [(0, "llm", False), (0, "vit", True)]
+    after = n.job(JOBS["vit"]).next_run_time
+    assert after - datetime.now(timezone.utc) > timedelta(seconds=3500)  # a whole interval (3600 s) on
+    assert n.runs("vit", "ok") == 1
+
+
 def test_cron_schedule_joins_only_when_its_time_is_within_the_window(node):
     nightly = ScheduleConfig(probe="vit", cron="0 2 * * *", settle_seconds=0)
     n = node(round_window_seconds=300, schedules=[LLM, nightly])
