@@ -141,10 +141,10 @@ class FusedViT:
         self.head_w, self.head_b = model.classifier.weight, model.classifier.bias
         self.layer: Any = encoder_layer
 
-    def compile_layers(self, **options: Any) -> None:
+    def compile_layers(self) -> None:
         """Run every layer through one ``torch.compile`` of :func:`encoder_layer` (traced and compiled
         at the first call; the layers share its graph, their weights being its arguments)."""
-        self.layer = torch.compile(encoder_layer, **options)
+        self.layer = torch.compile(encoder_layer)
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         B, C, height, width = pixels.shape

@@ -650,11 +650,11 @@ class _Firing:
         self._claimed: list[tuple[str, ScheduleConfig]] | None = None
 
     def claim(self, gpu: int, exclude: Collection[str]) -> list[tuple[str, ScheduleConfig]]:
-        claimed = self._claimed if self._claimed is not None else []
-        taken = {key for key, _ in claimed}
-        claimed += self.owner.claim(self.job_id, self.group, set(exclude) | taken)  # what fell due since
-        self._claimed = claimed
-        return [(key, schedule) for key, schedule in claimed if key not in exclude]
+        if self._claimed is None:
+            self._claimed = []
+        taken = {key for key, _ in self._claimed}
+        self._claimed += self.owner.claim(self.job_id, self.group, set(exclude) | taken)  # what fell due since
+        return [(key, schedule) for key, schedule in self._claimed if key not in exclude]
 
     def claimed(self) -> list[tuple[str, ScheduleConfig]]:
         return list(self._claimed or ())
